@@ -1,0 +1,73 @@
+"""A private FRLM instance for a benchmark: its own Redis, model server, database and
+workers, on free ports, torn down at the end."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ["DJANGO_SETTINGS_MODULE"] = "frlm_web.settings_isolated"
+
+import django  # noqa: E402
+
+django.setup()
+
+from django.conf import settings  # noqa: E402
+from django.core.management import call_command  # noqa: E402
+
+from frlm_web.stack import Stack, VenueSpec  # noqa: E402
+
+
+@contextmanager
+def private_stack(venues: list[VenueSpec]) -> Iterator[Stack]:
+    call_command("migrate", verbosity=0)
+    from workers.models import Venue
+
+    for venue in venues:
+        Venue.objects.get_or_create(name=venue.name)
+    env = {
+        "DJANGO_SETTINGS_MODULE": "frlm_web.settings",
+        "FRLM_DB_PATH": str(settings.DATABASES["default"]["NAME"]),
+    }
+    stack = Stack(
+        state_dir=Path(settings.DATA_DIR) / "stack",
+        venues=venues,
+        env=env,
+        start_redis=True,
+        redis_persist=False,
+    )
+    try:
+        stack.start()
+        yield stack
+    finally:
+        stack.stop()
+
+
+def run_to_end(
+    question: str, *, venues: list[str], policy: dict | None = None, timeout: float = 900
+) -> object:
+    from runs.models import Run
+    from runs.services import ContextSpec, run_create, run_launch
+    from workers.backends import model_spec
+
+    run = run_create(
+        question=question,
+        context=ContextSpec(text="benchmark"),
+        policy=policy,
+        root_model=model_spec("sim", role="root"),
+        worker_model=model_spec("sim", role="worker"),
+        venues=venues,
+    )
+    run_launch(run)  # outside a transaction: enqueued at once
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run = Run.objects.get(id=run.id)
+        if run.done:
+            return run
+        time.sleep(0.05)
+    raise TimeoutError(f"run {run.id} did not finish in {timeout} s")

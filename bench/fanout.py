@@ -1,0 +1,94 @@
+"""Fanout benchmark: 256 sub-queries of 200 ms simulated latency over 32 worker slots.
+
+Prints, measured in one run on real Redis, Celery workers and the simulated model server:
+the wall time of the batch through FRLM's fanout, the ideal ceil(N/W)*L, their ratio, and
+the same batch run one sub-query at a time (what the original RLM does).
+
+    .venv/bin/python bench/fanout.py [--n 256] [--latency-ms 200] [--slots 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from _stack import private_stack, run_to_end
+
+from frlm_web.stack import VenueSpec
+
+
+def timed_program(n: int, *, sequential: bool) -> str:
+    call = (
+        "rs = [llm_query(p) for p in prompts]" if sequential else "rs = llm_query_batched(prompts)"
+    )
+    return (
+        "Run this program.\n```repl\nimport time\n"
+        f"prompts = ['bench question %d' % i for i in range({n})]\n"
+        f"t = time.perf_counter()\n{call}\nelapsed = time.perf_counter() - t\n"
+        "failed = sum(r.startswith('[frlm:') for r in rs)\n"
+        "FINAL(f'{elapsed:.4f} {failed}')\n```"
+    )
+
+
+def measure(n: int, venues: list[str], *, sequential: bool) -> tuple[float, int]:
+    run = run_to_end(
+        timed_program(n, sequential=sequential),
+        venues=venues,
+        policy={
+            "max_batch": max(n, 1),
+            "max_subqueries": 2 * n,
+            "cell_timeout_s": 3600,
+            "subquery_timeout_s": 120,
+        },
+    )
+    if run.status != "succeeded":
+        raise SystemExit(f"benchmark run failed: {run.error}")
+    elapsed, failed = run.answer.split()
+    return float(elapsed), int(failed)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=256)
+    parser.add_argument("--latency-ms", type=float, default=200)
+    parser.add_argument("--slots", type=int, default=32, help="split over two venues")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--skip-sequential", action="store_true")
+    args = parser.parse_args()
+
+    sim = {"latency_ms": args.latency_ms, "spread": 0}
+    half = args.slots // 2
+    venues = [
+        VenueSpec("local", half, sim, "bench-local"),
+        VenueSpec("edge", args.slots - half, sim, "bench-edge"),
+    ]
+    ideal = math.ceil(args.n / args.slots) * args.latency_ms / 1000
+    with private_stack(venues):
+        names = [v.name for v in venues]
+        measure(args.slots, names, sequential=False)  # warm connections and workers
+        batches = [measure(args.n, names, sequential=False) for _ in range(args.repeat)]
+        sequential = None if args.skip_sequential else measure(args.n, names, sequential=True)
+
+    best = min(t for t, _ in batches)
+    print(
+        f"fanout benchmark: {args.n} sub-queries, {args.latency_ms:.0f} ms simulated latency, "
+        f"{args.slots} worker slots over 2 venues"
+    )
+    print(f"  ideal ceil(N/W)*L          {ideal:8.3f} s")
+    for i, (t, failed) in enumerate(batches, 1):
+        print(
+            f"  FRLM fanout, try {i}        {t:8.3f} s   {t / ideal:5.3f}x ideal   failed {failed}"
+        )
+    print(
+        f"  FRLM fanout, best          {best:8.3f} s   {best / ideal:5.3f}x ideal   (target <= 1.10x)"
+    )
+    if sequential is not None:
+        t, failed = sequential
+        print(
+            f"  one at a time (RLM)        {t:8.3f} s   {t / ideal:5.2f}x ideal   "
+            f"fanout is {t / best:5.1f}x faster   failed {failed}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""The Celery application: the distributed engine behind conductors and venue workers."""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+from celery.signals import worker_ready, worker_shutdown
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "frlm_web.settings")
+
+app = Celery("frlm_web")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()
+
+_presence = None
+
+
+@worker_ready.connect
+def _announce(**_: object) -> None:
+    global _presence
+    from frlm_web import presence
+    from frlm_web.redis_client import get_redis
+
+    _presence = presence.from_environment(get_redis())
+    if _presence is not None:
+        _presence.start()
+
+
+@worker_shutdown.connect
+def _withdraw(**_: object) -> None:
+    if _presence is not None:
+        _presence.stop()
+
+
+def run_worker(*, queue: str, concurrency: int, name: str, group: str, info: dict) -> None:
+    """Run a Celery worker in this process that announces itself in a presence group.
+    Threads: the work waits on I/O (models, Redis), not on this CPU."""
+    import json
+
+    os.environ["FRLM_PRESENCE_GROUP"] = group
+    os.environ["FRLM_PRESENCE_NAME"] = name
+    os.environ["FRLM_PRESENCE_INFO"] = json.dumps({**info, "concurrency": concurrency})
+    app.worker_main(
+        [
+            "worker",
+            "-Q",
+            queue,
+            "-P",
+            "threads",
+            "-c",
+            str(concurrency),
+            "-n",
+            f"{name}@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            "--prefetch-multiplier",
+            "1",
+            "-l",
+            "WARNING",
+        ]
+    )

@@ -1,0 +1,149 @@
+"""FRLM web settings. Every value comes from the environment; the defaults run a fresh
+checkout on one machine (SQLite, Redis on localhost, the simulated model)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from frlm_web.env import envbool, envfloat, envint, envlist, envstr
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+# Everything the product writes at run time (database, traces, blobs, logs, pids).
+DATA_DIR = Path(envstr("FRLM_DATA_DIR", str(BASE_DIR / "var")))
+
+# A stable development key is only acceptable because DEBUG defaults to on; production
+# sets FRLM_SECRET_KEY (and DEBUG off) in the environment.
+SECRET_KEY = envstr("FRLM_SECRET_KEY", "frlm-insecure-development-key-set-FRLM_SECRET_KEY")
+DEBUG = envbool("FRLM_DEBUG", True)
+ALLOWED_HOSTS = envlist("FRLM_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "django_htmx",
+    "frlm_web",
+    "traces",
+    "workers",
+    "runs",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "frlm_web.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = None
+ASGI_APPLICATION = "frlm_web.asgi.application"
+
+_db_path = envstr("FRLM_DB_PATH", str(DATA_DIR / "db.sqlite3"))
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": _db_path,
+        # Several processes (web, conductor, CLI) write: WAL lets readers go on while one
+        # writes, IMMEDIATE takes the write lock up front instead of failing mid-transaction.
+        "OPTIONS": {
+            "timeout": 30,
+            "transaction_mode": "IMMEDIATE",
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        },
+        # A file, not memory: the test suite's Celery workers open the same database.
+        "TEST": {"NAME": envstr("FRLM_TEST_DB_PATH", str(DATA_DIR / "test-db.sqlite3"))},
+    }
+}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = DATA_DIR / "static"
+
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/"
+
+# --- Redis, Celery, Channels -------------------------------------------------------------
+REDIS_URL = envstr("FRLM_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+CELERY_BROKER_URL = REDIS_URL
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_ROUTES = {"runs.tasks.*": {"queue": "runs"}}
+CELERY_TASK_DEFAULT_QUEUE = "runs"
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL]},
+    }
+}
+
+# --- FRLM --------------------------------------------------------------------------------
+FRLM_TRACE_DIR = Path(envstr("FRLM_TRACE_DIR", str(DATA_DIR / "traces")))
+FRLM_SANDBOX_DIR = Path(envstr("FRLM_SANDBOX_DIR", str(DATA_DIR / "sandbox")))
+FRLM_CONTEXT_DIR = Path(envstr("FRLM_CONTEXT_DIR", str(DATA_DIR / "contexts")))
+# "auto" uses bubblewrap when it is installed; "none" runs the REPL with rlimits only.
+FRLM_SANDBOX_ISOLATION = envstr("FRLM_SANDBOX_ISOLATION", "auto")
+
+# The simulated model server, the embedded default model.
+FRLM_SIM_HOST = envstr("FRLM_SIM_HOST", "127.0.0.1")
+FRLM_SIM_PORT = envint("FRLM_SIM_PORT", 8765)
+FRLM_SIM_URL = envstr("FRLM_SIM_URL", f"http://{FRLM_SIM_HOST}:{FRLM_SIM_PORT}/v1")
+
+# A real OpenAI-compatible endpoint, used when a run names one (--root-model openai).
+FRLM_OPENAI_BASE_URL = envstr("FRLM_OPENAI_BASE_URL", "https://api.openai.com/v1")
+FRLM_MODEL_TIMEOUT_S = envfloat("FRLM_MODEL_TIMEOUT_S", 120.0)
+FRLM_MODEL_RETRIES = envint("FRLM_MODEL_RETRIES", 3)
+
+# How long a venue worker's liveness key lives without a refresh.
+FRLM_VENUE_HEARTBEAT_TTL_S = envfloat("FRLM_VENUE_HEARTBEAT_TTL_S", 6.0)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": envstr("FRLM_LOG_LEVEL", "INFO")},
+    "loggers": {"httpx": {"level": "WARNING"}, "openai": {"level": "WARNING"}},
+}

@@ -1,0 +1,335 @@
+"""The whole product as processes on one machine: redis, the simulated model server, the
+recorder, a conductor, venue workers and the web server. `manage.py frlm_up` and the test
+suite start it through this one class, so what the tests run is what a user runs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+from django.conf import settings
+
+from frlm_web import presence
+
+
+class StackError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class VenueSpec:
+    name: str
+    concurrency: int = 16
+    sim: dict[str, float] = field(default_factory=dict)  # the simulated model's profile
+    worker_name: str = ""
+
+    @property
+    def member(self) -> str:
+        return self.worker_name or f"{self.name}-worker"
+
+
+@dataclass
+class Proc:
+    name: str
+    argv: list[str]
+    ready: Callable[[], bool]
+    popen: subprocess.Popen | None = None
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex((host, port)) == 0
+
+
+class Stack:
+    def __init__(
+        self,
+        *,
+        state_dir: Path,
+        venues: list[VenueSpec],
+        env: dict[str, str] | None = None,
+        web_port: int | None = None,
+        start_redis: bool | None = None,
+        redis_persist: bool = True,
+        conductor_concurrency: int = 4,
+    ) -> None:
+        self.state_dir = state_dir
+        self.venues = venues
+        self.env = {**os.environ, **(env or {})}
+        self.web_port = web_port
+        self.redis_url = self.env.get("FRLM_REDIS_URL", settings.REDIS_URL)
+        self.client = redis.Redis.from_url(self.redis_url)
+        self.start_redis = start_redis
+        self.redis_persist = redis_persist
+        self.conductor_concurrency = conductor_concurrency
+        self.procs: dict[str, Proc] = {}
+        (state_dir / "logs").mkdir(parents=True, exist_ok=True)
+        (state_dir / "pids").mkdir(parents=True, exist_ok=True)
+
+    # --- what runs ---------------------------------------------------------------------
+    def plan(self) -> list[Proc]:
+        manage = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py")]
+        plan: list[Proc] = []
+        if self.start_redis is None:
+            self.start_redis = not self._redis_up()
+        if self.start_redis:
+            port = str(self.client.connection_pool.connection_kwargs.get("port", 6379))
+            persist = (
+                ["--appendonly", "yes", "--save", ""]
+                if self.redis_persist
+                else ["--save", "", "--appendonly", "no"]
+            )
+            plan.append(
+                Proc(
+                    "redis",
+                    [
+                        "redis-server",
+                        "--port",
+                        port,
+                        "--bind",
+                        "127.0.0.1",
+                        "--dir",
+                        str(self.state_dir),
+                        *persist,
+                    ],
+                    self._redis_up,
+                )
+            )
+        sim_port = settings.FRLM_SIM_PORT
+        plan.append(
+            Proc(
+                "simserver",
+                [*manage, "frlm_simserver", "--host", "127.0.0.1", "--port", str(sim_port)],
+                lambda: self._http_ok(f"{settings.FRLM_SIM_URL}/models"),
+            )
+        )
+        plan.append(
+            Proc(
+                "recorder",
+                [*manage, "frlm_recorder"],
+                lambda: bool(self.client.exists("frlm:recorder:alive")),
+            )
+        )
+        plan.append(
+            Proc(
+                "conductor",
+                [
+                    *manage,
+                    "frlm_conductor",
+                    "--name",
+                    "conductor-1",
+                    "--concurrency",
+                    str(self.conductor_concurrency),
+                ],
+                lambda: self._alive("conductor", "conductor-1"),
+            )
+        )
+        for venue in self.venues:
+            plan.append(self.venue_proc(venue))
+        if self.web_port:
+            port = self.web_port
+            plan.append(
+                Proc(
+                    "web",
+                    [
+                        sys.executable,
+                        "-m",
+                        "daphne",
+                        "-b",
+                        "127.0.0.1",
+                        "-p",
+                        str(port),
+                        "frlm_web.asgi:application",
+                    ],
+                    lambda: port_open(port),
+                )
+            )
+        return plan
+
+    def venue_proc(self, venue: VenueSpec) -> Proc:
+        manage = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py")]
+        argv = [
+            *manage,
+            "frlm_worker",
+            "--venue",
+            venue.name,
+            "--name",
+            venue.member,
+            "--concurrency",
+            str(venue.concurrency),
+        ]
+        for key, value in venue.sim.items():
+            argv += [f"--sim-{key.replace('_', '-')}", str(value)]
+        return Proc(
+            f"worker-{venue.member}", argv, lambda: self._alive(f"venue:{venue.name}", venue.member)
+        )
+
+    # --- start and stop ----------------------------------------------------------------
+    def start(self, timeout: float = 90.0) -> None:
+        for proc in self.plan():
+            self.launch(proc)
+            self.wait_ready(proc, timeout)
+
+    def launch(self, proc: Proc) -> None:
+        log = open(self.state_dir / "logs" / f"{proc.name}.log", "ab")  # noqa: SIM115
+        proc.popen = subprocess.Popen(
+            proc.argv,
+            cwd=settings.BASE_DIR,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        log.close()
+        (self.state_dir / "pids" / f"{proc.name}.pid").write_text(str(proc.popen.pid))
+        self.procs[proc.name] = proc
+
+    def wait_ready(self, proc: Proc, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.popen is not None and proc.popen.poll() is not None:
+                raise StackError(
+                    f"{proc.name} exited with code {proc.popen.returncode}:\n"
+                    + self.log_tail(proc.name)
+                )
+            try:
+                if proc.ready():
+                    return
+            except (OSError, redis.RedisError):
+                pass
+            time.sleep(0.1)
+        raise StackError(
+            f"{proc.name} was not ready within {timeout:.0f} s:\n{self.log_tail(proc.name)}"
+        )
+
+    def log_tail(self, name: str, lines: int = 30) -> str:
+        path = self.state_dir / "logs" / f"{name}.log"
+        if not path.exists():
+            return "(no log)"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Stop one process (a worker, the recorder) the way a crash or an operator would."""
+        proc = self.procs[name]
+        if proc.popen is not None and proc.popen.poll() is None:
+            os.killpg(proc.popen.pid, sig)
+            proc.popen.wait(timeout=30)
+
+    def restart(self, name: str, timeout: float = 60.0) -> None:
+        proc = self.procs[name]
+        self.launch(proc)
+        self.wait_ready(proc, timeout)
+
+    def stop(self) -> None:
+        """Ask every process to stop (reverse order), then force those that linger."""
+        running = [
+            p for p in reversed(list(self.procs.values())) if p.popen and p.popen.poll() is None
+        ]
+        for proc in running:
+            try:
+                os.killpg(proc.popen.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 15
+        for proc in running:
+            try:
+                proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(proc.popen.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.popen.wait()
+        for pidfile in (self.state_dir / "pids").glob("*.pid"):
+            pidfile.unlink(missing_ok=True)
+
+    # --- readiness ---------------------------------------------------------------------
+    def _redis_up(self) -> bool:
+        try:
+            return bool(self.client.ping())
+        except redis.RedisError:
+            return False
+
+    def _alive(self, group: str, member: str) -> bool:
+        return any(w.get("name") == member for w in presence.alive(self.client, group))
+
+    @staticmethod
+    def _http_ok(url: str) -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=0.5) as response:  # noqa: S310 (loopback)
+                return response.status == 200
+        except OSError:
+            return False
+
+
+def stop_from_pidfiles(state_dir: Path, timeout: float = 20.0) -> list[str]:
+    """Stop a stack started by another process (`frlm_down`): everything else first, then
+    redis, which the others need while they shut down."""
+    stopped: list[str] = []
+    pidfiles = list((state_dir / "pids").glob("*.pid"))
+    for wave in (
+        [p for p in pidfiles if p.stem != "redis"],
+        [p for p in pidfiles if p.stem == "redis"],
+    ):
+        pids: list[int] = []
+        for pidfile in wave:
+            try:
+                pid = int(pidfile.read_text())
+                os.killpg(pid, signal.SIGTERM)
+                pids.append(pid)
+                stopped.append(pidfile.stem)
+            except (ValueError, ProcessLookupError, PermissionError):
+                pass
+            pidfile.unlink(missing_ok=True)
+        deadline = time.monotonic() + timeout
+        while pids and time.monotonic() < deadline:
+            pids = [pid for pid in pids if _exists(pid)]
+            time.sleep(0.1)
+        for pid in pids:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    return stopped
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A child of ours that exited is a zombie until reaped; it no longer runs.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def running_from_pidfiles(state_dir: Path) -> list[str]:
+    names: list[str] = []
+    for pidfile in (state_dir / "pids").glob("*.pid"):
+        try:
+            if _exists(int(pidfile.read_text())):
+                names.append(pidfile.stem)
+        except ValueError:
+            pass
+    return names

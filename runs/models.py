@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+import secrets
+
+from django.conf import settings
+from django.db import models
+
+
+def new_run_id() -> str:
+    return "r" + secrets.token_hex(6)
+
+
+class Run(models.Model):
+    """One FRLM run: a question over a context, answered by a root model and its sub-queries.
+    One run is one trace (its events carry the run id)."""
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+
+    class Source(models.TextChoices):
+        TEXT = "text", "text"
+        PATH = "path", "file or folder on the server"
+        TASK = "task", "generated task"
+
+    id = models.CharField(primary_key=True, max_length=32, default=new_run_id, editable=False)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    question = models.TextField()
+    context_source = models.CharField(max_length=8, choices=Source.choices)
+    context_path = models.CharField(
+        max_length=1024, help_text="file or folder the context is read from"
+    )
+    context_chars = models.BigIntegerField(default=0)
+    task = models.JSONField(null=True, blank=True, help_text="generated task: name, tokens, seed")
+    expected_answer = models.TextField(blank=True)
+    policy = models.JSONField(default=dict)
+    root_model = models.JSONField()
+    worker_model = models.JSONField()
+    venues = models.JSONField(default=list)
+
+    status = models.CharField(max_length=12, choices=Status.choices, default=Status.QUEUED)
+    answer = models.TextField(blank=True)
+    correct = models.BooleanField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    isolation = models.CharField(max_length=200, blank=True)
+
+    created = models.DateTimeField(auto_now_add=True)
+    started = models.DateTimeField(null=True, blank=True)
+    finished = models.DateTimeField(null=True, blank=True)
+
+    turns = models.IntegerField(default=0)
+    subqueries = models.IntegerField(default=0)
+    subqueries_failed = models.IntegerField(default=0)
+    tokens_in = models.BigIntegerField(default=0)
+    tokens_out = models.BigIntegerField(default=0)
+    cost = models.FloatField(default=0.0)
+    wall_ms = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created"]
+
+    def __str__(self) -> str:
+        return f"{self.id}: {self.question[:60]}"
+
+    @property
+    def done(self) -> bool:
+        return self.status in {self.Status.SUCCEEDED, self.Status.FAILED, self.Status.CANCELLED}

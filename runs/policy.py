@@ -1,0 +1,89 @@
+"""A run's policy: the limits and fanout rules the conductor enforces outside the REPL."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+from typing import Any
+
+
+class PolicyError(ValueError):
+    """One or more policy values are out of range; the message lists each."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    max_depth: int = 1  # how deep rlm_query may nest child RLMs (the root is depth 0)
+    max_turns: int = 8  # root-model turns per RLM before it is asked for its best answer
+    max_subqueries: int = 2000  # sub-queries (and child RLMs) in the whole run
+    max_batch: int = 512  # prompts in one llm_query_batched call
+    subquery_timeout_s: float = 60.0  # one attempt of one sub-query
+    max_retries: int = 1  # attempts after the first, on another venue where possible
+    quorum: float = 1.0  # a batch proceeds once this fraction has returned
+    batch_deadline_s: float = 600.0  # a batch proceeds at this deadline whatever returned
+    max_errors: int = 3  # REPL cells that fail before the run fails
+    cell_timeout_s: float = 60.0  # wall clock of one REPL cell
+    repl_cpu_s: int = 600  # CPU seconds of one REPL process, over all its cells
+    cell_memory_mb: int = 2048  # memory of the REPL process
+    output_chars: int = 8000  # REPL output shown to the root model per cell
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> Policy:
+        """Build from user input, converting types; PolicyError names every bad value."""
+        data = dict(data or {})
+        known = {f.name: f for f in fields(cls)}
+        problems: list[str] = []
+        values: dict[str, Any] = {}
+        for key, raw in data.items():
+            if key not in known:
+                problems.append(f"policy.{key} is not a policy setting (known: {', '.join(known)})")
+                continue
+            kind = int if known[key].type in ("int", int) else float
+            try:
+                value = kind(raw)
+            except (TypeError, ValueError):
+                problems.append(
+                    f"policy.{key} must be {'an integer' if kind is int else 'a number'}, "
+                    f"got {raw!r}"
+                )
+                continue
+            low, high = RANGES[key]
+            if not low <= value <= high:
+                problems.append(f"policy.{key} must be between {low} and {high}, got {raw}")
+                continue
+            values[key] = value
+        if problems:
+            raise PolicyError("; ".join(problems))
+        return cls(**values)
+
+
+RANGES: dict[str, tuple[float, float]] = {
+    "max_depth": (0, 5),
+    "max_turns": (1, 50),
+    "max_subqueries": (1, 100_000),
+    "max_batch": (1, 4096),
+    "subquery_timeout_s": (0.1, 3600),
+    "max_retries": (0, 5),
+    "quorum": (0.05, 1.0),
+    "batch_deadline_s": (0.5, 86_400),
+    "max_errors": (0, 50),
+    "cell_timeout_s": (0.5, 3600),
+    "repl_cpu_s": (1, 86_400),
+    "cell_memory_mb": (128, 65_536),
+    "output_chars": (200, 1_000_000),
+}
+
+
+def parse_assignments(items: list[str]) -> dict[str, str]:
+    """`key=value` strings (from the command line) as a dict; PolicyError on a bad one."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip().removeprefix("policy.")
+        if not sep or not key:
+            raise PolicyError(f"--policy takes KEY=VALUE, got {item!r}")
+        out[key] = value.strip()
+    return out

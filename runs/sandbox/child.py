@@ -1,0 +1,328 @@
+"""The REPL process of the sandbox: runs the root model's code cells.
+
+Started by ``runs.sandbox.host`` as ``python -I -S child.py CONFIG_JSON``. It must only use the
+standard library: under bubblewrap it sees the interpreter and this one file, nothing of the
+project.
+
+Protocol: newline-delimited JSON on two pipes that are neither fd 0, 1 nor 2, so whatever the
+cell writes to stdout or stderr (even with ``os.write``) can never be mistaken for a message.
+
+host -> child  {"type": "exec", "code": str}
+               {"type": "reply", "ok": bool, "result": Any, "error": str}
+child -> host  {"type": "ready", "context_chars": int, "cpu_s": float}
+               {"type": "call", "name": str, "kwargs": dict}
+               {"type": "done", "error": None | "exception" | "memory", "exc_type": str | None,
+                "exc_message": str | None, "final": str | None, "cpu_s": float}
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import linecache
+import os
+import resource
+import sys
+import threading
+import traceback
+import types
+from typing import Any
+
+# Mirrors host._MAX_MESSAGE_BYTES: the host refuses anything longer, so say so here first.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+REPL_FUNCTIONS = (
+    "llm_query",
+    "llm_query_batched",
+    "rlm_query",
+    "FINAL",
+    "FINAL_VAR",
+    "SHOW_VARS",
+)
+THIS_FILE = os.path.abspath(__file__)
+# Private copies of the stdout/stderr pipes, to repair fd 1 and 2 if a cell closes them.
+SAVED_OUTPUT_FDS: dict[int, int] = {}
+
+
+class Channel:
+    """The two protocol pipes, one JSON object per line."""
+
+    def __init__(self, in_fd: int, out_fd: int) -> None:
+        # Code run by the cell may start subprocesses; they must not hold our pipes open.
+        os.set_inheritable(in_fd, False)
+        os.set_inheritable(out_fd, False)
+        self._reader = os.fdopen(in_fd, "rb", buffering=1 << 16)
+        self._out_fd = out_fd
+        # Threads in a cell may call llm_query together; one request/reply pair at a time.
+        self.lock = threading.Lock()
+
+    def send(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            written = os.write(self._out_fd, view)
+            view = view[written:]
+
+    def receive(self) -> dict[str, Any] | None:
+        line = self._reader.readline()
+        if not line:
+            return None
+        return json.loads(line.decode("utf-8", "surrogatepass"))
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    # ensure_ascii=False keeps non-ASCII text at its UTF-8 size; surrogatepass lets lone
+    # surrogates that user code produced travel instead of failing the call.
+    text = json.dumps(message, ensure_ascii=False, separators=(",", ":"))
+    return text.encode("utf-8", "surrogatepass") + b"\n"
+
+
+class Repl:
+    """The namespace the cells run in and the functions they can call."""
+
+    def __init__(self, channel: Channel, context: str) -> None:
+        self.channel = channel
+        self.final: str | None = None
+        self.cell_count = 0
+        self.namespace: dict[str, Any] = {
+            "__name__": "__main__",
+            "__builtins__": builtins,
+            "context": context,
+            "llm_query": self.llm_query,
+            "llm_query_batched": self.llm_query_batched,
+            "rlm_query": self.rlm_query,
+            "FINAL": self.FINAL,
+            "FINAL_VAR": self.FINAL_VAR,
+            "SHOW_VARS": self.SHOW_VARS,
+        }
+
+    # -- functions the cell calls ------------------------------------------------------------
+
+    def llm_query(self, prompt: str, **kw: Any) -> Any:
+        require_str("llm_query", "prompt", prompt)
+        return self.call_host("llm_query", {"prompt": prompt, **kw})
+
+    def llm_query_batched(self, prompts: list[str], **kw: Any) -> Any:
+        if not isinstance(prompts, list):
+            raise TypeError(
+                f"llm_query_batched(prompts) needs a list of str, got {type(prompts).__name__}"
+            )
+        for index, prompt in enumerate(prompts):
+            if not isinstance(prompt, str):
+                raise TypeError(
+                    f"llm_query_batched(prompts) needs a list of str, "
+                    f"but prompts[{index}] is {type(prompt).__name__}"
+                )
+        return self.call_host("llm_query_batched", {"prompts": prompts, **kw})
+
+    def rlm_query(self, prompt: str, context: Any = None, **kw: Any) -> Any:
+        require_str("rlm_query", "prompt", prompt)
+        return self.call_host("rlm_query", {"prompt": prompt, "context": context, **kw})
+
+    def FINAL(self, answer: Any) -> None:
+        self.final = str(answer)
+
+    def FINAL_VAR(self, name: Any) -> None:
+        if not isinstance(name, str):
+            # The model passed the value itself instead of its name; that is what it meant.
+            self.final = str(name)
+            return
+        if name not in self.namespace:
+            raise NameError(
+                f"FINAL_VAR({name!r}): there is no variable named {name!r}; "
+                f"assign it first or call FINAL(value)"
+            )
+        self.final = str(self.namespace[name])
+
+    def SHOW_VARS(self) -> None:
+        lines = [describe(name, value) for name, value in self.user_variables()]
+        print("\n".join(lines) if lines else "(no variables)")
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def user_variables(self) -> list[tuple[str, Any]]:
+        return [
+            (name, value)
+            for name, value in self.namespace.items()
+            if not name.startswith("_")
+            and name not in REPL_FUNCTIONS
+            and not isinstance(value, types.ModuleType)
+        ]
+
+    def call_host(self, name: str, kwargs: dict[str, Any]) -> Any:
+        try:
+            request = encode({"type": "call", "name": name, "kwargs": kwargs})
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"{name}: arguments must be JSON-serialisable ({exc})") from None
+        if len(request) > MAX_MESSAGE_BYTES:
+            raise ValueError(
+                f"{name}: the request is {len(request) / 2**20:.1f} MB; the limit is "
+                f"{MAX_MESSAGE_BYTES // 2**20} MB"
+            )
+        flush_output()
+        with self.channel.lock:
+            self.channel.send(request)
+            reply = self.channel.receive()
+        if reply is None:
+            # The host went away; nothing useful can happen any more.
+            os._exit(0)
+        if not reply.get("ok"):
+            raise RuntimeError(reply.get("error") or f"{name} failed")
+        return reply.get("result")
+
+    def run_cell(self, code: str) -> dict[str, Any]:
+        self.final = None
+        self.cell_count += 1
+        filename = f"<cell {self.cell_count}>"
+        # Registering the source lets tracebacks show the offending line, also for functions
+        # defined in earlier cells. mtime None keeps linecache.checkcache from evicting it.
+        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+        restore_streams()
+        error: str | None = None
+        exc_type: str | None = None
+        exc_message: str | None = None
+        try:
+            exec(compile(code, filename, "exec"), self.namespace)  # noqa: S102 - the purpose
+        except BaseException as exc:  # SystemExit and co. must not end the REPL
+            error = "memory" if isinstance(exc, MemoryError) else "exception"
+            exc_type = type(exc).__name__
+            exc_message = safe_str(exc)[:500]
+            write_traceback(exc)
+            del exc
+        flush_output()
+        return {
+            "type": "done",
+            "error": error,
+            "exc_type": exc_type,
+            "exc_message": exc_message,
+            "final": self.final,
+            "cpu_s": cpu_seconds(),
+        }
+
+
+def require_str(function: str, argument: str, value: Any) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"{function}({argument}) needs a str, got {type(value).__name__}")
+
+
+def safe_str(value: Any) -> str:
+    try:
+        return str(value)
+    except Exception:  # a user-defined __str__ may itself raise
+        return f"<{type(value).__name__} whose str() failed>"
+
+
+def describe(name: str, value: Any) -> str:
+    kind = type(value).__name__
+    try:
+        size = len(value)
+    except Exception:  # user objects may define a broken __len__
+        return f"{name}: {kind}"
+    unit = "chars" if isinstance(value, str) else "items"
+    return f"{name}: {kind}, {size} {unit}"
+
+
+def write_traceback(exc: BaseException) -> None:
+    """Print the traceback without the frames of this file: the model only needs its own."""
+    details = traceback.TracebackException(type(exc), exc, exc.__traceback__)
+    for current in walk_chain(details):
+        kept = [frame for frame in current.stack if frame.filename != THIS_FILE]
+        current.stack = traceback.StackSummary.from_list(kept)
+    try:
+        sys.stderr.write("".join(details.format()))
+    except Exception:  # the cell may have broken sys.stderr
+        restore_streams()
+        sys.stderr.write("".join(details.format()))
+
+
+def walk_chain(
+    details: traceback.TracebackException,
+) -> list[traceback.TracebackException]:
+    seen: list[traceback.TracebackException] = []
+    pending = [details]
+    while pending:
+        current = pending.pop()
+        if any(current is other for other in seen):
+            continue
+        seen.append(current)
+        pending.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+    return seen
+
+
+def restore_streams() -> None:
+    """Give the cell working stdout/stderr even if an earlier cell replaced or closed them."""
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        if fd in SAVED_OUTPUT_FDS and not same_file(fd, SAVED_OUTPUT_FDS[fd]):
+            # A cell closed fd 1 or pointed it elsewhere; put the pipe to the host back.
+            os.dup2(SAVED_OUTPUT_FDS[fd], fd)
+        stream = getattr(sys, f"__{name}__")
+        if stream is None or stream.closed:
+            # closefd=False: this object must never close the pipe behind the next one.
+            stream = open(fd, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
+            setattr(sys, f"__{name}__", stream)
+        # Line buffering so that output printed before a timeout kill reaches the host.
+        stream.reconfigure(encoding="utf-8", errors="backslashreplace", line_buffering=True)
+        setattr(sys, name, stream)
+
+
+def same_file(fd: int, other: int) -> bool:
+    try:
+        first, second = os.fstat(fd), os.fstat(other)
+    except OSError:
+        return False
+    return (first.st_dev, first.st_ino) == (second.st_dev, second.st_ino)
+
+
+def flush_output() -> None:
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            stream.flush()
+        except Exception:  # noqa: S110 - a cell may have closed or replaced it
+            pass
+
+
+def cpu_seconds() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def set_limits(config: dict[str, Any]) -> None:
+    """Apply the limits before any user code runs.
+
+    The hard limits are what bind: without CAP_SYS_RESOURCE (dropped under bubblewrap) a cell
+    can raise a soft limit only as far as its hard limit.
+    """
+    memory = config["memory_mb"] * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    # SIGXCPU at the soft limit; the hard limit (SIGKILL) catches code that ignores it.
+    cpu = config["cpu_s"]
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 2))
+    # A SIGXCPU death would otherwise leave a core file of up to memory_mb in the scratch dir.
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if config.get("nproc"):
+        resource.setrlimit(resource.RLIMIT_NPROC, (config["nproc"], config["nproc"]))
+
+
+def read_context(path: str) -> str:
+    with open(path, "rb") as handle:
+        return handle.read().decode("utf-8", errors="replace")
+
+
+def main(argv: list[str]) -> int:
+    config = json.loads(argv[1])
+    channel = Channel(config["in_fd"], config["out_fd"])
+    SAVED_OUTPUT_FDS.update({fd: os.dup(fd) for fd in (1, 2)})
+    set_limits(config)
+    repl = Repl(channel, read_context(config["context_path"]))
+    restore_streams()
+    context_chars = len(repl.namespace["context"])
+    channel.send(encode({"type": "ready", "context_chars": context_chars, "cpu_s": cpu_seconds()}))
+    while True:
+        message = channel.receive()
+        if message is None:
+            return 0
+        if message.get("type") == "exec":
+            channel.send(encode(repl.run_cell(message["code"])))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,134 @@
+"""Writes on runs: create (with every input checked), launch, cancel."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
+
+from frlm_web.redis_client import get_redis
+from runs import context as ctx
+from runs.models import Run
+from runs.policy import Policy, PolicyError
+from runs.progress import request_cancel
+from runs.taskgen import make_task
+from workers.backends import ModelSpec
+from workers.models import Venue
+
+
+class RunInputError(ValueError):
+    """Bad input for a run; `errors` maps each field to what is wrong with it."""
+
+    def __init__(self, errors: dict[str, str]) -> None:
+        super().__init__("; ".join(f"{k}: {v}" for k, v in errors.items()))
+        self.errors = errors
+
+
+@dataclass(frozen=True)
+class ContextSpec:
+    """Exactly one of: text, a path on the server, a generated task."""
+
+    text: str | None = None
+    path: str | None = None
+    task: str | None = None
+    tokens: int = 0
+    seed: int = 0
+
+
+def run_create(
+    *,
+    question: str,
+    context: ContextSpec,
+    policy: dict[str, Any] | None = None,
+    root_model: ModelSpec,
+    worker_model: ModelSpec,
+    venues: list[str],
+    owner: Any = None,
+) -> Run:
+    """1. check every input and report all problems at once, 2. put the context where the
+    REPL can read it, 3. save the run as queued. Nothing is saved when anything is wrong."""
+    errors: dict[str, str] = {}
+    run = Run(
+        question=(question or "").strip(),
+        root_model=root_model.to_dict(),
+        worker_model=worker_model.to_dict(),
+        owner=owner,
+    )
+    try:
+        run.policy = Policy.from_dict(policy).to_dict()
+    except PolicyError as exc:
+        errors["policy"] = str(exc)
+    errors.update(_check_venues(venues))
+    run.venues = venues
+
+    task = None
+    if context.task:
+        try:
+            task = make_task(context.task, context.tokens, context.seed)
+        except ValueError as exc:
+            errors["task"] = str(exc)
+        else:
+            run.question = run.question or task.question
+    elif context.path is not None:
+        try:
+            ctx.check_path(context.path)
+        except ctx.ContextError as exc:
+            errors["context"] = str(exc)
+    elif context.text is not None:
+        if not context.text.strip():
+            errors["context"] = "the context text is empty"
+    else:
+        errors["context"] = "give a context: a file or folder path, text, or a generated task"
+    if not run.question:
+        errors["question"] = "the question is empty: say what you want to know about the context"
+    if errors:
+        raise RunInputError(errors)
+
+    if task is not None:
+        path = ctx.context_dir() / f"{run.id}.txt"
+        task.write_context(path)
+        run.context_source = Run.Source.TASK
+        run.task = {"name": task.name, "tokens": context.tokens, "seed": context.seed}
+        run.expected_answer = task.expected_answer
+        run.context_chars = task.context_chars
+    elif context.path is not None:
+        path = ctx.check_path(context.path)
+        run.context_source = Run.Source.PATH
+    else:
+        path = ctx.write_text(run.id, context.text or "")
+        run.context_source = Run.Source.TEXT
+        run.context_chars = len(context.text or "")
+    run.context_path = str(path)
+    run.save()
+    return run
+
+
+def _check_venues(names: list[str]) -> dict[str, str]:
+    if not names:
+        return {"venues": "name at least one venue, e.g. local"}
+    known = set(Venue.objects.values_list("name", flat=True))
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        listed = ", ".join(sorted(known)) or "none yet"
+        return {
+            "venues": f"unknown venue {', '.join(unknown)} (known: {listed}); start a worker "
+            f"for it with `python manage.py frlm_worker --venue {unknown[0]}`"
+        }
+    if len(set(names)) != len(names):
+        return {"venues": "a venue is named twice"}
+    return {}
+
+
+def run_launch(run: Run) -> None:
+    """Hand the run to a conductor once the row is committed."""
+    from runs.tasks import run_conduct
+
+    transaction.on_commit(lambda: run_conduct.delay(run.id))
+
+
+def run_cancel(run: Run) -> None:
+    request_cancel(get_redis(), run.id)
+    Run.objects.filter(id=run.id, status=Run.Status.QUEUED).update(
+        status=Run.Status.CANCELLED, error="cancelled before it started"
+    )

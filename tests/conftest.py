@@ -1,0 +1,87 @@
+"""Fixtures that run the real product: one stack of real processes (redis, the simulated
+model server, the recorder, a conductor, venue workers) shared by the session."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+
+from frlm_web.stack import Stack, VenueSpec
+
+TEST_VENUES = [
+    VenueSpec("local", concurrency=8, sim={"latency_ms": 20}, worker_name="local-t1"),
+    VenueSpec("edge", concurrency=8, sim={"latency_ms": 40}, worker_name="edge-t1"),
+]
+
+
+@pytest.fixture(scope="session")
+def stack(django_db_setup, django_db_blocker) -> Iterator[Stack]:
+    """The real process stack on this session's private ports and test database."""
+    state = Path(settings.DATA_DIR) / "stack"
+    env = {
+        "DJANGO_SETTINGS_MODULE": "frlm_web.settings",
+        "FRLM_DB_PATH": settings.DATABASES["default"]["NAME"],
+    }
+    running = Stack(
+        state_dir=state,
+        venues=TEST_VENUES,
+        env=env,
+        start_redis=True,
+        redis_persist=False,
+        conductor_concurrency=4,
+    )
+    try:
+        running.start()
+    except Exception:
+        running.stop()
+        raise
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def venues(stack: Stack, transactional_db) -> list[str]:
+    """The stack's venues as rows (a transactional test empties the tables after itself)."""
+    from workers.models import Venue
+
+    for venue in stack.venues:
+        Venue.objects.get_or_create(name=venue.name)
+    return [v.name for v in stack.venues]
+
+
+def wait_until(
+    check: Callable[[], Any], timeout: float = 30.0, every: float = 0.1, what: str = "condition"
+) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+@pytest.fixture
+def subprocess_env() -> dict[str, str]:
+    """Environment for a `manage.py` subprocess that shares this session's stack."""
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "frlm_web.settings",
+        "FRLM_DB_PATH": settings.DATABASES["default"]["NAME"],
+    }
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test on the stack needs the test database to exist (its processes open it) and its
+    writes committed (they cannot see a test's open transaction)."""
+    for item in items:
+        if "stack" in getattr(item, "fixturenames", ()) and not item.get_closest_marker(
+            "django_db"
+        ):
+            item.add_marker(pytest.mark.django_db(transaction=True))

@@ -1,0 +1,75 @@
+"""Shared steps of the end-to-end tests: launch a run through the services, wait for it,
+read its trace."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+
+from runs.models import Run
+from runs.services import ContextSpec, run_create, run_launch
+from tests.conftest import wait_until
+from traces import store
+from workers.backends import ModelSpec, model_spec
+
+
+def scripted(*cells: str) -> str:
+    """A question that makes the simulated root model write exactly these cells, in order."""
+    return "Run this program.\n" + "\n".join(f"```repl\n{cell.strip()}\n```" for cell in cells)
+
+
+def launch(
+    *,
+    question: str = "",
+    text: str | None = None,
+    task: str | None = None,
+    tokens: int = 20_000,
+    seed: int = 1,
+    venues: list[str] | None = None,
+    policy: dict[str, Any] | None = None,
+    worker_sim: dict[str, Any] | None = None,
+    root: ModelSpec | None = None,
+) -> Run:
+    worker = model_spec("sim", role="worker")
+    if worker_sim:
+        worker = ModelSpec(worker.kind, worker.model, worker.base_url, worker_sim)
+    context = (
+        ContextSpec(task=task, tokens=tokens, seed=seed) if task else ContextSpec(text=text or "x")
+    )
+    with transaction.atomic():
+        run = run_create(
+            question=question,
+            context=context,
+            policy=policy,
+            root_model=root or model_spec("sim", role="root"),
+            worker_model=worker,
+            venues=venues or ["local", "edge"],
+        )
+        run_launch(run)
+    return run
+
+
+def finish(run: Run, timeout: float = 90.0) -> Run:
+    def done() -> bool:
+        run.refresh_from_db()
+        return run.done
+
+    wait_until(done, timeout=timeout, what=f"run {run.id} to finish")
+    return run
+
+
+def trace(run: Run, timeout: float = 20.0) -> list[dict[str, Any]]:
+    """The run's stored events, once the recorder has stored its Run.Done."""
+
+    def stored() -> list[dict[str, Any]] | None:
+        events = store.read_events(run.id)
+        return events if any(e["name"] == "Run.Done" for e in events) else None
+
+    return wait_until(stored, timeout=timeout, what=f"trace of {run.id}")
+
+
+def named(
+    events: list[dict[str, Any]], name: str, phase: str | None = None
+) -> list[dict[str, Any]]:
+    return [e for e in events if e["name"] == name and (phase is None or e["phase"] == phase)]

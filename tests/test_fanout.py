@@ -1,0 +1,119 @@
+"""Fanout on real venue workers: overlap, quorum and straggler cancellation, timeouts and
+retries, a worker killed mid-run, a venue with no live worker."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from frlm_web.stack import VenueSpec
+from tests.conftest import wait_until
+from tests.helpers import finish, launch, named, scripted, trace
+from workers.models import Venue
+
+pytestmark = [pytest.mark.stack]
+
+
+def overlap(events: list[dict]) -> int:
+    """Most Execute spans open at one instant, from their start and end events."""
+    edges = sorted(
+        [(e["ts"], 1) for e in named(events, "SubQuery.Execute", "start")]
+        + [(e["ts"], -1) for e in named(events, "SubQuery.Execute", "end")]
+    )
+    level = peak = 0
+    for _, step in edges:
+        level += step
+        peak = max(peak, level)
+    return peak
+
+
+def batch_program(n: int) -> str:
+    return f"rs = llm_query_batched(['question %d' % i for i in range({n})])\nFINAL(repr(rs))"
+
+
+def test_it_runs_a_batch_in_parallel_across_venues(venues):
+    run = finish(launch(question=scripted(batch_program(32)), worker_sim={"latency_ms": 300}))
+    assert run.status == "succeeded", run.error
+    events = trace(run)
+    assert len(named(events, "SubQuery.Execute", "end")) == 32
+    assert overlap(events) >= 12  # 16 slots over two venues; one at a time would be 1
+    assert {e["venue"] for e in named(events, "SubQuery.Execute", "end")} == {"local", "edge"}
+    # 32 sub-queries of 300 ms on 16 slots: about 0.6 s of model time, not 9.6 s.
+    assert run.wall_ms < 6000
+
+
+def test_it_proceeds_at_quorum_and_cancels_stragglers(venues):
+    sim = {"latency_ms": 30, "straggler_rate": 0.3, "straggler_factor": 300, "seed": 4}
+    started = time.monotonic()
+    run = finish(
+        launch(question=scripted(batch_program(20)), worker_sim=sim, policy={"quorum": 0.6})
+    )
+    assert run.status == "succeeded", run.error
+    assert time.monotonic() - started < 8  # a straggler takes 9 s
+    replies = eval(run.answer)  # noqa: S307 (our own repr of a list of str)
+    cancelled = [r for r in replies if r.startswith("[frlm:cancelled]")]
+    assert cancelled and len(replies) - len(cancelled) >= 12
+    events = trace(run)
+    cancels = named(events, "SubQuery.Cancel")
+    assert len(cancels) == len(cancelled)
+    assert all("quorum of 12/20 reached" in e["attrs"]["reason"] for e in cancels)
+
+
+def test_it_times_out_retries_elsewhere_and_marks_the_failure(venues):
+    sim = {"latency_ms": 3000}
+    run = finish(
+        launch(
+            question=scripted("FINAL(llm_query('slow'))"),
+            worker_sim=sim,
+            policy={"subquery_timeout_s": 0.5, "max_retries": 1},
+        )
+    )
+    assert run.status == "succeeded", run.error
+    assert run.answer.startswith("[frlm:timeout] sub-query 1: no reply within 0.5 s")
+    events = trace(run)
+    assert len(named(events, "SubQuery.Timeout")) == 2
+    (retry,) = named(events, "SubQuery.Retry")
+    assert retry["attrs"]["from_venue"] != retry["venue"]
+
+
+def test_it_fails_clearly_when_no_worker_serves_the_venues(venues):
+    Venue.objects.create(name="empty")
+    run = finish(launch(question=scripted("FINAL(llm_query('x'))"), venues=["empty"]))
+    assert run.status == "failed"
+    assert "no live worker on the run's venues (empty)" in run.error
+    assert "frlm_worker --venue empty" in run.error
+
+
+def test_it_finishes_the_work_of_a_worker_killed_mid_run(stack, venues):
+    doomed = VenueSpec("doomed", concurrency=4, worker_name="doomed-1")
+    proc = stack.venue_proc(doomed)
+    stack.launch(proc)
+    stack.wait_ready(proc, 60)
+    Venue.objects.get_or_create(name="doomed")
+    try:
+        run = launch(
+            question=scripted(batch_program(16)),
+            venues=["doomed", "local"],
+            worker_sim={"latency_ms": 2000},
+            policy={"subquery_timeout_s": 20},
+        )
+        from traces import store
+
+        def doomed_busy() -> bool:
+            return any(
+                e["name"] == "SubQuery.Execute" and e["venue"] == "doomed"
+                for e in store.read_events(run.id)
+            )
+
+        wait_until(doomed_busy, timeout=30, what="the doomed worker to start jobs")
+        stack.kill(proc.name)
+        run = finish(run, timeout=60)
+        assert run.status == "succeeded", run.error
+        replies = eval(run.answer)  # noqa: S307
+        assert len(replies) == 16 and not [r for r in replies if r.startswith("[frlm:")]
+        events = trace(run)
+        lost = [e for e in named(events, "SubQuery.Retry") if "was lost" in e["attrs"]["reason"]]
+        assert lost and all(e["venue"] == "local" for e in lost)
+    finally:
+        stack.kill(proc.name)

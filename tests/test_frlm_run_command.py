@@ -1,0 +1,170 @@
+"""`manage.py frlm_run` as a user types it, against the real stack."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from frlm_web.stack import free_port
+from runs.models import Run
+from tests.helpers import named, trace
+
+pytestmark = [pytest.mark.stack]
+
+
+def frlm_run(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "manage.py", "frlm_run", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_it_answers_a_generated_needle_task_as_json(venues, subprocess_env):
+    done = frlm_run(
+        subprocess_env,
+        "--task",
+        "sniah",
+        "--tokens",
+        "200000",
+        "--seed",
+        "7",
+        "--venues",
+        "local,edge",
+        "--json",
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["status"] == "succeeded"
+    assert result["correct"] is True
+    assert result["answer"] == result["expected_answer"]
+    assert result["subqueries"] >= 10
+    assert result["tokens_in"] > 200_000 and result["cost_usd"] > 0
+    assert result["simulated"] is True
+    assert result["isolation"].startswith("bwrap")
+    run = Run.objects.get(id=result["run_id"])
+    events = trace(run)
+    assert named(events, "Run.Done")[0]["attrs"]["correct"] is True
+
+
+def test_it_prints_a_summary_and_progress(venues, subprocess_env, tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("The launch window opens on Tuesday at dawn.\n" * 50)
+    (corpus / "b.md").write_text("Budget notes: the rover costs nine million.\n" * 50)
+    done = frlm_run(
+        subprocess_env,
+        "--question",
+        "When does the launch window open?",
+        "--context",
+        str(corpus),
+        "--venues",
+        "local",
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Tuesday" in done.stdout
+    assert "sub-queries" in done.stderr  # the progress bar
+    for label in ("run ", "answer ", "wall ", "tokens ", "trace "):
+        assert label in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--question", "", "--context", "README.md"], "--question: the question is empty"),
+        (["--question", "q", "--context", "/nonexistent/corpus"], "does not exist"),
+        (
+            ["--question", "q", "--context", "README.md", "--policy", "quorum=3"],
+            "policy.quorum must be between 0.05 and 1.0, got 3",
+        ),
+        (["--question", "q", "--context", "README.md", "--venues", "mars"], "unknown venue mars"),
+        (["--question", "q"], "give a context"),
+        (["--task", "nope"], "invalid choice"),
+        (["--task", "sniah", "--tokens", "5"], "tokens"),
+        (
+            ["--question", "q", "--context", "README.md", "--root-model", "gpt"],
+            "unknown root model",
+        ),
+    ],
+)
+def test_it_rejects_bad_input_with_a_clear_message(venues, subprocess_env, args, message):
+    before = Run.objects.count()
+    done = frlm_run(subprocess_env, *args, timeout=60)
+    assert done.returncode != 0
+    assert message in done.stderr
+    assert Run.objects.count() == before  # nothing half-made
+
+
+def test_it_rejects_a_binary_context(venues, subprocess_env, tmp_path):
+    blob = tmp_path / "model.bin"
+    blob.write_bytes(b"\x00\x01\x02" * 100)
+    done = frlm_run(subprocess_env, "--question", "q", "--context", str(blob), timeout=60)
+    assert done.returncode != 0
+    assert "is binary, not text" in done.stderr
+
+
+def test_it_fails_the_run_when_the_model_endpoint_is_down(venues, subprocess_env):
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    done = frlm_run(
+        subprocess_env,
+        "--question",
+        "q",
+        "--context",
+        "README.md",
+        "--root-model",
+        "openai:some-model",
+        "--base-url",
+        url,
+        "--json",
+    )
+    assert done.returncode == 1
+    result = json.loads(done.stdout)
+    assert result["status"] == "failed"
+    assert f"cannot reach the model endpoint {url}" in result["error"]
+    events = trace(Run.objects.get(id=result["run_id"]))
+    assert named(events, "Run.Decode", "end")[0]["status"] == "error"
+
+
+class GarbageHandler(http.server.BaseHTTPRequestHandler):
+    def do_POST(self) -> None:  # noqa: N802
+        body = b"<html>this is not an API</html>"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_it_fails_the_run_when_the_endpoint_answers_garbage(venues, subprocess_env):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), GarbageHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        done = frlm_run(
+            subprocess_env,
+            "--question",
+            "q",
+            "--context",
+            "README.md",
+            "--root-model",
+            "openai:m",
+            "--base-url",
+            url,
+            "--json",
+        )
+    finally:
+        server.shutdown()
+    assert done.returncode == 1
+    result = json.loads(done.stdout)
+    assert result["status"] == "failed"
+    assert "the root model failed" in result["error"]

@@ -1,0 +1,149 @@
+"""Each REPL function and each limit, through a real run: conductor, sandbox, venue
+workers and the simulated model, driven by scripted root programs."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import finish, launch, named, scripted, trace
+from traces import blobs
+
+pytestmark = [pytest.mark.stack]
+
+NEEDLE_TEXT = (
+    "Filler. " * 200
+    + "One of the special magic numbers for teal-otter is: 4417001. "
+    + "More. " * 200
+)
+
+
+def needle_prompt(key: str, text: str) -> str:
+    return (
+        f"Find the special magic number for '{key}' in the text below. Reply with the number "
+        f"only, or NONE if it is not there.\n\nTEXT:\n{text}"
+    )
+
+
+def test_it_reads_the_context_variable_and_keeps_variables_between_cells(venues):
+    run = finish(launch(text="abcdef" * 10, question=scripted("n = len(context)", "FINAL(n * 2)")))
+    assert run.status == "succeeded", run.error
+    assert run.answer == "120"
+
+
+def test_it_answers_with_final_var_and_shows_vars(venues):
+    run = finish(launch(question=scripted("answer = 41 + 1\nSHOW_VARS()", 'FINAL_VAR("answer")')))
+    assert run.status == "succeeded", run.error
+    assert run.answer == "42"
+    events = trace(run)
+    first_cell = named(events, "Repl.Exec", "end")[0]
+    shown = blobs.blob_get(first_cell["payload_ref"])
+    assert "answer" in shown and "int" in shown
+
+
+def test_it_runs_llm_query_on_a_worker(venues):
+    code = f"r = llm_query({needle_prompt('teal-otter', NEEDLE_TEXT)!r})\nFINAL(r)"
+    run = finish(launch(question=scripted(code)))
+    assert run.status == "succeeded", run.error
+    assert run.answer == "4417001"
+    assert run.subqueries == 1
+    events = trace(run)
+    (execute,) = named(events, "SubQuery.Execute", "end")
+    assert execute["venue"] in {"local", "edge"} and execute["worker_id"]
+
+
+def test_it_returns_batched_replies_in_the_order_of_the_prompts(venues):
+    texts = [
+        f"Filler. The special magic number for key-{i} is: {1000000 + i}. End." for i in range(12)
+    ]
+    prompts = [needle_prompt(f"key-{i}", t) for i, t in enumerate(texts)]
+    code = f"rs = llm_query_batched({prompts!r})\nFINAL(','.join(rs))"
+    run = finish(launch(question=scripted(code)))
+    assert run.status == "succeeded", run.error
+    assert run.answer.split(",") == [str(1000000 + i) for i in range(12)]
+
+
+def test_it_runs_a_child_rlm_one_level_deeper(venues):
+    question = "What is the special magic number for teal-otter mentioned in the provided text?"
+    code = f"child = rlm_query({question!r}, context={NEEDLE_TEXT!r})\nFINAL(child)"
+    run = finish(launch(question=scripted(code), policy={"max_depth": 1}))
+    assert run.status == "succeeded", run.error
+    assert run.answer == "4417001"
+    events = trace(run)
+    assert any(e["depth"] == 1 for e in named(events, "Run.Decode", "end"))
+    assert any(e["attrs"].get("kind") == "rlm" for e in named(events, "SubQuery.Submit", "start"))
+
+
+def test_it_answers_rlm_query_past_the_depth_limit_as_a_plain_sub_query(venues):
+    prompt = needle_prompt("teal-otter", "")
+    code = f"child = rlm_query({prompt!r}, context={NEEDLE_TEXT!r})\nFINAL(child)"
+    run = finish(launch(question=scripted(code), policy={"max_depth": 0}))
+    assert run.status == "succeeded", run.error
+    assert run.answer == "4417001"
+    events = trace(run)
+    assert not [e for e in named(events, "Run.Decode") if e["depth"] > 0]
+    rejected = [e for e in named(events, "SubQuery.Retry") if e["status"] == "rejected"]
+    assert "exceeds policy.max_depth=0" in rejected[0]["attrs"]["reason"]
+
+
+def test_it_enforces_the_batch_limit_outside_the_repl(venues):
+    code = (
+        "try:\n    llm_query_batched(['a', 'b', 'c'])\nexcept RuntimeError as e:\n    FINAL(str(e))"
+    )
+    run = finish(launch(question=scripted(code), policy={"max_batch": 2}))
+    assert run.status == "succeeded", run.error
+    assert "at most 2 per batch (policy.max_batch)" in run.answer
+    assert run.subqueries == 0
+
+
+def test_it_enforces_the_sub_query_limit_across_calls(venues):
+    code = (
+        "llm_query_batched(['a', 'b'])\n"
+        "try:\n    llm_query_batched(['c', 'd'])\nexcept RuntimeError as e:\n    FINAL(str(e))"
+    )
+    run = finish(launch(question=scripted(code), policy={"max_subqueries": 3}))
+    assert run.status == "succeeded", run.error
+    assert "may make 3 sub-queries in all" in run.answer
+    assert run.subqueries == 2
+
+
+def test_it_reports_an_exception_to_the_model_and_goes_on(venues):
+    run = finish(launch(question=scripted("1 / 0", "FINAL('recovered')")))
+    assert run.status == "succeeded", run.error
+    assert run.answer == "recovered"
+    events = trace(run)
+    failed = [e for e in named(events, "Repl.Exec", "end") if e["status"] == "error"]
+    assert failed and failed[0]["attrs"]["error"] == "exception"
+
+
+def test_it_fails_the_run_after_too_many_repl_errors(venues):
+    run = finish(
+        launch(question=scripted("1 / 0", "2 / 0", "FINAL('never')"), policy={"max_errors": 1})
+    )
+    assert run.status == "failed"
+    assert "the REPL failed 2 times (policy.max_errors=1)" in run.error
+    assert named(trace(run), "Run.Done")[0]["status"] == "error"
+
+
+def test_it_kills_a_cell_past_its_wall_clock_and_goes_on(venues):
+    run = finish(
+        launch(
+            question=scripted("import time\ntime.sleep(30)", "FINAL('after')"),
+            policy={"cell_timeout_s": 1},
+        )
+    )
+    assert run.status == "succeeded", run.error
+    assert run.answer == "after"
+    events = trace(run)
+    timed_out = [
+        e for e in named(events, "Repl.Exec", "end") if e["attrs"].get("error") == "timeout"
+    ]
+    assert timed_out and timed_out[0]["attrs"]["restarted"] is True
+
+
+def test_it_asks_for_a_best_answer_at_max_turns(venues):
+    run = finish(
+        launch(question=scripted("print('partial: 7')", "print('more')"), policy={"max_turns": 1})
+    )
+    assert run.status == "succeeded", run.error
+    assert run.turns == 2  # the one allowed turn, then the request for a final answer
+    assert run.answer == "partial: 7"

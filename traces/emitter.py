@@ -1,0 +1,221 @@
+"""The span emitter: every process reports what it does as events on one Redis stream.
+
+Each event gets its run's next `seq` in the same atomic step that appends it to the stream,
+so `seq` order is the stream's order even when many processes emit for one run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import redis
+
+from traces.schema import Event
+
+EVENTS_STREAM = "frlm:events"
+DEAD_LETTER_STREAM = "frlm:events:dead"
+
+# KEYS[1] = the stream; ARGV = run_id, event json, run_id, event json, ...
+_APPEND = """
+for i = 1, #ARGV, 2 do
+  local seq = redis.call('INCR', 'frlm:seq:' .. ARGV[i])
+  redis.call('XADD', KEYS[1], '*', 'seq', seq, 'e', ARGV[i + 1])
+end
+return #ARGV / 2
+"""
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class Span:
+    """An open span: its start event is already on the stream."""
+
+    def __init__(
+        self,
+        emitter: Emitter,
+        name: str,
+        span_id: str,
+        parent_id: str | None,
+        depth: int,
+        started_ns: int,
+    ) -> None:
+        self.emitter = emitter
+        self.name = name
+        self.span_id = span_id
+        self.parent_id = parent_id
+        self.depth = depth
+        self.started_ns = started_ns
+        self.ended = False
+
+    def end(self, status: str = "ok", *, payload: str | None = None, **fields: Any) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        fields.setdefault("ms", (time.time_ns() - self.started_ns) / 1e6)
+        self.emitter.emit(
+            self.name,
+            "end",
+            span_id=self.span_id,
+            parent=self.parent_id,
+            depth=self.depth,
+            status=status,
+            payload=payload,
+            **fields,
+        )
+
+    def progress(self, **attrs: Any) -> None:
+        self.emitter.emit(
+            self.name,
+            "progress",
+            span_id=self.span_id,
+            parent=self.parent_id,
+            depth=self.depth,
+            attrs=attrs,
+        )
+
+
+class Emitter:
+    """Writes events of one run. Venue and worker name where the emitting code runs."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        run_id: str,
+        *,
+        venue: str | None = "conductor",
+        worker_id: str | None = None,
+    ) -> None:
+        self.client = client
+        self.run_id = run_id
+        self.venue = venue
+        self.worker_id = worker_id
+        self._append = client.register_script(_APPEND)
+        self._held: list[Event] | None = None
+
+    def build(
+        self,
+        name: str,
+        phase: str,
+        *,
+        span_id: str | None = None,
+        parent: str | None = None,
+        depth: int = 0,
+        status: str = "ok",
+        links: list[str] | None = None,
+        payload: str | None = None,
+        attrs: dict[str, Any] | None = None,
+        **metrics: Any,
+    ) -> Event:
+        event: Event = {
+            "run_id": self.run_id,
+            "event_id": new_id(),
+            "span_id": span_id or new_id(),
+            "parent_id": parent,
+            "links": list(links or []),
+            "name": name,
+            "phase": phase,
+            "ts": time.time_ns(),
+            "status": status,
+            "venue": metrics.pop("venue", self.venue),
+            "worker_id": metrics.pop("worker_id", self.worker_id),
+            "depth": depth,
+            "attrs": attrs or {},
+        }
+        for key in ("ms", "bytes", "tokens_in", "tokens_out", "cost"):
+            if metrics.get(key) is not None:
+                event[key] = metrics.pop(key)
+        if metrics:
+            event["attrs"] = {**event["attrs"], **metrics}
+        if payload is not None:
+            ref = sha256_text(payload)
+            event["payload_ref"] = ref
+            # The recorder moves the text into the blob store and keeps only the ref.
+            event["attrs"] = {**event["attrs"], "_payload": payload}
+        return event
+
+    def emit(self, name: str, phase: str, **kwargs: Any) -> Event:
+        event = self.build(name, phase, **kwargs)
+        if self._held is not None:
+            self._held.append(event)
+        else:
+            self.send([event])
+        return event
+
+    def send(self, events: list[Event]) -> None:
+        if not events:
+            return
+        args: list[str] = []
+        for event in events:
+            args.append(event["run_id"])
+            args.append(json.dumps(event, separators=(",", ":"), default=str))
+        self._append(keys=[EVENTS_STREAM], args=args)
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Hold events emitted inside the block and send them in one round trip."""
+        outer = self._held
+        self._held = [] if outer is None else outer
+        try:
+            yield
+        finally:
+            if outer is None:
+                held, self._held = self._held, None
+                self.send(held or [])
+
+    def start(
+        self,
+        name: str,
+        *,
+        parent: str | None = None,
+        depth: int = 0,
+        payload: str | None = None,
+        links: list[str] | None = None,
+        span_id: str | None = None,
+        **fields: Any,
+    ) -> Span:
+        span_id = span_id or new_id()
+        event = self.emit(
+            name,
+            "start",
+            span_id=span_id,
+            parent=parent,
+            depth=depth,
+            payload=payload,
+            links=links,
+            **fields,
+        )
+        return Span(self, name, span_id, parent, depth, event["ts"])
+
+    @contextmanager
+    def span(self, name: str, **kwargs: Any) -> Iterator[Span]:
+        """A span around a block; an exception ends it with status error and goes on."""
+        span = self.start(name, **kwargs)
+        try:
+            yield span
+        except BaseException as exc:
+            span.end("error", error=f"{type(exc).__name__}: {exc}")
+            raise
+        span.end()
+
+    def instant(
+        self,
+        name: str,
+        *,
+        parent: str | None = None,
+        depth: int = 0,
+        status: str = "ok",
+        **fields: Any,
+    ) -> Event:
+        return self.emit(name, "instant", parent=parent, depth=depth, status=status, **fields)

@@ -1,0 +1,30 @@
+from __future__ import annotations
+
+import signal
+import threading
+
+from django.core.management.base import BaseCommand, CommandError
+
+from frlm_web.redis_client import get_redis
+from traces.recorder import Recorder, RecorderBusy
+
+
+class Command(BaseCommand):
+    help = "Run the recorder: the one writer of the trace store. Stops cleanly on SIGTERM."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--batch-max", type=int, default=20000)
+        parser.add_argument("--block-ms", type=int, default=50)
+
+    def handle(self, *args, batch_max: int, block_ms: int, **options) -> None:
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        recorder = Recorder(get_redis(), batch_max=batch_max, block_ms=block_ms)
+        self.stdout.write("recorder: storing trace events (Ctrl-C or SIGTERM stops it)")
+        self.stdout.flush()
+        try:
+            recorder.run(stop)
+        except RecorderBusy as exc:
+            raise CommandError(str(exc)) from exc
+        self.stdout.write(f"recorder: stopped after storing {recorder.stored} events")

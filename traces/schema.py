@@ -1,0 +1,128 @@
+"""The trace event schema (DESIGN §4): one row per event, shared by every process."""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+import pyarrow as pa
+
+NAMES = frozenset(
+    {
+        "Run.Init",
+        "Run.Decode",
+        "Run.Done",
+        "Repl.Exec",
+        "Env.SelectFragments",
+        "Env.LoadFragment",
+        "Context.Fold",
+        "SubQuery.Submit",
+        "SubQuery.Execute",
+        "SubQuery.Return",
+        "SubQuery.Timeout",
+        "SubQuery.Cancel",
+        "SubQuery.Retry",
+        "SubQuery.Hedge",
+        "Verify.Redundant",
+        "Verify.Objective",
+        "Verify.Attest",
+        "Memory.CacheHit",
+        "Memory.CacheMiss",
+        "Weights.Fetch",
+        "GPU.Dispatch",
+        "Budget.Reserve",
+        "Budget.Settle",
+        "Budget.Alert",
+        "Receipt.Emit",
+        "Worker.Register",
+        "Worker.Heartbeat",
+        "Worker.Lost",
+        "Circuit.Open",
+        "Circuit.Close",
+    }
+)
+PHASES = frozenset({"start", "end", "instant", "progress"})
+STATUSES = frozenset({"ok", "error", "timeout", "cancelled", "rejected"})
+
+
+class Event(TypedDict, total=False):
+    run_id: str
+    seq: int
+    event_id: str
+    span_id: str
+    parent_id: str | None
+    links: list[str]
+    name: str
+    phase: str
+    ts: int  # nanoseconds since the epoch, at the emitter
+    status: str
+    venue: str | None
+    worker_id: str | None
+    depth: int
+    ms: float | None
+    bytes: int | None
+    tokens_in: int | None
+    tokens_out: int | None
+    cost: float | None
+    payload_ref: str | None
+    attrs: dict[str, Any]
+
+
+ARROW_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("seq", pa.int64()),
+        ("event_id", pa.string()),
+        ("span_id", pa.string()),
+        ("parent_id", pa.string()),
+        ("links", pa.list_(pa.string())),
+        ("name", pa.string()),
+        ("phase", pa.string()),
+        ("ts", pa.timestamp("ns")),  # UTC
+        ("status", pa.string()),
+        ("venue", pa.string()),
+        ("worker_id", pa.string()),
+        ("depth", pa.int32()),
+        ("ms", pa.float64()),
+        ("bytes", pa.int64()),
+        ("tokens_in", pa.int64()),
+        ("tokens_out", pa.int64()),
+        ("cost", pa.float64()),
+        ("payload_ref", pa.string()),
+        ("attrs", pa.string()),  # JSON text: DuckDB reads it with json functions
+    ]
+)
+
+_REQUIRED_TEXT = ("run_id", "event_id", "span_id", "name", "phase", "status")
+_NUMBERS = ("ms", "bytes", "tokens_in", "tokens_out", "cost")
+
+
+def problems(event: Any) -> list[str]:
+    """What is wrong with an event, as sentences; empty when it fits the schema."""
+    if not isinstance(event, dict):
+        return [f"an event must be a JSON object, got {type(event).__name__}"]
+    found: list[str] = []
+    for field in _REQUIRED_TEXT:
+        if not isinstance(event.get(field), str) or not event.get(field):
+            found.append(f"{field} must be a non-empty string")
+    if event.get("name") not in NAMES:
+        found.append(f"name {event.get('name')!r} is not in the taxonomy")
+    if event.get("phase") not in PHASES:
+        found.append(f"phase {event.get('phase')!r} is not one of {sorted(PHASES)}")
+    if event.get("status") not in STATUSES:
+        found.append(f"status {event.get('status')!r} is not one of {sorted(STATUSES)}")
+    if not isinstance(event.get("seq"), int) or event["seq"] < 1:
+        found.append("seq must be a positive integer")
+    if not isinstance(event.get("ts"), int) or event["ts"] <= 0:
+        found.append("ts must be nanoseconds since the epoch")
+    if not isinstance(event.get("depth", 0), int):
+        found.append("depth must be an integer")
+    for field in _NUMBERS:
+        value = event.get(field)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            found.append(f"{field} must be a number")
+    links = event.get("links", [])
+    if not isinstance(links, list) or not all(isinstance(x, str) for x in links):
+        found.append("links must be a list of span ids")
+    if not isinstance(event.get("attrs", {}), dict):
+        found.append("attrs must be a JSON object")
+    return found

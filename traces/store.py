@@ -1,0 +1,189 @@
+"""Typed reads of the trace store. Any process may call these while the recorder writes:
+segments are immutable files that appear by rename, so a reader sees whole segments only."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+from django.conf import settings
+
+_RUN_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+
+
+def events_dir() -> Path:
+    return settings.FRLM_TRACE_DIR / "events"
+
+
+def run_dir(run_id: str) -> Path:
+    if not _RUN_ID.match(run_id):
+        raise ValueError(f"not a run id: {run_id!r}")
+    return events_dir() / f"run_id={run_id}"
+
+
+def _segments(run_id: str) -> list[str]:
+    return sorted(str(p) for p in run_dir(run_id).glob("*.parquet"))
+
+
+def _query(run_id: str, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
+    files = _segments(run_id)
+    if not files:
+        return []
+    con = duckdb.connect()
+    try:
+        # The file list comes from our own glob of a checked run id, not from user text.
+        con.execute(f"CREATE VIEW ev AS SELECT * FROM read_parquet({files!r}, union_by_name=true)")  # noqa: S608
+        cur = con.execute(sql, params or [])
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+    finally:
+        con.close()
+
+
+def stored_event_ids(run_id: str, candidates: list[str]) -> set[str]:
+    if not candidates:
+        return set()
+    rows = _query(run_id, "SELECT event_id FROM ev WHERE list_contains(?, event_id)", [candidates])
+    return {row["event_id"] for row in rows}
+
+
+def read_events(run_id: str, *, after_seq: int = 0) -> list[dict[str, Any]]:
+    """A run's events in seq order, from after_seq on (for live catch-up)."""
+    rows = _query(
+        run_id,
+        "SELECT * EXCLUDE (run_id, ts), epoch_ns(ts) AS ts FROM ev WHERE seq > ? ORDER BY seq",
+        [after_seq],
+    )
+    for row in rows:
+        row["attrs"] = json.loads(row["attrs"]) if row["attrs"] else {}
+    return rows
+
+
+def event_count(run_id: str) -> int:
+    rows = _query(run_id, "SELECT count(*) AS n FROM ev")
+    return rows[0]["n"] if rows else 0
+
+
+@dataclass
+class SpanNode:
+    span_id: str
+    parent_id: str | None
+    name: str
+    start_ns: int | None = None
+    end_ns: int | None = None
+    status: str = "ok"
+    venue: str | None = None
+    worker_id: str | None = None
+    depth: int = 0
+    ms: float | None = None
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    cost: float | None = None
+    attrs: dict[str, Any] = field(default_factory=dict)
+    instants: list[dict[str, Any]] = field(default_factory=list)
+    children: list[SpanNode] = field(default_factory=list)
+
+    @property
+    def open(self) -> bool:
+        return self.end_ns is None and self.start_ns is not None
+
+
+def span_tree(run_id: str) -> list[SpanNode]:
+    """The run's spans as a forest (roots first), children in start order. Instant events
+    hang on their parent span; an open span (no end yet) has end_ns None."""
+    nodes: dict[str, SpanNode] = {}
+    loose: list[dict[str, Any]] = []
+    for ev in read_events(run_id):
+        if ev["phase"] == "instant":
+            loose.append(ev)
+            continue
+        node = nodes.get(ev["span_id"])
+        if node is None:
+            node = nodes[ev["span_id"]] = SpanNode(ev["span_id"], ev["parent_id"], ev["name"])
+        node.attrs.update(ev["attrs"])
+        node.venue = ev["venue"] or node.venue
+        node.worker_id = ev["worker_id"] or node.worker_id
+        node.depth = ev["depth"] if ev["depth"] is not None else node.depth
+        if ev["phase"] == "start":
+            node.start_ns = ev["ts"]
+        elif ev["phase"] == "end":
+            node.end_ns = ev["ts"]
+            node.status = ev["status"]
+            for metric in ("ms", "tokens_in", "tokens_out", "cost"):
+                if ev[metric] is not None:
+                    setattr(node, metric, ev[metric])
+    roots: list[SpanNode] = []
+    for ev in loose:
+        parent = nodes.get(ev["parent_id"] or "")
+        (parent.instants if parent else roots_instants(roots)).append(ev)
+    for node in nodes.values():
+        parent = nodes.get(node.parent_id or "")
+        (parent.children if parent else roots).append(node)
+    for node in nodes.values():
+        node.children.sort(key=lambda n: n.start_ns or 0)
+    roots.sort(key=lambda n: n.start_ns or 0)
+    return roots
+
+
+def roots_instants(roots: list[SpanNode]) -> list[dict[str, Any]]:
+    """Instants without a parent span are kept on a synthetic holder so none is dropped."""
+    for node in roots:
+        if node.span_id == "":
+            return node.instants
+    holder = SpanNode("", None, "(run)")
+    roots.append(holder)
+    return holder.instants
+
+
+def format_span_tree(roots: list[SpanNode], *, max_children: int = 12) -> str:
+    """The tree as text: name, status, duration, where it ran, and metrics."""
+    origin = min((n.start_ns for n in roots if n.start_ns), default=0)
+    lines: list[str] = []
+
+    def describe(node: SpanNode) -> str:
+        offset = f"+{(node.start_ns - origin) / 1e9:8.3f}s" if node.start_ns else " " * 10
+        duration = "open" if node.open else f"{node.ms:.1f} ms" if node.ms is not None else "-"
+        where = (
+            f" @{node.venue}" + (f"/{node.worker_id}" if node.worker_id else "")
+            if node.venue
+            else ""
+        )
+        tokens = ""
+        if node.tokens_in or node.tokens_out:
+            tokens = f" tok {node.tokens_in or 0}/{node.tokens_out or 0}"
+        status = "" if node.status == "ok" else f" [{node.status}]"
+        return f"{offset} {node.name} {duration}{status}{where}{tokens}"
+
+    def walk(node: SpanNode, indent: str) -> None:
+        lines.append(f"{indent}{describe(node)}")
+        for ev in node.instants:
+            lines.append(f"{indent}  · {ev['name']} [{ev['status']}] {_brief(ev['attrs'])}")
+        shown = node.children
+        if len(shown) > max_children:
+            by_name: dict[str, int] = {}
+            for child in shown:
+                by_name[child.name] = by_name.get(child.name, 0) + 1
+            for child in shown[: max_children // 2]:
+                walk(child, indent + "  ")
+            hidden = len(shown) - max_children
+            lines.append(
+                f"{indent}  … {hidden} more: " + ", ".join(f"{k}×{v}" for k, v in by_name.items())
+            )
+            for child in shown[-(max_children // 2) :]:
+                walk(child, indent + "  ")
+            return
+        for child in shown:
+            walk(child, indent + "  ")
+
+    for root in roots:
+        walk(root, "")
+    return "\n".join(lines)
+
+
+def _brief(attrs: dict[str, Any]) -> str:
+    text = ", ".join(f"{k}={v}" for k, v in attrs.items() if not k.startswith("_"))
+    return text[:120]

@@ -1,0 +1,164 @@
+"""Model backends. Every model, the simulated one included, is reached through the
+`openai` client over the OpenAI-compatible HTTP API, so the same code path runs against
+OpenAI, vLLM, Ollama, a llama.cpp server or FRLM's simulated model."""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+import openai
+from django.conf import settings
+
+from workers.pricing import cost_of
+
+SIM_ROOT_MODEL = "frlm-sim-root"
+SIM_WORKER_MODEL = "frlm-sim-worker"
+
+
+class ModelError(Exception):
+    """A model call failed; the message says what to do about it."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    kind: str  # "sim" or "openai"
+    model: str
+    base_url: str
+    sim: dict[str, Any] = field(default_factory=dict)  # the simulated model's profile
+
+    @property
+    def label(self) -> str:
+        if self.kind == "sim":
+            return f"{self.model} (simulated model)"
+        return f"{self.model} at {self.base_url}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelSpec:
+        return cls(data["kind"], data["model"], data["base_url"], dict(data.get("sim") or {}))
+
+
+def model_spec(
+    value: str, *, role: str, base_url: str | None = None, model: str | None = None
+) -> ModelSpec:
+    """Parse `sim`, `openai` or `openai:MODEL` for a root or worker model."""
+    value = (value or "sim").strip()
+    if value == "sim":
+        default = SIM_ROOT_MODEL if role == "root" else SIM_WORKER_MODEL
+        return ModelSpec("sim", default, base_url or settings.FRLM_SIM_URL)
+    kind, _, name = value.partition(":")
+    if kind != "openai":
+        raise ValueError(
+            f"unknown {role} model {value!r}: use 'sim' (the simulated model) or "
+            "'openai' / 'openai:MODEL' for an OpenAI-compatible endpoint (with --base-url)"
+        )
+    name = name or model
+    if not name:
+        raise ValueError(f"the {role} model needs a model name: 'openai:MODEL' or --model MODEL")
+    return ModelSpec("openai", name, base_url or settings.FRLM_OPENAI_BASE_URL)
+
+
+@dataclass
+class ChatResult:
+    text: str
+    tokens_in: int
+    tokens_out: int
+    cost: float | None
+    ms: float
+    model: str
+
+
+def _api_key(spec: ModelSpec) -> str:
+    if spec.kind == "sim":
+        return "simulated"
+    key = os.environ.get("FRLM_API_KEY") or os.environ.get("OPENAI_API_KEY")
+    # Local servers (vLLM, Ollama, llama.cpp) accept any key; OpenAI itself will say 401.
+    return key or "no-key-set"
+
+
+@functools.cache
+def _client(base_url: str, api_key: str, timeout: float, retries: int) -> openai.OpenAI:
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
+    return openai.OpenAI(
+        base_url=base_url,
+        api_key=api_key,
+        timeout=timeout,
+        max_retries=retries,
+        http_client=httpx.Client(limits=limits, timeout=timeout),
+    )
+
+
+def chat(
+    spec: ModelSpec,
+    messages: list[dict[str, str]],
+    *,
+    timeout: float | None = None,
+    retries: int | None = None,
+    max_tokens: int | None = None,
+) -> ChatResult:
+    """One chat completion; raises ModelError with an actionable message."""
+    client = _client(
+        spec.base_url,
+        _api_key(spec),
+        timeout or settings.FRLM_MODEL_TIMEOUT_S,
+        settings.FRLM_MODEL_RETRIES if retries is None else retries,
+    )
+    extra: dict[str, Any] = {}
+    if spec.kind == "sim" and spec.sim:
+        extra["extra_body"] = {"sim": spec.sim}
+    if max_tokens:
+        extra["max_tokens"] = max_tokens
+    started = time.perf_counter()
+    try:
+        response = client.chat.completions.create(model=spec.model, messages=messages, **extra)
+    except openai.APIConnectionError as exc:
+        hint = (
+            "start it with `python manage.py frlm_simserver`"
+            if spec.kind == "sim"
+            else "check --base-url and that the server is up"
+        )
+        raise ModelError(
+            f"cannot reach the model endpoint {spec.base_url} ({exc}); {hint}"
+        ) from exc
+    except openai.APIStatusError as exc:
+        raise ModelError(
+            f"the model endpoint {spec.base_url} answered HTTP {exc.status_code} for "
+            f"{spec.model}: {_error_text(exc)}"
+        ) from exc
+    except (openai.OpenAIError, ValueError, TypeError, KeyError) as exc:
+        raise ModelError(f"the model endpoint {spec.base_url} answered garbage: {exc}") from exc
+    return _result(spec, response, (time.perf_counter() - started) * 1000)
+
+
+def _error_text(exc: openai.APIStatusError) -> str:
+    body = exc.body
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and inner.get("message"):
+            return str(inner["message"])[:300]
+    return str(exc.message)[:300]
+
+
+def _result(spec: ModelSpec, response: Any, ms: float) -> ChatResult:
+    try:
+        text = response.choices[0].message.content
+    except (AttributeError, IndexError, TypeError) as exc:
+        raise ModelError(
+            f"the model endpoint {spec.base_url} answered something that is not a chat "
+            f"completion (no choices[0].message.content): {str(response)[:200]}"
+        ) from exc
+    if not isinstance(text, str):
+        raise ModelError(f"the model endpoint {spec.base_url} returned no text content")
+    usage = getattr(response, "usage", None)
+    tokens_in = int(getattr(usage, "prompt_tokens", 0) or 0)
+    tokens_out = int(getattr(usage, "completion_tokens", 0) or 0)
+    return ChatResult(
+        text, tokens_in, tokens_out, cost_of(spec.model, tokens_in, tokens_out), ms, spec.model
+    )

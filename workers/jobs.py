@@ -1,0 +1,60 @@
+"""The contract between the conductor and venue workers: what a sub-query job carries,
+where its result goes, and how it is cancelled. Workers push results to a Redis stream of
+the run; the conductor reads it and never waits on Celery's result backend."""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+
+class Job(TypedDict):
+    run_id: str
+    sq_id: str  # "<index>.<attempt>" within the run
+    submit_span: str  # the SubQuery.Submit span the Execute span hangs under
+    prompt: str
+    model: dict[str, Any]  # ModelSpec.to_dict()
+    deadline: float  # epoch seconds; past it the result is no longer wanted
+    depth: int
+    timeout_s: float
+    attempt: int  # 1 for the first try of a sub-query
+
+
+class Result(TypedDict, total=False):
+    sq_id: str
+    status: str  # started | ok | error | cancelled
+    text: str
+    error: str
+    tokens_in: int
+    tokens_out: int
+    cost: float
+    ms: float
+    venue: str
+    worker_id: str
+
+
+RESULT_FIELDS_INT = ("tokens_in", "tokens_out")
+RESULT_FIELDS_FLOAT = ("cost", "ms")
+
+
+def results_stream(run_id: str) -> str:
+    return f"frlm:run:{run_id}:results"
+
+
+def cancelled_key(run_id: str) -> str:
+    return f"frlm:run:{run_id}:cancelled"
+
+
+def encode_result(result: Result) -> dict[str, str]:
+    return {k: str(v) for k, v in result.items() if v is not None}
+
+
+def decode_result(fields: dict[bytes, bytes]) -> Result:
+    data = {k.decode(): v.decode("utf-8", "replace") for k, v in fields.items()}
+    out: dict[str, Any] = dict(data)
+    for key in RESULT_FIELDS_INT:
+        if key in out:
+            out[key] = int(out[key])
+    for key in RESULT_FIELDS_FLOAT:
+        if key in out:
+            out[key] = float(out[key])
+    return out  # type: ignore[return-value]
