@@ -2,7 +2,9 @@
 
 Prints, measured in one run on real Redis, Celery workers and the simulated model server:
 the wall time of the batch through FRLM's fanout, the ideal ceil(N/W)*L, their ratio, and
-the same batch run one sub-query at a time (what the original RLM does).
+the same batch run one sub-query at a time (what the original RLM does). For scale it also
+measures the floor of this harness: the same requests sent straight to the simulated
+model server from W threads, with no FRLM, Celery or tracing at all.
 
     .venv/bin/python bench/fanout.py [--n 256] [--latency-ms 200] [--slots 32]
 """
@@ -11,7 +13,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import queue
+import threading
+import time
 
+import httpx
 from _stack import private_stack, run_to_end
 
 from frlm_web.stack import VenueSpec
@@ -47,12 +53,44 @@ def measure(n: int, venues: list[str], *, sequential: bool) -> tuple[float, int]
     return float(elapsed), int(failed)
 
 
+def harness_floor(n: int, slots: int, latency_ms: float) -> float:
+    """W threads calling the simulated model server directly: what the machine allows."""
+    from django.conf import settings
+
+    jobs: queue.Queue[int] = queue.Queue()
+    for i in range(n):
+        jobs.put(i)
+    client = httpx.Client(limits=httpx.Limits(max_connections=slots * 2))
+    url = f"{settings.FRLM_SIM_URL}/chat/completions"
+
+    def slot() -> None:
+        while True:
+            try:
+                i = jobs.get_nowait()
+            except queue.Empty:
+                return
+            body = {
+                "model": "frlm-sim-worker",
+                "sim": {"latency_ms": latency_ms},
+                "messages": [{"role": "user", "content": f"bench question {i}"}],
+            }
+            client.post(url, json=body).raise_for_status()
+
+    threads = [threading.Thread(target=slot) for _ in range(slots)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return time.perf_counter() - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=256)
     parser.add_argument("--latency-ms", type=float, default=200)
     parser.add_argument("--slots", type=int, default=32, help="split over two venues")
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--skip-sequential", action="store_true")
     args = parser.parse_args()
 
@@ -65,6 +103,8 @@ def main() -> None:
     ideal = math.ceil(args.n / args.slots) * args.latency_ms / 1000
     with private_stack(venues):
         names = [v.name for v in venues]
+        harness_floor(args.slots * 2, args.slots, args.latency_ms)
+        floor = min(harness_floor(args.n, args.slots, args.latency_ms) for _ in range(2))
         measure(args.slots, names, sequential=False)  # warm connections and workers
         batches = [measure(args.n, names, sequential=False) for _ in range(args.repeat)]
         sequential = None if args.skip_sequential else measure(args.n, names, sequential=True)
@@ -75,12 +115,14 @@ def main() -> None:
         f"{args.slots} worker slots over 2 venues"
     )
     print(f"  ideal ceil(N/W)*L          {ideal:8.3f} s")
+    print(f"  harness floor (no FRLM)    {floor:8.3f} s   {floor / ideal:5.3f}x ideal")
     for i, (t, failed) in enumerate(batches, 1):
         print(
             f"  FRLM fanout, try {i}        {t:8.3f} s   {t / ideal:5.3f}x ideal   failed {failed}"
         )
     print(
-        f"  FRLM fanout, best          {best:8.3f} s   {best / ideal:5.3f}x ideal   (target <= 1.10x)"
+        f"  FRLM fanout, best          {best:8.3f} s   {best / ideal:5.3f}x ideal   "
+        f"{best / floor:5.3f}x floor   (target <= 1.10x ideal)"
     )
     if sequential is not None:
         t, failed = sequential

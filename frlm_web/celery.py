@@ -33,11 +33,27 @@ def _withdraw(**_: object) -> None:
         _presence.stop()
 
 
-def run_worker(*, queue: str, concurrency: int, name: str, group: str, info: dict) -> None:
+def run_worker(
+    *,
+    queue: str,
+    concurrency: int,
+    name: str,
+    group: str,
+    info: dict,
+    at_most_once: bool = False,
+    prefetch: int = 1,
+) -> None:
     """Run a Celery worker in this process that announces itself in a presence group.
-    Threads: the work waits on I/O (models, Redis), not on this CPU."""
+    Threads: the work waits on I/O (models, Redis), not on this CPU. `at_most_once` drops
+    kombu's ack emulation (two Redis pipelines per message) where the sender redelivers
+    lost work itself, as the conductor does for sub-queries."""
     import json
 
+    if at_most_once:
+        app.conf.broker_transport_options = {
+            **app.conf.broker_transport_options,
+            "ack_emulation": False,
+        }
     os.environ["FRLM_PRESENCE_GROUP"] = group
     os.environ["FRLM_PRESENCE_NAME"] = name
     os.environ["FRLM_PRESENCE_INFO"] = json.dumps({**info, "concurrency": concurrency})
@@ -56,7 +72,7 @@ def run_worker(*, queue: str, concurrency: int, name: str, group: str, info: dic
             "--without-mingle",
             "--without-heartbeat",
             "--prefetch-multiplier",
-            "1",
+            str(prefetch),
             "-l",
             "WARNING",
         ]

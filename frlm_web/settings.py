@@ -136,6 +136,8 @@ FRLM_OPENAI_BASE_URL = envstr("FRLM_OPENAI_BASE_URL", "https://api.openai.com/v1
 FRLM_MODEL_TIMEOUT_S = envfloat("FRLM_MODEL_TIMEOUT_S", 120.0)
 FRLM_MODEL_RETRIES = envint("FRLM_MODEL_RETRIES", 3)
 
+# Celery messages a venue worker holds per slot (its prefetch multiplier).
+FRLM_WORKER_PREFETCH = envint("FRLM_WORKER_PREFETCH", 2)
 # How long a venue worker's liveness key lives without a refresh.
 FRLM_VENUE_HEARTBEAT_TTL_S = envfloat("FRLM_VENUE_HEARTBEAT_TTL_S", 6.0)
 
@@ -145,5 +147,5 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": envstr("FRLM_LOG_LEVEL", "INFO")},
-    "loggers": {"httpx": {"level": "WARNING"}, "openai": {"level": "WARNING"}},
+    "loggers": {name: {"level": "WARNING"} for name in ("httpx", "httpx2", "httpcore", "openai")},
 }

@@ -1,14 +1,21 @@
-"""Asynchronous fanout: a batch of sub-queries goes out at once as Celery jobs on the run's
-venues and is collected from the run's result stream as replies arrive, under a quorum and
+"""Asynchronous fanout: a batch of sub-queries goes out as Celery jobs on the run's venues
+and is collected from the run's result stream as replies arrive, under a quorum and
 deadlines. Stragglers are cancelled; a failed, timed-out or orphaned job is retried on
-another venue while attempts remain."""
+another venue while attempts remain.
+
+Dispatch is credit-based: a venue is given as many jobs as its live workers have slots,
+plus a small margin that hides the refill round trip, and each reply frees a credit for the
+next job. Queues stay short, so a slow or busy venue takes less work instead of holding
+the batch's tail, and every routing decision is made with the venue's current load."""
 
 from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis
 
@@ -20,6 +27,12 @@ from workers.jobs import Job, Result, cancelled_key, decode_result, results_stre
 
 # How often the liveness of workers holding jobs is checked, in seconds.
 LIVENESS_EVERY_S = 1.0
+# Jobs published per pipelined round trip: the first wave leaves before the batch is built.
+DISPATCH_FLUSH = 8
+# Jobs queued at a venue beyond its slots, as a fraction of them: enough that a worker
+# finishing a job finds the next one waiting, few enough that queues stay short.
+QUEUE_MARGIN = 0.25
+NO_VENUE = "no live worker on any of the run's venues"
 
 
 class FanoutAbort(Exception):
@@ -76,12 +89,13 @@ class Totals:
 class _Flight:
     outcome: Outcome
     prompt: str
-    span: Span
+    span: Span | None = None
     sq_id: str = ""
     venue: str = ""
     task_id: str = ""
     deadline: float = 0.0
     worker_id: str = ""
+    retry_reason: str = ""
     tried: set[str] = field(default_factory=set)
 
 
@@ -111,10 +125,13 @@ class Fanout:
         self.stream = results_stream(run_id)
         self.last_id = "0-0"
         self.counter = 0
-        self._load: dict[str, int] = {}
-        self._capacity: dict[str, int] = {}
+        self._inflight: dict[str, int] = {}  # this run's published, unsettled jobs per venue
+        self._limit: dict[str, int] = {}  # slots plus margin, per live venue
         self._live: dict[str, set[str]] = {}
         self._checked = 0.0
+        self._backlog: deque[_Flight] = deque()
+        self._parent: str | None = None
+        self._depth = 0
 
     # --- public ----------------------------------------------------------------------
     def check_limits(self, count: int, *, what: str = "llm_query_batched") -> None:
@@ -131,30 +148,23 @@ class Fanout:
             )
 
     def run_batch(self, prompts: list[str], *, depth: int, parent: str | None) -> list[Outcome]:
-        """1. check the limits, 2. open a Submit span per prompt and send every job,
-        3. collect replies until all are settled, the quorum is met or the deadline passes."""
+        """1. check the limits, 2. send as many jobs as the venues have credit for,
+        3. collect replies, sending the rest as credit frees, until all are settled, the
+        quorum is met or the deadline passes."""
         self.check_limits(len(prompts))
         self.totals.calls += len(prompts)
         self._refresh_venues(force=True)
-        flights: dict[str, _Flight] = {}
-        batch = [_Flight(Outcome(i), p, span=None) for i, p in enumerate(prompts)]  # type: ignore[arg-type]
-        with self.emitter.batch():
-            for flight in batch:
-                self.counter += 1
-                flight.outcome.index = self.counter
-                flight.span = self.emitter.start(
-                    "SubQuery.Submit",
-                    parent=parent,
-                    depth=depth,
-                    payload=flight.prompt,
-                    sq=flight.outcome.index,
-                    bytes=len(flight.prompt.encode("utf-8", "replace")),
-                )
+        self._parent, self._depth = parent, depth
+        batch = [_Flight(Outcome(i), p) for i, p in enumerate(prompts)]
         for flight in batch:
-            self._dispatch(flight, flights, depth)
+            self.counter += 1
+            flight.outcome.index = self.counter
+        self._backlog = deque(batch)
+        flights: dict[str, _Flight] = {}
         self.totals.subqueries += len(prompts)
+        self._pump(flights)
         self.on_progress()
-        self._collect(batch, flights, depth)
+        self._collect(batch, flights)
         return [flight.outcome for flight in batch]
 
     # --- dispatch --------------------------------------------------------------------
@@ -166,91 +176,146 @@ class Fanout:
         for name in self.venue_names:
             workers = venues.live_workers(self.client, name)
             self._live[name] = {w["name"] for w in workers}
-            self._capacity[name] = sum(int(w.get("concurrency", 1)) for w in workers)
-            if force:
-                self._load[name] = venues.queued(self.client, name)
-        if force and not any(self._capacity.values()):
+            slots = sum(int(w.get("concurrency", 1)) for w in workers)
+            self._limit[name] = slots + max(2, math.ceil(slots * QUEUE_MARGIN)) if slots else 0
+        if force and not any(self._limit.values()):
             raise FanoutAbort(
                 f"no live worker on the run's venues ({', '.join(self.venue_names)}); start one "
                 f"with `python manage.py frlm_worker --venue {self.venue_names[0]}` or `make up`"
             )
 
     def _choose_venue(self, avoid: set[str]) -> tuple[str, str]:
-        """The least loaded live venue, relative to its slots; avoid those tried before."""
-        live = [v for v in self.venue_names if self._capacity.get(v)]
-        fresh = [v for v in live if v not in avoid] or live
+        """The live venue with the most free credit, relative to its size; venues tried
+        before for this sub-query only when no other has credit. "" when none has."""
+        open_ = [v for v in self.venue_names if self._limit.get(v, 0) > self._inflight.get(v, 0)]
+        fresh = [v for v in open_ if v not in avoid] or open_
         if not fresh:
-            return "", "no live venue"
-        best = min(fresh, key=lambda v: (self._load.get(v, 0) + 1) / self._capacity[v])
-        return best, f"least loaded: {self._load.get(best, 0)} jobs on {self._capacity[best]} slots"
+            return "", ""
+        best = max(fresh, key=lambda v: 1 - self._inflight.get(v, 0) / self._limit[v])
+        return (
+            best,
+            f"most free credit: {self._inflight.get(best, 0)} of {self._limit[best]} in use",
+        )
 
-    def _dispatch(self, flight: _Flight, flights: dict[str, _Flight], depth: int) -> bool:
-        from workers.tasks import subquery_execute
+    def _pump(self, flights: dict[str, _Flight]) -> None:
+        """Send backlog jobs while some venue has credit: their Submit spans in one round
+        trip, their messages through one producer, pipelined DISPATCH_FLUSH at a time."""
+        ready: list[tuple[_Flight, Job]] = []
+        with self.emitter.batch():
+            while self._backlog:
+                venue, why = self._choose_venue(self._backlog[0].tried)
+                if not venue:
+                    break
+                flight = self._backlog.popleft()
+                ready.append((flight, self._prepare(flight, venue, why, flights)))
+        if not ready:
+            return
+        from frlm_web.celery import app
 
-        venue, why = self._choose_venue(flight.tried)
-        if not venue:
-            self._settle(flight, "error", error="no live worker on any of the run's venues")
-            return False
+        with app.producer_or_acquire() as producer, producer.batch(max_size=DISPATCH_FLUSH):
+            for flight, job in ready:
+                self._publish(flight, job, producer)
+
+    def _prepare(self, flight: _Flight, venue: str, why: str, flights: dict[str, _Flight]) -> Job:
+        """Give the attempt its venue, id and deadline, and say so in the trace."""
+        before = flight.venue
         flight.outcome.attempts += 1
         flight.venue = venue
         flight.tried.add(venue)
         flight.worker_id = ""
+        flight.task_id = ""
         flight.sq_id = f"{flight.outcome.index}.{flight.outcome.attempts}"
         flight.deadline = time.time() + self.policy.subquery_timeout_s
-        self._load[venue] = self._load.get(venue, 0) + 1
-        job: Job = {
+        self._inflight[venue] = self._inflight.get(venue, 0) + 1
+        flights[flight.sq_id] = flight
+        if flight.span is None:
+            # The routing decision and its inputs travel on the Submit span itself.
+            self._open_span(flight, venue=venue, route=why)
+        else:
+            self.emitter.instant(
+                "SubQuery.Retry",
+                parent=flight.span.span_id,
+                depth=self._depth,
+                reason=flight.retry_reason,
+                from_venue=before,
+                venue=venue,
+                route=why,
+                attempt=flight.outcome.attempts,
+            )
+        return {
             "run_id": self.run_id,
             "sq_id": flight.sq_id,
             "submit_span": flight.span.span_id,
             "prompt": flight.prompt,
             "model": self.worker_model.to_dict(),
             "deadline": flight.deadline,
-            "depth": depth,
+            "depth": self._depth,
             "timeout_s": self.policy.subquery_timeout_s,
             "attempt": flight.outcome.attempts,
         }
-        if flight.outcome.attempts == 1:
-            flight.span.progress(venue=venue, route=why)
+
+    def _open_span(self, flight: _Flight, **attrs: object) -> Span:
+        flight.span = self.emitter.start(
+            "SubQuery.Submit",
+            parent=self._parent,
+            depth=self._depth,
+            payload=flight.prompt,
+            sq=flight.outcome.index,
+            bytes=len(flight.prompt.encode("utf-8", "replace")),
+            **attrs,
+        )
+        return flight.span
+
+    def _publish(self, flight: _Flight, job: Job, producer: Any) -> None:
+        from workers.tasks import subquery_execute
+
+        # argsrepr: otherwise Celery builds a repr of the whole prompt for its logs.
         sent = subquery_execute.apply_async(
-            args=[job], queue=venues.venue_queue(venue), expires=self.policy.subquery_timeout_s
+            args=[job],
+            queue=venues.venue_queue(flight.venue),
+            expires=self.policy.subquery_timeout_s,
+            producer=producer,
+            argsrepr=f"[{self.run_id} sub-query {flight.sq_id}]",
+            kwargsrepr="{}",
         )
         flight.task_id = sent.id
-        flights[flight.sq_id] = flight
-        return True
 
     # --- collection ------------------------------------------------------------------
-    def _collect(self, batch: list[_Flight], flights: dict[str, _Flight], depth: int) -> None:
+    def _collect(self, batch: list[_Flight], flights: dict[str, _Flight]) -> None:
         need = math.ceil(self.policy.quorum * len(batch))
         batch_deadline = time.time() + self.policy.batch_deadline_s
         last_progress = 0.0
-        while flights:
+        while flights or self._backlog:
             if self.cancelled():
                 self._cancel_rest(flights, "the run was cancelled")
                 raise FanoutAbort("the run was cancelled", status="cancelled")
             now = time.time()
-            wake = min(min(f.deadline for f in flights.values()), batch_deadline)
+            wake = min([f.deadline for f in flights.values()] + [batch_deadline])
             block_ms = int(max(1, min(200, (wake - now) * 1000)))
             reply = self.client.xread({self.stream: self.last_id}, count=1000, block=block_ms)
             with self.emitter.batch():
                 for _, entries in reply or []:
                     for entry_id, fields in entries:
                         self.last_id = entry_id
-                        self._on_result(decode_result(fields), flights, depth)
-                self._check_deadlines(flights, depth)
-                self._check_lost_workers(flights, depth)
+                        self._on_result(decode_result(fields), flights)
+                self._check_deadlines(flights)
+                self._check_lost_workers(flights)
                 settled = sum(1 for f in batch if f.outcome.status != "pending")
-                if flights and settled >= need:
+                if (flights or self._backlog) and settled >= need:
                     self._cancel_rest(flights, f"quorum of {need}/{len(batch)} reached")
-                elif flights and time.time() > batch_deadline:
+                elif (flights or self._backlog) and time.time() > batch_deadline:
                     self._cancel_rest(
                         flights, f"batch deadline of {self.policy.batch_deadline_s} s passed"
                     )
+                elif self._backlog and not any(self._limit.values()):
+                    self._settle_backlog("error", NO_VENUE)
+            self._pump(flights)
             if time.monotonic() - last_progress > 0.2:
                 self.on_progress()
                 last_progress = time.monotonic()
         self.on_progress()
 
-    def _on_result(self, result: Result, flights: dict[str, _Flight], depth: int) -> None:
+    def _on_result(self, result: Result, flights: dict[str, _Flight]) -> None:
         flight = flights.get(result.get("sq_id", ""))
         if flight is None:
             return  # a late reply to an attempt that was already settled or replaced
@@ -258,32 +323,27 @@ class Fanout:
         if status == "started":
             flight.worker_id = result.get("worker_id", "")
             return
-        del flights[flight.sq_id]
-        self._load[flight.venue] = max(0, self._load.get(flight.venue, 1) - 1)
+        self._release(flight, flights)
         if status == "ok":
             self.totals.add_tokens(
                 result.get("tokens_in", 0), result.get("tokens_out", 0), result.get("cost")
             )
             self._settle(flight, "ok", result=result)
         elif status == "error":
-            self._retry_or_settle(flight, flights, depth, "error", result.get("error", "failed"))
+            self._retry_or_settle(flight, "error", result.get("error", "failed"))
         else:
             self._retry_or_settle(
-                flight,
-                flights,
-                depth,
-                "error",
-                "the worker dropped the job as expired or cancelled",
+                flight, "error", "the worker dropped the job as expired or cancelled"
             )
 
-    def _check_deadlines(self, flights: dict[str, _Flight], depth: int) -> None:
+    def _check_deadlines(self, flights: dict[str, _Flight]) -> None:
         now = time.time()
         for flight in [f for f in flights.values() if f.deadline <= now]:
             self._abandon(flight, flights)
             self.emitter.instant(
                 "SubQuery.Timeout",
                 parent=flight.span.span_id,
-                depth=depth,
+                depth=self._depth,
                 status="timeout",
                 sq_id=flight.sq_id,
                 venue=flight.venue,
@@ -291,14 +351,12 @@ class Fanout:
             )
             self._retry_or_settle(
                 flight,
-                flights,
-                depth,
                 "timeout",
                 f"no reply within {self.policy.subquery_timeout_s} s (policy.subquery_timeout_s)",
             )
 
-    def _check_lost_workers(self, flights: dict[str, _Flight], depth: int) -> None:
-        if not flights:
+    def _check_lost_workers(self, flights: dict[str, _Flight]) -> None:
+        if not flights and not self._backlog:
             return
         self._refresh_venues()
         for flight in list(flights.values()):
@@ -311,29 +369,22 @@ class Fanout:
             else:
                 continue
             self._abandon(flight, flights)
-            self._retry_or_settle(flight, flights, depth, "error", reason)
+            self._retry_or_settle(flight, "error", reason)
+
+    def _release(self, flight: _Flight, flights: dict[str, _Flight]) -> None:
+        flights.pop(flight.sq_id, None)
+        self._inflight[flight.venue] = max(0, self._inflight.get(flight.venue, 1) - 1)
 
     def _abandon(self, flight: _Flight, flights: dict[str, _Flight]) -> None:
-        flights.pop(flight.sq_id, None)
-        self._load[flight.venue] = max(0, self._load.get(flight.venue, 1) - 1)
+        self._release(flight, flights)
         self._revoke([flight])
 
-    def _retry_or_settle(
-        self, flight: _Flight, flights: dict[str, _Flight], depth: int, status: str, reason: str
-    ) -> None:
+    def _retry_or_settle(self, flight: _Flight, status: str, reason: str) -> None:
+        """Another attempt, on another venue where one has credit, while attempts remain."""
         if flight.outcome.attempts <= self.policy.max_retries:
-            before = flight.venue
-            if self._dispatch(flight, flights, depth):
-                self.emitter.instant(
-                    "SubQuery.Retry",
-                    parent=flight.span.span_id,
-                    depth=depth,
-                    reason=reason,
-                    from_venue=before,
-                    venue=flight.venue,
-                    attempt=flight.outcome.attempts,
-                )
-                return
+            flight.retry_reason = reason
+            self._backlog.appendleft(flight)
+            return
         self._settle(flight, status, error=reason)
 
     def _cancel_rest(self, flights: dict[str, _Flight], reason: str) -> None:
@@ -341,7 +392,7 @@ class Fanout:
             self.emitter.instant(
                 "SubQuery.Cancel",
                 parent=flight.span.span_id,
-                depth=flight.span.depth,
+                depth=self._depth,
                 status="cancelled",
                 reason=reason,
                 sq_id=flight.sq_id,
@@ -349,7 +400,14 @@ class Fanout:
             )
             self._settle(flight, "cancelled", error=f"cancelled: {reason}")
         self._revoke(list(flights.values()))
+        for flight in flights.values():
+            self._inflight[flight.venue] = max(0, self._inflight.get(flight.venue, 1) - 1)
         flights.clear()
+        self._settle_backlog("cancelled", f"cancelled before it was sent: {reason}")
+
+    def _settle_backlog(self, status: str, reason: str) -> None:
+        while self._backlog:
+            self._settle(self._backlog.popleft(), status, error=reason)
 
     def _revoke(self, gone: list[_Flight]) -> None:
         """Workers skip cancelled jobs they have not started; Celery drops queued ones."""
@@ -378,23 +436,24 @@ class Fanout:
         self.totals.settled += 1
         if status != "ok":
             self.totals.subqueries_failed += 1
+        span = flight.span or self._open_span(flight)  # never sent: its span opens and ends
         self.emitter.instant(
             "SubQuery.Return",
-            parent=flight.span.span_id,
-            depth=flight.span.depth,
+            parent=span.span_id,
+            depth=self._depth,
             status="ok" if status == "ok" else ("cancelled" if status == "cancelled" else "error"),
-            venue=flight.venue,
+            venue=flight.venue or None,
             worker_id=outcome.worker_id or None,
             sq=outcome.index,
             attempts=outcome.attempts,
         )
-        flight.span.end(
+        span.end(
             status if status in {"ok", "timeout", "cancelled"} else "error",
             payload=outcome.text if status == "ok" else None,
             tokens_in=outcome.tokens_in or None,
             tokens_out=outcome.tokens_out or None,
             cost=outcome.cost or None,
-            venue=flight.venue,
+            venue=flight.venue or None,
             worker_id=outcome.worker_id or None,
             attempts=outcome.attempts,
             error=error or None,

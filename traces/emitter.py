@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -103,6 +104,8 @@ class Emitter:
         self.worker_id = worker_id
         self._append = client.register_script(_APPEND)
         self._held: list[Event] | None = None
+        # Off only to measure what tracing costs (bench/): a run without events has no trace.
+        self.enabled = os.environ.get("FRLM_TRACE_EVENTS", "1") != "0"
 
     def build(
         self,
@@ -153,18 +156,20 @@ class Emitter:
             self.send([event])
         return event
 
-    def send(self, events: list[Event]) -> None:
-        if not events:
+    def send(self, events: list[Event], pipe: redis.client.Pipeline | None = None) -> None:
+        """Append events to the stream now, or queue them on `pipe` for its caller to run."""
+        if not events or not self.enabled:
             return
         args: list[str] = []
         for event in events:
             args.append(event["run_id"])
             args.append(json.dumps(event, separators=(",", ":"), default=str))
-        self._append(keys=[EVENTS_STREAM], args=args)
+        self._append(keys=[EVENTS_STREAM], args=args, client=pipe)
 
     @contextmanager
-    def batch(self) -> Iterator[None]:
-        """Hold events emitted inside the block and send them in one round trip."""
+    def batch(self, pipe: redis.client.Pipeline | None = None) -> Iterator[None]:
+        """Hold events emitted inside the block and send them in one round trip (or queue
+        them on `pipe`, so they travel with the caller's own commands)."""
         outer = self._held
         self._held = [] if outer is None else outer
         try:
@@ -172,7 +177,7 @@ class Emitter:
         finally:
             if outer is None:
                 held, self._held = self._held, None
-                self.send(held or [])
+                self.send(held or [], pipe)
 
     def start(
         self,

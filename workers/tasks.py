@@ -10,7 +10,7 @@ import time
 from celery import shared_task
 
 from frlm_web.redis_client import get_redis
-from traces.emitter import Emitter
+from traces.emitter import Emitter, Span
 from workers import venues
 from workers.backends import ModelError, ModelSpec, chat
 from workers.jobs import Job, Result, cancelled_key, encode_result, results_stream
@@ -26,15 +26,14 @@ def _sim_profile() -> dict:
 @shared_task(name="workers.subquery_execute", ignore_result=True, acks_late=False)
 def subquery_execute(job: Job) -> None:
     """1. skip work nobody wants any more, 2. call the model inside an Execute span,
-    3. push the result to the run's result stream."""
+    3. push the result to the run's result stream. Two Redis round trips in all: the
+    span's start travels with the cancel check, its end with the result."""
     client = get_redis()
     venue, worker_id = venues.this_worker() or ("unknown", None)
     base: Result = {"sq_id": job["sq_id"], "venue": venue, "worker_id": worker_id or ""}
-
-    if time.time() > job["deadline"] or client.sismember(
-        cancelled_key(job["run_id"]), job["sq_id"]
-    ):
-        client.xadd(results_stream(job["run_id"]), encode_result({**base, "status": "cancelled"}))
+    stream = results_stream(job["run_id"])
+    if time.time() > job["deadline"]:
+        client.xadd(stream, encode_result({**base, "status": "cancelled"}))
         return
 
     emitter = Emitter(client, job["run_id"], venue=venue, worker_id=worker_id)
@@ -42,41 +41,38 @@ def subquery_execute(job: Job) -> None:
     if spec.kind == "sim":
         profile = {**_sim_profile(), **spec.sim, "attempt": job.get("attempt", 1) - 1}
         spec = ModelSpec(spec.kind, spec.model, spec.base_url, profile)
-    span = emitter.start(
-        "SubQuery.Execute",
-        parent=job["submit_span"],
-        depth=job["depth"],
-        sq_id=job["sq_id"],
-        model=spec.label,
-    )
+    pipe = client.pipeline(transaction=False)
+    pipe.sismember(cancelled_key(job["run_id"]), job["sq_id"])
+    with emitter.batch(pipe):
+        span = emitter.start(
+            "SubQuery.Execute", parent=job["submit_span"], depth=job["depth"],
+            sq_id=job["sq_id"], model=spec.label,
+        )  # fmt: skip
     # Tells the conductor who holds the job, so it can re-dispatch if this worker dies.
-    client.xadd(results_stream(job["run_id"]), encode_result({**base, "status": "started"}))
-    try:
-        reply = chat(
-            spec, [{"role": "user", "content": job["prompt"]}], timeout=job["timeout_s"], retries=1
-        )
-    except ModelError as exc:
-        span.end("error", error=str(exc))
-        client.xadd(
-            results_stream(job["run_id"]),
-            encode_result({**base, "status": "error", "error": str(exc)}),
-        )
+    pipe.xadd(stream, encode_result({**base, "status": "started"}))
+    if pipe.execute()[0]:
+        _finish(emitter, span, stream, {**base, "status": "cancelled"}, "cancelled")
         return
-    span.end(
-        "ok",
-        payload=reply.text,
-        tokens_in=reply.tokens_in,
-        tokens_out=reply.tokens_out,
-        cost=reply.cost,
-        model_ms=reply.ms,
-    )
+    try:
+        reply = chat(spec, [{"role": "user", "content": job["prompt"]}],
+                     timeout=job["timeout_s"], retries=1)  # fmt: skip
+    except ModelError as exc:
+        _finish(emitter, span, stream, {**base, "status": "error", "error": str(exc)}, "error",
+                error=str(exc))  # fmt: skip
+        return
     result: Result = {
-        **base,
-        "status": "ok",
-        "text": reply.text,
-        "tokens_in": reply.tokens_in,
-        "tokens_out": reply.tokens_out,
-        "ms": reply.ms,
-        "cost": reply.cost,
-    }
-    client.xadd(results_stream(job["run_id"]), encode_result(result))
+        **base, "status": "ok", "text": reply.text, "tokens_in": reply.tokens_in,
+        "tokens_out": reply.tokens_out, "ms": reply.ms, "cost": reply.cost,
+    }  # fmt: skip
+    _finish(emitter, span, stream, result, "ok", payload=reply.text, tokens_in=reply.tokens_in,
+            tokens_out=reply.tokens_out, cost=reply.cost, model_ms=reply.ms)  # fmt: skip
+
+
+def _finish(emitter: Emitter, span: Span, stream: str, result: Result, status: str,
+            **fields: object) -> None:  # fmt: skip
+    """End the Execute span and deliver the result in one round trip."""
+    pipe = emitter.client.pipeline(transaction=False)
+    with emitter.batch(pipe):
+        span.end(status, **fields)
+    pipe.xadd(stream, encode_result(result))
+    pipe.execute()

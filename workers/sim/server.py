@@ -267,6 +267,9 @@ def _completion(model: str, messages: list[ChatMessage], content: str) -> ChatCo
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive; every reply carries Content-Length
+    # Headers and body go out in two writes; with Nagle on, the second waits for the
+    # client's delayed ACK (about 40 ms) on every keep-alive request.
+    disable_nagle_algorithm = True
     server_version = "frlm-simulated/1"
     sys_version = ""
     timeout = 300  # an idle keep-alive connection gives its thread back after this

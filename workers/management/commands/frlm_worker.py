@@ -4,6 +4,7 @@ import json
 import os
 import socket
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
@@ -30,7 +31,13 @@ class Command(BaseCommand):
         sim.add_argument("--sim-seed", type=int, default=None)
 
     def handle(
-        self, *args, venue: str, kind: str | None, concurrency: int, name: str | None, **options
+        self,
+        *args,
+        venue: str,
+        kind: str | None,
+        concurrency: int,
+        name: str | None,
+        **options,
     ) -> None:
         try:
             venue_name_validator(venue)
@@ -59,4 +66,8 @@ class Command(BaseCommand):
             name=name or f"{venue}-{socket.gethostname()}-{os.getpid()}",
             group=presence_group(venue),
             info={"venue": venue},
+            at_most_once=True,
+            # The conductor keeps queues short (credit-based dispatch), so a second
+            # message held per slot cannot hoard work; it saves the refill round trip.
+            prefetch=settings.FRLM_WORKER_PREFETCH,
         )
