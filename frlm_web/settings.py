@@ -65,6 +65,8 @@ WSGI_APPLICATION = None
 ASGI_APPLICATION = "frlm_web.asgi.application"
 
 _db_path = envstr("FRLM_DB_PATH", str(DATA_DIR / "db.sqlite3"))
+# A fresh checkout has no data directory yet, and SQLite will not create one.
+Path(_db_path).parent.mkdir(parents=True, exist_ok=True)
 DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.sqlite3",
