@@ -171,3 +171,11 @@ def _result(spec: ModelSpec, response: Any, ms: float) -> ChatResult:
     return ChatResult(
         text, tokens_in, tokens_out, cost_of(spec.model, tokens_in, tokens_out), ms, spec.model
     )
+
+
+def warm_up() -> None:
+    """Import what the first call would import lazily (the openai client's resources take
+    about a second of CPU), so a fresh worker's first wave of sub-queries does not stall
+    behind the import lock. No request is made."""
+    client = openai.OpenAI(api_key="warm-up", base_url="http://127.0.0.1:9/v1")
+    _ = client.chat.completions.with_raw_response
