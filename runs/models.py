@@ -25,6 +25,7 @@ class Run(models.Model):
         TEXT = "text", "text"
         PATH = "path", "file or folder on the server"
         TASK = "task", "generated task"
+        IMPORTED = "imported", "imported trace"
 
     id = models.CharField(primary_key=True, max_length=32, default=new_run_id, editable=False)
     owner = models.ForeignKey(
@@ -48,6 +49,17 @@ class Run(models.Model):
     correct = models.BooleanField(null=True, blank=True)
     error = models.TextField(blank=True)
     isolation = models.CharField(max_length=200, blank=True)
+    replay_of = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="replays",
+        help_text="the run this one re-executes from its cassette",
+    )
+    replay_turn = models.IntegerField(
+        null=True, blank=True, help_text="root turns taken from the cassette; live after them"
+    )
 
     created = models.DateTimeField(auto_now_add=True)
     started = models.DateTimeField(null=True, blank=True)

@@ -84,6 +84,9 @@ class SpanNode:
     tokens_out: int | None = None
     cost: float | None = None
     attrs: dict[str, Any] = field(default_factory=dict)
+    start_payload: str | None = None  # blob ref of what went in (prompt, code)
+    end_payload: str | None = None  # blob ref of what came out (reply, output)
+    links: list[str] = field(default_factory=list)
     instants: list[dict[str, Any]] = field(default_factory=list)
     children: list[SpanNode] = field(default_factory=list)
 
@@ -108,11 +111,14 @@ def span_tree(run_id: str) -> list[SpanNode]:
         node.venue = ev["venue"] or node.venue
         node.worker_id = ev["worker_id"] or node.worker_id
         node.depth = ev["depth"] if ev["depth"] is not None else node.depth
+        node.links.extend(link for link in ev["links"] or [] if link not in node.links)
         if ev["phase"] == "start":
             node.start_ns = ev["ts"]
+            node.start_payload = ev["payload_ref"]
         elif ev["phase"] == "end":
             node.end_ns = ev["ts"]
             node.status = ev["status"]
+            node.end_payload = ev["payload_ref"]
             for metric in ("ms", "tokens_in", "tokens_out", "cost"):
                 if ev[metric] is not None:
                     setattr(node, metric, ev[metric])
