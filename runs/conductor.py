@@ -78,6 +78,8 @@ class Conductor:
             worker_model=ModelSpec.from_dict(self.run.worker_model).label,
             venues=list(self.run.venues),
             context_source=self.run.context_source,
+            replay_of=self.run.replay_of_id,
+            replay_turn=self.run.replay_turn,
         )
         status, answer, error = Run.Status.SUCCEEDED, "", ""
         try:
@@ -245,6 +247,8 @@ class Conductor:
         """One root-model turn; its reply joins the conversation."""
         self.phase = f"turn {turn}" if depth == 0 else self.phase
         self.totals.turns += 1 if depth == 0 else 0
+        if depth == 0 and self.run.replay_turn is not None and turn == self.run.replay_turn + 1:
+            self.go_live(turn)
         self.report()
         span = self.emitter.start(
             "Run.Decode", parent=parent, depth=depth, turn=turn, model=self.root_model.label
@@ -261,9 +265,20 @@ class Conductor:
             tokens_in=reply.tokens_in,
             tokens_out=reply.tokens_out,
             cost=reply.cost,
+            request_hash=reply.request_hash,
+            replayed=reply.replayed or None,
         )
         messages.append({"role": "assistant", "content": reply.text})
         return reply.text
+
+    def go_live(self, turn: int) -> None:
+        """A what-if replay leaves its cassette here: from this root turn on, the root model
+        and every sub-query are live (with the run's possibly changed policy and models)."""
+        root, worker = self.root_model.live(), self.fanout.worker_model.live()
+        if root is None or worker is None:
+            raise RunAbort("this replay has no live model to go on with after its cassette")
+        self.root_model, self.fanout.worker_model = root, worker
+        log.info("run %s: live from root turn %d", self.run.id, turn)
 
     def execute(
         self,

@@ -13,7 +13,8 @@ from runs.models import Run
 from runs.policy import Policy, PolicyError
 from runs.progress import request_cancel
 from runs.taskgen import make_task
-from workers.backends import ModelSpec
+from traces import store
+from workers.backends import ModelSpec, cassette_spec
 from workers.models import Venue
 
 
@@ -118,6 +119,68 @@ def _check_venues(names: list[str]) -> dict[str, str]:
     if len(set(names)) != len(names):
         return {"venues": "a venue is named twice"}
     return {}
+
+
+def run_replay(
+    source: Run,
+    *,
+    from_turn: int | None = None,
+    policy_changes: dict[str, Any] | None = None,
+    root_model: ModelSpec | None = None,
+    worker_model: ModelSpec | None = None,
+    owner: Any = None,
+) -> Run:
+    """A new run that re-executes `source` from its cassette: all of it (no model calls,
+    same answer and span structure), or its first `from_turn` root turns and then live,
+    with changed policy or models (a what-if). Nothing is saved when anything is wrong."""
+    errors: dict[str, str] = {}
+    if not source.done:
+        errors["run"] = f"run {source.id} is {source.status}; replay it once it has finished"
+    elif source.context_source == Run.Source.IMPORTED:
+        errors["run"] = f"run {source.id} was imported: it has no context to re-execute"
+    elif not store.event_count(source.id):
+        errors["run"] = f"run {source.id} has no stored trace to replay from"
+    if from_turn is None and (policy_changes or root_model or worker_model):
+        errors["from_turn"] = (
+            "a full replay only plays the recording back; to change the policy or a model, "
+            "say from which root turn on to go live (--from-turn K)"
+        )
+    elif from_turn is not None and not 0 <= from_turn <= source.turns:
+        errors["from_turn"] = f"run {source.id} has root turns 1 to {source.turns}; got {from_turn}"
+    try:
+        policy = Policy.from_dict({**source.policy, **(policy_changes or {})}).to_dict()
+    except PolicyError as exc:
+        errors["policy"] = str(exc)
+    try:
+        ctx.check_path(source.context_path)
+    except ctx.ContextError as exc:
+        errors["context"] = f"the recorded run's context is gone: {exc}"
+    errors.update(_check_venues(list(source.venues)))
+    if errors:
+        raise RunInputError(errors)
+
+    def replayed(recorded: dict[str, Any], override: ModelSpec | None) -> dict[str, Any]:
+        base = ModelSpec.from_dict(recorded)
+        live = (override or base.live() or base) if from_turn is not None else None
+        return cassette_spec(recorded, source.id, live=live).to_dict()
+
+    run = Run(
+        question=source.question,
+        context_source=source.context_source,
+        context_path=source.context_path,
+        context_chars=source.context_chars,
+        task=source.task,
+        expected_answer=source.expected_answer,
+        policy=policy,
+        venues=list(source.venues),
+        root_model=replayed(source.root_model, root_model),
+        worker_model=replayed(source.worker_model, worker_model),
+        replay_of=source,
+        replay_turn=from_turn,
+        owner=owner,
+    )
+    run.save()
+    return run
 
 
 def run_launch(run: Run) -> None:

@@ -385,7 +385,8 @@ def test_it_cannot_write_outside_the_scratch_dir_under_bwrap(
     make_sandbox: MakeSandbox, tmp_path: Path
 ) -> None:
     sandbox = make_sandbox(isolation="bwrap")
-    # tmp_path lies under /tmp, which the sandbox sees as its own private tmpfs.
+    # Inside, /tmp is a private tmpfs: a write there (or under a checkout that lives in
+    # /tmp, as CI's may) lands in the sandbox's own memory. What matters is the host's view.
     targets = [REPO / "pwned.txt", Path("/etc/pwned.txt"), tmp_path / "pwned.txt"]
     result = sandbox.execute(
         "results = []\n"
@@ -397,8 +398,11 @@ def test_it_cannot_write_outside_the_scratch_dir_under_bwrap(
         "        results.append('refused')\n"
         "print(results)"
     )
-    assert result.stdout == "['refused', 'refused', 'wrote']\n"
-    assert not any(target.exists() for target in targets)
+    seen = eval(result.stdout)  # noqa: S307 (the list the cell printed)
+    assert seen[1] == "refused"  # the read-only system
+    if not REPO.is_relative_to("/tmp"):
+        assert seen[0] == "refused"  # the checkout is mounted read-only
+    assert not any(target.exists() for target in targets)  # nothing reached the host
 
 
 def test_it_reaches_the_network_without_isolation(make_sandbox: MakeSandbox) -> None:

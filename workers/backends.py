@@ -14,6 +14,7 @@ import httpx
 import openai
 from django.conf import settings
 
+from traces.cassette import cassette, request_hash
 from workers.pricing import cost_of
 
 SIM_ROOT_MODEL = "frlm-sim-root"
@@ -26,15 +27,20 @@ class ModelError(Exception):
 
 @dataclass(frozen=True)
 class ModelSpec:
-    kind: str  # "sim" or "openai"
+    kind: str  # "sim", "openai", or "cassette" (a recorded run's replies)
     model: str
     base_url: str
     sim: dict[str, Any] = field(default_factory=dict)  # the simulated model's profile
+    # For "cassette": {"run": the recorded run's id, "live": a ModelSpec dict for requests
+    # the recording does not hold, or None to fail on them}.
+    replay: dict[str, Any] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
         if self.kind == "sim":
             return f"{self.model} (simulated model)"
+        if self.kind == "cassette":
+            return f"{self.model} (replayed from run {self.replay.get('run')})"
         return f"{self.model} at {self.base_url}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -42,7 +48,31 @@ class ModelSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelSpec:
-        return cls(data["kind"], data["model"], data["base_url"], dict(data.get("sim") or {}))
+        return cls(
+            data["kind"],
+            data["model"],
+            data["base_url"],
+            dict(data.get("sim") or {}),
+            dict(data.get("replay") or {}),
+        )
+
+    def live(self) -> ModelSpec | None:
+        """What answers when the recording does not: the spec itself unless a cassette."""
+        if self.kind != "cassette":
+            return self
+        live = self.replay.get("live")
+        return ModelSpec.from_dict(live) if live else None
+
+
+def cassette_spec(recorded: dict[str, Any], run_id: str, *, live: ModelSpec | None) -> ModelSpec:
+    """A spec that answers from run `run_id`'s recording of the model `recorded`."""
+    return ModelSpec(
+        "cassette",
+        recorded["model"],
+        "",
+        dict(recorded.get("sim") or {}),
+        {"run": run_id, "live": live.to_dict() if live else None},
+    )
 
 
 def model_spec(
@@ -73,6 +103,8 @@ class ChatResult:
     cost: float | None
     ms: float
     model: str
+    request_hash: str = ""
+    replayed: bool = False
 
 
 def _api_key(spec: ModelSpec) -> str:
@@ -103,7 +135,30 @@ def chat(
     retries: int | None = None,
     max_tokens: int | None = None,
 ) -> ChatResult:
-    """One chat completion; raises ModelError with an actionable message."""
+    """One chat completion; raises ModelError with an actionable message. Every result
+    carries the hash of its request, so a trace is also the run's cassette."""
+    key = request_hash(spec.model, messages)
+    if spec.kind == "cassette":
+        recorded = cassette(spec.replay["run"]).get(key)
+        if recorded is not None:
+            return ChatResult(
+                recorded.text,
+                recorded.tokens_in,
+                recorded.tokens_out,
+                recorded.cost,
+                recorded.ms,
+                spec.model,
+                key,
+                replayed=True,
+            )
+        live = spec.live()
+        if live is None:
+            raise ModelError(
+                f"run {spec.replay['run']}'s recording has no reply for this request to "
+                f"{spec.model}: the replay left the recorded path "
+                "(replay with --from-turn to go on live from a turn)"
+            )
+        spec = live
     client = _client(
         spec.base_url,
         _api_key(spec),
@@ -140,7 +195,9 @@ def chat(
         ) from exc
     except (openai.OpenAIError, ValueError, TypeError, KeyError) as exc:
         raise ModelError(f"the model endpoint {spec.base_url} answered garbage: {exc}") from exc
-    return _result(spec, response, (time.perf_counter() - started) * 1000)
+    result = _result(spec, response, (time.perf_counter() - started) * 1000)
+    result.request_hash = key
+    return result
 
 
 def _error_text(exc: openai.APIStatusError) -> str:

@@ -52,31 +52,59 @@ def subquery_execute(job: Job) -> None:
     pipe.sismember(cancelled_key(job["run_id"]), job["sq_id"])
     with emitter.batch(pipe):
         span = emitter.start(
-            "SubQuery.Execute", parent=job["submit_span"], depth=job["depth"],
-            sq_id=job["sq_id"], model=spec.label,
-        )  # fmt: skip
+            "SubQuery.Execute",
+            parent=job["submit_span"],
+            depth=job["depth"],
+            sq_id=job["sq_id"],
+            model=spec.label,
+        )
     # Tells the conductor who holds the job, so it can re-dispatch if this worker dies.
     pipe.xadd(stream, encode_result({**base, "status": "started"}))
     if pipe.execute()[0]:
         _finish(emitter, span, stream, {**base, "status": "cancelled"}, "cancelled")
         return
     try:
-        reply = chat(spec, [{"role": "user", "content": job["prompt"]}],
-                     timeout=job["timeout_s"], retries=1)  # fmt: skip
+        reply = chat(
+            spec, [{"role": "user", "content": job["prompt"]}], timeout=job["timeout_s"], retries=1
+        )
     except ModelError as exc:
-        _finish(emitter, span, stream, {**base, "status": "error", "error": str(exc)}, "error",
-                error=str(exc))  # fmt: skip
+        _finish(
+            emitter,
+            span,
+            stream,
+            {**base, "status": "error", "error": str(exc)},
+            "error",
+            error=str(exc),
+        )
         return
     result: Result = {
-        **base, "status": "ok", "text": reply.text, "tokens_in": reply.tokens_in,
-        "tokens_out": reply.tokens_out, "ms": reply.ms, "cost": reply.cost,
-    }  # fmt: skip
-    _finish(emitter, span, stream, result, "ok", payload=reply.text, tokens_in=reply.tokens_in,
-            tokens_out=reply.tokens_out, cost=reply.cost, model_ms=reply.ms)  # fmt: skip
+        **base,
+        "status": "ok",
+        "text": reply.text,
+        "tokens_in": reply.tokens_in,
+        "tokens_out": reply.tokens_out,
+        "ms": reply.ms,
+        "cost": reply.cost,
+    }
+    _finish(
+        emitter,
+        span,
+        stream,
+        result,
+        "ok",
+        payload=reply.text,
+        tokens_in=reply.tokens_in,
+        tokens_out=reply.tokens_out,
+        cost=reply.cost,
+        model_ms=reply.ms,
+        request_hash=reply.request_hash,
+        replayed=reply.replayed or None,
+    )
 
 
-def _finish(emitter: Emitter, span: Span, stream: str, result: Result, status: str,
-            **fields: object) -> None:  # fmt: skip
+def _finish(
+    emitter: Emitter, span: Span, stream: str, result: Result, status: str, **fields: object
+) -> None:
     """End the Execute span and deliver the result in one round trip."""
     pipe = emitter.client.pipeline(transaction=False)
     with emitter.batch(pipe):

@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from runs.cli import format_summary, summarise, wait_for
+from runs.models import Run
+from runs.policy import PolicyError, parse_assignments
+from runs.services import RunInputError, run_launch, run_replay
+from workers.backends import model_spec
+
+
+class Command(BaseCommand):
+    help = (
+        "Re-execute a run from its cassette (its recorded model replies): all of it, with no "
+        "model calls, or its first K root turns and live after them with a changed policy or "
+        "model (--from-turn K --set policy.KEY=VALUE)."
+    )
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("run_id")
+        parser.add_argument(
+            "--from-turn",
+            type=int,
+            default=None,
+            metavar="K",
+            help="replay root turns 1..K from the cassette, then go on live",
+        )
+        parser.add_argument(
+            "--set",
+            action="append",
+            default=[],
+            metavar="policy.KEY=VALUE",
+            help="change a policy setting for the live part (repeatable)",
+        )
+        parser.add_argument("--root-model", default=None, help="sim, openai or openai:MODEL")
+        parser.add_argument("--worker-model", default=None, help="sim, openai or openai:MODEL")
+        parser.add_argument("--base-url", default=None)
+        parser.add_argument("--model", default=None)
+        parser.add_argument("--json", action="store_true")
+        parser.add_argument("--timeout", type=float, default=3600)
+        parser.add_argument("--no-wait", action="store_true")
+
+    def handle(self, *args, run_id: str, **o: Any) -> None:
+        try:
+            source = Run.objects.get(id=run_id)
+        except Run.DoesNotExist:
+            raise CommandError(
+                f"no run {run_id!r}; `python manage.py frlm_runs` lists them"
+            ) from None
+        try:
+            changes = parse_assignments(o["set"])
+            root = worker = None
+            if o["root_model"]:
+                root = model_spec(
+                    o["root_model"], role="root", base_url=o["base_url"], model=o["model"]
+                )
+            if o["worker_model"]:
+                worker = model_spec(
+                    o["worker_model"], role="worker", base_url=o["base_url"], model=o["model"]
+                )
+            run = run_replay(
+                source,
+                from_turn=o["from_turn"],
+                policy_changes=changes,
+                root_model=root,
+                worker_model=worker,
+            )
+        except RunInputError as exc:
+            raise CommandError("\n".join(f"{k}: {v}" for k, v in exc.errors.items())) from exc
+        except (ValueError, PolicyError) as exc:
+            raise CommandError(str(exc)) from exc
+        run_launch(run)
+        if o["no_wait"]:
+            self.stdout.write(run.id)
+            return
+        run = wait_for(run, o["timeout"], show=not o["json"])
+        summary = summarise(run)
+        self.stdout.write(json.dumps(summary) if o["json"] else format_summary(summary))
+        if run.status != Run.Status.SUCCEEDED:
+            sys.exit(1)
