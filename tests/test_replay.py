@@ -1,0 +1,88 @@
+"""Replay from a run's cassette: exact re-execution, and what-if from a root turn on."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+from runs.models import Run
+from tests.helpers import finish, launch, named, scripted, trace
+
+pytestmark = [pytest.mark.stack]
+
+
+def replay(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "manage.py", "frlm_replay", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def shape(events: list[dict]) -> Counter:
+    return Counter((e["name"], e["phase"], e["depth"]) for e in events)
+
+
+def test_it_replays_a_run_exactly_with_no_model_calls(venues, subprocess_env):
+    original = finish(launch(task="sniah", tokens=60_000, seed=3))
+    assert original.status == "succeeded" and original.correct, original.error
+    done = replay(subprocess_env, original.id, "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    copy = Run.objects.get(id=result["run_id"])
+    assert copy.replay_of_id == original.id and copy.replay_turn is None
+    assert copy.answer == original.answer and copy.correct
+    assert (copy.turns, copy.subqueries, copy.tokens_in) == (
+        original.turns,
+        original.subqueries,
+        original.tokens_in,
+    )
+    before, after = trace(original), trace(copy)
+    assert shape(after) == shape(before)
+    model_ends = named(after, "Run.Decode", "end") + named(after, "SubQuery.Execute", "end")
+    assert model_ends and all(e["attrs"].get("replayed") is True for e in model_ends)
+
+
+def test_it_goes_live_after_the_replayed_turns_with_a_changed_policy(venues, subprocess_env):
+    batch = "rs = llm_query_batched(['q %d' % i for i in range(20)])\nprint(sum(r.startswith('[frlm:') for r in rs))"
+    sim = {"latency_ms": 40, "straggler_rate": 0.3, "straggler_factor": 25, "seed": 11}
+    original = finish(
+        launch(question=scripted("print('turn one')", batch, "FINAL('done')"), worker_sim=sim)
+    )
+    assert original.status == "succeeded", original.error
+    assert not named(trace(original), "SubQuery.Cancel")
+
+    done = replay(
+        subprocess_env, original.id, "--from-turn", "1", "--set", "policy.quorum=0.6", "--json"
+    )
+    assert done.returncode == 0, done.stderr
+    copy = Run.objects.get(id=json.loads(done.stdout)["run_id"])
+    assert copy.replay_turn == 1 and copy.policy["quorum"] == 0.6
+    events = trace(copy)
+    turn_of = {e["span_id"]: e["attrs"]["turn"] for e in named(events, "Run.Decode", "start")}
+    decodes = {turn_of[e["span_id"]]: e for e in named(events, "Run.Decode", "end")}
+    assert decodes[1]["attrs"].get("replayed") is True  # from the cassette
+    assert not decodes[2]["attrs"].get("replayed")  # live: the policy applies from here
+    cancels = named(events, "SubQuery.Cancel")
+    assert cancels and all("quorum of 12/20" in e["attrs"]["reason"] for e in cancels)
+
+
+def test_it_rejects_what_it_cannot_replay(venues, subprocess_env):
+    original = finish(launch(question=scripted("FINAL('x')")))
+    checks = [
+        (["nope"], "no run 'nope'"),
+        ([original.id, "--set", "policy.quorum=0.5"], "say from which root turn on to go live"),
+        ([original.id, "--from-turn", "9"], "has root turns 1 to 1; got 9"),
+        ([original.id, "--from-turn", "0", "--set", "policy.quorum=7"], "policy.quorum must be"),
+    ]
+    before = Run.objects.count()
+    for args, message in checks:
+        done = replay(subprocess_env, *args)
+        assert done.returncode != 0 and message in done.stderr, (args, done.stderr)
+    assert Run.objects.count() == before
