@@ -50,7 +50,10 @@ def test_it_replays_a_run_exactly_with_no_model_calls(venues, subprocess_env):
 
 
 def test_it_goes_live_after_the_replayed_turns_with_a_changed_policy(venues, subprocess_env):
-    batch = "rs = llm_query_batched(['q %d' % i for i in range(20)])\nprint(sum(r.startswith('[frlm:') for r in rs))"
+    batch = (
+        "rs = llm_query_batched(['q %d' % i for i in range(20)])\n"
+        "print(sum(r.startswith('[frlm:') for r in rs))"
+    )
     sim = {"latency_ms": 40, "straggler_rate": 0.3, "straggler_factor": 25, "seed": 11}
     original = finish(
         launch(question=scripted("print('turn one')", batch, "FINAL('done')"), worker_sim=sim)

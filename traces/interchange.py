@@ -252,8 +252,7 @@ def to_arrow(run_id: str, events: list[dict[str, Any]]) -> pa.Table:
             columns[column] = [run_id] * len(events)
         elif column == "attrs":
             columns[column] = [
-                json.dumps(e.get("attrs") or {}, separators=(",", ":"), default=str)
-                for e in events
+                json.dumps(e.get("attrs") or {}, separators=(",", ":"), default=str) for e in events
             ]
         elif column == "links":
             columns[column] = [list(e.get("links") or []) for e in events]

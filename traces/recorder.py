@@ -58,9 +58,15 @@ class Recorder:
 
     # --- lifecycle -------------------------------------------------------------------
     def acquire(self, ttl_s: int = 10) -> None:
-        """Take the single-writer lock; a second recorder refuses to start."""
+        """Take the single-writer lock; a second recorder refuses to start. A lock left by
+        a recorder of this machine that is dead (killed, crashed) is taken over at once."""
         if not self.client.set(LOCK_KEY, self.token, nx=True, ex=ttl_s):
             holder = self.client.get(LOCK_KEY)
+            if _dead_here(holder) and self.client.delete(LOCK_KEY):
+                self.client.set(LOCK_KEY, self.token, nx=True, ex=ttl_s)
+                if self.client.get(LOCK_KEY) in (self.token, self.token.encode()):
+                    log.warning("recorder: took over the lock of dead recorder %r", holder)
+                    return
             raise RecorderBusy(
                 f"another recorder holds the trace store ({holder!r}); stop it first, "
                 f"or wait {ttl_s} s if it was killed"
@@ -163,6 +169,22 @@ class Recorder:
         if stored and self.on_stored is not None:
             self.on_stored(stored)
         return len(stored)
+
+
+def _dead_here(holder: Any) -> bool:
+    """Whether a lock holder ("host:pid") is a process of this machine that no longer runs."""
+    if isinstance(holder, bytes):
+        holder = holder.decode("utf-8", "replace")
+    host, _, pid = str(holder or "").rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 def _id_text(entry_id: Any) -> str:

@@ -7,7 +7,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import duckdb
 from django.conf import settings
@@ -193,3 +193,158 @@ def format_span_tree(roots: list[SpanNode], *, max_children: int = 12) -> str:
 def _brief(attrs: dict[str, Any]) -> str:
     text = ", ".join(f"{k}={v}" for k, v in attrs.items() if not k.startswith("_"))
     return text[:120]
+
+
+# --- aggregates for summaries and the movie's views -----------------------------------------
+
+
+class VenueFigures(TypedDict):
+    venue: str
+    subqueries: int
+    errors: int
+    tokens_in: int
+    tokens_out: int
+    cost: float
+    p50_ms: float | None
+    p95_ms: float | None
+
+
+class RunSummary(TypedDict):
+    run_id: str
+    events: int
+    spans: int
+    open_spans: int
+    first_ns: int | None
+    last_ns: int | None
+    wall_ms: float | None
+    subqueries: dict[str, int]  # by final status: ok, error, timeout, cancelled
+    tokens_in: int
+    tokens_out: int
+    cost: float
+    venues: list[VenueFigures]
+
+
+def run_summary(run_id: str) -> RunSummary:
+    """What a run did, from its events alone (also while it is live)."""
+    totals = _query(
+        run_id,
+        """SELECT count(*) AS events,
+                  count(DISTINCT span_id) FILTER (WHERE phase = 'start') AS spans,
+                  count(DISTINCT span_id) FILTER (WHERE phase = 'end') AS ended,
+                  min(epoch_ns(ts)) AS first_ns, max(epoch_ns(ts)) AS last_ns,
+                  coalesce(sum(tokens_in) FILTER (WHERE phase = 'end'
+                      AND name IN ('Run.Decode', 'SubQuery.Execute')), 0) AS tokens_in,
+                  coalesce(sum(tokens_out) FILTER (WHERE phase = 'end'
+                      AND name IN ('Run.Decode', 'SubQuery.Execute')), 0) AS tokens_out,
+                  coalesce(sum(cost) FILTER (WHERE phase = 'end'
+                      AND name IN ('Run.Decode', 'SubQuery.Execute')), 0) AS cost
+           FROM ev""",
+    )
+    empty: RunSummary = {
+        "run_id": run_id,
+        "events": 0,
+        "spans": 0,
+        "open_spans": 0,
+        "first_ns": None,
+        "last_ns": None,
+        "wall_ms": None,
+        "subqueries": {},
+        "tokens_in": 0,
+        "tokens_out": 0,
+        "cost": 0.0,
+        "venues": [],
+    }
+    if not totals:
+        return empty
+    t = totals[0]
+    statuses = _query(
+        run_id,
+        """SELECT status, count(*) AS n FROM ev
+           WHERE name = 'SubQuery.Submit' AND phase = 'end' GROUP BY status""",
+    )
+    return {
+        **empty,
+        "events": t["events"],
+        "spans": t["spans"],
+        "open_spans": t["spans"] - t["ended"],
+        "first_ns": t["first_ns"],
+        "last_ns": t["last_ns"],
+        "wall_ms": (t["last_ns"] - t["first_ns"]) / 1e6 if t["first_ns"] else None,
+        "subqueries": {row["status"]: row["n"] for row in statuses},
+        "tokens_in": int(t["tokens_in"]),
+        "tokens_out": int(t["tokens_out"]),
+        "cost": float(t["cost"]),
+        "venues": venue_figures(run_id),
+    }
+
+
+def venue_figures(run_id: str) -> list[VenueFigures]:
+    rows = _query(
+        run_id,
+        """SELECT venue, count(*) AS subqueries,
+                  count(*) FILTER (WHERE status <> 'ok') AS errors,
+                  coalesce(sum(tokens_in), 0) AS tokens_in,
+                  coalesce(sum(tokens_out), 0) AS tokens_out,
+                  coalesce(sum(cost), 0) AS cost,
+                  quantile_cont(ms, 0.5) AS p50_ms, quantile_cont(ms, 0.95) AS p95_ms
+           FROM ev WHERE name = 'SubQuery.Execute' AND phase = 'end'
+           GROUP BY venue ORDER BY venue""",
+    )
+    return [VenueFigures(**row) for row in rows]  # type: ignore[typeddict-item]
+
+
+class WorkerFigures(TypedDict):
+    worker_id: str
+    venue: str
+    calls: int
+    errors: int
+    mean_ms: float | None
+    p50_ms: float | None
+    p95_ms: float | None
+    tokens: int
+
+
+def worker_figures(run_id: str) -> list[WorkerFigures]:
+    """Per worker: how many sub-queries, how many failed, and their latency."""
+    rows = _query(
+        run_id,
+        """SELECT worker_id, any_value(venue) AS venue, count(*) AS calls,
+                  count(*) FILTER (WHERE status <> 'ok') AS errors, avg(ms) AS mean_ms,
+                  quantile_cont(ms, 0.5) AS p50_ms, quantile_cont(ms, 0.95) AS p95_ms,
+                  coalesce(sum(tokens_in), 0) + coalesce(sum(tokens_out), 0) AS tokens
+           FROM ev WHERE name = 'SubQuery.Execute' AND phase = 'end' AND worker_id IS NOT NULL
+           GROUP BY worker_id ORDER BY worker_id""",
+    )
+    return [WorkerFigures(**row) for row in rows]  # type: ignore[typeddict-item]
+
+
+class Bin(TypedDict):
+    bin_ms: int  # start of the bin, from the run's first event
+    key: str
+    events: int
+    errors: int
+    mean_ms: float | None
+    tokens: int
+
+
+def binned(run_id: str, *, bin_ms: int = 250, by: str = "name") -> list[Bin]:
+    """Events per time bin and per event name or worker (the pulse and heat views)."""
+    column = {"name": "name", "worker": "coalesce(worker_id, venue, 'conductor')"}.get(by)
+    if column is None:
+        raise ValueError("by must be 'name' or 'worker'")
+    if bin_ms < 1:
+        raise ValueError("bin_ms must be at least 1")
+    rows = _query(
+        run_id,
+        # The column is one of two fixed expressions above, never user text.
+        f"""WITH origin AS (SELECT min(epoch_ns(ts)) AS t0 FROM ev)
+            SELECT CAST(floor((epoch_ns(ts) - t0) / 1e6 / ?) * ? AS BIGINT) AS bin_ms,
+                   {column} AS key, count(*) AS events,
+                   count(*) FILTER (WHERE status NOT IN ('ok')) AS errors,
+                   avg(ms) AS mean_ms,
+                   CAST(coalesce(sum(tokens_in), 0) + coalesce(sum(tokens_out), 0) AS BIGINT)
+                       AS tokens
+            FROM ev, origin GROUP BY ALL ORDER BY bin_ms, key""",  # noqa: S608
+        [bin_ms, bin_ms],
+    )
+    return [Bin(**row) for row in rows]  # type: ignore[typeddict-item]

@@ -1,0 +1,81 @@
+"""The typed read functions the pages and commands share, on a hand-made trace."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+from traces import store
+from traces.emitter import Emitter
+from traces.recorder import Recorder
+
+
+@pytest.fixture
+def recorded(stack, settings, tmp_path):
+    """A small run: two venues, three workers, one failure, one open span."""
+    settings.FRLM_TRACE_DIR = tmp_path / "traces"
+    client = redis.Redis.from_url(stack.redis_url.rsplit("/", 1)[0] + "/6")
+    client.flushdb()
+    conductor = Emitter(client, "rQ")
+    run = conductor.start("Run.Init")
+    plan = [
+        ("local", "w1", 100.0, "ok"),
+        ("local", "w1", 300.0, "ok"),
+        ("edge", "w2", 200.0, "ok"),
+        ("edge", "w3", 400.0, "error"),
+    ]
+    for venue, worker, ms, status in plan:
+        submit = conductor.start("SubQuery.Submit", parent=run.span_id, venue=venue)
+        execute = Emitter(client, "rQ", venue=venue, worker_id=worker).start(
+            "SubQuery.Execute", parent=submit.span_id
+        )
+        execute.end(status, ms=ms, tokens_in=10, tokens_out=2, cost=0.001)
+        submit.end(status)
+    time.sleep(0.01)
+    conductor.start("SubQuery.Submit", parent=run.span_id)  # still open
+    recorder = Recorder(client)
+    recorder.ensure_group()
+    recorder.step()
+    yield "rQ"
+    client.flushdb()
+
+
+def test_it_summarises_a_run(recorded):
+    summary = store.run_summary(recorded)
+    assert summary["subqueries"] == {"ok": 3, "error": 1}
+    assert summary["open_spans"] == 2  # the run span and the last submit
+    assert (summary["tokens_in"], summary["tokens_out"]) == (40, 8)
+    assert summary["cost"] == pytest.approx(0.004)
+    edge, local = summary["venues"]  # by name
+    assert (local["venue"], local["subqueries"], local["errors"]) == ("local", 2, 0)
+    assert local["p50_ms"] == pytest.approx(200.0)
+    assert (edge["venue"], edge["errors"]) == ("edge", 1)
+
+
+def test_it_gives_latency_and_errors_per_worker(recorded):
+    figures = {w["worker_id"]: w for w in store.worker_figures(recorded)}
+    assert figures["w1"]["calls"] == 2 and figures["w1"]["mean_ms"] == pytest.approx(200.0)
+    assert figures["w3"]["errors"] == 1
+    assert figures["w2"]["venue"] == "edge"
+
+
+def test_it_bins_events_by_name_and_by_worker(recorded):
+    by_name = store.binned(recorded, bin_ms=1000, by="name")
+    counts = {row["key"]: row["events"] for row in by_name}
+    assert counts["SubQuery.Execute"] == 8 and counts["SubQuery.Submit"] == 9
+    by_worker = {row["key"]: row for row in store.binned(recorded, bin_ms=1000, by="worker")}
+    assert by_worker["w3"]["errors"] == 1
+    with pytest.raises(ValueError, match="by must be"):
+        store.binned(recorded, by="colour")
+
+
+def test_it_reads_events_after_a_seq_for_catch_up(recorded):
+    tail = store.read_events(recorded, after_seq=15)
+    assert [e["seq"] for e in tail] == [16, 17, 18]
+
+
+def test_it_answers_empty_for_a_run_with_no_events(stack):
+    assert store.run_summary("r-none")["events"] == 0
+    assert store.read_events("r-none") == []

@@ -1,0 +1,607 @@
+"""OpenTelemetry export and import of a run's trace, as OTLP/JSON (an
+`ExportTraceServiceRequest`: resourceSpans > scopeSpans > spans).
+
+Export (`to_otlp`), made from the stored events:
+- one trace per run; its trace id is 32 hex derived from the run id (stable), span ids are
+  the FRLM span ids (16 hex already; anything else is hashed to 16 hex);
+- only finished spans: OTLP knows no open span, so spans still open are left out and
+  counted in the resource attribute `frlm.open_spans`;
+- model spans (Run.Decode, SubQuery.Execute) follow the GenAI semantic conventions: kind
+  CLIENT, name `chat {model}`, `gen_ai.operation.name`, `gen_ai.request.model`,
+  `gen_ai.usage.input_tokens` / `output_tokens`, `gen_ai.provider.name` (and the older
+  `gen_ai.system`) where the provider is known; every other span is INTERNAL;
+- every FRLM field is kept under `frlm.*`: event_name, status, venue, worker_id, depth, ms,
+  bytes, tokens_in, tokens_out, cost, start/end payload refs (and texts, unless left out),
+  `frlm.attrs.<key>` for the span's attrs (`frlm.end_attr_keys` says which came with the
+  end event), so an export imports back to the same span tree;
+- instants (Run.Done, SubQuery.Return...) and progress events become span events on their
+  span; links become OTLP links; status OK, or ERROR with a message.
+Per the OTLP/JSON encoding, ids are hex, enums integers and 64-bit integers strings.
+
+Import (`from_otlp`) reads such a document back into `ImportedSpan`s. Spans from other
+tools (no `frlm.event_name`) are mapped onto the taxonomy: a root span is Run.Init, a GenAI
+span under a root is Run.Decode and deeper a SubQuery.Execute, anything else Repl.Exec.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
+
+from traces import blobs
+from traces.interchange import (
+    METRICS,
+    ImportedEvent,
+    ImportedSpan,
+    InterchangeError,
+    ParsedTrace,
+)
+from traces.schema import NAMES, STATUSES
+
+MODEL_SPANS = frozenset({"Run.Decode", "SubQuery.Execute"})
+SPAN_KIND_INTERNAL = 1
+SPAN_KIND_CLIENT = 3
+STATUS_CODE_OK = 1
+STATUS_CODE_ERROR = 2
+SCOPE = {"name": "frlm.traces", "version": "1"}
+
+_HEX16 = re.compile(r"^[0-9a-fA-F]{16}$")
+_HEX32 = re.compile(r"^[0-9a-fA-F]{32}$")
+_ATTRS = "frlm.attrs."
+_SIM_SUFFIX = " (simulated model)"
+
+
+class AnyValue(TypedDict, total=False):
+    stringValue: str
+    boolValue: bool
+    intValue: str
+    doubleValue: float | str
+    arrayValue: dict[str, list[AnyValue]]
+    kvlistValue: dict[str, list[KeyValue]]
+    bytesValue: str
+
+
+class KeyValue(TypedDict):
+    key: str
+    value: AnyValue
+
+
+class OtlpStatus(TypedDict, total=False):
+    code: int
+    message: str
+
+
+class OtlpEvent(TypedDict):
+    timeUnixNano: str
+    name: str
+    attributes: list[KeyValue]
+
+
+class OtlpLink(TypedDict):
+    traceId: str
+    spanId: str
+
+
+class OtlpSpan(TypedDict, total=False):
+    traceId: str
+    spanId: str
+    parentSpanId: str
+    name: str
+    kind: int
+    startTimeUnixNano: str
+    endTimeUnixNano: str
+    attributes: list[KeyValue]
+    events: list[OtlpEvent]
+    links: list[OtlpLink]
+    status: OtlpStatus
+
+
+class ScopeSpans(TypedDict):
+    scope: dict[str, str]
+    spans: list[OtlpSpan]
+
+
+class ResourceSpans(TypedDict):
+    resource: dict[str, list[KeyValue]]
+    scopeSpans: list[ScopeSpans]
+
+
+class ExportTraceServiceRequest(TypedDict):
+    resourceSpans: list[ResourceSpans]
+
+
+# --- ids and values -----------------------------------------------------------------------
+
+
+def trace_id_for(run_id: str) -> str:
+    return hashlib.sha256(f"frlm-run:{run_id}".encode()).hexdigest()[:32]
+
+
+def span_id_for(span_id: str) -> str:
+    """FRLM span ids are 16 hex already; anything else gets a stable 16-hex stand-in."""
+    if _HEX16.match(span_id):
+        return span_id.lower()
+    return hashlib.sha256(f"frlm-span:{span_id}".encode()).hexdigest()[:16]
+
+
+def any_value(value: Any) -> AnyValue:
+    if isinstance(value, bool):
+        return {"boolValue": value}
+    if isinstance(value, int):
+        return {"intValue": str(value)}
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return {"doubleValue": value}
+        # JSON has no NaN or infinity; the protobuf JSON mapping spells them as strings.
+        return {"doubleValue": "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")}
+    if isinstance(value, str):
+        return {"stringValue": value}
+    if isinstance(value, list | tuple):
+        return {"arrayValue": {"values": [any_value(v) for v in value]}}
+    if isinstance(value, dict):
+        return {"kvlistValue": {"values": [kv(str(k), v) for k, v in value.items()]}}
+    if value is None:
+        return {}
+    return {"stringValue": str(value)}
+
+
+def kv(key: str, value: Any) -> KeyValue:
+    return {"key": key, "value": any_value(value)}
+
+
+def plain_value(value: Any) -> Any:
+    """An AnyValue back to plain JSON (an empty AnyValue is None)."""
+    if not isinstance(value, dict):
+        raise InterchangeError(f"an attribute value must be an AnyValue object, got {value!r}")
+    if "stringValue" in value:
+        return value["stringValue"]
+    if "boolValue" in value:
+        return bool(value["boolValue"])
+    if "intValue" in value:
+        return _int(value["intValue"], "intValue")
+    if "doubleValue" in value:
+        return float(value["doubleValue"])
+    if "arrayValue" in value:
+        return [plain_value(v) for v in (value["arrayValue"] or {}).get("values", [])]
+    if "kvlistValue" in value:
+        return attributes_dict((value["kvlistValue"] or {}).get("values", []))
+    if "bytesValue" in value:
+        return value["bytesValue"]
+    return None
+
+
+def attributes_dict(items: Any) -> dict[str, Any]:
+    if not isinstance(items, list):
+        raise InterchangeError("attributes must be a list of {key, value} objects")
+    found: dict[str, Any] = {}
+    for item in items:
+        if not isinstance(item, dict) or not isinstance(item.get("key"), str):
+            raise InterchangeError(f"an attribute must be a {{key, value}} object, got {item!r}")
+        found[item["key"]] = plain_value(item.get("value", {}))
+    return found
+
+
+def _attributes(values: dict[str, Any]) -> list[KeyValue]:
+    return [kv(key, value) for key, value in values.items() if value is not None]
+
+
+# --- export -------------------------------------------------------------------------------
+
+
+@dataclass
+class _Span:
+    span_id: str
+    start: dict[str, Any] | None = None
+    end: dict[str, Any] | None = None
+    points: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def parent_id(self) -> str | None:
+        first = self.start or self.end or {}
+        return first.get("parent_id")
+
+
+def to_otlp(
+    run_id: str,
+    events: list[dict[str, Any]],
+    *,
+    payload_text: Callable[[str], str | None] | None = blobs.blob_get,
+) -> ExportTraceServiceRequest:
+    """The run's events (as `store.read_events` gives them) as one OTLP/JSON request.
+    `payload_text` looks a payload ref up; None leaves payload texts out (refs stay)."""
+    spans, loose = _group(events)
+    finished = {sid: s for sid, s in spans.items() if s.start and s.end}
+    trace_id = trace_id_for(run_id)
+    dropped = _hang_points(spans, finished, loose)
+    otlp_spans = [
+        _otlp_span(run_id, trace_id, span, finished, payload_text)
+        for span in sorted(finished.values(), key=lambda s: (s.start or {})["seq"])
+    ]
+    resource = {
+        "service.name": "frlm",
+        "frlm.run_id": run_id,
+        "frlm.event_count": len(events),
+        "frlm.open_spans": sum(1 for s in spans.values() if s.start and not s.end),
+        "frlm.unstarted_spans": sum(1 for s in spans.values() if s.end and not s.start),
+        "frlm.dropped_events": dropped,
+    }
+    return {
+        "resourceSpans": [
+            {
+                "resource": {"attributes": _attributes(resource)},
+                "scopeSpans": [{"scope": dict(SCOPE), "spans": otlp_spans}],
+            }
+        ]
+    }
+
+
+def _group(events: list[dict[str, Any]]) -> tuple[dict[str, _Span], list[dict[str, Any]]]:
+    spans: dict[str, _Span] = {}
+    instants: list[dict[str, Any]] = []
+    for event in events:
+        if event["phase"] == "instant":
+            instants.append(event)
+            continue
+        span = spans.setdefault(event["span_id"], _Span(event["span_id"]))
+        if event["phase"] == "start":
+            span.start = event
+        elif event["phase"] == "end":
+            span.end = event
+        else:  # progress: a point on the span itself
+            span.points.append(event)
+    return spans, instants
+
+
+def _hang_points(
+    spans: dict[str, _Span], finished: dict[str, _Span], instants: list[dict[str, Any]]
+) -> int:
+    """Put each instant on its span, or on the nearest finished ancestor when its span is
+    not exported, or on the first root; returns how many found no home."""
+    roots = [s for s in finished.values() if not s.parent_id or s.parent_id not in finished]
+    roots.sort(key=lambda s: (s.start or {})["seq"])
+    dropped = 0
+    for span in spans.values():
+        if span.span_id not in finished and span.points:
+            dropped += len(span.points)
+    for event in instants:
+        home = _finished_ancestor(event.get("parent_id"), spans, finished)
+        if home is None and roots:
+            home = roots[0]
+        if home is None:
+            dropped += 1
+        else:
+            home.points.append(event)
+    return dropped
+
+
+def _finished_ancestor(
+    span_id: str | None, spans: dict[str, _Span], finished: dict[str, _Span]
+) -> _Span | None:
+    seen: set[str] = set()
+    while span_id and span_id not in seen:
+        seen.add(span_id)
+        if span_id in finished:
+            return finished[span_id]
+        span = spans.get(span_id)
+        span_id = span.parent_id if span else None
+    return None
+
+
+def _otlp_span(
+    run_id: str,
+    trace_id: str,
+    span: _Span,
+    finished: dict[str, _Span],
+    payload_text: Callable[[str], str | None] | None,
+) -> OtlpSpan:
+    start, end = span.start or {}, span.end or {}
+    name = start["name"]
+    attrs = {**(start.get("attrs") or {}), **(end.get("attrs") or {})}
+    status = end.get("status") or "ok"
+    fields: dict[str, Any] = {
+        "frlm.run_id": run_id,
+        "frlm.event_name": name,
+        "frlm.status": status,
+        "frlm.span_id": span.span_id,
+        "frlm.venue": end.get("venue") or start.get("venue"),
+        "frlm.worker_id": end.get("worker_id") or start.get("worker_id"),
+        "frlm.depth": end.get("depth") if end.get("depth") is not None else start.get("depth"),
+        "frlm.bytes": start.get("bytes"),
+    }
+    for metric in ("ms", "tokens_in", "tokens_out", "cost"):
+        fields[f"frlm.{metric}"] = end.get(metric)
+    fields.update(_payload_fields("frlm.start_payload", start.get("payload_ref"), payload_text))
+    fields.update(_payload_fields("frlm.end_payload", end.get("payload_ref"), payload_text))
+    fields.update({f"{_ATTRS}{key}": value for key, value in attrs.items()})
+    end_keys = sorted((end.get("attrs") or {}).keys())
+    if end_keys:
+        fields["frlm.end_attr_keys"] = end_keys
+    links = [link for link in start.get("links") or [] if link]
+    if any(not _HEX16.match(link) for link in links):
+        fields["frlm.links"] = links  # kept as text where OTLP links cannot say them
+    span_name = name
+    kind = SPAN_KIND_INTERNAL
+    if name in MODEL_SPANS:
+        kind = SPAN_KIND_CLIENT
+        genai = _genai_fields(attrs.get("model"), end.get("tokens_in"), end.get("tokens_out"))
+        fields.update(genai)
+        model = genai.get("gen_ai.request.model")
+        span_name = f"chat {model}" if model else "chat"
+    otlp: OtlpSpan = {
+        "traceId": trace_id,
+        "spanId": span_id_for(span.span_id),
+        "name": span_name,
+        "kind": kind,
+        "startTimeUnixNano": str(start["ts"]),
+        "endTimeUnixNano": str(end["ts"]),
+        "attributes": [],
+        "events": [_otlp_event(p, payload_text) for p in sorted(span.points, key=_seq)],
+        "links": [
+            {"traceId": trace_id, "spanId": link.lower()} for link in links if _HEX16.match(link)
+        ],
+        "status": _status(status, attrs),
+    }
+    parent = span.parent_id
+    if parent:
+        otlp["parentSpanId"] = span_id_for(parent)
+    if status != "ok":
+        fields["error.type"] = status
+    otlp["attributes"] = _attributes(fields)
+    return otlp
+
+
+def _seq(event: dict[str, Any]) -> int:
+    return event.get("seq") or 0
+
+
+def _status(status: str, attrs: dict[str, Any]) -> OtlpStatus:
+    if status == "ok":
+        return {"code": STATUS_CODE_OK}
+    message = attrs.get("error") or attrs.get("reason") or status
+    return {"code": STATUS_CODE_ERROR, "message": str(message)}
+
+
+def _payload_fields(
+    prefix: str, ref: str | None, payload_text: Callable[[str], str | None] | None
+) -> dict[str, Any]:
+    if not ref:
+        return {}
+    fields: dict[str, Any] = {f"{prefix}_ref": ref}
+    text = payload_text(ref) if payload_text else None
+    if text is not None:
+        fields[prefix] = text
+    return fields
+
+
+def _otlp_event(
+    event: dict[str, Any], payload_text: Callable[[str], str | None] | None
+) -> OtlpEvent:
+    fields: dict[str, Any] = {
+        "frlm.event_name": event["name"],
+        "frlm.phase": event["phase"],
+        "frlm.status": event.get("status"),
+        "frlm.venue": event.get("venue"),
+        "frlm.worker_id": event.get("worker_id"),
+        "frlm.depth": event.get("depth"),
+    }
+    for metric in METRICS:
+        fields[f"frlm.{metric}"] = event.get(metric)
+    fields.update(_payload_fields("frlm.payload", event.get("payload_ref"), payload_text))
+    if event.get("links"):
+        fields["frlm.links"] = list(event["links"])
+    fields.update({f"{_ATTRS}{key}": value for key, value in (event.get("attrs") or {}).items()})
+    return {"timeUnixNano": str(event["ts"]), "name": event["name"], "attributes": _attributes(fields)}
+
+
+def model_name(label: Any) -> tuple[str | None, str | None]:
+    """(model, provider) from an FRLM model label: `NAME (simulated model)`,
+    `NAME at BASE_URL`, or a bare name (imported runs)."""
+    if not isinstance(label, str) or not label:
+        return None, None
+    if label.endswith(_SIM_SUFFIX):
+        return label[: -len(_SIM_SUFFIX)], "frlm.simulated"
+    name, at, url = label.partition(" at ")
+    if at:
+        return name, "openai" if "api.openai.com" in url else None
+    return label, None
+
+
+def _genai_fields(label: Any, tokens_in: Any, tokens_out: Any) -> dict[str, Any]:
+    model, provider = model_name(label)
+    fields: dict[str, Any] = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.request.model": model,
+        "gen_ai.usage.input_tokens": tokens_in,
+        "gen_ai.usage.output_tokens": tokens_out,
+    }
+    if provider:
+        fields["gen_ai.provider.name"] = provider
+        fields["gen_ai.system"] = provider  # the name older viewers know
+    return fields
+
+
+# --- import -------------------------------------------------------------------------------
+
+
+def from_otlp(data: Any) -> ParsedTrace:
+    """An OTLP/JSON trace document as spans; InterchangeError for anything else."""
+    if not isinstance(data, dict) or not isinstance(data.get("resourceSpans"), list):
+        raise InterchangeError(
+            "not an OTLP trace: expected a JSON object with a resourceSpans list "
+            "(an OTLP/JSON ExportTraceServiceRequest)"
+        )
+    raw: list[tuple[str, dict[str, Any]]] = []
+    notes: dict[str, Any] = {"skipped_events": 0}
+    for r, resource_spans in enumerate(data["resourceSpans"]):
+        where = f"resourceSpans[{r}]"
+        if not isinstance(resource_spans, dict):
+            raise InterchangeError(f"{where} must be an object")
+        resource = attributes_dict((resource_spans.get("resource") or {}).get("attributes", []))
+        for key in ("frlm.run_id", "frlm.open_spans"):
+            if key in resource:
+                notes[key] = resource[key]
+        scopes = resource_spans.get("scopeSpans", resource_spans.get("instrumentationLibrarySpans"))
+        if not isinstance(scopes, list):
+            raise InterchangeError(f"{where}.scopeSpans must be a list")
+        for s, scope in enumerate(scopes):
+            spans = scope.get("spans") if isinstance(scope, dict) else None
+            if not isinstance(spans, list):
+                raise InterchangeError(f"{where}.scopeSpans[{s}].spans must be a list")
+            raw.extend((f"{where}.scopeSpans[{s}].spans[{i}]", sp) for i, sp in enumerate(spans))
+    if not raw:
+        raise InterchangeError("the OTLP trace holds no spans")
+    checked = [_checked_span(where, span) for where, span in raw]
+    keys = [span["spanId"].lower() for span in checked]
+    if len(set(keys)) != len(keys):
+        raise InterchangeError("the OTLP trace has two spans with one spanId")
+    parents = {k: (s.get("parentSpanId") or "").lower() or None for k, s in zip(keys, checked, strict=True)}
+    imported = [_imported_span(span, parents, notes) for span in checked]
+    return ParsedTrace("otlp", imported, notes=notes)
+
+
+def _checked_span(where: str, span: Any) -> dict[str, Any]:
+    if not isinstance(span, dict):
+        raise InterchangeError(f"{where} must be an object")
+    if not isinstance(span.get("spanId"), str) or not _HEX16.match(span["spanId"]):
+        raise InterchangeError(f"{where}.spanId must be 16 hex digits")
+    if not isinstance(span.get("traceId"), str) or not _HEX32.match(span["traceId"]):
+        raise InterchangeError(f"{where}.traceId must be 32 hex digits")
+    parent = span.get("parentSpanId") or ""
+    if parent and (not isinstance(parent, str) or not _HEX16.match(parent)):
+        raise InterchangeError(f"{where}.parentSpanId must be 16 hex digits or empty")
+    if not isinstance(span.get("name"), str):
+        raise InterchangeError(f"{where}.name must be a string")
+    start = _int(span.get("startTimeUnixNano"), f"{where}.startTimeUnixNano")
+    end = _int(span.get("endTimeUnixNano"), f"{where}.endTimeUnixNano")
+    if start <= 0 or end < start:
+        raise InterchangeError(f"{where}: its times must be positive and end after start")
+    return span
+
+
+def _int(value: Any, what: str) -> int:
+    try:
+        if isinstance(value, bool) or value is None:
+            raise ValueError
+        return int(value)
+    except (TypeError, ValueError):
+        raise InterchangeError(f"{what} must be an integer (as a string), got {value!r}") from None
+
+
+def _imported_span(
+    span: dict[str, Any], parents: dict[str, str | None], notes: dict[str, Any]
+) -> ImportedSpan:
+    key = span["spanId"].lower()
+    attrs = attributes_dict(span.get("attributes", []))
+    parent = parents[key] if parents[key] in parents else None
+    start_ns = int(span["startTimeUnixNano"])
+    end_ns = int(span["endTimeUnixNano"])
+    status = span.get("status") or {}
+    imported = ImportedSpan(
+        key=key,
+        parent=parent,
+        name="",
+        start_ns=start_ns,
+        end_ns=end_ns,
+        links=[str(link.get("spanId", "")).lower() for link in span.get("links") or []],
+    )
+    if attrs.get("frlm.event_name") in NAMES:
+        _frlm_fields(imported, attrs)
+    else:
+        _foreign_fields(imported, span, attrs, parents)
+    if imported.status == "ok" and status.get("code") == STATUS_CODE_ERROR:
+        imported.status = "error"
+        imported.end_attrs.setdefault("error", status.get("message") or "error")
+    if imported.metrics.get("ms") is None:
+        imported.metrics["ms"] = (end_ns - start_ns) / 1e6
+    for event in span.get("events") or []:
+        point = _imported_event(event, imported.depth)
+        if point is None:
+            notes["skipped_events"] += 1
+        else:
+            imported.events.append(point)
+    return imported
+
+
+def _frlm_fields(span: ImportedSpan, attrs: dict[str, Any]) -> None:
+    """A span FRLM exported: every field comes back from its frlm.* attributes."""
+    span.name = attrs["frlm.event_name"]
+    if attrs.get("frlm.status") in STATUSES:
+        span.status = attrs["frlm.status"]
+    span.venue = _text(attrs.get("frlm.venue"))
+    span.worker_id = _text(attrs.get("frlm.worker_id"))
+    span.depth = _depth(attrs.get("frlm.depth"))
+    span.metrics = {m: attrs[f"frlm.{m}"] for m in METRICS if _number(attrs.get(f"frlm.{m}"))}
+    end_keys = set(attrs.get("frlm.end_attr_keys") or [])
+    for key, value in attrs.items():
+        if key.startswith(_ATTRS):
+            name = key[len(_ATTRS) :]
+            (span.end_attrs if name in end_keys else span.start_attrs)[name] = value
+    span.start_payload = _text(attrs.get("frlm.start_payload"))
+    span.end_payload = _text(attrs.get("frlm.end_payload"))
+    span.start_payload_ref = _text(attrs.get("frlm.start_payload_ref"))
+    span.end_payload_ref = _text(attrs.get("frlm.end_payload_ref"))
+    if isinstance(attrs.get("frlm.links"), list):
+        span.links = [str(link) for link in attrs["frlm.links"]]
+
+
+def _foreign_fields(
+    span: ImportedSpan, raw: dict[str, Any], attrs: dict[str, Any], parents: dict[str, str | None]
+) -> None:
+    """A span from another tool, placed on the taxonomy by where it sits and what it is."""
+    model_call = "gen_ai.operation.name" in attrs
+    if span.parent is None and not model_call:
+        span.name = "Run.Init"
+    elif model_call:
+        grandparent = parents.get(span.parent) if span.parent else None
+        span.name = "Run.Decode" if span.parent is None or grandparent is None else "SubQuery.Execute"
+    else:
+        span.name = "Repl.Exec"
+    span.start_attrs = {"otel.name": raw["name"], **attrs}
+    if attrs.get("gen_ai.request.model"):
+        span.start_attrs["model"] = attrs["gen_ai.request.model"]
+    for ours, theirs in (
+        ("tokens_in", "gen_ai.usage.input_tokens"),
+        ("tokens_out", "gen_ai.usage.output_tokens"),
+    ):
+        if _number(attrs.get(theirs)):
+            span.metrics[ours] = attrs[theirs]
+
+
+def _imported_event(event: Any, depth: int) -> ImportedEvent | None:
+    if not isinstance(event, dict):
+        raise InterchangeError(f"a span event must be an object, got {event!r}")
+    attrs = attributes_dict(event.get("attributes", []))
+    name = attrs.get("frlm.event_name", event.get("name"))
+    if name not in NAMES:
+        return None  # not a step FRLM knows (an exception record, a log line...)
+    point = ImportedEvent(
+        name=name,
+        ts_ns=_int(event.get("timeUnixNano"), "an event's timeUnixNano"),
+        phase="progress" if attrs.get("frlm.phase") == "progress" else "instant",
+        status=attrs["frlm.status"] if attrs.get("frlm.status") in STATUSES else "ok",
+        venue=_text(attrs.get("frlm.venue")),
+        worker_id=_text(attrs.get("frlm.worker_id")),
+        depth=_depth(attrs.get("frlm.depth"), depth),
+        metrics={m: attrs[f"frlm.{m}"] for m in METRICS if _number(attrs.get(f"frlm.{m}"))},
+        attrs={k[len(_ATTRS) :]: v for k, v in attrs.items() if k.startswith(_ATTRS)},
+        payload=_text(attrs.get("frlm.payload")),
+        payload_ref=_text(attrs.get("frlm.payload_ref")),
+        links=[str(link) for link in attrs.get("frlm.links") or []],
+    )
+    return point
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value != "" else None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _depth(value: Any, default: int = 0) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
