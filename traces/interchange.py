@@ -263,3 +263,24 @@ def to_arrow(run_id: str, events: list[dict[str, Any]]) -> pa.Table:
 
 def write_parquet(run_id: str, events: list[dict[str, Any]], path: Path) -> None:
     pq.write_table(to_arrow(run_id, events), path, compression="zstd")
+
+
+# --- reading ------------------------------------------------------------------------------
+
+
+def json_lines(text: str) -> list[tuple[int, Any]]:
+    """Each non-blank line of a JSON-lines text, parsed, with its line number. A last line
+    that does not parse is reported as a cut-off file, any other as a bad line."""
+    lines = text.split("\n")
+    filled = [n for n, line in enumerate(lines, start=1) if line.strip()]
+    parsed: list[tuple[int, Any]] = []
+    for number in filled:
+        try:
+            parsed.append((number, json.loads(lines[number - 1])))
+        except ValueError as exc:
+            if number == filled[-1]:
+                raise InterchangeError(
+                    f"line {number}, the last, is not complete JSON: the file looks truncated"
+                ) from None
+            raise InterchangeError(f"line {number} is not JSON ({exc})") from None
+    return parsed

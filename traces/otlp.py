@@ -137,7 +137,11 @@ def any_value(value: Any) -> AnyValue:
         if math.isfinite(value):
             return {"doubleValue": value}
         # JSON has no NaN or infinity; the protobuf JSON mapping spells them as strings.
-        return {"doubleValue": "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")}
+        return {
+            "doubleValue": "NaN"
+            if math.isnan(value)
+            else ("Infinity" if value > 0 else "-Infinity")
+        }
     if isinstance(value, str):
         return {"stringValue": value}
     if isinstance(value, list | tuple):
@@ -394,7 +398,11 @@ def _otlp_event(
     if event.get("links"):
         fields["frlm.links"] = list(event["links"])
     fields.update({f"{_ATTRS}{key}": value for key, value in (event.get("attrs") or {}).items()})
-    return {"timeUnixNano": str(event["ts"]), "name": event["name"], "attributes": _attributes(fields)}
+    return {
+        "timeUnixNano": str(event["ts"]),
+        "name": event["name"],
+        "attributes": _attributes(fields),
+    }
 
 
 def model_name(label: Any) -> tuple[str | None, str | None]:
@@ -458,7 +466,9 @@ def from_otlp(data: Any) -> ParsedTrace:
     keys = [span["spanId"].lower() for span in checked]
     if len(set(keys)) != len(keys):
         raise InterchangeError("the OTLP trace has two spans with one spanId")
-    parents = {k: (s.get("parentSpanId") or "").lower() or None for k, s in zip(keys, checked, strict=True)}
+    parents = {
+        k: (s.get("parentSpanId") or "").lower() or None for k, s in zip(keys, checked, strict=True)
+    }
     imported = [_imported_span(span, parents, notes) for span in checked]
     return ParsedTrace("otlp", imported, notes=notes)
 
@@ -557,7 +567,9 @@ def _foreign_fields(
         span.name = "Run.Init"
     elif model_call:
         grandparent = parents.get(span.parent) if span.parent else None
-        span.name = "Run.Decode" if span.parent is None or grandparent is None else "SubQuery.Execute"
+        span.name = (
+            "Run.Decode" if span.parent is None or grandparent is None else "SubQuery.Execute"
+        )
     else:
         span.name = "Repl.Exec"
     span.start_attrs = {"otel.name": raw["name"], **attrs}

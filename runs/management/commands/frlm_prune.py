@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
+
+from runs.models import Run
+from traces.prune import prune
+
+_AGE = re.compile(r"^(\d+)([dhm])$")
+_UNITS = {"d": "days", "h": "hours", "m": "minutes"}
+
+
+class Command(BaseCommand):
+    help = (
+        "Remove the trace events of runs that finished longer ago than --older-than, and "
+        "the stored prompts and replies nothing references any more. Run rows stay."
+    )
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--older-than", required=True, help="an age: 30d, 12h or 90m")
+        parser.add_argument("--dry-run", action="store_true", help="say what would go")
+
+    def handle(self, *args, older_than: str, dry_run: bool, **options) -> None:
+        match = _AGE.match(older_than.strip())
+        if not match:
+            raise CommandError(
+                f"--older-than takes an age like 30d, 12h or 90m, not {older_than!r}"
+            )
+        age = timedelta(**{_UNITS[match.group(2)]: int(match.group(1))})
+        cutoff = timezone.now() - age
+        old = Run.objects.filter(finished__lt=cutoff).values_list("id", flat=True)
+        result = prune(list(old), dry_run=dry_run)
+        verb = "would remove" if dry_run else "removed"
+        self.stdout.write(
+            f"{verb} the events of {len(result.runs)} run(s) finished before "
+            f"{cutoff:%Y-%m-%d %H:%M} UTC, and {result.blobs} unreferenced blob(s) "
+            f"({result.bytes / 1e6:.1f} MB)"
+        )
