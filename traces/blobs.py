@@ -16,7 +16,9 @@ def blob_path(ref: str) -> Path:
     return blob_dir() / ref[:2] / ref
 
 
-def blob_put(ref: str, text: str) -> None:
+def blob_put(ref: str, text: str, *, durable: bool = True) -> None:
+    """Store a text once. With durable=False the caller syncs (the recorder syncs a whole
+    batch at once)."""
     path = blob_path(ref)
     if path.exists():
         return
@@ -24,8 +26,9 @@ def blob_put(ref: str, text: str) -> None:
     tmp = path.with_name(f".{ref}.{os.getpid()}.tmp")
     with open(tmp, "w", encoding="utf-8", errors="surrogatepass") as fh:
         fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
+        if durable:
+            fh.flush()
+            os.fsync(fh.fileno())
     os.replace(tmp, path)
 
 

@@ -29,19 +29,26 @@ def _segments(run_id: str) -> list[str]:
     return sorted(str(p) for p in run_dir(run_id).glob("*.parquet"))
 
 
-def _query(run_id: str, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
+def _columns(run_id: str, sql: str, params: list[Any] | None = None) -> dict[str, list[Any]]:
+    """A query's result column by column (through Arrow: far cheaper than row tuples)."""
     files = _segments(run_id)
     if not files:
-        return []
+        return {}
     con = duckdb.connect()
     try:
         # The file list comes from our own glob of a checked run id, not from user text.
         con.execute(f"CREATE VIEW ev AS SELECT * FROM read_parquet({files!r}, union_by_name=true)")  # noqa: S608
-        cur = con.execute(sql, params or [])
-        names = [d[0] for d in cur.description]
-        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+        return con.sql(sql, params=params or None).to_arrow_table().to_pydict()
     finally:
         con.close()
+
+
+def _query(run_id: str, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
+    columns = _columns(run_id, sql, params)
+    if not columns:
+        return []
+    names = list(columns)
+    return [dict(zip(names, row, strict=True)) for row in zip(*columns.values(), strict=True)]
 
 
 def stored_event_ids(run_id: str, candidates: list[str]) -> set[str]:
@@ -68,7 +75,7 @@ def event_count(run_id: str) -> int:
     return rows[0]["n"] if rows else 0
 
 
-@dataclass
+@dataclass(slots=True)
 class SpanNode:
     span_id: str
     parent_id: str | None
@@ -98,30 +105,99 @@ class SpanNode:
 def span_tree(run_id: str) -> list[SpanNode]:
     """The run's spans as a forest (roots first), children in start order. Instant events
     hang on their parent span; an open span (no end yet) has end_ns None."""
+    c = _columns(
+        run_id,
+        """SELECT span_id, parent_id, name, phase, epoch_ns(ts) AS ts, status, venue, worker_id,
+                  depth, ms, tokens_in, tokens_out, cost, payload_ref, links, attrs, seq
+           FROM ev ORDER BY seq""",
+    )
+    if not c:
+        return []
     nodes: dict[str, SpanNode] = {}
     loose: list[dict[str, Any]] = []
-    for ev in read_events(run_id):
-        if ev["phase"] == "instant":
-            loose.append(ev)
+    rows = zip(
+        c["span_id"],
+        c["parent_id"],
+        c["name"],
+        c["phase"],
+        c["ts"],
+        c["status"],
+        c["venue"],
+        c["worker_id"],
+        c["depth"],
+        c["ms"],
+        c["tokens_in"],
+        c["tokens_out"],
+        c["cost"],
+        c["payload_ref"],
+        c["links"],
+        c["attrs"],
+        c["seq"],
+        strict=True,
+    )
+    for (
+        span_id,
+        parent_id,
+        name,
+        phase,
+        ts,
+        status,
+        venue,
+        worker_id,
+        depth,
+        ms,
+        t_in,
+        t_out,
+        cost,
+        ref,
+        links,
+        attrs,
+        seq,
+    ) in rows:
+        attrs = json.loads(attrs) if attrs and attrs != "{}" else {}
+        if phase == "instant":
+            loose.append(
+                {
+                    "span_id": span_id,
+                    "parent_id": parent_id,
+                    "name": name,
+                    "ts": ts,
+                    "status": status,
+                    "venue": venue,
+                    "worker_id": worker_id,
+                    "depth": depth,
+                    "attrs": attrs,
+                    "seq": seq,
+                    "payload_ref": ref,
+                }
+            )
             continue
-        node = nodes.get(ev["span_id"])
+        node = nodes.get(span_id)
         if node is None:
-            node = nodes[ev["span_id"]] = SpanNode(ev["span_id"], ev["parent_id"], ev["name"])
-        node.attrs.update(ev["attrs"])
-        node.venue = ev["venue"] or node.venue
-        node.worker_id = ev["worker_id"] or node.worker_id
-        node.depth = ev["depth"] if ev["depth"] is not None else node.depth
-        node.links.extend(link for link in ev["links"] or [] if link not in node.links)
-        if ev["phase"] == "start":
-            node.start_ns = ev["ts"]
-            node.start_payload = ev["payload_ref"]
-        elif ev["phase"] == "end":
-            node.end_ns = ev["ts"]
-            node.status = ev["status"]
-            node.end_payload = ev["payload_ref"]
-            for metric in ("ms", "tokens_in", "tokens_out", "cost"):
-                if ev[metric] is not None:
-                    setattr(node, metric, ev[metric])
+            node = nodes[span_id] = SpanNode(span_id, parent_id, name)
+        if attrs:
+            node.attrs.update(attrs)
+        node.venue = venue or node.venue
+        node.worker_id = worker_id or node.worker_id
+        if depth is not None:
+            node.depth = depth
+        if links:
+            node.links.extend(link for link in links if link not in node.links)
+        if phase == "start":
+            node.start_ns = ts
+            node.start_payload = ref
+        elif phase == "end":
+            node.end_ns = ts
+            node.status = status
+            node.end_payload = ref
+            if ms is not None:
+                node.ms = ms
+            if t_in is not None:
+                node.tokens_in = t_in
+            if t_out is not None:
+                node.tokens_out = t_out
+            if cost is not None:
+                node.cost = cost
     roots: list[SpanNode] = []
     for ev in loose:
         parent = nodes.get(ev["parent_id"] or "")
@@ -130,7 +206,8 @@ def span_tree(run_id: str) -> list[SpanNode]:
         parent = nodes.get(node.parent_id or "")
         (parent.children if parent else roots).append(node)
     for node in nodes.values():
-        node.children.sort(key=lambda n: n.start_ns or 0)
+        if len(node.children) > 1:
+            node.children.sort(key=lambda n: n.start_ns or 0)
     roots.sort(key=lambda n: n.start_ns or 0)
     return roots
 
