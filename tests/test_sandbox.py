@@ -434,3 +434,31 @@ def test_it_falls_back_to_rlimits_when_bwrap_is_missing(
     assert sandbox.isolation_kind == "none"
     assert "isolation: bubblewrap not installed" in sandbox.isolation
     assert sandbox.execute("print(len(context))").stdout == "45\n"
+
+
+@needs_bwrap
+def test_it_caps_the_processes_a_cell_can_start(make_sandbox: MakeSandbox) -> None:
+    from runs.sandbox.pids import PIDS_MAX, PidsLimit
+
+    probe = PidsLimit()
+    if not probe.active:
+        probe.remove()
+        pytest.skip("no writable pids cgroup controller on this machine")
+    probe.remove()
+    sandbox = make_sandbox(isolation="bwrap")
+    assert f"at most {PIDS_MAX} processes" in sandbox.isolation
+    result = sandbox.execute(
+        "import os, time\n"
+        "started = 0\n"
+        "for _ in range(200):\n"
+        "    try:\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(30)\n"
+        "            os._exit(0)\n"
+        "        started += 1\n"
+        "    except OSError:\n"
+        "        break\n"
+        "print(started)"
+    )
+    assert result.error is None, result.stderr
+    assert int(result.stdout) < PIDS_MAX  # a fork bomb stops at the cap

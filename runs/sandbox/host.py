@@ -29,6 +29,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
+from runs.sandbox.pids import PidsLimit
+
 logger = logging.getLogger(__name__)
 
 CHILD_SCRIPT = Path(__file__).resolve().with_name("child.py")
@@ -101,6 +103,7 @@ class Sandbox:
         self._limits = limits
         self._workdir_root = Path(workdir_root)
         self._requested_isolation = isolation
+        self._pids: PidsLimit | None = None
         self.isolation = "not started"
         self.isolation_kind = "none"
         self._scratch: Path | None = None
@@ -127,6 +130,12 @@ class Sandbox:
         if not self._context_path.is_file():
             raise SandboxError(f"the context file {self._context_path} does not exist")
         self.isolation_kind, self.isolation = _choose_isolation(self._requested_isolation)
+        self._pids = PidsLimit()
+        if self._pids.active:
+            self.isolation = self.isolation.replace(
+                "no process-count limit (running as root)",
+                f"at most {self._pids.limit} processes (pids cgroup)",
+            )
         self._workdir_root.mkdir(parents=True, exist_ok=True)
         scratch = tempfile.mkdtemp(prefix="repl-", dir=self._workdir_root)
         self._scratch = Path(scratch).resolve()
@@ -169,6 +178,9 @@ class Sandbox:
         if self._scratch is not None:
             _remove_tree(self._scratch)
             self._scratch = None
+        if self._pids is not None:
+            self._pids.remove()
+            self._pids = None
 
     # -- running a cell ----------------------------------------------------------------------
 
@@ -297,6 +309,8 @@ class Sandbox:
             "cpu_s": self._limits.cpu_s,
             "nproc": _nproc_limit(),
         }
+        if self._pids is not None:
+            command = self._pids.wrap(command)
         child = _Child(command, env, self._scratch, config)
         out, err = _Capture(4000), _Capture(4000)
         try:
