@@ -31,14 +31,25 @@ def _segments(run_id: str) -> list[str]:
 
 def _columns(run_id: str, sql: str, params: list[Any] | None = None) -> dict[str, list[Any]]:
     """A query's result column by column (through Arrow: far cheaper than row tuples)."""
+    results = _columns_many(run_id, [(sql, params)])
+    return results[0] if results else {}
+
+
+def _columns_many(
+    run_id: str, queries: list[tuple[str, list[Any] | None]]
+) -> list[dict[str, list[Any]]]:
+    """Several queries over one view of the run's segments."""
     files = _segments(run_id)
     if not files:
-        return {}
+        return []
     con = duckdb.connect()
     try:
         # The file list comes from our own glob of a checked run id, not from user text.
         con.execute(f"CREATE VIEW ev AS SELECT * FROM read_parquet({files!r}, union_by_name=true)")  # noqa: S608
-        return con.sql(sql, params=params or None).to_arrow_table().to_pydict()
+        return [
+            con.sql(sql, params=params or None).to_arrow_table().to_pydict()
+            for sql, params in queries
+        ]
     finally:
         con.close()
 
@@ -102,45 +113,67 @@ class SpanNode:
         return self.end_ns is None and self.start_ns is not None
 
 
+_SPANS_SQL = """
+SELECT span_id,
+       any_value(parent_id) AS parent_id,
+       any_value(name) AS name,
+       max(epoch_ns(ts)) FILTER (WHERE phase = 'start') AS start_ns,
+       max(epoch_ns(ts)) FILTER (WHERE phase = 'end') AS end_ns,
+       any_value(status) FILTER (WHERE phase = 'end') AS status,
+       coalesce(arg_max(venue, seq) FILTER (WHERE venue IS NOT NULL), NULL) AS venue,
+       coalesce(arg_max(worker_id, seq) FILTER (WHERE worker_id IS NOT NULL), NULL) AS worker_id,
+       any_value(depth) AS depth,
+       any_value(ms) FILTER (WHERE phase = 'end') AS ms,
+       any_value(tokens_in) FILTER (WHERE phase = 'end') AS tokens_in,
+       any_value(tokens_out) FILTER (WHERE phase = 'end') AS tokens_out,
+       any_value(cost) FILTER (WHERE phase = 'end') AS cost,
+       any_value(payload_ref) FILTER (WHERE phase = 'start') AS start_payload,
+       any_value(payload_ref) FILTER (WHERE phase = 'end') AS end_payload,
+       flatten(list(links) FILTER (WHERE len(links) > 0)) AS links,
+       string_agg(attrs, ',' ORDER BY seq) FILTER (WHERE attrs <> '{}') AS attrs
+FROM ev WHERE phase <> 'instant' GROUP BY span_id
+"""
+_INSTANTS_SQL = """
+SELECT span_id, parent_id, name, epoch_ns(ts) AS ts, status, venue, worker_id, depth,
+       attrs, seq, payload_ref
+FROM ev WHERE phase = 'instant' ORDER BY seq
+"""
+
+
 def span_tree(run_id: str) -> list[SpanNode]:
     """The run's spans as a forest (roots first), children in start order. Instant events
-    hang on their parent span; an open span (no end yet) has end_ns None."""
-    c = _columns(
-        run_id,
-        """SELECT span_id, parent_id, name, phase, epoch_ns(ts) AS ts, status, venue, worker_id,
-                  depth, ms, tokens_in, tokens_out, cost, payload_ref, links, attrs, seq
-           FROM ev ORDER BY seq""",
-    )
-    if not c:
+    hang on their parent span; an open span (no end yet) has end_ns None. DuckDB folds each
+    span's start, progress and end events into one row; Python only links them."""
+    results = _columns_many(run_id, [(_SPANS_SQL, None), (_INSTANTS_SQL, None)])
+    if not results:
         return []
+    spans, instants = results
     nodes: dict[str, SpanNode] = {}
-    loose: list[dict[str, Any]] = []
-    rows = zip(
-        c["span_id"],
-        c["parent_id"],
-        c["name"],
-        c["phase"],
-        c["ts"],
-        c["status"],
-        c["venue"],
-        c["worker_id"],
-        c["depth"],
-        c["ms"],
-        c["tokens_in"],
-        c["tokens_out"],
-        c["cost"],
-        c["payload_ref"],
-        c["links"],
-        c["attrs"],
-        c["seq"],
-        strict=True,
+    columns = (
+        "span_id",
+        "parent_id",
+        "name",
+        "start_ns",
+        "end_ns",
+        "status",
+        "venue",
+        "worker_id",
+        "depth",
+        "ms",
+        "tokens_in",
+        "tokens_out",
+        "cost",
+        "start_payload",
+        "end_payload",
+        "links",
+        "attrs",
     )
     for (
         span_id,
         parent_id,
         name,
-        phase,
-        ts,
+        start_ns,
+        end_ns,
         status,
         venue,
         worker_id,
@@ -149,57 +182,39 @@ def span_tree(run_id: str) -> list[SpanNode]:
         t_in,
         t_out,
         cost,
-        ref,
+        start_payload,
+        end_payload,
         links,
         attrs,
-        seq,
-    ) in rows:
-        attrs = json.loads(attrs) if attrs and attrs != "{}" else {}
-        if phase == "instant":
-            loose.append(
-                {
-                    "span_id": span_id,
-                    "parent_id": parent_id,
-                    "name": name,
-                    "ts": ts,
-                    "status": status,
-                    "venue": venue,
-                    "worker_id": worker_id,
-                    "depth": depth,
-                    "attrs": attrs,
-                    "seq": seq,
-                    "payload_ref": ref,
-                }
-            )
-            continue
-        node = nodes.get(span_id)
-        if node is None:
-            node = nodes[span_id] = SpanNode(span_id, parent_id, name)
+    ) in zip(*(spans[c] for c in columns), strict=True):
+        merged: dict[str, Any] = {}
         if attrs:
-            node.attrs.update(attrs)
-        node.venue = venue or node.venue
-        node.worker_id = worker_id or node.worker_id
-        if depth is not None:
-            node.depth = depth
-        if links:
-            node.links.extend(link for link in links if link not in node.links)
-        if phase == "start":
-            node.start_ns = ts
-            node.start_payload = ref
-        elif phase == "end":
-            node.end_ns = ts
-            node.status = status
-            node.end_payload = ref
-            if ms is not None:
-                node.ms = ms
-            if t_in is not None:
-                node.tokens_in = t_in
-            if t_out is not None:
-                node.tokens_out = t_out
-            if cost is not None:
-                node.cost = cost
+            for part in json.loads(f"[{attrs}]"):
+                merged.update(part)
+        nodes[span_id] = SpanNode(
+            span_id,
+            parent_id,
+            name,
+            start_ns,
+            end_ns,
+            status or "ok",
+            venue,
+            worker_id,
+            depth or 0,
+            ms,
+            t_in,
+            t_out,
+            cost,
+            merged,
+            start_payload,
+            end_payload,
+            list(dict.fromkeys(links)) if links else [],
+        )
     roots: list[SpanNode] = []
-    for ev in loose:
+    names = list(instants)
+    for row in zip(*instants.values(), strict=True):
+        ev = dict(zip(names, row, strict=True))
+        ev["attrs"] = json.loads(ev["attrs"]) if ev["attrs"] and ev["attrs"] != "{}" else {}
         parent = nodes.get(ev["parent_id"] or "")
         (parent.instants if parent else roots_instants(roots)).append(ev)
     for node in nodes.values():
