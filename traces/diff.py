@@ -13,10 +13,9 @@ import difflib
 import json
 import re
 from bisect import bisect_left
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from itertools import islice
 from typing import Any, Literal, TypedDict
 
@@ -161,22 +160,44 @@ class TraceDiffError(ValueError):
 
 
 # --- condensing ---------------------------------------------------------------------------
-_HEX_ID = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{8,}\b", re.IGNORECASE)
-_DIGITS = re.compile(r"\d+")
-_SPACE = re.compile(r"\s+")
+_HEX_RUN = re.compile(r"\b[0-9a-fA-F]{8,}\b")
+_DIGIT_TO_HASH = str.maketrans("0123456789", "#" * 10)
+
+
+def _hex_id(match: re.Match[str]) -> str:
+    # Only a run that mixes digits and letters is an id (a hash, a uuid part): a long
+    # number is left to become '#', and a long word of the letters a-f stays a word.
+    run = match.group()
+    return "<id>" if not run.isdigit() and any(c.isdigit() for c in run) else run
 
 
 def normalise(text: str) -> str:
     """Text with its variable parts made alike: ids, numbers and spacing."""
-    return _SPACE.sub(" ", _DIGITS.sub("#", _HEX_ID.sub("<id>", text))).strip()
+    # str.split and str.translate run at C speed where a regex with a match every few
+    # characters (a chunk of numbers, of words) does not; a prompt has many.
+    flat = _HEX_RUN.sub(_hex_id, " ".join(text.split())).translate(_DIGIT_TO_HASH)
+    while "##" in flat:
+        flat = flat.replace("##", "#")
+    return flat
 
 
 def prompt_template(prompt: str) -> str:
     """What a batch of prompts built from one f-string share: their normalised head. The
     fragment text usually follows the instruction, so the head is the instruction."""
-    # Normalising only a prefix keeps long prompts cheap; four times the kept length is
-    # enough for the spacing and numbers it collapses.
-    return normalise(prompt[: TEMPLATE_CHARS * 4])[:TEMPLATE_CHARS]
+    # Normalise only a prefix: twice the kept length is usually enough for the spacing and
+    # digits it collapses, and the rest of a long prompt is never looked at.
+    for factor in (2, 8):
+        head = prompt[: TEMPLATE_CHARS * factor]
+        template = normalise(head)
+        if len(template) >= TEMPLATE_CHARS or len(head) == len(prompt):
+            break
+    return template[:TEMPLATE_CHARS]
+
+
+@lru_cache(maxsize=4096)
+def _route_reason(route: str) -> str:
+    """A routing reason without its live load figures; the few reasons repeat endlessly."""
+    return normalise(route)
 
 
 class _Texts:
@@ -185,6 +206,7 @@ class _Texts:
     def __init__(self, text: TextOf) -> None:
         self._text = text
         self._seen: dict[str, str | None] = {}
+        self._templates: dict[str | None, str] = {}
 
     def get(self, ref: str | None) -> str | None:
         if ref is None:
@@ -192,6 +214,13 @@ class _Texts:
         if ref not in self._seen:
             self._seen[ref] = self._text(ref)
         return self._seen[ref]
+
+    def template(self, ref: str | None) -> str:
+        """The prompt template of a payload; '?' when its text is not stored."""
+        if ref not in self._templates:
+            prompt = self.get(ref)
+            self._templates[ref] = "?" if prompt is None else prompt_template(prompt)
+        return self._templates[ref]
 
 
 def node_key(span: SpanNode, texts: _Texts) -> str:
@@ -202,9 +231,7 @@ def node_key(span: SpanNode, texts: _Texts) -> str:
         return f"Repl.Exec[turn={span.attrs.get('turn')} cell={span.attrs.get('cell')}]"
     if span.name == "SubQuery.Submit":
         kind = "rlm: " if span.attrs.get("kind") == "rlm" else ""
-        prompt = texts.get(span.start_payload)
-        template = prompt_template(prompt) if prompt is not None else "?"
-        return f"SubQuery.Submit[{kind}{template}]"
+        return f"SubQuery.Submit[{kind}{texts.template(span.start_payload)}]"
     return span.name
 
 
@@ -217,11 +244,13 @@ class _Stats:
     tokens_in: int = 0
     tokens_out: int = 0
     cost: float = 0.0
-    statuses: Counter[str] = field(default_factory=Counter)
-    instants: Counter[str] = field(default_factory=Counter)
-    venues: Counter[str] = field(default_factory=Counter)
-    routes: Counter[str] = field(default_factory=Counter)
-    cancel_reasons: Counter[str] = field(default_factory=Counter)
+    # Plain dicts of counts rather than Counters: a diff of 10,000 uncondensed spans makes
+    # a hundred thousand of them, and dict creation and comparison run at C speed.
+    statuses: dict[str, int] = field(default_factory=dict)
+    instants: dict[str, int] = field(default_factory=dict)
+    venues: dict[str, int] = field(default_factory=dict)
+    routes: dict[str, int] = field(default_factory=dict)
+    cancel_reasons: dict[str, int] = field(default_factory=dict)
     first_straggler_ns: int | None = None
 
     @property
@@ -231,8 +260,12 @@ class _Stats:
     @property
     def stragglers(self) -> tuple[int, ...]:
         """How the batch settled its slow and surplus members, as comparable numbers."""
-        counts = tuple(self.instants[name] for name in STRAGGLER_EVENTS)
-        return (*counts, self.statuses["cancelled"], self.statuses["timeout"])
+        counts = tuple(self.instants.get(name, 0) for name in STRAGGLER_EVENTS)
+        return (*counts, self.statuses.get("cancelled", 0), self.statuses.get("timeout", 0))
+
+
+def _bump(counts: dict[str, int], key: str) -> None:
+    counts[key] = counts.get(key, 0) + 1
 
 
 def _span_ms(span: SpanNode) -> float | None:
@@ -270,20 +303,21 @@ class _Node:
     @cached_property
     def stats(self) -> _Stats:
         s = _Stats(count=len(self.spans))
+        is_submit = self.name == "SubQuery.Submit"
         for span in self.spans:
             ms = _span_ms(span)
             if ms is not None:
                 s.ms_total += ms
                 s.timed += 1
-            if span.open:
-                s.open += 1
-            s.statuses["open" if span.open else span.status] += 1
+            is_open = span.end_ns is None and span.start_ns is not None
+            s.open += is_open
+            _bump(s.statuses, "open" if is_open else span.status)
             s.tokens_in += span.tokens_in or 0
             s.tokens_out += span.tokens_out or 0
             s.cost += span.cost or 0.0
-            if span.name == "SubQuery.Submit":
-                s.venues[str(span.attrs.get("venue") or span.venue or "?")] += 1
-                s.routes[normalise(str(span.attrs.get("route") or "-"))] += 1
+            if is_submit:
+                _bump(s.venues, str(span.attrs.get("venue") or span.venue or "?"))
+                _bump(s.routes, _route_reason(str(span.attrs.get("route") or "-")))
             for ev in span.instants:
                 self._count_instant(s, ev)
         return s
@@ -291,14 +325,14 @@ class _Node:
     @staticmethod
     def _count_instant(s: _Stats, ev: dict[str, Any]) -> None:
         name = str(ev.get("name"))
-        s.instants[name] += 1
+        _bump(s.instants, name)
         if name not in STRAGGLER_EVENTS:
             return
         ts = ev.get("ts")
         if isinstance(ts, int) and (s.first_straggler_ns is None or ts < s.first_straggler_ns):
             s.first_straggler_ns = ts
         if name == "SubQuery.Cancel":
-            s.cancel_reasons[str((ev.get("attrs") or {}).get("reason") or "-")] += 1
+            _bump(s.cancel_reasons, str((ev.get("attrs") or {}).get("reason") or "-"))
 
 
 def condense(spans: list[SpanNode], texts: _Texts) -> list[_Node]:
@@ -369,6 +403,9 @@ def _clip(text: str | None) -> str | None:
 
 def unified(a: str | None, b: str | None) -> list[str]:
     """A short unified diff of two texts, hunks only."""
+    if a and b and "\n" not in a and "\n" not in b and a != b:
+        # Most replies of a batch are one line; difflib's set-up costs more than they do.
+        return ["@@ -1 +1 @@", f"-{a[:TEXT_CHARS]}", f"+{b[:TEXT_CHARS]}"]
     lines = difflib.unified_diff(
         (a or "")[:TEXT_CHARS].splitlines(), (b or "")[:TEXT_CHARS].splitlines(), n=1, lineterm=""
     )
@@ -471,11 +508,14 @@ class _Differ:
 
     def delta(self, na: _Node, nb: _Node, path: list[str]) -> NodeDelta:
         sa, sb = na.stats, nb.stats
-        statuses = {k: _pair(sa.statuses[k], sb.statuses[k]) for k in sa.statuses | sb.statuses}
+        statuses = {
+            k: _pair(sa.statuses.get(k, 0), sb.statuses.get(k, 0))
+            for k in sa.statuses.keys() | sb.statuses.keys()
+        }
         instants = {
-            k: _pair(sa.instants[k], sb.instants[k])
-            for k in sa.instants | sb.instants
-            if sa.instants[k] != sb.instants[k]
+            k: _pair(sa.instants.get(k, 0), sb.instants.get(k, 0))
+            for k in sa.instants.keys() | sb.instants.keys()
+            if sa.instants.get(k) != sb.instants.get(k)
         }
         changed_in = self.payload_change(na, nb, "start_payload")
         changed_out = self.payload_change(na, nb, "end_payload")
@@ -509,28 +549,34 @@ class _Differ:
         }
 
     def payload_change(self, na: _Node, nb: _Node, which: str) -> TextChange | None:
-        """Compare the two nodes' texts as multisets. Equal refs are equal texts, so only
-        the refs left over on each side are resolved and compared."""
+        """Whether the two nodes hold different texts (prompts, code, replies). A condensed
+        node holds many: a text differs when no member on the other side has it, so a batch
+        that only ran more copies of the same prompt has not changed its text (its count
+        has). Equal refs are equal texts, so only refs found on one side are resolved."""
         refs_a = [getattr(s, which) for s in na.spans]
         refs_b = [getattr(s, which) for s in nb.spans]
-        extra_a = Counter(refs_a) - Counter(refs_b)
-        extra_b = Counter(refs_b) - Counter(refs_a)
-        if not extra_a and not extra_b:
+        # A span without a payload (cancelled, still open) has no text to compare.
+        set_a, set_b = set(refs_a) - {None}, set(refs_b) - {None}
+        if set_a == set_b:
             return None
-        # The store is content addressed, but a caller's lookup need not be: compare texts.
-        texts_a: Counter[str | None] = Counter()
-        texts_b: Counter[str | None] = Counter()
-        for ref, n in extra_a.items():
-            texts_a[self.texts.get(ref)] += n
-        for ref, n in extra_b.items():
-            texts_b[self.texts.get(ref)] += n
+        left_a, left_b = set_a - set_b, set_b - set_a
+        texts_a = {self.texts.get(r) for r in left_a}
+        texts_b = {self.texts.get(r) for r in left_b}
         only_a, only_b = texts_a - texts_b, texts_b - texts_a
+        if (only_a or only_b) and set_a & set_b:
+            # A caller's lookup need not be content addressed: a shared ref may hold the text.
+            shared = {self.texts.get(r) for r in set_a & set_b}
+            only_a, only_b = only_a - shared, only_b - shared
         if not only_a and not only_b:
             return None
-        a = next((t for t in map(self.texts.get, refs_a) if t in only_a), None)
-        b = next((t for t in map(self.texts.get, refs_b) if t in only_b), None)
+        a_members = [self.texts.get(r) for r in refs_a if r in left_a]
+        b_members = [self.texts.get(r) for r in refs_b if r in left_b]
+        a_differing = [t for t in a_members if t in only_a]
+        b_differing = [t for t in b_members if t in only_b]
+        a = a_differing[0] if a_differing else None
+        b = b_differing[0] if b_differing else None
         return {
-            "differing": max(sum(only_a.values()), sum(only_b.values())),
+            "differing": max(len(a_differing), len(b_differing)),
             "a": _clip(a),
             "b": _clip(b),
             "diff": unified(a, b),
@@ -538,7 +584,13 @@ class _Differ:
 
     def routes(self, na: _Node, nb: _Node, path: list[str]) -> None:
         sa, sb = na.stats, nb.stats
-        if na.name != "SubQuery.Submit" or (sa.venues == sb.venues and sa.routes == sb.routes):
+        if na.name != "SubQuery.Submit":
+            return
+        if sa.count == sb.count:
+            same = sa.venues == sb.venues and sa.routes == sb.routes
+        else:  # more or fewer sub-queries: only a venue or reason new to one side is routing
+            same = sa.venues.keys() == sb.venues.keys() and sa.routes.keys() == sb.routes.keys()
+        if same:
             return
         self.routing.append(
             {
@@ -591,7 +643,7 @@ class _Differ:
         found = self.fragments(na, nb, path)
         if found:
             return found
-        if sa.stragglers != sb.stragglers:
+        if na.name.startswith("SubQuery.") and sa.stragglers != sb.stragglers:
             return self.divergence(
                 "quorum",
                 na,
@@ -725,8 +777,8 @@ def _venues_text(s: _Stats) -> str:
 
 def _stragglers_text(s: _Stats) -> str:
     names = dict(zip(STRAGGLER_EVENTS, ("cancelled", "timed out", "hedged"), strict=True))
-    parts = [f"{s.instants[k]} {label}" for k, label in names.items() if s.instants[k]]
-    unsent = s.statuses["cancelled"] - s.instants["SubQuery.Cancel"]
+    parts = [f"{s.instants[k]} {label}" for k, label in names.items() if s.instants.get(k)]
+    unsent = s.statuses.get("cancelled", 0) - s.instants.get("SubQuery.Cancel", 0)
     if unsent > 0:
         parts.append(f"{unsent} cancelled before they were sent")
     text = f"{s.count} sub-queries: " + (", ".join(parts) or "none cancelled or timed out")
@@ -877,19 +929,18 @@ def format_trace_diff(diff: TraceDiff, *, top: int = 10) -> str:
     """The diff for a terminal: counts, the first divergence with both sides, routing,
     the nodes on one side only, and the top per-node deltas."""
     s = diff["summary"]
-    a, b = diff["run_a"] or "A", diff["run_b"] or "B"
+    a, b = diff["run_a"] or "(unnamed)", diff["run_b"] or "(unnamed)"
     out = [
-        f"A = {a} ({s['spans_a']} spans, {s['nodes_a']} condensed nodes"
-        + (f", {s['open_a']} open" if s["open_a"] else "")
-        + ")",
-        f"B = {b} ({s['spans_b']} spans, {s['nodes_b']} condensed nodes"
-        + (f", {s['open_b']} open" if s["open_b"] else "")
-        + ")",
+        f"A {a}: {s['spans_a']} spans, {s['nodes_a']} condensed nodes"
+        + (f", {s['open_a']} open" if s["open_a"] else ""),
+        f"B {b}: {s['spans_b']} spans, {s['nodes_b']} condensed nodes"
+        + (f", {s['open_b']} open" if s["open_b"] else ""),
         f"only in A: {s['only_in_a']}   only in B: {s['only_in_b']}   "
         f"changed: {s['changed']} of {s['aligned']} aligned   routing differs: {s['routing']}",
     ]
     for change in diff["inputs"]:
-        out.append(f"input {change['field']}: A {_short(change['a'])}  B {_short(change['b'])}")
+        shown_a, shown_b = _where_they_differ(change["a"], change["b"])
+        out.append(f"input {change['field']} differs: A {shown_a}  B {shown_b}")
     out.append("")
     out.extend(_format_divergence(diff["first_divergence"]))
     for title, nodes in (("only in A", diff["only_in_a"]), ("only in B", diff["only_in_b"])):
@@ -913,6 +964,21 @@ def format_trace_diff(diff: TraceDiff, *, top: int = 10) -> str:
         out.append("")
         out.append(f"answer: A {_short(answer['a'])}  B {_short(answer['b'])}")
     return "\n".join(out)
+
+
+def _where_they_differ(a: str | None, b: str | None, limit: int = 50) -> tuple[str, str]:
+    """Both texts from a little before their first difference: two long questions that
+    differ near the end would otherwise show the same opening."""
+    if a is None or b is None:
+        return _short(a, limit), _short(b, limit)
+    flat_a, flat_b = " ".join(a.split()), " ".join(b.split())
+    same = next(
+        (i for i, (x, y) in enumerate(zip(flat_a, flat_b, strict=False)) if x != y),
+        min(len(flat_a), len(flat_b)),
+    )
+    start = max(0, same - 15)
+    lead = "…" if start else ""
+    return _short(lead + flat_a[start:], limit), _short(lead + flat_b[start:], limit)
 
 
 def _short(text: str | None, limit: int = 60) -> str:
