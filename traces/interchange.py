@@ -24,9 +24,6 @@ _START_METRICS = ("bytes",)
 _END_METRICS = ("ms", "tokens_in", "tokens_out", "cost")
 METRICS = ("ms", "bytes", "tokens_in", "tokens_out", "cost")
 
-# Among events at one instant: a span opens before what happens in it, and ends after.
-_PHASE_RANK = {"start": 0, "progress": 1, "instant": 1, "end": 2}
-
 
 class InterchangeError(ValueError):
     """Input that is not the format it should be; the message says what was expected."""
@@ -91,25 +88,37 @@ class ParsedTrace:
 
 def to_events(trace: ParsedTrace, run_id: str) -> list[Event]:
     """1. give every span a fresh id, 2. make its start, end, instant and progress events,
-    3. order them as they happened (parents open first and close last), 4. check each
-    against the schema; any problem raises InterchangeError naming the span."""
+    3. order them as they happened, 4. check each against the schema; any problem raises
+    InterchangeError naming the event."""
     if not trace.spans:
         raise InterchangeError(f"the {trace.source} trace holds no spans")
     ids = {span.key: new_id() for span in trace.spans}
     levels = _tree_levels(trace.spans)
-    keyed: list[tuple[tuple[int, int, int], Event]] = []
+    keyed: list[tuple[tuple[int, int, float], Event]] = []
     for span in trace.spans:
         level = levels[span.key]
         for event in _span_events(span, run_id, ids):
-            rank = _PHASE_RANK[event["phase"]]
-            # Starts of deeper spans after their parents; ends of deeper spans before.
-            keyed.append(((event["ts"], rank, -level if rank == 2 else level), event))
+            keyed.append((_order(event, span.start_ns, level), event))
     for point in trace.loose:
-        keyed.append(((point.ts_ns, 1, 0), _point_event(point, run_id, None, None, ids)))
+        event = _point_event(point, run_id, None, None, ids)
+        keyed.append((_order(event, None, -1), event))
     keyed.sort(key=lambda pair: pair[0])
     events = [event for _, event in keyed]
     check_events(events)
     return events
+
+
+def _order(event: Event, span_start: int | None, level: int) -> tuple[int, int, float]:
+    """Where an event goes among those of the same nanosecond: what ends (deepest first,
+    a span's instants just before its own end) goes before what starts (parents first);
+    a span that starts at that very nanosecond ends after it starts."""
+    ts = event["ts"]
+    if event["phase"] == "start":
+        return (ts, 1, level)
+    late = 2 if span_start == ts else 0
+    if event["phase"] == "end":
+        return (ts, late, -level)
+    return (ts, late, -(level + 0.5))  # an instant or progress point on the span
 
 
 def check_events(events: list[Event]) -> None:

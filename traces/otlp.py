@@ -168,7 +168,10 @@ def plain_value(value: Any) -> Any:
     if "intValue" in value:
         return _int(value["intValue"], "intValue")
     if "doubleValue" in value:
-        return float(value["doubleValue"])
+        try:
+            return float(value["doubleValue"])
+        except (TypeError, ValueError):
+            raise InterchangeError(f"not a doubleValue: {value['doubleValue']!r}") from None
     if "arrayValue" in value:
         return [plain_value(v) for v in (value["arrayValue"] or {}).get("values", [])]
     if "kvlistValue" in value:
@@ -222,7 +225,7 @@ def to_otlp(
     trace_id = trace_id_for(run_id)
     dropped = _hang_points(spans, finished, loose)
     otlp_spans = [
-        _otlp_span(run_id, trace_id, span, finished, payload_text)
+        _otlp_span(run_id, trace_id, span, payload_text)
         for span in sorted(finished.values(), key=lambda s: (s.start or {})["seq"])
     ]
     resource = {
@@ -299,7 +302,6 @@ def _otlp_span(
     run_id: str,
     trace_id: str,
     span: _Span,
-    finished: dict[str, _Span],
     payload_text: Callable[[str], str | None] | None,
 ) -> OtlpSpan:
     start, end = span.start or {}, span.end or {}
@@ -448,7 +450,10 @@ def from_otlp(data: Any) -> ParsedTrace:
         where = f"resourceSpans[{r}]"
         if not isinstance(resource_spans, dict):
             raise InterchangeError(f"{where} must be an object")
-        resource = attributes_dict((resource_spans.get("resource") or {}).get("attributes", []))
+        described = resource_spans.get("resource")
+        resource = attributes_dict(
+            described.get("attributes", []) if isinstance(described, dict) else []
+        )
         for key in ("frlm.run_id", "frlm.open_spans"):
             if key in resource:
                 notes[key] = resource[key]
@@ -509,20 +514,24 @@ def _imported_span(
     parent = parents[key] if parents[key] in parents else None
     start_ns = int(span["startTimeUnixNano"])
     end_ns = int(span["endTimeUnixNano"])
-    status = span.get("status") or {}
+    status = span.get("status") if isinstance(span.get("status"), dict) else {}
     imported = ImportedSpan(
         key=key,
         parent=parent,
         name="",
         start_ns=start_ns,
         end_ns=end_ns,
-        links=[str(link.get("spanId", "")).lower() for link in span.get("links") or []],
+        links=[
+            str(link.get("spanId", "")).lower()
+            for link in span.get("links") or []
+            if isinstance(link, dict) and link.get("spanId")
+        ],
     )
     if attrs.get("frlm.event_name") in NAMES:
         _frlm_fields(imported, attrs)
     else:
         _foreign_fields(imported, span, attrs, parents)
-    if imported.status == "ok" and status.get("code") == STATUS_CODE_ERROR:
+    if imported.status == "ok" and status.get("code") in (STATUS_CODE_ERROR, "STATUS_CODE_ERROR"):
         imported.status = "error"
         imported.end_attrs.setdefault("error", status.get("message") or "error")
     if imported.metrics.get("ms") is None:
