@@ -17,9 +17,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from _stack import private_stack, run_to_end  # sets up Django on a private instance
-
 import redis
+from _stack import private_stack, run_to_end  # sets up Django on a private instance
 from django.conf import settings
 
 from frlm_web.stack import VenueSpec, free_port
@@ -154,7 +153,8 @@ def main() -> None:
         f"  recorder throughput      {rate:10,.0f} events/s   ({emitted:,} events; target 100,000)"
     )
     print(
-        f"  span tree query          {tree_s * 1000:10.1f} ms       ({spans_a:,} spans; target < 200 ms)"
+        f"  span tree query          {tree_s * 1000:10.1f} ms       "
+        f"({spans_a:,} spans; target < 200 ms)"
     )
     if diff_s is not None:
         print(f"  diff of two such runs    {diff_s * 1000:10.1f} ms       (target < 1,000 ms)")
