@@ -11,6 +11,7 @@ import pytest
 
 from runs.models import Run
 from tests.helpers import finish, launch, named, scripted, trace
+from traces.diff import run_diff
 
 pytestmark = [pytest.mark.stack]
 
@@ -74,6 +75,10 @@ def test_it_goes_live_after_the_replayed_turns_with_a_changed_policy(venues, sub
     assert not decodes[2]["attrs"].get("replayed")  # live: the policy applies from here
     cancels = named(events, "SubQuery.Cancel")
     assert cancels and all("quorum of 12/20" in e["attrs"]["reason"] for e in cancels)
+    # The diff puts the first divergence exactly there: the quorum decision of turn 2's batch.
+    divergence = run_diff(original.id, copy.id)["first_divergence"]
+    assert divergence["kind"] == "quorum", divergence
+    assert "Repl.Exec[turn=2 cell=2]" in divergence["path"], divergence
 
 
 def test_it_rejects_what_it_cannot_replay(venues, subprocess_env):
