@@ -125,6 +125,7 @@ class Fanout:
         self.stream = results_stream(run_id)
         self.last_id = "0-0"
         self.counter = 0
+        self.batches = 0
         self._inflight: dict[str, int] = {}  # this run's published, unsettled jobs per venue
         self._limit: dict[str, int] = {}  # slots plus margin, per live venue
         self._live: dict[str, set[str]] = {}
@@ -155,6 +156,7 @@ class Fanout:
         self.totals.calls += len(prompts)
         self._refresh_venues(force=True)
         self._parent, self._depth = parent, depth
+        self.batches += 1
         batch = [_Flight(Outcome(i), p) for i, p in enumerate(prompts)]
         for flight in batch:
             self.counter += 1
@@ -261,6 +263,7 @@ class Fanout:
             depth=self._depth,
             payload=flight.prompt,
             sq=flight.outcome.index,
+            batch=self.batches,
             bytes=len(flight.prompt.encode("utf-8", "replace")),
             **attrs,
         )

@@ -490,3 +490,27 @@ def test_it_names_an_unknown_run_in_a_one_line_error(subprocess_env):
     done = frlm_diff(subprocess_env, "no-such-run", "other-run")
     assert done.returncode != 0
     assert done.stderr.strip() == "CommandError: no trace events stored for run 'no-such-run'"
+
+
+def test_it_condenses_a_numbered_batch_whatever_its_prompts_say():
+    def tree(count: int) -> list[SpanNode]:
+        root = SpanNode("root", None, "Run.Init", start_ns=0, end_ns=10**9)
+        for i in range(count):
+            # Prompts that start with their fragment share no template; the batch number
+            # the fanout puts on each Submit span still makes them one node.
+            submit = SpanNode(
+                f"s{i}",
+                "root",
+                "SubQuery.Submit",
+                start_ns=i,
+                end_ns=i + 10,
+                attrs={"batch": 1},
+                start_payload=f"p{i}",
+            )
+            root.children.append(submit)
+        return [root]
+
+    texts = {f"p{i}": f"{i * 7919} unrelated fragment text, then the question" for i in range(30)}
+    diff = trace_diff(tree(30), tree(28), text=texts.get)
+    (batch,) = [n for n in diff["nodes"] if n["path"][-1] == "SubQuery.Submit[batch 1]"]
+    assert (batch["count"]["a"], batch["count"]["b"]) == (30, 28)

@@ -230,6 +230,11 @@ def node_key(span: SpanNode, texts: _Texts) -> str:
     if span.name == "Repl.Exec":
         return f"Repl.Exec[turn={span.attrs.get('turn')} cell={span.attrs.get('cell')}]"
     if span.name == "SubQuery.Submit":
+        batch = span.attrs.get("batch")
+        if batch is not None:
+            # The fanout numbers its batches: one llm_query_batched call is one node, however
+            # different its prompts (a prompt that starts with its fragment has no template).
+            return f"SubQuery.Submit[batch {batch}]"
         kind = "rlm: " if span.attrs.get("kind") == "rlm" else ""
         return f"SubQuery.Submit[{kind}{texts.template(span.start_payload)}]"
     return span.name
