@@ -44,6 +44,17 @@ def alive(client: redis.Redis, group: str) -> list[dict[str, Any]]:
     return [json.loads(info) for info in client.hmget(_info_key(group), names) if info]
 
 
+def entry(client: redis.Redis, group: str, name: str) -> tuple[float, dict[str, Any]] | None:
+    """A member's entry: when it expires (or expired) and what it announced; None if absent."""
+    pipe = client.pipeline()
+    pipe.zscore(_members_key(group), name)
+    pipe.hget(_info_key(group), name)
+    score, info = pipe.execute()
+    if score is None:
+        return None
+    return float(score), json.loads(info) if info else {}
+
+
 class PresenceThread(threading.Thread):
     """Keeps one process's entry fresh until stopped."""
 

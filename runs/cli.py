@@ -11,6 +11,7 @@ from django.core.management.base import CommandError
 
 from frlm_web.redis_client import get_redis
 from runs.models import Run
+from runs.orphans import conductor_gone, runs_fail_orphaned
 from runs.progress import read_progress
 from runs.services import run_cancel
 
@@ -20,8 +21,14 @@ def wait_for(run: Run, timeout: float, *, show: bool) -> Run:
     client = get_redis()
     bar = ProgressBar(sys.stderr) if show else None
     deadline = time.monotonic() + timeout
+    checked = time.monotonic()
     while True:
         run.refresh_from_db()
+        if not run.done and run.conductor and time.monotonic() - checked > 2:
+            checked = time.monotonic()
+            if conductor_gone(run.conductor):
+                runs_fail_orphaned()
+                continue
         if run.done:
             if bar:
                 bar.close(read_progress(client, run.id), run.status)

@@ -4,6 +4,7 @@ REPL runs it, REPL functions fan sub-queries out to venues; every step is a span
 from __future__ import annotations
 
 import logging
+import os
 import re
 import tempfile
 import time
@@ -18,6 +19,7 @@ from runs import prompts
 from runs.context import ContextError, check_path, materialise
 from runs.fanout import Fanout, FanoutAbort, LimitExceeded, Totals
 from runs.models import Run
+from runs.orphans import CONDUCTOR_GROUP
 from runs.parsing import code_blocks, final_in_text
 from runs.policy import Policy
 from runs.progress import cancel_requested, write_progress
@@ -29,6 +31,14 @@ from workers.backends import ModelError, ModelSpec, chat
 log = logging.getLogger(__name__)
 
 _BLOCKS = re.compile(r"```.*?```", re.S)
+
+
+def conductor_name() -> str:
+    """This conductor process as "name:pid" (empty outside a conductor): the pid tells a
+    restarted conductor of the same name from the one that claimed a run."""
+    if os.environ.get("FRLM_PRESENCE_GROUP") != CONDUCTOR_GROUP:
+        return ""
+    return f"{os.environ.get('FRLM_PRESENCE_NAME', 'conductor')}:{os.getpid()}"
 
 
 class RunAbort(Exception):
@@ -64,7 +74,7 @@ class Conductor:
         """1. claim the run, 2. open its span, 3. answer the question as an RLM at depth 0,
         4. record the answer, totals and status whatever happened."""
         claimed = Run.objects.filter(id=self.run.id, status=Run.Status.QUEUED).update(
-            status=Run.Status.RUNNING, started=timezone.now()
+            status=Run.Status.RUNNING, started=timezone.now(), conductor=conductor_name()
         )
         if not claimed:
             log.warning("run %s is not queued any more; another conductor has it", self.run.id)

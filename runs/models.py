@@ -49,6 +49,7 @@ class Run(models.Model):
     correct = models.BooleanField(null=True, blank=True)
     error = models.TextField(blank=True)
     isolation = models.CharField(max_length=200, blank=True)
+    conductor = models.CharField(max_length=200, blank=True, help_text="the conductor running it")
     replay_of = models.ForeignKey(
         "self",
         null=True,

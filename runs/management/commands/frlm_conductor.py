@@ -5,7 +5,7 @@ import socket
 
 from django.core.management.base import BaseCommand
 
-CONDUCTOR_GROUP = "conductor"
+from runs.orphans import CONDUCTOR_GROUP
 
 
 class Command(BaseCommand):
