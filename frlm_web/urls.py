@@ -1,8 +1,48 @@
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib import admin
-from django.urls import path
+from django.contrib.staticfiles.urls import staticfiles_urlpatterns
+from django.urls import include, path, re_path
+from django.views.static import serve
+
+from runs.views import run_visible
+from traces import views as trace_views
+from workers import views as worker_views
+
+# The trace API is told who may read a run by the runs app (traces imports nothing of it).
+access = {"access": run_visible}
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("accounts/", include("django.contrib.auth.urls")),
+    path("", include("runs.urls")),
+    path("venues", worker_views.venues_page, name="venues"),
+    path("venues/panel", worker_views.venues_panel, name="venues-panel"),
+    path("venues/history", worker_views.venues_history, name="venues-history"),
+    path("api/runs/<str:run_id>/events", trace_views.run_events, access, name="api-events"),
+    path(
+        "api/runs/<str:run_id>/spans/<str:span_id>",
+        trace_views.span_detail,
+        access,
+        name="api-span",
+    ),
+    path("api/runs/<str:run_id>/turns", trace_views.run_turns, access, name="api-turns"),
+    path(
+        "api/runs/<str:run_id>/aggregates",
+        trace_views.run_aggregates,
+        access,
+        name="api-aggregates",
+    ),
+    path("api/diff", trace_views.diff_json, access, name="api-diff"),
+    path("vendor/plotly.min.js", trace_views.plotly_js, name="plotly-js"),
 ]
+
+# daphne serves no static files itself: in development the finders answer, in production
+# what `collectstatic` gathered in STATIC_ROOT.
+if settings.DEBUG:
+    urlpatterns += staticfiles_urlpatterns()
+else:
+    urlpatterns += [
+        re_path(r"^static/(?P<path>.*)$", serve, {"document_root": settings.STATIC_ROOT}),
+    ]

@@ -1,0 +1,336 @@
+"""Run page benchmark, in headless Chromium, measured in one run:
+
+interactive      from navigation to the run page of a 10,000-span run being drawn (waterfall
+                 and the five views) and answering input (target < 1.5 s)
+live latency     from an event's emission to its arrival in the page (the socket message
+                 handled on the page's main thread) at 2,000 events/s (target p95 < 100 ms)
+
+The events go the product's whole way: the emitter, the Redis stream, the recorder (durable
+Parquet segment first), traces.live, the Redis channel layer, daphne, the page.
+
+  .venv/bin/python bench/ui.py [--spans 10000] [--rate 2000] [--seconds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import threading
+import time
+import uuid
+
+from _stack import private_stack  # sets up Django on a private instance
+
+from frlm_web.stack import Proc, VenueSpec, free_port, port_open
+from traces import live, store
+from traces.emitter import Emitter
+
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+WORKERS = [(f"venue{v}", f"w{v}-{i}") for v in range(4) for i in range(8)]
+
+
+def big_trace(client, run_id: str, spans: int) -> int:
+    """A finished run of `spans` spans, shaped like a fanout (turns, batches of sub-queries
+    each with its worker's span), spread over a minute; returns the events emitted."""
+    conductor = Emitter(client, run_id)
+    t0 = time.time_ns() - 120 * 10**9
+    events: list[dict] = []
+
+    def at(ms: float) -> int:
+        return t0 + int(ms * 1e6)
+
+    def span(name, parent, start_ms, end_ms, emitter=conductor, status="ok", **fields):
+        span_id = uuid.uuid4().hex[:16]
+        start = emitter.build(name, "start", span_id=span_id, parent=parent, **fields)
+        start["ts"] = at(start_ms)
+        end = emitter.build(
+            name, "end", span_id=span_id, parent=parent, status=status, ms=end_ms - start_ms
+        )
+        end["ts"] = at(end_ms)
+        events.extend([start, end])
+        return span_id
+
+    made, turn, clock = 1, 0, 0.0
+    root = uuid.uuid4().hex[:16]
+    start = conductor.build("Run.Init", "start", span_id=root, question="benchmark")
+    start["ts"] = at(0)
+    events.append(start)
+    while made < spans:
+        turn += 1
+        span("Run.Decode", root, clock, clock + 400, turn=turn, tokens_in=900, tokens_out=120)
+        clock += 400
+        batch = min(1000, (spans - made - 2) // 2)
+        cell_end = clock + 50 + batch * 5 + 900
+        cell = span("Repl.Exec", root, clock, cell_end, turn=turn, cell=turn)
+        made += 2
+        for i in range(batch):
+            venue, worker_id = WORKERS[i % len(WORKERS)]
+            worker = Emitter(client, run_id, venue=venue, worker_id=worker_id)
+            sent = clock + 20 + i * 5
+            done = sent + 200 + (i * 37) % 600
+            status = "error" if i % 97 == 0 else "ok"
+            submit = span("SubQuery.Submit", cell, sent, done + 5, venue=venue, sq=i)
+            span(
+                "SubQuery.Execute",
+                submit,
+                sent + 10,
+                done,
+                emitter=worker,
+                status=status,
+                tokens_in=800,
+                tokens_out=3,
+            )
+            made += 2
+        clock = cell_end
+    end = conductor.build("Run.Init", "end", span_id=root, ms=clock)
+    end["ts"] = at(clock)
+    events.append(end)
+    events.sort(key=lambda e: e["ts"])
+    for start_at in range(0, len(events), 2000):
+        conductor.send(events[start_at : start_at + 2000])
+    return len(events)
+
+
+def emit_live(client, run_id: str, rate: int, seconds: float) -> tuple[int, float]:
+    """Sub-query spans (start and end events) at `rate` events/s, every 10 ms, stamped at
+    emission; returns (events sent, seconds taken)."""
+    emitter = Emitter(client, run_id, venue="local", worker_id="w0-0")
+    per_tick = max(2, rate // 100)
+    parent = uuid.uuid4().hex[:16]
+    sent, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        batch = []
+        for _ in range(per_tick // 2):
+            span_id = uuid.uuid4().hex[:16]
+            batch.append(emitter.build("SubQuery.Execute", "start", span_id=span_id, parent=parent))
+            batch.append(
+                emitter.build("SubQuery.Execute", "end", span_id=span_id, parent=parent, ms=5.0)
+            )
+        emitter.send(batch)
+        sent += len(batch)
+        wait = started + sent / rate - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+    return sent, time.perf_counter() - started
+
+
+class ChannelTap:
+    """Joins the run's channel group in this process: when each event left traces.live
+    (in the recorder) and crossed the channel layer, without daphne and the browser."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.latencies: list[float] = []
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._listen()), daemon=True)
+        self.thread.start()
+        time.sleep(0.5)
+
+    async def _listen(self) -> None:
+        from channels.layers import get_channel_layer
+
+        layer = get_channel_layer()
+        channel = await layer.new_channel()
+        await layer.group_add(live.group_name(self.run_id), channel)
+        while not self.stopping.is_set():
+            try:
+                message = await asyncio.wait_for(layer.receive(channel), timeout=0.5)
+            except TimeoutError:
+                continue
+            now = time.time() * 1000
+            self.latencies.extend(now - row[5] for row in message.get("events", []))
+
+    def stop(self) -> list[float]:
+        time.sleep(1)
+        self.stopping.set()
+        self.thread.join(timeout=5)
+        return self.latencies
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spans", type=int, default=10_000)
+    parser.add_argument("--rate", type=int, default=2000, help="live events per second")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--loads", type=int, default=3, help="page loads to time")
+    args = parser.parse_args()
+
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    from frlm_web.redis_client import get_redis
+    from runs.models import Run
+
+    venues = [VenueSpec("local", concurrency=2)]
+    with private_stack(venues) as stack:
+        port = free_port()
+        web = Proc(
+            "web",
+            [
+                sys.executable,
+                "-m",
+                "daphne",
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "frlm_web.asgi:application",
+            ],
+            lambda: port_open(port),
+        )
+        stack.launch(web)
+        stack.wait_ready(web, 60)
+        base = f"http://127.0.0.1:{port}"
+        user = get_user_model().objects.create_user("bench", is_staff=True)
+        client = Client()
+        client.force_login(user)
+        cookie = {"name": "sessionid", "value": client.cookies["sessionid"].value, "url": base}
+
+        def new_run(status: str) -> Run:
+            return Run.objects.create(
+                question="benchmark",
+                context_source="text",
+                context_path="/dev/null",
+                root_model={"kind": "sim", "model": "bench", "base_url": ""},
+                worker_model={"kind": "sim", "model": "bench", "base_url": ""},
+                owner=user,
+                status=status,
+            )
+
+        redis_client = get_redis()
+        big = new_run("succeeded")
+        emitted = big_trace(redis_client, big.id, args.spans)
+        deadline = time.monotonic() + 120
+        while store.event_count(big.id) < emitted and time.monotonic() < deadline:
+            time.sleep(0.2)
+        spans_stored = store.run_summary(big.id)["spans"]
+
+        from playwright.sync_api import sync_playwright
+
+        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"  # Playwright's loop; ORM calls are sync
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(
+                executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS
+            )
+            context = browser.new_context(viewport={"width": 1600, "height": 1000}, base_url=base)
+            context.add_cookies([cookie])
+            page = context.new_page()
+
+            # --- interactive: a 10,000-span run page -----------------------------------
+            page.goto(f"/runs/{big.id}")  # warm: daphne, the static files in cache
+            page.wait_for_selector("#movie[data-interactive]", timeout=60_000)
+            loads, views = [], []
+            for _ in range(args.loads):
+                page.goto(f"/runs/{big.id}")
+                page.wait_for_selector("#movie[data-interactive][data-views-ready]", timeout=60_000)
+                loads.append(float(page.get_attribute("#movie", "data-interactive")))
+                views.append(float(page.get_attribute("#movie", "data-views-ready")))
+            cold_context = browser.new_context(
+                viewport={"width": 1600, "height": 1000}, base_url=base
+            )
+            cold_context.add_cookies([cookie])
+            cold = cold_context.new_page()
+            cold.goto(f"/runs/{big.id}")
+            cold.wait_for_selector("#movie[data-interactive]", timeout=60_000)
+            cold_ms = float(cold.get_attribute("#movie", "data-interactive"))
+            shown = page.evaluate("frlmMovie.trace.spans.size")
+            scroll_start = time.perf_counter()
+            page.evaluate(
+                """() => new Promise((resolve) => {
+                    const s = document.querySelector('#waterfall .wf-scroll');
+                    let n = 0;
+                    function step() {
+                        s.scrollTop += 400;
+                        n++;
+                        if (n < 60) requestAnimationFrame(step); else resolve();
+                    }
+                    requestAnimationFrame(step);
+                })"""
+            )
+            scroll_fps = 60 / (time.perf_counter() - scroll_start)
+
+            # --- live latency at `rate` events/s ---------------------------------------
+            live = new_run("running")
+            page.goto(f"/runs/{live.id}")
+            page.wait_for_function("frlmMovie.ws && frlmMovie.ws.readyState === 1")
+            page.evaluate(
+                """() => { window.__lat = [];
+                    frlmMovie.listeners.push((rows, now) => {
+                        for (const r of rows) window.__lat.push(now - r[5]);
+                    }); }"""
+            )
+            tap = ChannelTap(live.id)
+            sent, elapsed = emit_live(redis_client, live.id, args.rate, args.seconds)
+            deadline = time.monotonic() + 30
+            while page.evaluate("window.__lat.length") < sent and time.monotonic() < deadline:
+                time.sleep(0.2)
+            lat = sorted(page.evaluate("window.__lat"))
+            got = page.evaluate("frlmMovie.trace.events.length")
+            timings = page.evaluate("frlmMovie.views.timings")
+            layer_lat = sorted(tap.stop())
+
+            # The same with the five views not drawn: what drawing them costs the socket.
+            bare = new_run("running")
+            page.goto(f"/runs/{bare.id}")
+            page.wait_for_function("frlmMovie.ws && frlmMovie.ws.readyState === 1")
+            page.evaluate(
+                """() => { window.__lat = [];
+                    frlmMovie.views.render = () => true;
+                    frlmMovie.listeners.push((rows, now) => {
+                        for (const r of rows) window.__lat.push(now - r[5]);
+                    }); }"""
+            )
+            bare_sent, _ = emit_live(redis_client, bare.id, args.rate, args.seconds)
+            deadline = time.monotonic() + 30
+            while page.evaluate("window.__lat.length") < bare_sent and time.monotonic() < deadline:
+                time.sleep(0.2)
+            bare_lat = sorted(page.evaluate("window.__lat"))
+            browser.close()
+
+    def q(values: list[float], p: float) -> float:
+        return values[min(len(values) - 1, int(p * len(values)))] if values else float("nan")
+
+    print(f"run page of {spans_stored:,} spans ({emitted:,} events), {shown:,} spans on the page")
+    print(
+        f"  interactive (warm cache)   median {statistics.median(loads):7.0f} ms  "
+        f"(runs: {', '.join(f'{v:.0f}' for v in loads)})   target < 1500 ms"
+    )
+    print(f"  interactive (cold cache)          {cold_ms:7.0f} ms")
+    print(
+        f"  five views drawn (warm)    median {statistics.median(views):7.0f} ms  "
+        f"(runs: {', '.join(f'{v:.0f}' for v in views)})"
+    )
+    print(f"  waterfall scroll            {scroll_fps:5.0f} frames/s")
+    print(
+        f"live: {sent:,} events at {sent / elapsed:,.0f}/s for {elapsed:.1f} s; "
+        f"{got:,} reached the page"
+    )
+    for label, values in (
+        ("emission -> page", lat),
+        ("  ... views not drawn", bare_lat),
+        ("emission -> channel layer", layer_lat),
+    ):
+        print(
+            f"  {label:26} p50 {q(values, 0.5):6.1f} ms   p95 {q(values, 0.95):6.1f} ms"
+            f"   p99 {q(values, 0.99):6.1f} ms   max {q(values, 1.0):6.1f} ms"
+        )
+    print("  target: emission -> page p95 < 100 ms")
+    print(
+        "  the views' last live render, ms: "
+        + ", ".join(f"{name} {ms:.0f}" for name, ms in timings.items())
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,227 @@
+"""The run launcher's form and the what-if replay form. Forms parse what the browser sent;
+every rule about what makes a run valid lives in runs.services and runs.policy, and their
+errors are put back beside the fields they concern."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from django import forms
+
+from runs.policy import RANGES, Policy
+from runs.services import ContextSpec, RunInputError
+from runs.taskgen import MAX_TOKENS, MIN_TOKENS, TASKS
+from workers.backends import ModelSpec, model_spec
+from workers.models import Venue
+
+UPLOAD_MAX_BYTES = 64 * 1024 * 1024
+
+# The policy settings the launcher offers, with their labels (the rest keep defaults).
+POLICY_FIELDS: dict[str, str] = {
+    "max_batch": "Fanout width (max_batch)",
+    "quorum": "Quorum fraction",
+    "subquery_timeout_s": "Sub-query timeout (s)",
+    "max_depth": "Max depth",
+    "max_turns": "Max turns",
+}
+_POLICY_PROBLEM = re.compile(r"^policy\.(\w+) ")
+
+
+def _policy_field(name: str, label: str) -> forms.Field:
+    """Typed, and with the policy's range as a browser hint; the range itself is checked
+    by Policy, so there is one place that knows it."""
+    low, high = RANGES[name]
+    default = getattr(Policy(), name)
+    kind = forms.IntegerField if isinstance(default, int) else forms.FloatField
+    step = "1" if kind is forms.IntegerField else "any"
+    return kind(
+        label=label,
+        initial=default,
+        required=False,
+        widget=forms.NumberInput(attrs={"min": low, "max": high, "step": step}),
+        help_text=f"{low:g} to {high:g}, default {default:g}",
+    )
+
+
+def place_errors(form: forms.Form, error: RunInputError) -> None:
+    """Put each service error beside its field: a policy message names its setting."""
+    targets = {
+        "question": "question",
+        "task": "task_name",
+        "venues": "venues",
+        "from_turn": "from_turn",
+    }
+    for key, message in error.errors.items():
+        if key == "policy":
+            for problem in message.split("; "):
+                match = _POLICY_PROBLEM.match(problem)
+                name = match.group(1) if match else None
+                form.add_error(name if name in form.fields else None, problem)
+        elif key == "context":
+            form.add_error(form.context_field(), message)  # type: ignore[attr-defined]
+        else:
+            field = targets.get(key)
+            form.add_error(field if field in form.fields else None, message)
+
+
+class RunForm(forms.Form):
+    question = forms.CharField(
+        required=False,
+        strip=True,
+        widget=forms.Textarea(attrs={"rows": 3, "placeholder": "What do you want to know?"}),
+        help_text="For a generated task, leave it empty to ask the task's own question.",
+    )
+    context_source = forms.ChoiceField(
+        choices=[
+            ("task", "Generated task"),
+            ("upload", "Upload a file"),
+            ("path", "Path on the server"),
+        ],
+        initial="task",
+        widget=forms.RadioSelect,
+        label="Context",
+    )
+    context_file = forms.FileField(required=False, label="File")
+    context_path = forms.CharField(
+        required=False,
+        label="Path",
+        widget=forms.TextInput(attrs={"placeholder": "/data/corpus or /data/notes.txt"}),
+        help_text="A text file or a folder of text files on this server (staff only).",
+    )
+    task_name = forms.ChoiceField(
+        choices=[(name, name) for name in sorted(TASKS)], initial="sniah", label="Task"
+    )
+    task_tokens = forms.IntegerField(
+        initial=100_000,
+        min_value=MIN_TOKENS,
+        max_value=MAX_TOKENS,
+        label="Tokens",
+        widget=forms.NumberInput(attrs={"step": 1000}),
+    )
+    task_seed = forms.IntegerField(initial=1, min_value=0, label="Seed")
+
+    root_kind = forms.ChoiceField(
+        choices=[("sim", "Simulated model"), ("openai", "OpenAI-compatible endpoint")],
+        initial="sim",
+        label="Root model",
+    )
+    root_base_url = forms.URLField(required=False, label="Base URL", assume_scheme="https")
+    root_model = forms.CharField(required=False, label="Model")
+    worker_kind = forms.ChoiceField(
+        choices=[("sim", "Simulated model"), ("openai", "OpenAI-compatible endpoint")],
+        initial="sim",
+        label="Worker model",
+    )
+    worker_base_url = forms.URLField(required=False, label="Base URL", assume_scheme="https")
+    worker_model = forms.CharField(required=False, label="Model")
+
+    venues = forms.MultipleChoiceField(
+        required=False, widget=forms.CheckboxSelectMultiple, label="Venues"
+    )
+
+    max_batch = _policy_field("max_batch", POLICY_FIELDS["max_batch"])
+    quorum = _policy_field("quorum", POLICY_FIELDS["quorum"])
+    subquery_timeout_s = _policy_field("subquery_timeout_s", POLICY_FIELDS["subquery_timeout_s"])
+    max_depth = _policy_field("max_depth", POLICY_FIELDS["max_depth"])
+    max_turns = _policy_field("max_turns", POLICY_FIELDS["max_turns"])
+
+    def __init__(self, *args: Any, user: Any = None, live: set[str] | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.user = user
+        live = live or set()
+        names = list(Venue.objects.values_list("name", flat=True))
+        self.fields["venues"].choices = [
+            (name, f"{name} ({'online' if name in live else 'no live worker'})") for name in names
+        ]
+        self.fields["venues"].initial = [n for n in names if n in live] or names[:1]
+
+    def context_field(self) -> str:
+        source = self.cleaned_data.get("context_source") if hasattr(self, "cleaned_data") else None
+        return {"upload": "context_file", "path": "context_path"}.get(source or "", "task_name")
+
+    def clean_context_file(self) -> Any:
+        upload = self.cleaned_data.get("context_file")
+        if upload is not None and upload.size > UPLOAD_MAX_BYTES:
+            raise forms.ValidationError(
+                f"the file is {upload.size:,} bytes; upload at most {UPLOAD_MAX_BYTES:,}, or "
+                "put bigger contexts on the server and give their path"
+            )
+        return upload
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        source = data.get("context_source")
+        if (
+            source == "upload"
+            and not data.get("context_file")
+            and "context_file" not in self.errors
+        ):
+            self.add_error("context_file", "choose a text file to upload")
+        if source == "path" and self.user is not None and not self.user.is_staff:
+            self.add_error(
+                "context_path", "only staff may read files on the server; upload the file"
+            )
+        for role in ("root", "worker"):
+            if data.get(f"{role}_kind") == "openai" and not data.get(f"{role}_model"):
+                self.add_error(f"{role}_model", "name the model the endpoint serves")
+        return data
+
+    # --- what the service takes ---
+    def context_spec(self) -> ContextSpec:
+        data = self.cleaned_data
+        source = data["context_source"]
+        if source == "task":
+            return ContextSpec(
+                task=data["task_name"], tokens=data["task_tokens"], seed=data["task_seed"]
+            )
+        if source == "path":
+            return ContextSpec(path=data.get("context_path") or "")
+        raw = data["context_file"].read()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise RunInputError(
+                {"context": "the file is not UTF-8 text; upload a text file"}
+            ) from exc
+        return ContextSpec(text=text)
+
+    def model(self, role: str) -> ModelSpec:
+        data = self.cleaned_data
+        if data[f"{role}_kind"] == "sim":
+            return model_spec("sim", role=role)
+        return model_spec(
+            "openai",
+            role=role,
+            base_url=data.get(f"{role}_base_url") or None,
+            model=data.get(f"{role}_model"),
+        )
+
+    def policy(self) -> dict[str, Any]:
+        return {
+            name: self.cleaned_data[name]
+            for name in POLICY_FIELDS
+            if self.cleaned_data.get(name) is not None
+        }
+
+
+class ReplayForm(forms.Form):
+    """Re-execute a finished run from its recording; from a root turn on, live and with
+    changed policy (a what-if)."""
+
+    from_turn = forms.IntegerField(
+        required=False,
+        min_value=0,
+        label="Live from root turn",
+        help_text="Empty: replay the recording exactly, no model calls.",
+    )
+    quorum = forms.FloatField(required=False, label="Quorum")
+    max_batch = forms.IntegerField(required=False, label="Fanout width")
+    subquery_timeout_s = forms.FloatField(required=False, label="Sub-query timeout (s)")
+
+    def policy_changes(self) -> dict[str, Any]:
+        return {
+            key: self.cleaned_data[key]
+            for key in ("quorum", "max_batch", "subquery_timeout_s")
+            if self.cleaned_data.get(key) is not None
+        }

@@ -1,0 +1,16 @@
+from __future__ import annotations
+
+from django.urls import path
+
+from runs import views
+
+urlpatterns = [
+    path("", views.dashboard, name="dashboard"),
+    path("runs/table", views.runs_table, name="runs-table"),
+    path("runs/new", views.run_new, name="run-new"),
+    path("runs/<str:run_id>", views.run_page, name="run"),
+    path("runs/<str:run_id>/header", views.run_header, name="run-header"),
+    path("runs/<str:run_id>/replay", views.run_replay_view, name="run-replay"),
+    path("runs/<str:run_id>/cancel", views.run_cancel_view, name="run-cancel"),
+    path("diff", views.diff_page, name="diff"),
+]

@@ -1,0 +1,314 @@
+"""The console's run pages: dashboard, launcher, the run page (the execution movie), the
+what-if replay and the trace diff. Who may see a run is decided here, once, by
+`visible_runs`: its owner, or staff (runs made by the CLI have no owner: staff only)."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.db import transaction
+from django.db.models import Avg, Count, Q, QuerySet, Sum
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_POST
+
+from frlm_web.redis_client import get_redis
+from runs.forms import POLICY_FIELDS, ReplayForm, RunForm, place_errors
+from runs.models import Run
+from runs.progress import read_progress
+from runs.services import RunInputError, run_cancel, run_create, run_launch, run_replay
+from traces.diff import TraceDiffError, run_diff
+from workers.models import Venue
+from workers.venues import live_workers
+
+PERIODS: dict[str, timedelta] = {
+    "24h": timedelta(hours=24),
+    "7d": timedelta(days=7),
+    "30d": timedelta(days=30),
+}
+RUNS_SHOWN = 100
+
+
+# --- who sees what -------------------------------------------------------------------------
+def visible_runs(user: Any) -> QuerySet[Run]:
+    if not user.is_authenticated:
+        return Run.objects.none()
+    if user.is_staff:
+        return Run.objects.all()
+    return Run.objects.filter(owner=user)
+
+
+def run_visible(user: Any, run_id: str) -> bool:
+    """The trace API's and the live socket's access rule (passed to them by the URLconf)."""
+    return visible_runs(user).filter(id=run_id).exists()
+
+
+def _get_run_for_user(request: HttpRequest, run_id: str) -> Run:
+    """The run, or 404 alike for one that does not exist and one the user may not see."""
+    return get_object_or_404(visible_runs(request.user), id=run_id)
+
+
+def _period(request: HttpRequest) -> str:
+    period = request.GET.get("period", "24h")
+    return period if period in PERIODS else "24h"
+
+
+# --- dashboard ----------------------------------------------------------------------------
+def _run_rows(request: HttpRequest, period: str) -> list[dict[str, Any]]:
+    since = timezone.now() - PERIODS[period]
+    runs = list(
+        visible_runs(request.user)
+        .filter(created__gte=since)
+        .select_related("owner")
+        .order_by("-created")[:RUNS_SHOWN]
+    )
+    client = get_redis()
+    rows = []
+    for run in runs:
+        progress = read_progress(client, run.id) if not run.done else {}
+        rows.append(
+            {"run": run, "progress": progress, "live": not run.done, "wall": fmt_ms(run.wall_ms)}
+        )
+    return rows
+
+
+def _totals(request: HttpRequest, period: str) -> dict[str, Any]:
+    since = timezone.now() - PERIODS[period]
+    totals = (
+        visible_runs(request.user)
+        .filter(created__gte=since)
+        .aggregate(
+            runs=Count("id"),
+            succeeded=Count("id", filter=Q(status=Run.Status.SUCCEEDED)),
+            failed=Count("id", filter=Q(status=Run.Status.FAILED)),
+            live=Count("id", filter=Q(status__in=[Run.Status.QUEUED, Run.Status.RUNNING])),
+            subqueries=Sum("subqueries"),
+            subqueries_failed=Sum("subqueries_failed"),
+            tokens_in=Sum("tokens_in"),
+            tokens_out=Sum("tokens_out"),
+            cost=Sum("cost"),
+            wall_ms=Avg("wall_ms"),
+        )
+    )
+    totals["tokens"] = fmt_count((totals["tokens_in"] or 0) + (totals["tokens_out"] or 0))
+    totals["wall"] = fmt_ms(totals["wall_ms"])
+    return totals
+
+
+def fmt_ms(ms: float | None) -> str:
+    """A duration for people: 840 ms, 12.3 s, 4m 05s."""
+    if ms is None:
+        return "–"
+    if ms < 1000:
+        return f"{ms:.0f} ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.1f} s"
+    minutes, seconds = divmod(int(ms // 1000), 60)
+    return f"{minutes}m {seconds:02d}s"
+
+
+def fmt_count(n: float) -> str:
+    """A count for people: 950, 12.4k, 3.1M."""
+    for limit, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if n >= limit:
+            return f"{n / limit:.1f}{suffix}"
+    return f"{n:.0f}"
+
+
+@login_required
+@require_GET
+def dashboard(request: HttpRequest) -> HttpResponse:
+    period = _period(request)
+    ctx = {
+        "period": period,
+        "periods": list(PERIODS),
+        "rows": _run_rows(request, period),
+        "totals": _totals(request, period),
+    }
+    return render(request, "runs/dashboard.html", ctx)
+
+
+@login_required
+@require_GET
+def runs_table(request: HttpRequest) -> HttpResponse:
+    """The dashboard's runs and totals, polled by htmx while the page is open."""
+    period = _period(request)
+    ctx = {"period": period, "rows": _run_rows(request, period), "totals": _totals(request, period)}
+    return render(request, "runs/_runs.html", ctx)
+
+
+# --- launcher -----------------------------------------------------------------------------
+def _live_venues() -> set[str]:
+    client = get_redis()
+    return {v for v in Venue.objects.values_list("name", flat=True) if live_workers(client, v)}
+
+
+@login_required
+def run_new(request: HttpRequest) -> HttpResponse:
+    """GET: the form. POST: create the run (every input checked by run_create), start
+    it, and go to its page; else the form again with each error beside its field."""
+    live = _live_venues()
+    if request.method != "POST":
+        form = RunForm(user=request.user, live=live)
+        return render(request, "runs/new.html", {"form": form, "policy_fields": POLICY_FIELDS})
+    form = RunForm(request.POST, request.FILES, user=request.user, live=live)
+    if form.is_valid():
+        try:
+            with transaction.atomic():
+                run = run_create(
+                    question=form.cleaned_data["question"],
+                    context=form.context_spec(),
+                    policy=form.policy(),
+                    root_model=form.model("root"),
+                    worker_model=form.model("worker"),
+                    venues=form.cleaned_data["venues"],
+                    owner=request.user,
+                )
+                run_launch(run)
+        except RunInputError as exc:
+            place_errors(form, exc)
+        except ValueError as exc:  # a model spec the backends refuse
+            form.add_error(None, str(exc))
+        else:
+            return redirect("run", run_id=run.id)
+    ctx = {"form": form, "policy_fields": POLICY_FIELDS}
+    return render(request, "runs/new.html", ctx, status=400)
+
+
+# --- the run page -------------------------------------------------------------------------
+def _run_context(request: HttpRequest, run: Run) -> dict[str, Any]:
+    progress = read_progress(get_redis(), run.id) if not run.done else {}
+    return {
+        "run": run,
+        "progress": progress,
+        "policy_items": [(k, run.policy[k]) for k in POLICY_FIELDS if k in run.policy],
+        "replays": visible_runs(request.user).filter(replay_of=run).order_by("-created")[:10],
+    }
+
+
+@login_required
+@require_GET
+def run_page(request: HttpRequest, run_id: str) -> HttpResponse:
+    run = _get_run_for_user(request, run_id)
+    ctx = _run_context(request, run)
+    ctx["replay_form"] = ReplayForm(initial={"from_turn": 1 if run.turns else None})
+    ctx["others"] = visible_runs(request.user).exclude(id=run.id).order_by("-created")[:30]
+    return render(request, "runs/run.html", ctx)
+
+
+@login_required
+@require_GET
+def run_header(request: HttpRequest, run_id: str) -> HttpResponse:
+    """The run page's header (status, answer, totals), refreshed by htmx."""
+    run = _get_run_for_user(request, run_id)
+    return render(request, "runs/_header.html", _run_context(request, run))
+
+
+@login_required
+@require_POST
+def run_replay_view(request: HttpRequest, run_id: str) -> HttpResponse:
+    source = _get_run_for_user(request, run_id)
+    form = ReplayForm(request.POST)
+    if not form.is_valid():
+        for field, errors in form.errors.items():
+            messages.error(request, f"{field}: {' '.join(errors)}")
+        return redirect("run", run_id=source.id)
+    try:
+        with transaction.atomic():
+            copy = run_replay(
+                source,
+                from_turn=form.cleaned_data["from_turn"],
+                policy_changes=form.policy_changes() or None,
+                owner=request.user,
+            )
+            run_launch(copy)
+    except RunInputError as exc:
+        for field, message in exc.errors.items():
+            messages.error(request, f"Replay: {field}: {message}")
+        return redirect("run", run_id=source.id)
+    return redirect("run", run_id=copy.id)
+
+
+@login_required
+@require_POST
+def run_cancel_view(request: HttpRequest, run_id: str) -> HttpResponse:
+    run = _get_run_for_user(request, run_id)
+    if not run.done:
+        run_cancel(run)
+        messages.info(request, "Cancellation requested: the run stops at its next step.")
+    return redirect("run", run_id=run.id)
+
+
+# --- diff ---------------------------------------------------------------------------------
+@login_required
+@require_GET
+def diff_page(request: HttpRequest) -> HttpResponse:
+    """Two runs side by side: choose them, then their waterfalls on one time axis, the
+    first divergence, per-node deltas and what ran on one side only."""
+    runs = visible_runs(request.user).order_by("-created")
+    a_id, b_id = request.GET.get("a", "").strip(), request.GET.get("b", "").strip()
+    ctx: dict[str, Any] = {"choices": runs[:100], "a_id": a_id, "b_id": b_id}
+    if a_id and b_id:
+        run_a = _get_run_for_user(request, a_id)
+        run_b = _get_run_for_user(request, b_id)
+        ctx.update(run_a=run_a, run_b=run_b)
+        try:
+            diff = run_diff(run_a.id, run_b.id)
+        except TraceDiffError as exc:
+            ctx["diff_error"] = str(exc)
+        else:
+            ctx.update(_diff_tables(diff))
+        ctx["api"] = reverse("api-diff") + f"?a={run_a.id}&b={run_b.id}"
+    elif a_id:
+        ctx["run_a"] = _get_run_for_user(request, a_id)
+    return render(request, "runs/diff.html", ctx)
+
+
+DIFF_NODES_SHOWN = 300
+
+
+def _input_change(change: dict[str, Any]) -> dict[str, Any]:
+    """An input that differs; for a JSON object (the policy), only the keys that differ."""
+    try:
+        a, b = json.loads(change["a"] or "null"), json.loads(change["b"] or "null")
+    except ValueError:
+        return {**change, "keys": None}
+    if not (isinstance(a, dict) and isinstance(b, dict)):
+        return {**change, "keys": None}
+    keys = [
+        {"key": key, "a": a.get(key), "b": b.get(key)}
+        for key in sorted(a.keys() | b.keys())
+        if a.get(key) != b.get(key)
+    ]
+    return {**change, "keys": keys}
+
+
+def _diff_tables(diff: Any) -> dict[str, Any]:
+    """The per-node table (in tree order; past DIFF_NODES_SHOWN, changed nodes first) and
+    the one-sided lists, shaped for the template."""
+    nodes = []
+    for node in diff["nodes"]:
+        nodes.append(
+            {
+                **node,
+                "level": max(0, len(node["path"]) - 1),
+                "tokens_delta": node["tokens_in"]["delta"] + node["tokens_out"]["delta"],
+            }
+        )
+    shown = nodes
+    if len(nodes) > DIFF_NODES_SHOWN:
+        changed = [n for n in nodes if n["changed"]]
+        shown = (changed + [n for n in nodes if not n["changed"]])[:DIFF_NODES_SHOWN]
+    return {
+        "diff": diff,
+        "inputs": [_input_change(change) for change in diff["inputs"]],
+        "nodes": shown,
+        "nodes_hidden": len(nodes) - len(shown),
+        "only_lists": [("Only in A", diff["only_in_a"]), ("Only in B", diff["only_in_b"])],
+    }

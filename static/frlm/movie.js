@@ -1,0 +1,463 @@
+/* FRLM: the run page's execution movie. One clock drives everything: a cursor time, and
+   from it k = how many of the trace's events have happened. The waterfall redraws each
+   frame the cursor moves; the five Plotly views at most a few times a second.
+
+   Live: the stored events come over HTTP, then a WebSocket sends the rest; on a reconnect
+   the socket is opened with ?after_seq=<the last seq this page holds>, the server sends
+   what was stored after it and then the live batches, and Trace.add drops any seq it has:
+   no gap, no duplicate. */
+(function (global) {
+  "use strict";
+  const FRLM = global.FRLM;
+  const F = FRLM.F;
+  const VIEW_INTERVAL_MS = 300;
+  const LIVE_VIEWS_MAX_MS = 2500;
+
+  function el(tag, cls, text) {
+    const e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text != null) e.textContent = text;
+    return e;
+  }
+
+  function getJSON(url) {
+    return fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } }).then((r) => {
+      if (!r.ok) throw new Error(url + ": HTTP " + r.status);
+      return r.json();
+    });
+  }
+
+  class Movie {
+    constructor(root) {
+      this.root = root;
+      this.d = root.dataset;
+      this.trace = new FRLM.Trace();
+      this.live = this.d.live === "1";
+      this.following = true;     // the cursor follows the newest event (live) or sits at the end
+      this.playing = false;
+      this.speed = 1;
+      this.cursor = null;        // time (epoch ms); null: the end
+      this.collapsed = new Set();
+      this.offset = Infinity;    // browser clock minus server clock, as seen on arrivals
+      this.lastViews = 0;
+      this.viewsDirty = true;
+      this.stats = { liveBatches: 0, liveEvents: 0, catchUps: 0, reconnects: 0 };
+      this.listeners = [];       // functions(rows, receivedAt): for the benchmark
+      this.ready = false;
+
+      this.wf = new FRLM.Waterfall(document.getElementById("waterfall"), {
+        onSelect: (s) => this.select(s),
+        onToggle: (s) => { if (this.collapsed.has(s.id)) this.collapsed.delete(s.id); else this.collapsed.add(s.id); this.frame(true); },
+      });
+      this.wf.collapsed = this.collapsed;
+      this.views = new FRLM.Views(root);
+      this.views.onRendered = (n) => {
+        this.root.dataset.viewsDrawn = String(n);
+        if (n === 1) this.root.dataset.viewsReady = performance.now().toFixed(0);
+      };
+      this.scrubber = document.getElementById("scrubber");
+      this.clock = document.getElementById("clock");
+      this.liveBadge = document.getElementById("live-badge");
+      this.conn = document.getElementById("conn");
+      this.counts = document.getElementById("counts");
+      this.wfInfo = document.getElementById("wf-info");
+      this.playBtn = root.querySelector("[data-act=play]");
+      this._wireTransport();
+      this.turnsTimer = null;
+    }
+
+    // --- loading ---------------------------------------------------------------------
+    async start() {
+      try {
+        const data = await getJSON(this.d.eventsUrl);
+        this.receive(data.events, false);
+      } catch (err) {
+        this.conn.textContent = "could not load the trace: " + err.message;
+      }
+      this.frame(true);
+      this.loadTurns();
+      if (this.live && !this.trace.done) { this.setLive(true); this.connect(); }
+      else this.setLive(false);
+      this.ready = true;
+      this.root.dataset.ready = "1";
+      // Drawn and painted, the main thread free: when the page answers input (bench/ui.py).
+      global.requestAnimationFrame(() => setTimeout(() => {
+        this.root.dataset.interactive = performance.now().toFixed(0);
+      }, 0));
+      global.requestAnimationFrame((t) => this.tick(t));
+    }
+
+    receive(rows, isLive) {
+      const now = Date.now();
+      const before = this.trace.lastSeq;
+      const added = this.trace.add(rows);
+      if (!added) return;
+      const newest = this.trace.events[this.trace.events.length - 1][F.T];
+      this.offset = Math.min(this.offset, now - newest);
+      if (isLive) { this.stats.liveBatches++; this.stats.liveEvents += added; }
+      for (const fn of this.listeners) fn(rows, now, before);
+      this.viewsDirty = true;
+      let turnsChanged = false;
+      for (const r of rows) {
+        const name = r[F.NAME];
+        if ((name === "Repl.Exec" || name === "Run.Decode") && r[F.PHASE] !== "progress") turnsChanged = true;
+        if (name === "Run.Done") this.onDone(r);
+      }
+      if (turnsChanged && before > 0) this.loadTurnsSoon();
+      this.root.dataset.lastSeq = this.trace.lastSeq;
+      this.root.dataset.events = this.trace.events.length;
+    }
+
+    connect() {
+      const proto = location.protocol === "https:" ? "wss:" : "ws:";
+      const url = `${proto}//${location.host}${this.d.wsPath}?after_seq=${this.trace.lastSeq}`;
+      const ws = new WebSocket(url);
+      this.ws = ws;
+      this.setConn("connecting…");
+      ws.onopen = () => { this.setConn("live"); this.backoff = 500; };
+      ws.onmessage = (msg) => {
+        const data = JSON.parse(msg.data);
+        if (data.type === "events") this.receive(data.events, !data.catch_up);
+        else if (data.type === "caught_up") this.stats.catchUps++;
+        this.root.dataset.liveBatches = this.stats.liveBatches;
+      };
+      ws.onclose = (e) => {
+        this.ws = null;
+        if (e.code === 4401) { this.setConn("signed out: reload to sign in"); return; }
+        if (e.code === 4403) { this.setConn("not allowed to watch this run"); return; }
+        if (this.finished) { this.setConn(""); return; }
+        this.stats.reconnects++;
+        this.setConn("reconnecting…");
+        this.backoff = Math.min(5000, (this.backoff || 500) * 1.6);
+        setTimeout(() => this.connect(), this.backoff);
+      };
+    }
+
+    setConn(text) { this.conn.textContent = text; }
+
+    onDone(r) {
+      // The run row is written before Run.Done is emitted: the header can be fetched now.
+      if (this.finished) return;
+      this.finished = true;
+      const attrs = r[F.ATTRS] || {};
+      const answer = document.getElementById("run-answer");
+      if (answer && attrs.answer) answer.textContent = attrs.answer;
+      setTimeout(() => {
+        if (global.htmx) {
+          global.htmx.ajax("GET", this.d.headerUrl, { target: "#run-header", swap: "outerHTML" });
+        }
+        if (this.ws) this.ws.close(1000);
+        this.setLive(false);
+        this.loadTurns();
+        this.collectRest(0);
+      }, 400);
+    }
+
+    /** After Run.Done the run's last events (its root span's end) may still be on their
+        way: read them from the store, as a reconnect would, until no span is left open. */
+    async collectRest(attempt) {
+      try {
+        const url = this.d.eventsUrl + "?after_seq=" + this.trace.lastSeq;
+        this.receive((await getJSON(url)).events, false);
+      } catch (err) { /* the next attempt tries again */ }
+      const open = this.trace.roots.some((s) => s.i1 < 0);
+      if (open && attempt < 10) setTimeout(() => this.collectRest(attempt + 1), 300 * (attempt + 1));
+      else this.root.dataset.complete = "1";
+    }
+
+    setLive(on) {
+      this.live = on;
+      this.liveBadge.hidden = !on;
+      this.root.classList.toggle("is-live", on);
+    }
+
+    // --- the clock -------------------------------------------------------------------
+    /** The latest moment of the run: now (server clock) while live, else the last event. */
+    endTime() {
+      const T = this.trace;
+      if (T.empty) return 0;
+      if (this.live && isFinite(this.offset)) return Math.max(T.t1, Date.now() - this.offset);
+      return T.t1;
+    }
+
+    cursorTime() {
+      return this.following || this.cursor == null ? this.endTime() : this.cursor;
+    }
+
+    seek(t, follow) {
+      const T = this.trace;
+      if (T.empty) return;
+      const end = this.endTime();
+      this.cursor = Math.max(T.t0, Math.min(end, t));
+      this.following = !!follow || (!this.live && this.cursor >= end);
+      if (this.following) this.cursor = null;
+      this.viewsDirty = true;
+      this.frame(true);
+    }
+
+    play() {
+      if (this.trace.empty) return;
+      if (this.following && !this.live) this.cursor = this.trace.t0;   // replay from the start
+      else if (this.following) this.cursor = this.endTime();
+      this.following = false;
+      this.playing = true;
+      this.playBtn.classList.add("on");
+      this.root.dataset.playing = "1";
+    }
+
+    pause() {
+      this.playing = false;
+      this.playBtn.classList.remove("on");
+      this.root.dataset.playing = "0";
+      if (this.following) { this.cursor = this.endTime(); this.following = false; }
+      this.frame(true);
+    }
+
+    tick(ts) {
+      const dt = this.lastTs != null ? Math.min(250, ts - this.lastTs) : 0;
+      this.lastTs = ts;
+      if (this.playing && !this.following) {
+        this.cursor += dt * this.speed;
+        const end = this.endTime();
+        if (this.cursor >= end) {
+          if (this.live) { this.following = true; this.cursor = null; this.playing = false; this.playBtn.classList.remove("on"); }
+          else { this.cursor = end; this.pause(); this.following = true; this.cursor = null; }
+        }
+        this.viewsDirty = true;
+      }
+      this.frame(false);
+      global.requestAnimationFrame((t) => this.tick(t));
+    }
+
+    /** Draw at the cursor: the waterfall now, the views when due (or `force`). */
+    frame(force) {
+      const T = this.trace;
+      const end = this.endTime();
+      const t = this.cursorTime();
+      const k = this.following ? T.events.length : T.indexAt(t);
+      const moving = this.live || this.playing;
+      const idle = !moving && k === this.lastK && T.version === this.lastVersion;
+      if (!force && idle && !this.viewsDirty) return;
+      const rowsChanged = k !== this.lastK || T.version !== this.lastVersion || force;
+      const now = performance.now();
+      // Following a live run, the waterfall is redrawn at most 30 times a second when
+      // events come, and 10 times when only the open spans grow: the page shares the
+      // machine with everything else, and software rasterising is not free.
+      if (!force && this.live && this.following && !this.playing) {
+        const since = now - (this.lastWfDraw || 0);
+        if (since < (rowsChanged ? 33 : 100)) return;
+      }
+      this.lastWfDraw = now;
+      this.lastK = k;
+      this.lastVersion = T.version;
+      if (rowsChanged) this.rows = T.rows(k, this.collapsed);
+      const cursorMark = this.following && !this.live ? null : t;
+      this.wf.set(this.rows || [], {
+        tStart: T.t0, tEnd: Math.max(end, T.t0 + 1), cursor: cursorMark, k, events: T.events, origin: T.t0,
+      });
+      const extent = Math.max(1, end - T.t0);
+      if (!T.empty) {
+        this.scrubber.max = Math.ceil(extent);
+        if (!this.dragging) this.scrubber.value = Math.round(t - T.t0);
+        this.setText(this.clock, ((t - T.t0) / 1000).toFixed(3) + " s / " + (extent / 1000).toFixed(3) + " s");
+      }
+      // Views are redrawn at most every VIEW_INTERVAL_MS, and spaced further on a big run:
+      // while live, drawing them takes about a sixteenth of the page's time (so the
+      // socket's messages rarely wait behind a chart), but they are never older than
+      // LIVE_VIEWS_MAX_MS.
+      const interval = this.live
+        ? Math.min(LIVE_VIEWS_MAX_MS, Math.max(2 * VIEW_INTERVAL_MS, 16 * this.views.cost))
+        : Math.max(VIEW_INTERVAL_MS, 4 * this.views.cost);
+      if (this.viewsDirty && (force || now - this.lastViews > interval)) {
+        this.viewsDirty = false;
+        this.lastViews = now;
+        const done = T.done && k > T.doneIndex;
+        const failed = done && T.events[T.doneIndex][F.STATUS] !== "ok";
+        if (!this.views.render(T, k, this.following ? null : t, extent, { done, failed })) {
+          this.viewsDirty = true;  // Plotly still loading
+        }
+        this.updateHeader(k);
+        this.markTurns(t);
+      }
+      if (rowsChanged) {
+        this.setText(this.counts, `${T.events.length.toLocaleString()} events · ${T.spans.size.toLocaleString()} spans`);
+        this.setText(this.wfInfo, `${(this.rows || []).length.toLocaleString()} shown`);
+      }
+    }
+
+    /** Write a text only when it changed: each write costs the page a layout. */
+    setText(element, text) {
+      if (element && element.textContent !== text) element.textContent = text;
+    }
+
+    updateHeader() {
+      if (!this.live) return;
+      const T = this.trace.totals;
+      const set = (key, text) => this.setText(document.querySelector(`[data-metric=${key}]`), text);
+      set("subqueries", `${T.settled}/${T.submitted}`);
+      set("turns", String(T.turns));
+      set("tokens", `${T.tin.toLocaleString()} / ${T.tout.toLocaleString()}`);
+      set("cost", "$" + T.cost.toFixed(4));
+      set("wall", ((this.endTime() - this.trace.t0) / 1000).toFixed(1) + " s");
+    }
+
+    _wireTransport() {
+      const tr = document.getElementById("transport");
+      tr.addEventListener("click", (e) => {
+        const button = e.target.closest("button[data-act]");
+        const act = button && button.dataset.act;
+        const T = this.trace;
+        if (!act || T.empty) return;
+        const t = this.cursorTime();
+        if (act === "play") (this.playing ? this.pause() : this.play());
+        else if (act === "start") { this.seek(T.t0); }
+        else if (act === "end") { this.playing = false; this.playBtn.classList.remove("on"); this.seek(this.endTime(), true); }
+        else if (act === "prev") {
+          const before = T.turnStarts.filter((s) => s < t - 50);
+          this.seek(before.length ? before[before.length - 1] : T.t0);
+        } else if (act === "next") {
+          const after = T.turnStarts.find((s) => s > t + 1);
+          if (after != null) this.seek(after); else this.seek(this.endTime(), true);
+        }
+      });
+      tr.querySelector("[data-act=speed]").addEventListener("change", (e) => { this.speed = Number(e.target.value) || 1; });
+      this.scrubber.addEventListener("input", () => {
+        this.dragging = true;
+        const T = this.trace;
+        this.seek(T.t0 + Number(this.scrubber.value), false);
+        this.following = false;
+        if (this.cursor == null) this.cursor = this.endTime();
+      });
+      this.scrubber.addEventListener("change", () => { this.dragging = false; this.viewsDirty = true; this.frame(true); });
+      document.addEventListener("keydown", (e) => {
+        if (e.target.closest("input, select, textarea")) return;
+        if (e.key === " ") { e.preventDefault(); (this.playing ? this.pause() : this.play()); }
+        else if (e.key === "Home") this.seek(this.trace.t0);
+        else if (e.key === "End") this.seek(this.endTime(), true);
+      });
+    }
+
+    // --- a span's detail -------------------------------------------------------------
+    async select(s) {
+      const body = document.getElementById("detail-body");
+      body.replaceChildren(el("p", "muted", "Loading " + s.name + "…"));
+      let d;
+      try {
+        d = await getJSON(this.d.spanUrl.replace("__span__", encodeURIComponent(s.id)));
+      } catch (err) {
+        body.replaceChildren(el("p", "err", err.message));
+        return;
+      }
+      const head = el("div", "detail-head");
+      head.append(el("span", "span-name", d.name), el("span", "pill st-" + d.status, d.status));
+      if (d.ms != null) head.append(el("span", "mono", FRLM.fmtMs(d.ms)));
+      if (d.venue || d.worker_id) head.append(el("span", "muted", [d.venue, d.worker_id].filter(Boolean).join(" / ")));
+      const nav = el("div", "detail-nav");
+      const jump = (label, id) => {
+        const target = this.trace.spans.get(id);
+        const b = el("button", "linkish", label);
+        b.type = "button";
+        b.disabled = !target;
+        b.addEventListener("click", () => { if (target) { this.wf.reveal(target); this.select(target); } });
+        nav.append(b);
+      };
+      if (d.parent_id) jump("↑ parent", d.parent_id);
+      for (const link of d.links || []) jump("→ linked " + link.slice(0, 8), link);
+      const metrics = el("dl", "kv-grid");
+      // Unset attributes (null) say nothing: they are left out.
+      const add = (k, v) => { if (v == null || v === "") return; metrics.append(el("dt", null, k), el("dd", "mono", String(v))); };
+      add("span", d.span_id);
+      add("start", d.start_ms != null ? "+" + FRLM.fmtMs(d.start_ms - this.trace.t0) : null);
+      add("tokens in", d.tokens_in);
+      add("tokens out", d.tokens_out);
+      add("cost", d.cost != null ? "$" + Number(d.cost).toFixed(6) : null);
+      add("depth", d.depth);
+      for (const [k, v] of Object.entries(d.attrs || {})) {
+        if (v !== null) add(k, typeof v === "object" ? JSON.stringify(v) : v);
+      }
+      const parts = [head, nav, metrics];
+      const text = (label, payload) => {
+        if (!payload) return;
+        const box = el("div", "payload");
+        const t = el("div", "payload-head");
+        t.append(el("span", "k", label), el("span", "muted small", `${payload.chars.toLocaleString()} chars${payload.truncated ? " (first " + payload.text.length.toLocaleString() + " shown)" : ""}`));
+        const pre = el("pre", "payload-text " + label, payload.text == null ? "(not in the blob store)" : payload.text);
+        box.append(t, pre);
+        parts.push(box);
+      };
+      text(d.labels[0], d.input);
+      text(d.labels[1], d.output);
+      if (d.events && d.events.length) {
+        const list = el("ul", "instants");
+        for (const ev of d.events.slice(0, 50)) {
+          const li = el("li", null);
+          li.append(el("span", "mono muted", "+" + FRLM.fmtMs(ev.t_ms - this.trace.t0)), el("span", "pill st-" + ev.status, ev.name), el("span", "small", Object.entries(ev.attrs || {}).map(([k, v]) => k + "=" + (typeof v === "object" ? JSON.stringify(v) : v)).join("  ")));
+          list.append(li);
+        }
+        parts.push(list);
+      }
+      body.replaceChildren(...parts);
+      this.root.dataset.selected = s.id;
+    }
+
+    // --- the root model's code per turn ----------------------------------------------
+    loadTurnsSoon() {
+      clearTimeout(this.turnsTimer);
+      this.turnsTimer = setTimeout(() => this.loadTurns(), 500);
+    }
+
+    async loadTurns() {
+      let data;
+      try { data = await getJSON(this.d.turnsUrl); } catch (err) { return; }
+      const box = document.getElementById("turns");
+      const parts = [];
+      for (const turn of data.turns) {
+        const sec = el("section", "turn");
+        sec.dataset.t = turn.t_ms;
+        const h = el("header", "turn-head");
+        h.append(el("span", "turn-no", (turn.depth ? "child RLM depth " + turn.depth + " · " : "") + "turn " + turn.turn));
+        if (turn.decode) {
+          h.append(el("span", "pill st-" + turn.decode.status, turn.decode.status));
+          if (turn.decode.ms != null) h.append(el("span", "mono muted", FRLM.fmtMs(turn.decode.ms)));
+          if (turn.decode.tokens_in != null) h.append(el("span", "muted small", `${turn.decode.tokens_in} in / ${turn.decode.tokens_out} out tokens`));
+        }
+        sec.append(h);
+        for (const cell of turn.cells) {
+          const c = el("div", "cell");
+          const ch = el("div", "cell-head");
+          ch.append(el("span", "k", "cell " + (cell.cell != null ? cell.cell : "")), el("span", "pill st-" + cell.status, cell.status));
+          if (cell.ms != null) ch.append(el("span", "mono muted", FRLM.fmtMs(cell.ms)));
+          if (cell.error) ch.append(el("span", "err small", cell.error));
+          c.append(ch, el("pre", "code", cell.code && cell.code.text != null ? cell.code.text : ""));
+          if (cell.output) c.append(el("pre", "out", cell.output.text != null ? cell.output.text : ""));
+          sec.append(c);
+        }
+        if (turn.decode && turn.decode.reply && turn.decode.reply.text != null) {
+          const det = el("details", "reply");
+          det.append(el("summary", null, "model reply"), el("pre", "reply-text", turn.decode.reply.text));
+          sec.append(det);
+        }
+        parts.push(sec);
+      }
+      if (!parts.length) parts.push(el("p", "muted", this.live ? "The root model has not answered yet." : "No root-model turns in this trace."));
+      box.replaceChildren(...parts);
+      this.markTurns(this.cursorTime());
+    }
+
+    markTurns(t) {
+      document.querySelectorAll("#turns section.turn").forEach((sec) => {
+        sec.classList.toggle("future", Number(sec.dataset.t) > t + 0.5);
+      });
+    }
+  }
+
+  function boot() {
+    const root = document.getElementById("movie");
+    if (!root) return;
+    const movie = new Movie(root);
+    global.frlmMovie = movie;
+    movie.start();
+  }
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", boot);
+  else boot();
+})(window);

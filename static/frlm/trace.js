@@ -1,0 +1,135 @@
+/* FRLM: a run's trace in the browser. Events arrive as short arrays (traces/live.py
+   WIRE_FIELDS) from the HTTP catch-up and the live socket; `Trace.add` keeps them in seq
+   order, drops any seq it already has, and indexes spans as they open and close. Every
+   view reads the same `Trace` at the same cursor (an index into `events`). */
+(function (global) {
+  "use strict";
+
+  const F = {
+    SEQ: 0, SPAN: 1, PARENT: 2, NAME: 3, PHASE: 4, T: 5, STATUS: 6, VENUE: 7, WORKER: 8,
+    DEPTH: 9, MS: 10, TIN: 11, TOUT: 12, COST: 13, REF: 14, ATTRS: 15, LINKS: 16,
+  };
+
+  class Trace {
+    constructor() {
+      this.events = [];
+      this.tmax = [];          // running maximum of event time: cursor time -> index
+      this.lastSeq = 0;
+      this.spans = new Map();
+      this.roots = [];
+      this.orphans = new Map(); // parent id -> spans whose parent has not arrived yet
+      this.t0 = Infinity;
+      this.t1 = -Infinity;
+      this.version = 0;
+      this.doneIndex = -1;
+      this.turnStarts = [];    // times of the root's turns (Run.Decode at depth 0)
+      this.totals = { submitted: 0, settled: 0, failed: 0, tin: 0, tout: 0, cost: 0, turns: 0 };
+      this.duplicates = 0;
+    }
+
+    /** Append events in seq order; returns how many were new. */
+    add(rows) {
+      let added = 0;
+      for (let n = 0; n < rows.length; n++) {
+        const r = rows[n];
+        const seq = r[F.SEQ];
+        if (seq <= this.lastSeq) { this.duplicates++; continue; }
+        this.lastSeq = seq;
+        const i = this.events.length;
+        this.events.push(r);
+        const t = r[F.T];
+        if (t < this.t0) this.t0 = t;
+        if (t > this.t1) this.t1 = t;
+        this.tmax.push(i ? Math.max(this.tmax[i - 1], t) : t);
+        this._index(r, i);
+        added++;
+      }
+      if (added) this.version++;
+      return added;
+    }
+
+    _index(r, i) {
+      const phase = r[F.PHASE], name = r[F.NAME];
+      if (phase === "progress") return;
+      if (phase === "instant") {
+        const parent = this.spans.get(r[F.PARENT]);
+        if (parent) (parent.marks || (parent.marks = [])).push(i);
+        if (name === "Run.Done") this.doneIndex = i;
+        return;
+      }
+      let s = this.spans.get(r[F.SPAN]);
+      if (!s) {
+        s = {
+          id: r[F.SPAN], parent: r[F.PARENT], name, i0: i, t0: r[F.T], i1: -1, t1: null,
+          status: "open", venue: r[F.VENUE], worker: r[F.WORKER], depth: r[F.DEPTH],
+          ms: null, tin: null, tout: null, cost: null, attrs: r[F.ATTRS] || null,
+          kids: [], lvl: 0, marks: null,
+        };
+        this.spans.set(s.id, s);
+        const parent = s.parent ? this.spans.get(s.parent) : null;
+        if (parent) { s.lvl = parent.lvl + 1; parent.kids.push(s); }
+        else if (s.parent) {
+          const waiting = this.orphans.get(s.parent) || [];
+          waiting.push(s);
+          this.orphans.set(s.parent, waiting);
+        } else this.roots.push(s);
+        const adopted = this.orphans.get(s.id);
+        if (adopted) {
+          this.orphans.delete(s.id);
+          for (const kid of adopted) { kid.lvl = s.lvl + 1; s.kids.push(kid); }
+        }
+        if (name === "SubQuery.Submit" && phase === "start") this.totals.submitted++;
+        if (name === "Run.Decode" && s.depth === 0) { this.turnStarts.push(s.t0); this.totals.turns++; }
+      }
+      if (phase === "start") {
+        s.i0 = i; s.t0 = r[F.T];
+        if (r[F.ATTRS]) s.attrs = Object.assign(s.attrs || {}, r[F.ATTRS]);
+      } else if (phase === "end") {
+        s.i1 = i; s.t1 = r[F.T]; s.status = r[F.STATUS];
+        if (r[F.VENUE]) s.venue = r[F.VENUE];
+        if (r[F.WORKER]) s.worker = r[F.WORKER];
+        s.ms = r[F.MS]; s.tin = r[F.TIN]; s.tout = r[F.TOUT]; s.cost = r[F.COST];
+        if (r[F.ATTRS]) s.attrs = Object.assign(s.attrs || {}, r[F.ATTRS]);
+        const T = this.totals;
+        if (name === "SubQuery.Submit") { T.settled++; if (s.status !== "ok") T.failed++; }
+        if (name === "SubQuery.Execute" || (name === "Run.Decode")) {
+          T.tin += s.tin || 0; T.tout += s.tout || 0; T.cost += s.cost || 0;
+        }
+      }
+    }
+
+    get empty() { return this.events.length === 0; }
+    get done() { return this.doneIndex >= 0; }
+
+    /** How many events have happened by time t (events are in seq order, times nearly so). */
+    indexAt(t) {
+      const a = this.tmax;
+      let lo = 0, hi = a.length;
+      while (lo < hi) {
+        const mid = (lo + hi) >> 1;
+        if (a[mid] <= t) lo = mid + 1; else hi = mid;
+      }
+      return lo;
+    }
+
+    /** Spans started before event index k, depth first, children in start order. */
+    rows(k, collapsed) {
+      const out = [];
+      const stack = [];
+      for (let n = this.roots.length - 1; n >= 0; n--) stack.push(this.roots[n]);
+      while (stack.length) {
+        const s = stack.pop();
+        if (s.i0 >= k) continue;
+        out.push(s);
+        if (collapsed && collapsed.has(s.id)) continue;
+        const kids = s.kids;
+        for (let n = kids.length - 1; n >= 0; n--) stack.push(kids[n]);
+      }
+      return out;
+    }
+  }
+
+  global.FRLM = global.FRLM || {};
+  global.FRLM.F = F;
+  global.FRLM.Trace = Trace;
+})(window);

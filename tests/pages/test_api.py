@@ -1,0 +1,83 @@
+"""The JSON endpoints behind the pages: events after a seq, a span's detail with its
+payload texts, the turns, aggregates and the diff; and the launcher's staff-only path."""
+
+from __future__ import annotations
+
+from django.test import Client
+
+from runs.models import Run
+from runs.services import run_launch, run_replay
+from tests.helpers import finish, launch, scripted, trace
+from tests.pages.conftest import make_user
+from traces.live import WIRE_FIELDS
+
+
+def signed_in(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_it_serves_events_after_a_seq_and_a_spans_texts(venues):
+    client = signed_in(make_user("ops", staff=True))
+    run = finish(launch(question=scripted("print('hello ' * 3)", "FINAL('bye')")))
+    stored = trace(run)
+    data = client.get(f"/api/runs/{run.id}/events?after_seq=5").json()
+    assert data["fields"] == list(WIRE_FIELDS)
+    assert [e[0] for e in data["events"]] == [e["seq"] for e in stored if e["seq"] > 5]
+    assert data["last_seq"] == stored[-1]["seq"]
+    assert "_payload" not in str(data)
+    cell = next(e for e in stored if e["name"] == "Repl.Exec" and e["phase"] == "start")
+    detail = client.get(f"/api/runs/{run.id}/spans/{cell['span_id']}").json()
+    assert detail["name"] == "Repl.Exec" and detail["labels"] == ["code", "output"]
+    assert detail["input"]["text"] == "print('hello ' * 3)"
+    assert detail["output"]["text"].strip() == "hello hello hello"
+    assert detail["status"] == "ok" and detail["ms"] > 0
+    assert client.get(f"/api/runs/{run.id}/spans/nosuchspan").status_code == 404
+    turns = client.get(f"/api/runs/{run.id}/turns").json()["turns"]
+    assert [t["turn"] for t in turns] == [1, 2]
+    assert turns[0]["cells"][0]["code"]["text"] == "print('hello ' * 3)"
+    assert "```repl" in turns[0]["decode"]["reply"]["text"]
+
+
+def test_it_serves_aggregates_and_the_diff_of_a_replay(venues):
+    client = signed_in(make_user("ops", staff=True))
+    run = finish(launch(task="sniah", tokens=60_000, seed=2))
+    trace(run)
+    aggregates = client.get(f"/api/runs/{run.id}/aggregates?bin_ms=100&by=worker").json()
+    assert aggregates["summary"]["subqueries"]["ok"] == run.subqueries
+    assert {w["worker_id"] for w in aggregates["workers"]} <= {"local-t1", "edge-t1"}
+    assert aggregates["bins"] and aggregates["bin_ms"] == 100
+    assert client.get(f"/api/runs/{run.id}/aggregates?by=colour").status_code == 400
+    copy = run_replay(run)
+    run_launch(copy)
+    finish(copy)
+    trace(copy)
+    diff = client.get(f"/api/diff?a={run.id}&b={copy.id}").json()
+    assert diff["run_a"] == run.id and diff["run_b"] == copy.id
+    assert diff["summary"]["only_in_a"] == 0 and diff["summary"]["only_in_b"] == 0
+    assert diff["answer"]["a"] == diff["answer"]["b"]
+    assert client.get(f"/api/diff?a={run.id}&b=rnothere").status_code == 404
+
+
+def test_it_keeps_server_paths_to_staff(venues, tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("a line of text\n")
+    form = {
+        "question": "What is in it?",
+        "context_source": "path",
+        "context_path": str(notes),
+        "task_name": "sniah",
+        "task_tokens": "1000",
+        "task_seed": "1",
+        "root_kind": "sim",
+        "worker_kind": "sim",
+        "venues": ["local"],
+    }
+    response = signed_in(make_user("guest")).post("/runs/new", form)
+    assert response.status_code == 400
+    assert "only staff may read files on the server" in response.content.decode()
+    response = signed_in(make_user("ops", staff=True)).post("/runs/new", form)
+    assert response.status_code == 302 and response["Location"].startswith("/runs/r")
+    run = finish(Run.objects.get(id=response["Location"].rsplit("/", 1)[1]))
+    assert run.status == "succeeded" and run.context_source == "path", run.error

@@ -1,0 +1,181 @@
+"""The run socket against the real ASGI application and the real Redis channel layer:
+who may connect, the catch-up after a seq, live batches once each, and gaps filled from
+the store."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth import get_user_model
+from django.test import Client
+
+from frlm_web.asgi import application
+from frlm_web.redis_client import get_redis
+from runs.models import Run
+from tests.conftest import wait_until
+from tests.helpers import finish, launch, scripted, trace
+from traces import live, store
+from traces.emitter import Emitter
+from traces.recorder import _write_segment
+
+pytestmark = [pytest.mark.stack]
+
+
+def cookie_for(user) -> bytes:
+    client = Client()
+    client.force_login(user)
+    return f"sessionid={client.cookies['sessionid'].value}".encode()
+
+
+def socket(run_id: str, cookie: bytes | None, query: str = "") -> WebsocketCommunicator:
+    headers = [(b"origin", b"http://127.0.0.1"), (b"host", b"127.0.0.1")]
+    if cookie:
+        headers.append((b"cookie", cookie))
+    return WebsocketCommunicator(application, f"/ws/runs/{run_id}{query}", headers=headers)
+
+
+async def receive_events(ws: WebsocketCommunicator, until_seq: int, timeout: float = 10):
+    """Every event the socket sends up to seq `until_seq` (and the messages around them)."""
+    events, messages = [], []
+    while not events or events[-1][0] < until_seq:
+        message = await ws.receive_json_from(timeout=timeout)
+        messages.append(message)
+        events += message.get("events", [])
+    return events, messages
+
+
+def empty_run(owner=None) -> Run:
+    return Run.objects.create(
+        question="q",
+        context_source="text",
+        context_path="/dev/null",
+        root_model={},
+        worker_model={},
+        owner=owner,
+    )
+
+
+def test_it_closes_an_anonymous_socket_with_4401(stack, transactional_db):
+    run = empty_run()
+
+    async def go():
+        ws = socket(run.id, None, "?after_seq=0")
+        connected, _ = await ws.connect()
+        assert connected
+        assert (await ws.receive_output(timeout=5)) == {"type": "websocket.close", "code": 4401}
+
+    async_to_sync(go)()
+
+
+def test_it_closes_the_socket_of_a_user_who_may_not_see_the_run_with_4403(stack, transactional_db):
+    owner = get_user_model().objects.create_user("owner")
+    other = get_user_model().objects.create_user("other")
+    run = empty_run(owner)
+    other_cookie, owner_cookie = cookie_for(other), cookie_for(owner)
+
+    async def go():
+        ws = socket(run.id, other_cookie)
+        await ws.connect()
+        assert (await ws.receive_output(timeout=5)) == {"type": "websocket.close", "code": 4403}
+        ws = socket(run.id, owner_cookie, "?after_seq=0")
+        await ws.connect()
+        assert (await ws.receive_json_from(timeout=5)) == {"type": "caught_up", "last_seq": 0}
+        await ws.disconnect()
+
+    async_to_sync(go)()
+
+
+def test_it_sends_the_catch_up_then_each_live_event_once(venues):
+    staff = get_user_model().objects.create_user("staff", is_staff=True)
+    run = finish(launch(question=scripted("print(1)", "FINAL('ok')")))
+    stored = [e["seq"] for e in trace(run)]
+    last = stored[-1]
+    cookie = cookie_for(staff)
+
+    async def go():
+        ws = socket(run.id, cookie, f"?after_seq={last - 5}")
+        await ws.connect()
+        events, messages = await receive_events(ws, last)
+        assert [e[0] for e in events] == stored[-5:]
+        assert all(m.get("catch_up") for m in messages)
+        done = await ws.receive_json_from(timeout=5)
+        assert done == {"type": "caught_up", "last_seq": last}
+        assert all(len(e) == len(live.WIRE_FIELDS) for e in events)
+        assert not any("_payload" in (e[15] or {}) for e in events)
+        # The publisher sends what the consumer already has: nothing goes out again.
+        layer = get_channel_layer()
+        old = [live.wire(e) for e in store.read_events(run.id, after_seq=last - 3)]
+        await layer.group_send(live.group_name(run.id), {"type": "trace.events", "events": old})
+        assert await ws.receive_nothing(timeout=0.5)
+        await ws.disconnect()
+
+    async_to_sync(go)()
+
+
+def test_it_fills_a_gap_in_the_live_batches_from_the_store(stack, transactional_db):
+    user = get_user_model().objects.create_user("watcher")
+    run = empty_run(user)
+    emitter = Emitter(get_redis(), run.id)
+
+    def event(seq: int) -> dict:
+        built = emitter.build("Budget.Alert", "instant", attrs={"n": seq})
+        built["seq"] = seq
+        return built
+
+    _write_segment(run.id, [event(1), event(2)], first_id="1-0")
+    cookie = cookie_for(user)
+
+    async def go():
+        ws = socket(run.id, cookie, "?after_seq=0")
+        await ws.connect()
+        events, _ = await receive_events(ws, 2)
+        assert [e[0] for e in events] == [1, 2]
+        assert (await ws.receive_json_from(timeout=5))["type"] == "caught_up"
+        # Seq 3 and 4 are stored, but the live message carrying 3 was lost: 4 arrives alone.
+        _write_segment(run.id, [event(3), event(4)], first_id="2-0")
+        layer = get_channel_layer()
+        await layer.group_send(
+            live.group_name(run.id),
+            {"type": "trace.events", "events": [live.wire(event(4))]},
+        )
+        events, _ = await receive_events(ws, 4)
+        assert [e[0] for e in events] == [3, 4]
+        # A burst too big for the channel layer comes as a pointer to the store.
+        _write_segment(run.id, [event(5), event(6)], first_id="3-0")
+        await layer.group_send(
+            live.group_name(run.id), {"type": "trace.more", "run_id": run.id, "last_seq": 6}
+        )
+        events, _ = await receive_events(ws, 6)
+        assert [e[0] for e in events] == [5, 6]
+        await ws.disconnect()
+
+    async_to_sync(go)()
+
+
+def test_it_forwards_what_the_recorder_stores(stack, transactional_db):
+    """The whole path: an emitter's event, stored by the recorder process, published by
+    traces.live in that process, through the channel layer to the socket."""
+    user = get_user_model().objects.create_user("watcher")
+    run = empty_run(user)
+    emitter = Emitter(get_redis(), run.id)
+    cookie = cookie_for(user)
+
+    async def go():
+        ws = socket(run.id, cookie, "?after_seq=0")
+        await ws.connect()
+        assert (await ws.receive_json_from(timeout=5))["type"] == "caught_up"
+        with emitter.batch():
+            for n in range(30):
+                emitter.instant("Budget.Alert", attrs={"n": n}, payload=f"secret text {n}")
+        events, messages = await receive_events(ws, 30)
+        assert [e[0] for e in events] == list(range(1, 31))
+        assert all(not m.get("catch_up") for m in messages)  # live, not read back
+        assert all(e[14] and "secret" not in json.dumps(e) for e in events)
+        await ws.disconnect()
+
+    async_to_sync(go)()
+    wait_until(lambda: store.event_count(run.id) == 30, what="the events to be stored")

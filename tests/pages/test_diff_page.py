@@ -1,0 +1,68 @@
+"""The trace diff page: a run and its what-if replay, launched from the run page."""
+
+from __future__ import annotations
+
+import re
+
+from runs.models import Run
+from tests.helpers import finish, launch, scripted, trace
+from tests.pages.conftest import shot
+from tests.pages.helpers import wait_for
+
+BATCH = (
+    "rs = llm_query_batched(['q %d' % i for i in range(20)])\n"
+    "print(sum(r.startswith('[frlm:') for r in rs))"
+)
+STRAGGLERS = {"latency_ms": 40, "straggler_rate": 0.3, "straggler_factor": 25, "seed": 11}
+
+
+def test_it_compares_a_run_with_its_what_if_replay(page, web):
+    original = finish(
+        launch(
+            question=scripted("print('turn one')", BATCH, "FINAL('done')"), worker_sim=STRAGGLERS
+        )
+    )
+    assert original.status == "succeeded", original.error
+    trace(original)
+    page.goto(f"/runs/{original.id}")
+    page.wait_for_selector("#movie[data-ready='1']")
+    page.click("details.replay summary")
+    page.fill("#id_from_turn", "1")
+    page.fill("#id_quorum", "0.6")
+    page.click(".replay-form button[type=submit]")
+    page.wait_for_url(re.compile(r".*/runs/r[0-9a-f]+$"))
+    copy = Run.objects.get(id=page.url.rsplit("/", 1)[1])
+    assert copy.replay_of_id == original.id and copy.replay_turn == 1
+    assert copy.policy["quorum"] == 0.6 and copy.owner.username == "ops"
+    finish(copy)
+    assert copy.status == "succeeded", copy.error
+    trace(copy)
+    wait_for(page, "document.getElementById('run-header').dataset.done === '1'")
+    # "Compare with…" offers the source first; "Diff with source" puts it on the left.
+    assert page.input_value("#compare-b") == original.id
+    page.click("#diff-source")
+    page.wait_for_url(re.compile(rf".*/diff\?a={original.id}&b={copy.id}$"))
+    page.wait_for_selector("#diff-movie[data-ready='1']")
+    divergence = page.locator("#divergence")
+    assert "found" in divergence.get_attribute("class")
+    text = divergence.inner_text()
+    assert "quorum" in text.lower()
+    assert page.locator("table.deltas tbody tr").count() > 3
+    assert page.locator("table.deltas tr.changed").count() >= 1
+    # The changed input is listed by key, and both waterfalls are drawn, with spans ringed.
+    assert "policy.quorum" in page.inner_text("body")
+    sizes = page.evaluate(
+        "[...document.querySelectorAll('#diff-movie canvas.wf-canvas')].map(c => c.height)"
+    )
+    assert len(sizes) == 2 and all(h > 100 for h in sizes)
+    assert int(page.get_attribute("#wf-a", "data-ringed")) >= 1
+    assert int(page.get_attribute("#wf-b", "data-ringed")) >= 1
+    shot(page, "07-diff")
+
+
+def test_it_offers_runs_to_compare(page, web):
+    run = finish(launch(question=scripted("FINAL('x')")))
+    page.goto(f"/diff?a={run.id}")
+    assert page.input_value("input[name=a]") == run.id
+    assert page.locator(f"a[href='/runs/{run.id}']").count() >= 1
+    assert page.goto("/diff?a=rnothere&b=rnothere2").status == 404

@@ -1,0 +1,96 @@
+"""The run launcher form: a valid form starts a run and opens its page; bad input comes
+back with each error beside its field."""
+
+from __future__ import annotations
+
+import re
+
+from runs.models import Run
+from tests.helpers import finish
+from tests.pages.conftest import shot
+from tests.pages.helpers import plot_updates, wait_for
+
+
+def test_it_launches_a_generated_task_and_opens_its_page(page, web):
+    page.goto("/runs/new")
+    shot(page, "03-launcher")
+    page.check("input[name=context_source][value=task]")
+    page.select_option("#id_task_name", "sniah")
+    page.fill("#id_task_tokens", "120000")
+    page.fill("#id_task_seed", "5")
+    page.check("input[name=venues][value=local]")
+    page.check("input[name=venues][value=edge]")
+    page.fill("#id_quorum", "1")
+    page.fill("#id_max_batch", "64")
+    page.click("#launch")
+    page.wait_for_url(re.compile(r".*/runs/r[0-9a-f]+$"))
+    run_id = page.url.rsplit("/", 1)[1]
+    run = Run.objects.get(id=run_id)
+    assert run.owner.username == "ops"
+    assert run.venues == ["edge", "local"] or sorted(run.venues) == ["edge", "local"]
+    assert run.policy["max_batch"] == 64 and run.task["seed"] == 5
+    finish(run)
+    assert run.status == "succeeded", run.error
+    # The page follows the run to its end: the answer, and the trace in every view.
+    page.wait_for_function(
+        "(a) => document.getElementById('run-answer').textContent.includes(a)", arg=run.answer
+    )
+    wait_for(page, "document.getElementById('run-header').dataset.done === '1'")
+    wait_for(page, "window.frlmMovie.trace.done && window.frlmMovie.rows.length > 10")
+    wait_for(page, "Number(document.getElementById('movie').dataset.viewsDrawn) >= 1")
+    updates = plot_updates(page)
+    assert set(updates) == {"pulse", "fill", "flow", "heat", "topology"}
+    assert all(n >= 1 for n in updates.values()), updates
+    assert page.locator("#turns pre.code").count() >= 1
+
+
+def test_it_shows_each_error_beside_its_field(page, web):
+    page.goto("/runs/new")
+    page.check("input[name=context_source][value=path]")
+    page.fill("#id_context_path", "/no/such/corpus.txt")
+    page.fill("#id_question", "")
+    page.fill("#id_quorum", "7")
+    page.click("#launch")
+    page.wait_for_selector(".field-errors")
+    assert "question is empty" in page.inner_text("#field-question .field-errors")
+    assert "does not exist" in page.inner_text("#field-context_path .field-errors")
+    assert "policy.quorum must be between 0.05 and 1.0" in page.inner_text(
+        "#field-quorum .field-errors"
+    )
+    # What was typed is kept, and nothing was started.
+    assert page.input_value("#id_context_path") == "/no/such/corpus.txt"
+    assert not Run.objects.exists()
+    shot(page, "04-launcher-errors")
+
+    page.check("input[name=context_source][value=upload]")
+    page.fill("#id_question", "What is in it?")
+    page.fill("#id_quorum", "0.5")
+    page.click("#launch")
+    page.wait_for_selector("#field-context_file .field-errors")
+    assert "choose a text file" in page.inner_text("#field-context_file .field-errors")
+
+    page.check(
+        "input[name=venues][value=local]",
+    )
+    page.uncheck("input[name=venues][value=local]")
+    page.uncheck("input[name=venues][value=edge]")
+    page.check("input[name=context_source][value=task]")
+    page.click("#launch")
+    page.wait_for_selector("#field-venues .field-errors")
+    assert "at least one venue" in page.inner_text("#field-venues .field-errors")
+    assert not Run.objects.exists()
+
+
+def test_it_reads_an_uploaded_context(page, web, tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("The launch window opens at 06:40 on the ninth.\n" * 50)
+    page.goto("/runs/new")
+    page.check("input[name=context_source][value=upload]")
+    page.set_input_files("#id_context_file", str(notes))
+    page.fill("#id_question", "When does the launch window open?")
+    page.click("#launch")
+    page.wait_for_url(re.compile(r".*/runs/r[0-9a-f]+$"))
+    run = Run.objects.get(id=page.url.rsplit("/", 1)[1])
+    assert run.context_source == "text" and run.context_chars == len(notes.read_text())
+    finish(run)
+    assert run.status == "succeeded", run.error

@@ -1,0 +1,197 @@
+"""The run page, the execution movie: live while the run goes (and after reconnects),
+played back with the scrubber afterwards, span details, and model text shown as text."""
+
+from __future__ import annotations
+
+from django.test import Client
+
+from runs.models import Run
+from tests.helpers import finish, launch, scripted, trace
+from tests.pages.conftest import make_user, shot
+from tests.pages.helpers import SLOW_WORKERS, plot_updates, slow_question, wait_for
+
+
+def test_it_shows_a_live_run_as_it_happens(page, web):
+    run = launch(question=slow_question(ticks=10, tail_s=4.0), worker_sim=SLOW_WORKERS)
+    page.goto(f"/runs/{run.id}")
+    page.wait_for_selector("#movie[data-ready='1']")
+    assert page.locator("#live-badge").is_visible()
+    # An open span is drawn while it is open: the first REPL cell sleeps for four seconds.
+    wait_for(
+        page,
+        "frlmMovie.rows.some(s => s.name === 'Repl.Exec' && s.i1 < 0 && s.attrs.cell === 1)",
+        what="the first cell, open",
+    )
+    first = plot_updates(page)
+    wait_for(page, "frlmMovie.stats.liveBatches > 0", what="a live batch")
+    wait_for(
+        page,
+        "frlmMovie.rows.filter(s => s.name === 'SubQuery.Execute').length >= 10",
+        what="sub-queries on the waterfall",
+    )
+    for view, count in first.items():
+        wait_for(
+            page,
+            f"Number(document.getElementById('view-{view}').dataset.updates) > {count}",
+            what=f"the {view} view to redraw",
+        )
+    run.refresh_from_db()
+    assert not run.done, "the run ended before the page could watch it"
+    shot(page, "05-run-live")
+    finish(run)
+    page.wait_for_function(
+        "document.getElementById('run-answer').textContent.includes('the plan holds')"
+    )
+    wait_for(page, "document.getElementById('run-header').dataset.done === '1'")
+    assert page.locator("#live-badge").is_hidden()
+    assert "succeeded" in page.inner_text("#run-status")
+
+
+def test_it_catches_up_after_reconnects_with_no_gap_and_no_duplicate(page, web):
+    run = launch(question=slow_question(ticks=15), worker_sim=SLOW_WORKERS)
+    page.goto(f"/runs/{run.id}")
+    page.wait_for_selector("#movie[data-ready='1']")
+    drops = 0
+    while drops < 3 and not page.evaluate("frlmMovie.finished"):
+        wait_for(page, "frlmMovie.finished || (frlmMovie.ws && frlmMovie.ws.readyState === 1)")
+        if page.evaluate("frlmMovie.finished"):
+            break
+        page.evaluate("frlmMovie.ws.close()")  # the network drops: the page reconnects
+        drops += 1
+        wait_for(
+            page,
+            f"frlmMovie.stats.catchUps > {drops} || frlmMovie.finished",
+            what="the catch-up after a drop",
+        )
+    assert drops >= 2, "the run ended before the page could drop its socket twice"
+    finish(run)
+    stored = [e["seq"] for e in trace(run)]
+    wait_for(page, f"frlmMovie.trace.lastSeq >= {stored[-1]}", what="the last event")
+    seen = page.evaluate("frlmMovie.trace.events.map(e => e[0])")
+    assert seen == stored  # every stored event once, in order
+    stats = page.evaluate("frlmMovie.stats")
+    assert stats["reconnects"] >= drops - 1 and stats["catchUps"] >= drops
+    assert stats["liveEvents"] > 0
+    assert page.evaluate("frlmMovie.trace.duplicates") == 0  # the server sent each seq once
+
+
+def test_it_plays_a_finished_run_back_with_the_scrubber(page, web):
+    run = finish(launch(task="sniah", tokens=150_000, seed=9))
+    assert run.status == "succeeded", run.error
+    total = len({e["span_id"] for e in trace(run) if e["phase"] == "start"})
+    page.goto(f"/runs/{run.id}")
+    page.wait_for_selector("#movie[data-ready='1']")
+    wait_for(page, f"frlmMovie.rows.length === {total}")
+    page.click("[data-act=start]")
+    wait_for(page, "frlmMovie.rows.length <= 1")
+    assert page.inner_text("#clock").startswith("0.000 s")
+    # Half way: some spans have started, not all; the views redraw at that moment.
+    drawn = plot_updates(page)
+    page.evaluate(
+        """() => { const s = document.getElementById('scrubber');
+                   s.value = Math.round(s.max / 2);
+                   s.dispatchEvent(new Event('input')); s.dispatchEvent(new Event('change')); }"""
+    )
+    half = page.evaluate("frlmMovie.rows.length")
+    assert 1 < half < total
+    for view, count in drawn.items():
+        wait_for(page, f"Number(document.getElementById('view-{view}').dataset.updates) > {count}")
+    # Play (slowly: the whole run lasts about a second): the clock moves; pause: it stops.
+    page.select_option("[data-act=speed]", "0.25")
+    page.click("[data-act=play]")
+    wait_for(page, f"frlmMovie.rows.length > {half}", what="playback to advance")
+    page.click("[data-act=play]")
+    paused = page.inner_text("#clock")
+    page.wait_for_timeout(300)
+    assert page.inner_text("#clock") == paused
+    # Jump between root turns, then to the end.
+    page.click("[data-act=start]")
+    page.click("[data-act=next]")
+    assert page.evaluate("frlmMovie.cursor") == page.evaluate("frlmMovie.trace.turnStarts[0]")
+    page.click("[data-act=end]")
+    wait_for(page, f"frlmMovie.rows.length === {total}")
+    # A click on a span opens its detail with the texts from the blob store.
+    submit_row = page.evaluate("frlmMovie.rows.findIndex(s => s.name === 'SubQuery.Submit')")
+    box = page.locator("#waterfall canvas.wf-canvas").bounding_box()
+    page.mouse.click(box["x"] + 120, box["y"] + submit_row * 16 + 8)
+    page.wait_for_selector("#detail-body .payload-text.prompt")
+    assert "special magic number" in page.inner_text("#detail-body .payload-text.prompt")
+    assert page.locator("#detail-body .payload-text.reply").count() == 1
+    page.click("[data-act=start]")
+    page.evaluate(
+        """() => { const s = document.getElementById('scrubber');
+                   s.value = Math.round(s.max * 0.8);
+                   s.dispatchEvent(new Event('input')); s.dispatchEvent(new Event('change')); }"""
+    )
+    page.wait_for_timeout(400)
+    shot(page, "06-run-playback")
+
+
+def test_it_shows_what_a_model_wrote_as_text(page, web):
+    hostile = "<script>window.__pwned = 1</script><img src=x onerror='window.__pwned = 2'>"
+    run = finish(
+        launch(question=scripted(f"print({hostile!r})", f"FINAL({hostile + '<b>bold</b>'!r})"))
+    )
+    assert run.status == "succeeded", run.error
+    trace(run)
+    page.goto(f"/runs/{run.id}")
+    page.wait_for_selector("#movie[data-ready='1']")
+    page.wait_for_selector("#turns pre.out")
+    assert hostile in page.inner_text("#run-answer")
+    assert page.locator("#run-answer b, #run-answer script, #run-answer img").count() == 0
+    assert any(hostile in text for text in page.locator("#turns pre").all_inner_texts())
+    page.goto("/")
+    assert page.locator(f"tr[data-run={run.id}]").is_visible()
+    page.wait_for_timeout(300)
+    assert page.evaluate("window.__pwned") is None
+
+
+def test_it_hides_a_run_from_a_user_who_may_not_see_it(browser, web, venues):
+    alice, bob = make_user("alice"), make_user("bob")
+    mine = Run.objects.create(
+        question="alice's question",
+        context_source="text",
+        context_path="/dev/null",
+        root_model={},
+        worker_model={},
+        owner=alice,
+    )
+    cli = Run.objects.create(
+        question="a CLI run",
+        context_source="text",
+        context_path="/dev/null",
+        root_model={},
+        worker_model={},
+    )
+    as_alice, as_bob = Client(), Client()
+    as_alice.force_login(alice)
+    as_bob.force_login(bob)
+    assert as_alice.get(f"/runs/{mine.id}").status_code == 200
+    for run in (mine, cli):
+        assert as_bob.get(f"/runs/{run.id}").status_code == 404
+        assert as_bob.get(f"/api/runs/{run.id}/events").status_code == 404
+        assert as_bob.get(f"/api/runs/{run.id}/turns").status_code == 404
+        assert as_bob.get(f"/runs/{run.id}/header").status_code == 404
+        assert as_bob.post(f"/runs/{run.id}/cancel").status_code == 404
+    assert as_alice.get(f"/runs/{cli.id}").status_code == 404  # CLI runs: staff only
+    assert as_bob.get(f"/diff?a={mine.id}&b={cli.id}").status_code == 404
+    assert "alice&#x27;s question" not in as_bob.get("/").content.decode()
+    # Over the real server too, and the live socket says why it closes.
+    context = browser.new_context(base_url=web)
+    client = Client()
+    client.force_login(bob)
+    context.add_cookies(
+        [{"name": "sessionid", "value": client.cookies["sessionid"].value, "url": web}]
+    )
+    page = context.new_page()
+    assert page.goto(f"/runs/{mine.id}").status == 404
+    code = page.evaluate(
+        """(id) => new Promise((resolve) => {
+            const ws = new WebSocket(`ws://${location.host}/ws/runs/${id}?after_seq=0`);
+            ws.onmessage = () => resolve('message');
+            ws.onclose = (e) => resolve(e.code);
+        })""",
+        mine.id,
+    )
+    assert code == 4403
+    context.close()

@@ -1,0 +1,99 @@
+"""Signing in, and everything refused to whoever has not."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+from runs.models import Run
+from tests.pages.conftest import PASSWORD, make_user, shot
+
+PAGES = [
+    "/",
+    "/runs/new",
+    "/runs/rabc123",
+    "/runs/table",
+    "/diff",
+    "/diff?a=x&b=y",
+    "/venues",
+    "/venues/panel",
+    "/runs/rabc123/header",
+]
+APIS = [
+    "/api/runs/rabc123/events",
+    "/api/runs/rabc123/spans/s1",
+    "/api/runs/rabc123/turns",
+    "/api/runs/rabc123/aggregates",
+    "/api/diff?a=rabc123&b=rabc123",
+    "/venues/history",
+]
+
+
+class NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None
+
+
+def fetch(url: str, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
+    opener = urllib.request.build_opener(NoRedirect)
+    request = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
+    try:
+        with opener.open(request, timeout=10) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def test_it_signs_in_with_the_form_and_lands_on_the_dashboard(anonymous, web, venues):
+    make_user("demo", staff=True)
+    page = anonymous
+    page.goto("/")
+    assert "/accounts/login/" in page.url and "next=/" in page.url
+    shot(page, "01-sign-in")
+    page.fill("#id_username", "demo")
+    page.fill("#id_password", "wrong")
+    page.click("button[type=submit]")
+    assert page.locator(".errors").is_visible()
+    page.fill("#id_password", PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url(web + "/")
+    assert page.locator("h1", has_text="Runs").is_visible()
+    page.wait_for_selector("#health .venue")  # the venue panel loads through htmx
+    assert page.locator("#health", has_text="local").is_visible()
+
+
+def test_it_redirects_pages_and_refuses_apis_to_anonymous_users(web, venues):
+    for path in PAGES:
+        status, headers, _ = fetch(web + path)
+        assert status == 302, path
+        assert headers["Location"].startswith("/accounts/login/?next="), path
+    for path in APIS:
+        status, headers, body = fetch(web + path)
+        assert status in (401, 302), path
+        if status == 401:
+            assert "sign in" in json.loads(body)["error"]
+    for path in ["/runs/new", "/runs/rabc123/replay", "/runs/rabc123/cancel"]:
+        status, _, _ = fetch(web + path, method="POST")
+        assert status == 403, path  # no CSRF token: refused before anything else
+
+
+def test_it_refuses_an_anonymous_socket(anonymous, web, venues):
+    run = Run.objects.create(
+        question="q",
+        context_source="text",
+        context_path="/dev/null",
+        root_model={},
+        worker_model={},
+    )
+    page = anonymous
+    page.goto("/accounts/login/")
+    code = page.evaluate(
+        """(id) => new Promise((resolve) => {
+            const ws = new WebSocket(`ws://${location.host}/ws/runs/${id}?after_seq=0`);
+            ws.onmessage = () => resolve('message');
+            ws.onclose = (e) => resolve(e.code);
+        })""",
+        run.id,
+    )
+    assert code == 4401

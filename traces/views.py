@@ -1,0 +1,410 @@
+"""JSON endpoints over the trace store, for the run page, the diff page and the venue pages,
+and the reads across several runs those pages need.
+
+The trace app knows nothing of runs or owners (DESIGN §8): who may read a run's trace is
+decided by an `access(user, run_id)` callable the URLconf passes to every view here."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypedDict
+
+import duckdb
+import plotly
+from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.cache import cache_control
+from django.views.decorators.http import require_GET
+
+from traces import live, store
+from traces.blobs import blob_get
+from traces.diff import TraceDiffError, run_diff
+
+RunAccess = Callable[[Any, str], bool]
+TEXT_CHARS = 100_000  # of one payload shown in a span's detail
+TURN_TEXT_CHARS = 20_000  # of each code cell, output and reply in the turns list
+
+# What a span's payloads are, by span name: (what went in, what came out).
+PAYLOAD_LABELS: dict[str, tuple[str, str]] = {
+    "Run.Decode": ("prompt", "reply"),
+    "Repl.Exec": ("code", "output"),
+    "SubQuery.Submit": ("prompt", "reply"),
+    "SubQuery.Execute": ("prompt", "reply"),
+    "Run.Done": ("answer", "answer"),
+}
+
+
+def _api(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """GET only, signed in (401 otherwise: a script asked, not a person to redirect)."""
+
+    @require_GET
+    @functools.wraps(view)
+    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not request.user.is_authenticated:
+            return JsonResponse({"error": "sign in to read traces"}, status=401)
+        return view(request, *args, **kwargs)
+
+    return wrapped
+
+
+def _not_found(run_id: str) -> JsonResponse:
+    return JsonResponse({"error": f"no run {run_id!r} that you may see"}, status=404)
+
+
+def _int(raw: str | None, default: int, low: int = 0, high: int = 2**62) -> int:
+    try:
+        return max(low, min(high, int(raw))) if raw not in (None, "") else default
+    except ValueError:
+        return default
+
+
+def _text(ref: str | None, limit: int) -> dict[str, Any] | None:
+    if not ref:
+        return None
+    text = blob_get(ref)
+    if text is None:
+        return {"ref": ref, "text": None, "chars": 0, "truncated": False}
+    return {"ref": ref, "text": text[:limit], "chars": len(text), "truncated": len(text) > limit}
+
+
+# --- one run ------------------------------------------------------------------------------
+@_api
+def run_events(request: HttpRequest, run_id: str, *, access: RunAccess) -> HttpResponse:
+    """The run's events after `after_seq`, in seq order, in the wire form of traces.live."""
+    if not access(request.user, run_id):
+        return _not_found(run_id)
+    after = _int(request.GET.get("after_seq"), 0)
+    rows = live.stored_wire(run_id, after)
+    return JsonResponse(
+        {
+            "run_id": run_id,
+            "fields": live.WIRE_FIELDS,
+            "events": rows,
+            "last_seq": rows[-1][0] if rows else after,
+        }
+    )
+
+
+class SpanDetail(TypedDict):
+    span_id: str
+    name: str
+    parent_id: str | None
+    status: str
+    venue: str | None
+    worker_id: str | None
+    depth: int
+    start_ms: float | None
+    end_ms: float | None
+    ms: float | None
+    tokens_in: int | None
+    tokens_out: int | None
+    cost: float | None
+    attrs: dict[str, Any]
+    links: list[str]
+    labels: tuple[str, str]
+    input: dict[str, Any] | None
+    output: dict[str, Any] | None
+    events: list[dict[str, Any]]
+
+
+@_api
+def span_detail(
+    request: HttpRequest, run_id: str, span_id: str, *, access: RunAccess
+) -> HttpResponse:
+    """One span: its metrics and attributes, the texts behind its payload refs (from the
+    blob store), its instants, and its causal links."""
+    if not access(request.user, run_id):
+        return _not_found(run_id)
+    # A query on one span, not read_events: a big trace is 50,000 events and this is a click.
+    rows = store._query(
+        run_id,
+        """SELECT * EXCLUDE (run_id, ts), epoch_ns(ts) AS ts FROM ev
+           WHERE span_id = ? OR (parent_id = ? AND phase = 'instant') ORDER BY seq""",
+        [span_id, span_id],
+    )
+    own = [r for r in rows if r["span_id"] == span_id]
+    if not own:
+        return JsonResponse({"error": f"run {run_id} has no span {span_id!r}"}, status=404)
+    first = own[0]
+    detail: SpanDetail = {
+        "span_id": span_id,
+        "name": first["name"],
+        "parent_id": first["parent_id"],
+        "status": "open",
+        "venue": None,
+        "worker_id": None,
+        "depth": first["depth"] or 0,
+        "start_ms": None,
+        "end_ms": None,
+        "ms": None,
+        "tokens_in": None,
+        "tokens_out": None,
+        "cost": None,
+        "attrs": {},
+        "links": [],
+        "labels": PAYLOAD_LABELS.get(first["name"], ("input", "output")),
+        "input": None,
+        "output": None,
+        "events": [],
+    }
+    for row in own:
+        attrs = json.loads(row["attrs"]) if row["attrs"] else {}
+        detail["attrs"].update({k: v for k, v in attrs.items() if not k.startswith("_")})
+        detail["venue"] = row["venue"] or detail["venue"]
+        detail["worker_id"] = row["worker_id"] or detail["worker_id"]
+        detail["links"] += [link for link in row["links"] or [] if link not in detail["links"]]
+        if row["phase"] in ("start", "instant"):
+            detail["start_ms"] = row["ts"] / 1e6
+            detail["input"] = _text(row["payload_ref"], TEXT_CHARS)
+        if row["phase"] in ("end", "instant"):
+            detail["end_ms"] = row["ts"] / 1e6
+            detail["status"] = row["status"]
+            for key in ("ms", "tokens_in", "tokens_out", "cost"):
+                if row[key] is not None:
+                    detail[key] = row[key]  # type: ignore[literal-required]
+            detail["output"] = _text(row["payload_ref"], TEXT_CHARS)
+    if first["phase"] == "instant":
+        detail["input"] = None
+    for row in rows:
+        if row["span_id"] != span_id:
+            attrs = json.loads(row["attrs"]) if row["attrs"] else {}
+            detail["events"].append(
+                {
+                    "span_id": row["span_id"],
+                    "name": row["name"],
+                    "status": row["status"],
+                    "t_ms": row["ts"] / 1e6,
+                    "venue": row["venue"],
+                    "worker_id": row["worker_id"],
+                    "attrs": {k: v for k, v in attrs.items() if not k.startswith("_")},
+                }
+            )
+    return JsonResponse(detail)
+
+
+@_api
+def run_turns(request: HttpRequest, run_id: str, *, access: RunAccess) -> HttpResponse:
+    """Each root-model turn (and each child RLM's): the reply, and every REPL cell it ran
+    with its code and output."""
+    if not access(request.user, run_id):
+        return _not_found(run_id)
+    rows = store._query(
+        run_id,
+        """SELECT span_id, parent_id, name, phase, epoch_ns(ts) AS ts, status, depth,
+                  payload_ref, attrs, tokens_in, tokens_out, cost, ms
+           FROM ev WHERE name IN ('Run.Decode', 'Repl.Exec') ORDER BY seq""",
+    )
+    turns: dict[tuple[str | None, int], dict[str, Any]] = {}
+    cells: dict[str, dict[str, Any]] = {}
+
+    def turn_of(parent: str | None, number: int, depth: int, ts: int) -> dict[str, Any]:
+        key = (parent, number)
+        if key not in turns:
+            turns[key] = {
+                "parent_id": parent,
+                "turn": number,
+                "depth": depth,
+                "t_ms": ts / 1e6,
+                "decode": None,
+                "cells": [],
+            }
+        return turns[key]
+
+    for row in rows:
+        attrs = json.loads(row["attrs"]) if row["attrs"] else {}
+        if row["name"] == "Run.Decode":
+            if row["phase"] == "start":
+                turn = turn_of(row["parent_id"], attrs.get("turn") or 0, row["depth"], row["ts"])
+                turn["decode"] = {"span_id": row["span_id"], "status": "open", "reply": None}
+                cells[row["span_id"]] = turn["decode"]
+            elif row["span_id"] in cells:
+                decode = cells[row["span_id"]]
+                decode.update(
+                    status=row["status"],
+                    ms=row["ms"],
+                    tokens_in=row["tokens_in"],
+                    tokens_out=row["tokens_out"],
+                    cost=row["cost"],
+                    reply=_text(row["payload_ref"], TURN_TEXT_CHARS),
+                )
+        elif row["phase"] == "start":
+            turn = turn_of(row["parent_id"], attrs.get("turn") or 0, row["depth"], row["ts"])
+            cell = {
+                "span_id": row["span_id"],
+                "cell": attrs.get("cell"),
+                "status": "open",
+                "code": _text(row["payload_ref"], TURN_TEXT_CHARS),
+                "output": None,
+            }
+            turn["cells"].append(cell)
+            cells[row["span_id"]] = cell
+        elif row["span_id"] in cells:
+            cells[row["span_id"]].update(
+                status=row["status"],
+                ms=row["ms"],
+                error=attrs.get("error"),
+                output=_text(row["payload_ref"], TURN_TEXT_CHARS),
+            )
+    return JsonResponse({"run_id": run_id, "turns": list(turns.values())})
+
+
+@_api
+def run_aggregates(request: HttpRequest, run_id: str, *, access: RunAccess) -> HttpResponse:
+    """The run's summary, per-worker figures and events binned over time."""
+    if not access(request.user, run_id):
+        return _not_found(run_id)
+    by = request.GET.get("by", "name")
+    if by not in ("name", "worker"):
+        return JsonResponse({"error": "by must be 'name' or 'worker'"}, status=400)
+    bin_ms = _int(request.GET.get("bin_ms"), 250, low=1, high=3_600_000)
+    return JsonResponse(
+        {
+            "summary": store.run_summary(run_id),
+            "workers": store.worker_figures(run_id),
+            "bins": store.binned(run_id, bin_ms=bin_ms, by=by),
+            "bin_ms": bin_ms,
+            "by": by,
+        }
+    )
+
+
+@_api
+def diff_json(request: HttpRequest, *, access: RunAccess) -> HttpResponse:
+    """traces.diff.run_diff of runs `a` and `b`."""
+    a, b = request.GET.get("a", ""), request.GET.get("b", "")
+    for run_id in (a, b):
+        if not run_id or not access(request.user, run_id):
+            return _not_found(run_id)
+    try:
+        return JsonResponse(run_diff(a, b))
+    except TraceDiffError as exc:
+        return JsonResponse({"error": str(exc)}, status=409)
+
+
+@require_GET
+@cache_control(public=True, max_age=86_400)
+def plotly_js(request: HttpRequest) -> FileResponse:
+    """plotly.min.js from the installed plotly package (no CDN, no copy to keep in step)."""
+    path = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+    response = FileResponse(path.open("rb"), content_type="text/javascript")
+    response["ETag"] = f'"plotly-{plotly.__version__}"'
+    return response
+
+
+# --- across runs (venue and worker health) -----------------------------------------------
+def _runs_query(run_ids: list[str], sql: str, params: list[Any] | None = None) -> list[dict]:
+    """A query over the events of several runs at once (one scan instead of one per run)."""
+    files = [str(p) for run_id in run_ids for p in sorted(store.run_dir(run_id).glob("*.parquet"))]
+    if not files:
+        return []
+    for attempt in range(2):
+        con = duckdb.connect()
+        try:
+            # The file list comes from our own globs of checked run ids, never user text.
+            con.execute(
+                f"CREATE VIEW ev AS SELECT * FROM read_parquet({files!r}, union_by_name=true)"  # noqa: S608
+            )
+            table = con.sql(sql, params=params or None).to_arrow_table()
+            return table.to_pylist()
+        except duckdb.IOException:
+            # A segment was compacted away between the glob and the read: look again.
+            if attempt:
+                raise
+            files = [
+                str(p)
+                for run_id in run_ids
+                for p in sorted(store.run_dir(run_id).glob("*.parquet"))
+            ]
+        finally:
+            con.close()
+    return []
+
+
+class WorkerActivity(TypedDict):
+    worker_id: str
+    venue: str | None
+    calls: int
+    errors: int
+    p50_ms: float | None
+    p95_ms: float | None
+    last_ms: float | None  # epoch ms of its last sub-query
+    inflight: int
+
+
+def worker_activity(run_ids: list[str], running: list[str]) -> dict[str, WorkerActivity]:
+    """Per worker over the given runs: finished sub-queries, errors, latency; and the
+    sub-queries it holds right now in the running ones."""
+    rows = _runs_query(
+        run_ids,
+        """SELECT worker_id, any_value(venue) AS venue,
+                  count(*) FILTER (WHERE phase = 'end') AS calls,
+                  count(*) FILTER (WHERE phase = 'end' AND status <> 'ok') AS errors,
+                  quantile_cont(ms, 0.5) FILTER (WHERE phase = 'end') AS p50_ms,
+                  quantile_cont(ms, 0.95) FILTER (WHERE phase = 'end') AS p95_ms,
+                  max(epoch_ns(ts)) / 1e6 AS last_ms
+           FROM ev WHERE name = 'SubQuery.Execute' AND worker_id IS NOT NULL
+           GROUP BY worker_id""",
+    )
+    out: dict[str, WorkerActivity] = {r["worker_id"]: {**r, "inflight": 0} for r in rows}  # type: ignore[misc]
+    open_rows = _runs_query(
+        running,
+        """SELECT worker_id, any_value(venue) AS venue,
+                  count(DISTINCT span_id) FILTER (WHERE phase = 'start')
+                  - count(DISTINCT span_id) FILTER (WHERE phase = 'end') AS inflight
+           FROM ev WHERE name = 'SubQuery.Execute' AND worker_id IS NOT NULL
+           GROUP BY worker_id""",
+    )
+    for row in open_rows:
+        entry = out.setdefault(
+            row["worker_id"],
+            {
+                "worker_id": row["worker_id"],
+                "venue": row["venue"],
+                "calls": 0,
+                "errors": 0,
+                "p50_ms": None,
+                "p95_ms": None,
+                "last_ms": None,
+                "inflight": 0,
+            },
+        )
+        entry["inflight"] = max(0, int(row["inflight"]))
+    return out
+
+
+def recent_executions(run_ids: list[str], *, per_worker: int = 20) -> dict[str, list[dict]]:
+    """Each worker's latest finished sub-queries over the given runs, newest first."""
+    rows = _runs_query(
+        run_ids,
+        """SELECT * FROM (
+               SELECT worker_id, venue, run_id, span_id, status, ms, tokens_in, tokens_out,
+                      cost, epoch_ns(ts) / 1e6 AS t_ms,
+                      row_number() OVER (PARTITION BY worker_id ORDER BY ts DESC) AS n
+               FROM ev WHERE name = 'SubQuery.Execute' AND phase = 'end'
+                 AND worker_id IS NOT NULL)
+           WHERE n <= ? ORDER BY worker_id, t_ms DESC""",
+        [per_worker],
+    )
+    out: dict[str, list[dict]] = defaultdict(list)
+    for row in rows:
+        row.pop("n", None)
+        out[row["worker_id"]].append(row)
+    return dict(out)
+
+
+def worker_history(run_ids: list[str], *, bucket_s: int) -> list[dict]:
+    """Per worker and time bucket: sub-queries, errors and latency (p50, p95)."""
+    return _runs_query(
+        run_ids,
+        """SELECT worker_id,
+                  CAST(floor(epoch_ns(ts) / 1e9 / ?) * ? AS BIGINT) * 1000 AS t_ms,
+                  count(*) AS calls, count(*) FILTER (WHERE status <> 'ok') AS errors,
+                  quantile_cont(ms, 0.5) AS p50_ms, quantile_cont(ms, 0.95) AS p95_ms
+           FROM ev WHERE name = 'SubQuery.Execute' AND phase = 'end'
+             AND worker_id IS NOT NULL
+           GROUP BY ALL ORDER BY worker_id, t_ms""",
+        [bucket_s, bucket_s],
+    )

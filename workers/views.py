@@ -1,0 +1,187 @@
+"""Venue and worker health: who is online (presence in Redis), how loaded (sub-queries in
+flight over slots), and how fast and reliable recently (from the traces of the user's
+latest runs)."""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import timedelta
+from typing import Any, TypedDict
+
+from django.contrib.auth.decorators import login_required
+from django.core.cache import cache
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+from django.utils import timezone
+from django.views.decorators.http import require_GET
+
+from frlm_web.redis_client import get_redis
+from runs.models import Run
+from runs.views import visible_runs
+from traces.views import recent_executions, worker_activity, worker_history
+from workers.models import Venue
+from workers.venues import live_workers, queued
+
+# Traces are read per segment file (about a millisecond each), so health looks at the
+# latest few runs only, and keeps the answer a few seconds.
+RECENT_RUNS = 10
+WINDOW = timedelta(hours=24)
+CACHE_S = 5
+
+
+class WorkerHealth(TypedDict):
+    name: str
+    venue: str
+    online: bool
+    slots: int
+    inflight: int
+    load: float | None
+    calls: int
+    errors: int
+    error_rate: float | None
+    p50_ms: float | None
+    p95_ms: float | None
+    last_ms: float | None
+
+
+class VenueHealth(TypedDict):
+    name: str
+    kind: str
+    online: int
+    slots: int
+    inflight: int
+    queued: int
+    load: float | None
+    workers: list[WorkerHealth]
+
+
+def _recent(request: HttpRequest) -> tuple[list[str], list[str]]:
+    runs = visible_runs(request.user).filter(created__gte=timezone.now() - WINDOW)
+    recent = list(runs.order_by("-created").values_list("id", flat=True)[:RECENT_RUNS])
+    running = list(runs.filter(status=Run.Status.RUNNING).values_list("id", flat=True)[:50])
+    return recent, running
+
+
+def _cached(kind: str, ids: list[str], compute: Any) -> Any:
+    key = f"frlm:health:{kind}:" + hashlib.sha256(",".join(ids).encode()).hexdigest()[:24]
+    value = cache.get(key)
+    if value is None:
+        value = compute()
+        cache.set(key, value, CACHE_S)
+    return value
+
+
+def venue_health(recent: list[str], running: list[str]) -> list[VenueHealth]:
+    """Every known venue with its workers: those announcing themselves now, and those
+    seen in the given runs' traces that no longer do (offline)."""
+    activity = _cached(
+        "activity", recent + ["|"] + running, lambda: worker_activity(recent, running)
+    )
+    client = get_redis()
+    out: list[VenueHealth] = []
+    for venue in Venue.objects.all():
+        workers: list[WorkerHealth] = []
+        seen: set[str] = set()
+        for info in live_workers(client, venue.name):
+            name = str(info.get("name"))
+            seen.add(name)
+            workers.append(
+                _worker(name, venue.name, True, int(info.get("concurrency", 1)), activity)
+            )
+        for name, figures in sorted(activity.items()):
+            if figures.get("venue") == venue.name and name not in seen:
+                workers.append(_worker(name, venue.name, False, 0, activity))
+        slots = sum(w["slots"] for w in workers)
+        inflight = sum(w["inflight"] for w in workers)
+        out.append(
+            {
+                "name": venue.name,
+                "kind": venue.get_kind_display(),
+                "online": sum(1 for w in workers if w["online"]),
+                "slots": slots,
+                "inflight": inflight,
+                "queued": queued(client, venue.name),
+                "load": inflight / slots if slots else None,
+                "workers": workers,
+            }
+        )
+    return out
+
+
+def _worker(
+    name: str, venue: str, online: bool, slots: int, activity: dict[str, Any]
+) -> WorkerHealth:
+    figures = activity.get(name) or {}
+    calls, errors = int(figures.get("calls") or 0), int(figures.get("errors") or 0)
+    inflight = int(figures.get("inflight") or 0) if online else 0
+    return {
+        "name": name,
+        "venue": venue,
+        "online": online,
+        "slots": slots,
+        "inflight": inflight,
+        "load": inflight / slots if slots else None,
+        "calls": calls,
+        "errors": errors,
+        "error_rate": errors / calls if calls else None,
+        "p50_ms": figures.get("p50_ms"),
+        "p95_ms": figures.get("p95_ms"),
+        "last_ms": figures.get("last_ms"),
+    }
+
+
+@login_required
+@require_GET
+def venues_panel(request: HttpRequest) -> HttpResponse:
+    """The dashboard's venue and worker health, polled by htmx."""
+    recent, running = _recent(request)
+    ctx = {"venues": venue_health(recent, running), "runs_read": len(recent)}
+    return render(request, "workers/_health.html", ctx)
+
+
+@login_required
+@require_GET
+def venues_page(request: HttpRequest) -> HttpResponse:
+    recent, running = _recent(request)
+    executions = _cached("recent", recent, lambda: recent_executions(recent))
+    venues = venue_health(recent, running)
+    for venue in venues:
+        for worker in venue["workers"]:
+            worker["recent"] = executions.get(worker["name"], [])  # type: ignore[typeddict-unknown-key]
+    ctx = {
+        "venues": venues,
+        "runs_read": len(recent),
+        "window_h": int(WINDOW.total_seconds() // 3600),
+    }
+    return render(request, "workers/venues.html", ctx)
+
+
+@login_required
+@require_GET
+def venues_history(request: HttpRequest) -> JsonResponse:
+    """Latency (p50, p95) and error rate per worker over time, for the venue page's chart."""
+    recent, _ = _recent(request)
+    rows = _cached("history", recent, lambda: worker_history(recent, bucket_s=_bucket_s(recent)))
+    series: dict[str, dict[str, list]] = {}
+    for row in rows:
+        s = series.setdefault(
+            row["worker_id"],
+            {"t_ms": [], "p50_ms": [], "p95_ms": [], "error_rate": [], "calls": []},
+        )
+        s["t_ms"].append(row["t_ms"])
+        s["p50_ms"].append(row["p50_ms"])
+        s["p95_ms"].append(row["p95_ms"])
+        s["calls"].append(row["calls"])
+        s["error_rate"].append(row["errors"] / row["calls"] if row["calls"] else 0)
+    return JsonResponse({"workers": series, "runs": len(recent)})
+
+
+def _bucket_s(run_ids: list[str]) -> int:
+    """Buckets of about a sixtieth of the time the runs span (at least a second)."""
+    runs = Run.objects.filter(id__in=run_ids).exclude(started=None)
+    starts = [r.started for r in runs]
+    ends = [r.finished or timezone.now() for r in runs]
+    if not starts:
+        return 60
+    span = (max(ends) - min(starts)).total_seconds()
+    return max(1, int(span / 60))
