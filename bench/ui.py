@@ -17,14 +17,13 @@ import argparse
 import asyncio
 import os
 import statistics
-import sys
 import threading
 import time
 import uuid
 
 from _stack import private_stack  # sets up Django on a private instance
 
-from frlm_web.stack import Proc, VenueSpec, free_port, port_open
+from frlm_web.stack import VenueSpec, free_port, web_proc
 from traces import live, store
 from traces.emitter import Emitter
 
@@ -175,20 +174,7 @@ def main() -> None:
     venues = [VenueSpec("local", concurrency=2)]
     with private_stack(venues) as stack:
         port = free_port()
-        web = Proc(
-            "web",
-            [
-                sys.executable,
-                "-m",
-                "daphne",
-                "-b",
-                "127.0.0.1",
-                "-p",
-                str(port),
-                "frlm_web.asgi:application",
-            ],
-            lambda: port_open(port),
-        )
+        web = web_proc(port)
         stack.launch(web)
         stack.wait_ready(web, 60)
         base = f"http://127.0.0.1:{port}"

@@ -57,6 +57,24 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
+def web_proc(port: int) -> Proc:
+    """The web server (daphne: HTTP and WebSockets) on a loopback port."""
+    return Proc(
+        "web",
+        [
+            sys.executable,
+            "-m",
+            "daphne",
+            "-b",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "frlm_web.asgi:application",
+        ],
+        lambda: port_open(port),
+    )
+
+
 class Stack:
     def __init__(
         self,
@@ -143,23 +161,7 @@ class Stack:
         for venue in self.venues:
             plan.append(self.venue_proc(venue))
         if self.web_port:
-            port = self.web_port
-            plan.append(
-                Proc(
-                    "web",
-                    [
-                        sys.executable,
-                        "-m",
-                        "daphne",
-                        "-b",
-                        "127.0.0.1",
-                        "-p",
-                        str(port),
-                        "frlm_web.asgi:application",
-                    ],
-                    lambda: port_open(port),
-                )
-            )
+            plan.append(web_proc(self.web_port))
         return plan
 
     def venue_proc(self, venue: VenueSpec) -> Proc:

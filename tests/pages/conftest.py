@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from frlm_web.stack import Proc, Stack, free_port, port_open
+from frlm_web.stack import Stack, free_port, web_proc
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -34,20 +33,7 @@ PASSWORD = "correct horse battery staple"
 def web(stack: Stack) -> Iterator[str]:
     """daphne on a free port, started like the stack's own web process, with its env."""
     port = free_port()
-    proc = Proc(
-        "web",
-        [
-            sys.executable,
-            "-m",
-            "daphne",
-            "-b",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "frlm_web.asgi:application",
-        ],
-        lambda: port_open(port),
-    )
+    proc = web_proc(port)
     stack.launch(proc)
     stack.wait_ready(proc, 60)
     yield f"http://127.0.0.1:{port}"
