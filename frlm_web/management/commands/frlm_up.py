@@ -51,7 +51,7 @@ class Command(BaseCommand):
                 stack.stop()
                 raise CommandError(f"could not start FRLM web: {exc}") from exc
             self.stdout.write(
-                f"up: web on http://127.0.0.1:{web_port}/admin/, "
+                f"up: web console on http://127.0.0.1:{web_port}/ (sign in as demo), "
                 f"simulated model at {settings.FRLM_SIM_URL}, logs in {state / 'logs'}"
             )
         if demo:
