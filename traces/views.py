@@ -37,7 +37,7 @@ PAYLOAD_LABELS: dict[str, tuple[str, str]] = {
 }
 
 
-def _api(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+def api_view(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
     """GET only, signed in (401 otherwise: a script asked, not a person to redirect)."""
 
     @require_GET
@@ -71,7 +71,7 @@ def _text(ref: str | None, limit: int) -> dict[str, Any] | None:
 
 
 # --- one run ------------------------------------------------------------------------------
-@_api
+@api_view
 def run_events(request: HttpRequest, run_id: str, *, access: RunAccess) -> HttpResponse:
     """The run's events after `after_seq`, in seq order, in the wire form of traces.live."""
     if not access(request.user, run_id):
@@ -110,7 +110,7 @@ class SpanDetail(TypedDict):
     events: list[dict[str, Any]]
 
 
-@_api
+@api_view
 def span_detail(
     request: HttpRequest, run_id: str, span_id: str, *, access: RunAccess
 ) -> HttpResponse:
@@ -185,7 +185,7 @@ def span_detail(
     return JsonResponse(detail)
 
 
-@_api
+@api_view
 def run_turns(request: HttpRequest, run_id: str, *, access: RunAccess) -> HttpResponse:
     """Each root-model turn (and each child RLM's): the reply, and every REPL cell it ran
     with its code and output."""
@@ -251,7 +251,7 @@ def run_turns(request: HttpRequest, run_id: str, *, access: RunAccess) -> HttpRe
     return JsonResponse({"run_id": run_id, "turns": list(turns.values())})
 
 
-@_api
+@api_view
 def run_aggregates(request: HttpRequest, run_id: str, *, access: RunAccess) -> HttpResponse:
     """The run's summary, per-worker figures and events binned over time."""
     if not access(request.user, run_id):
@@ -271,7 +271,7 @@ def run_aggregates(request: HttpRequest, run_id: str, *, access: RunAccess) -> H
     )
 
 
-@_api
+@api_view
 def diff_json(request: HttpRequest, *, access: RunAccess) -> HttpResponse:
     """traces.diff.run_diff of runs `a` and `b`."""
     a, b = request.GET.get("a", ""), request.GET.get("b", "")

@@ -18,7 +18,7 @@ from django.views.decorators.http import require_GET
 from frlm_web.redis_client import get_redis
 from runs.models import Run
 from runs.views import visible_runs
-from traces.views import recent_executions, worker_activity, worker_history
+from traces.views import api_view, recent_executions, worker_activity, worker_history
 from workers.models import Venue
 from workers.venues import live_workers, queued
 
@@ -156,8 +156,7 @@ def venues_page(request: HttpRequest) -> HttpResponse:
     return render(request, "workers/venues.html", ctx)
 
 
-@login_required
-@require_GET
+@api_view
 def venues_history(request: HttpRequest) -> JsonResponse:
     """Latency (p50, p95) and error rate per worker over time, for the venue page's chart."""
     recent, _ = _recent(request)
