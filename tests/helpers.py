@@ -60,11 +60,13 @@ def finish(run: Run, timeout: float = 90.0) -> Run:
 
 
 def trace(run: Run, timeout: float = 20.0) -> list[dict[str, Any]]:
-    """The run's stored events, once the recorder has stored its Run.Done."""
+    """The run's stored events, once the recorder has stored the last one a run emits: the
+    end of its Run.Init span (it comes after Run.Done, possibly in a later batch)."""
 
     def stored() -> list[dict[str, Any]] | None:
         events = store.read_events(run.id)
-        return events if any(e["name"] == "Run.Done" for e in events) else None
+        done = any(e["name"] == "Run.Init" and e["phase"] == "end" for e in events)
+        return events if done else None
 
     return wait_until(stored, timeout=timeout, what=f"trace of {run.id}")
 
