@@ -1,7 +1,12 @@
 from __future__ import annotations
 
+import hashlib
+import secrets
+
+from django.conf import settings
 from django.core.validators import RegexValidator
 from django.db import models
+from django.db.models import Q
 
 venue_name_validator = RegexValidator(
     r"^[a-z][a-z0-9_-]{0,31}$",
@@ -21,6 +26,9 @@ class Venue(models.Model):
     name = models.CharField(max_length=32, unique=True, validators=[venue_name_validator])
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.LOCAL)
     description = models.CharField(max_length=200, blank=True)
+    # Trusted venues (a machine of one's own, a datacenter pod one operates) may validate
+    # the work of others; an edge swarm's workers are nobody's word.
+    trusted = models.BooleanField(default=False)
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -36,3 +44,82 @@ class Venue(models.Model):
 
 def venue_queue(name: str) -> str:
     return f"venue.{name}"
+
+
+def worker_queue(worker_id: str) -> str:
+    return f"worker.{worker_id}"
+
+
+def new_worker_id() -> str:
+    return "w" + secrets.token_hex(6)
+
+
+def token_digest(plaintext: str) -> str:
+    return hashlib.sha256(plaintext.encode("utf-8")).hexdigest()
+
+
+class EnrolmentToken(models.Model):
+    """Lets workers join one venue. Only its sha256 is kept: the plaintext is shown once,
+    when it is made."""
+
+    venue = models.ForeignKey(Venue, on_delete=models.CASCADE, related_name="tokens")
+    digest = models.CharField(max_length=64, unique=True)
+    label = models.CharField(max_length=100, blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    expires = models.DateTimeField(null=True, blank=True)
+    revoked = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["-created"]
+
+    def __str__(self) -> str:
+        return f"token {self.digest[:8]} for {self.venue}"
+
+
+class Worker(models.Model):
+    """A registered worker: who it is (its ed25519 public key), what it serves, what it
+    costs, and whether it is still with us. Its live state (load, heartbeats) is in Redis;
+    this row is its identity and its last word."""
+
+    class Status(models.TextChoices):
+        ACTIVE = "active"
+        LOST = "lost"
+        DEREGISTERED = "deregistered"
+
+    id = models.CharField(primary_key=True, max_length=16, default=new_worker_id, editable=False)
+    name = models.CharField(max_length=64)
+    venue = models.ForeignKey(Venue, on_delete=models.CASCADE, related_name="workers")
+    token = models.ForeignKey(
+        EnrolmentToken, null=True, blank=True, on_delete=models.SET_NULL, related_name="workers"
+    )
+    models_served = models.JSONField(default=list)  # model names; [] serves any
+    concurrency = models.PositiveIntegerField(default=1)
+    context_tokens = models.PositiveIntegerField(default=128_000)
+    price_in = models.FloatField(default=0.0)  # per 1,000 tokens
+    price_out = models.FloatField(default=0.0)
+    public_key = models.CharField(max_length=44)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE)
+    registered = models.DateTimeField(auto_now_add=True)
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    health = models.JSONField(default=dict)  # the last heartbeat's figures
+    deregistered = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["venue", "name"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["venue", "name"],
+                condition=~Q(status="deregistered"),
+                name="one_registered_worker_name_per_venue",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.id}) on {self.venue}"
+
+    @property
+    def queue(self) -> str:
+        return worker_queue(self.id)
