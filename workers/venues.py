@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TypedDict
 
 import redis
 
@@ -11,12 +11,34 @@ from frlm_web import presence
 from workers.models import venue_queue
 
 
+class LiveWorker(TypedDict, total=False):
+    """What a worker announces in its venue's presence group (frlm_web.presence) with each
+    heartbeat; the scheduler chooses among these. The presence member name is worker_id."""
+
+    worker_id: str  # workers.models.Worker.id
+    name: str  # the presence member name: equal to worker_id for registered workers
+    label: str  # the worker's own name, unique within its venue (Worker.name)
+    venue: str
+    queue: str  # worker.<worker_id>: the Celery queue this worker alone consumes
+    concurrency: int
+    models: list[str]  # model names served; [] serves any
+    context_tokens: int
+    price_in: float  # per 1,000 tokens
+    price_out: float
+    trusted: bool  # its venue is trusted (may validate others' work)
+    inflight: int  # from the last heartbeat
+    load: float  # inflight / concurrency, from the last heartbeat
+    memory_mb: float
+    latency_ms: float  # the worker's own recent median, from the last heartbeat
+    pid: int
+
+
 def presence_group(venue: str) -> str:
     return f"venue:{venue}"
 
 
-def live_workers(client: redis.Redis, venue: str) -> list[dict[str, Any]]:
-    return presence.alive(client, presence_group(venue))
+def live_workers(client: redis.Redis, venue: str) -> list[LiveWorker]:
+    return presence.alive(client, presence_group(venue))  # type: ignore[return-value]
 
 
 def capacity(client: redis.Redis, venue: str) -> int:
