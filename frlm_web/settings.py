@@ -142,6 +142,11 @@ FRLM_MODEL_RETRIES = envint("FRLM_MODEL_RETRIES", 3)
 FRLM_WORKER_PREFETCH = envint("FRLM_WORKER_PREFETCH", 2)
 # How long a venue worker's liveness key lives without a refresh.
 FRLM_VENUE_HEARTBEAT_TTL_S = envfloat("FRLM_VENUE_HEARTBEAT_TTL_S", 6.0)
+# Circuit breakers per worker and per venue: open after this many consecutive failures,
+# half-open after the cooldown, closed again after that many successful probes.
+FRLM_CIRCUIT_FAILURES = envint("FRLM_CIRCUIT_FAILURES", 5)
+FRLM_CIRCUIT_COOLDOWN_S = envfloat("FRLM_CIRCUIT_COOLDOWN_S", 60.0)
+FRLM_CIRCUIT_PROBES = envint("FRLM_CIRCUIT_PROBES", 3)
 
 LOGGING = {
     "version": 1,

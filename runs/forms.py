@@ -24,6 +24,7 @@ POLICY_FIELDS: dict[str, str] = {
     "subquery_timeout_s": "Sub-query timeout (s)",
     "max_depth": "Max depth",
     "max_turns": "Max turns",
+    "routing": "Routing",
 }
 _POLICY_PROBLEM = re.compile(r"^policy\.(\w+) ")
 
@@ -125,6 +126,17 @@ class RunForm(forms.Form):
     subquery_timeout_s = _policy_field("subquery_timeout_s", POLICY_FIELDS["subquery_timeout_s"])
     max_depth = _policy_field("max_depth", POLICY_FIELDS["max_depth"])
     max_turns = _policy_field("max_turns", POLICY_FIELDS["max_turns"])
+    routing = forms.ChoiceField(
+        label=POLICY_FIELDS["routing"],
+        required=False,
+        initial="score",
+        choices=[
+            ("score", "Scheduler: reputation, latency, load, price"),
+            ("shared", "Shared venue queue (any free worker)"),
+            ("round_robin", "Round robin over workers"),
+        ],
+        help_text="Where each sub-query runs; the trace records every choice.",
+    )
 
     def __init__(self, *args: Any, user: Any = None, live: set[str] | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -201,7 +213,7 @@ class RunForm(forms.Form):
         return {
             name: self.cleaned_data[name]
             for name in POLICY_FIELDS
-            if self.cleaned_data.get(name) is not None
+            if self.cleaned_data.get(name) not in (None, "")
         }
 
 

@@ -26,6 +26,16 @@ class Policy:
     repl_cpu_s: int = 600  # CPU seconds of one REPL process, over all its cells
     cell_memory_mb: int = 2048  # memory of the REPL process
     output_chars: int = 8000  # REPL output shown to the root model per cell
+    # Where sub-queries go: "score" (the scheduler: each to the worker expected to finish it
+    # first, weighed by reputation, price and load), "shared" (one queue per venue, taken by
+    # whichever worker is free: what Celery does by itself), "round_robin" (in turn).
+    routing: str = "score"
+    explore: float = 0.05  # share of sub-queries sent to a random eligible worker
+    weight_latency: float = 1.0
+    weight_reputation: float = 2.0  # exponent on the reputation score (0 ignores it)
+    weight_price: float = 0.5
+    weight_load: float = 0.2
+    min_reputation: float = 0.2  # below it a worker gets work only by exploration
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -40,6 +50,14 @@ class Policy:
         for key, raw in data.items():
             if key not in known:
                 problems.append(f"policy.{key} is not a policy setting (known: {', '.join(known)})")
+                continue
+            if key in CHOICES:
+                if raw not in CHOICES[key]:
+                    problems.append(
+                        f"policy.{key} must be one of {', '.join(CHOICES[key])}, got {raw!r}"
+                    )
+                else:
+                    values[key] = raw
                 continue
             kind = int if known[key].type in ("int", int) else float
             try:
@@ -60,6 +78,10 @@ class Policy:
         return cls(**values)
 
 
+CHOICES: dict[str, tuple[str, ...]] = {
+    "routing": ("score", "shared", "round_robin"),
+}
+
 RANGES: dict[str, tuple[float, float]] = {
     "max_depth": (0, 5),
     "max_turns": (1, 50),
@@ -74,6 +96,12 @@ RANGES: dict[str, tuple[float, float]] = {
     "repl_cpu_s": (1, 86_400),
     "cell_memory_mb": (128, 65_536),
     "output_chars": (200, 1_000_000),
+    "explore": (0.0, 1.0),
+    "weight_latency": (0.0, 100.0),
+    "weight_reputation": (0.0, 10.0),
+    "weight_price": (0.0, 100.0),
+    "weight_load": (0.0, 100.0),
+    "min_reputation": (0.0, 1.0),
 }
 
 

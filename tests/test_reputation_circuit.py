@@ -1,0 +1,118 @@
+"""Reputation and circuit breakers, kept in the real Redis of the test stack."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from frlm_web.redis_client import get_redis
+from workers.circuit import CLOSED, HALF_OPEN, OPEN, Breakers
+from workers.reputation import Ledger, Observation, load
+
+
+@pytest.fixture
+def client(stack):
+    return get_redis()
+
+
+def fresh() -> str:
+    return "wt" + uuid.uuid4().hex[:10]
+
+
+def test_it_trusts_a_new_worker_until_evidence_says_otherwise(client) -> None:
+    wid = fresh()
+    ledger = Ledger(client)
+    assert ledger.get(wid).score == 1.0
+    for _ in range(5):
+        ledger.observe(Observation(wid, completion=True, agreement=False, latency_ms=100))
+    ledger.flush()
+    rep = load(client, [wid])[wid]
+    assert rep.score < 0.2
+    assert rep.consecutive_valid == 0
+    assert rep.latency_ms == pytest.approx(100)
+
+
+def test_it_counts_consecutive_valid_results_and_resets_on_one_invalid(client) -> None:
+    wid = fresh()
+    ledger = Ledger(client)
+    for _ in range(12):
+        ledger.observe(Observation(wid, validation=True))
+    assert ledger.flush()[-1].consecutive_valid == 12
+    ledger.observe(Observation(wid, validation=False))
+    assert ledger.flush()[-1].consecutive_valid == 0
+
+
+def test_it_forgets_old_evidence(client) -> None:
+    wid = fresh()
+    ledger = Ledger(client)
+    for _ in range(50):
+        ledger.observe(Observation(wid, agreement=False))
+    ledger.flush()
+    low = ledger.get(wid).score
+    for _ in range(150):
+        ledger.observe(Observation(wid, agreement=True))
+    ledger.flush()
+    assert low < 0.05 and ledger.get(wid).score > 0.9
+
+
+def test_it_follows_latency_with_an_ewma_shared_by_every_ledger(client) -> None:
+    wid = fresh()
+    one, two = Ledger(client), Ledger(client)
+    one.observe(Observation(wid, completion=True, latency_ms=100))
+    one.flush()
+    two.observe(Observation(wid, completion=True, latency_ms=600))
+    two.flush()
+    assert two.get(wid).latency_ms == pytest.approx(0.2 * 600 + 0.8 * 100)
+    assert load(client, [wid])[wid].samples == 2
+
+
+def test_it_halves_the_score_per_strike(client) -> None:
+    wid = fresh()
+    client.incr(f"frlm:worker:{wid}:strikes")
+    assert load(client, [wid])[wid].score == 0.5
+
+
+def test_it_opens_after_five_failures_and_closes_after_three_good_probes(client) -> None:
+    scope = f"worker:{fresh()}"
+    breakers = Breakers(client, failures=5, cooldown_s=60, probes=3)
+    for _ in range(4):
+        breakers.record(scope, False)
+    assert breakers.flush(1000.0) == []
+    breakers.record(scope, False)
+    (opened,) = breakers.flush(1001.0)
+    assert (opened.state, opened.transition) == (OPEN, "open")
+    assert not breakers.allows(scope)
+    breakers.check([scope], 1030.0)
+    assert breakers.state[scope].state == OPEN  # still cooling down
+    breakers.check([scope], 1061.5)
+    assert breakers.state[scope].state == HALF_OPEN and breakers.allows(scope)
+    for _ in range(3):
+        breakers.dispatched(scope)
+    assert not breakers.allows(scope)  # three probes in flight: no more
+    breakers.flush(1062.0)
+    for _ in range(2):
+        breakers.record(scope, True)
+    assert breakers.flush(1063.0) == []
+    breakers.record(scope, True)
+    (closed,) = breakers.flush(1064.0)
+    assert (closed.state, closed.transition) == (CLOSED, "close")
+
+
+def test_it_reopens_when_a_probe_fails_and_a_success_resets_the_count(client) -> None:
+    scope = f"venue:{fresh()}"
+    breakers = Breakers(client, failures=2, cooldown_s=10, probes=3)
+    breakers.record(scope, False)
+    breakers.record(scope, True)
+    breakers.record(scope, False)
+    assert breakers.flush(0.0) == []  # the success in between reset the count
+    breakers.record(scope, False)
+    assert [s.transition for s in breakers.flush(1.0)] == ["open"]
+    breakers.check([scope], 12.0)
+    breakers.record(scope, False)
+    (again,) = breakers.flush(12.5)
+    assert (again.state, again.transition) == (OPEN, "open")
+    # Another conductor's view agrees: the state is in Redis.
+    other = Breakers(client, failures=2, cooldown_s=10, probes=3)
+    other.check([scope], 13.0)
+    assert other.state[scope].state == OPEN

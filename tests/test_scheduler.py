@@ -1,0 +1,87 @@
+"""The scheduler's decisions on hand-made fleets, where the right answer is known."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+from workers.scheduler import Candidate, Need, Weights, plan
+
+NO_EXPLORE = Weights(explore=0.0)
+
+
+def fleet(fast: int = 6, slow: int = 2, *, concurrency: int = 4) -> list[Candidate]:
+    """Workers with measured latencies: the slow ones three times slower."""
+    return [
+        Candidate(
+            worker_id=f"{'slow' if i < slow else 'fast'}{i}",
+            venue="edge",
+            queue=f"worker.w{i}",
+            concurrency=concurrency,
+            credit=concurrency + 1,
+            latency_ms=600.0 if i < slow else 200.0,
+        )
+        for i in range(fast + slow)
+    ]
+
+
+def shares(assignments: list) -> Counter:
+    return Counter(a["worker_id"] for a in assignments)
+
+
+def test_it_fills_every_credit_when_the_backlog_is_deep() -> None:
+    workers = fleet()
+    out = plan(workers, [Need()] * 256, NO_EXPLORE, random.Random(1))
+    assert shares(out) == {w.worker_id: w.credit for w in workers}
+
+
+def test_it_holds_the_tail_for_fast_workers_instead_of_a_slow_one() -> None:
+    workers = fleet()
+    for w in workers:
+        if w.worker_id.startswith("fast"):
+            w.inflight = w.credit  # every fast worker is busy
+    # A short backlog finishes sooner waiting for a fast worker than on a slow one now.
+    assert plan(workers, [Need()] * 8, NO_EXPLORE, random.Random(1)) == []
+    # A long one does not: the slow workers take their share.
+    assert set(shares(plan(workers, [Need()] * 200, NO_EXPLORE, random.Random(1)))) == {
+        "slow0",
+        "slow1",
+    }
+
+
+def test_it_keeps_work_away_from_a_worker_with_a_bad_reputation() -> None:
+    workers = fleet(fast=3, slow=0)
+    workers[0].reputation = 0.1  # below min_reputation
+    out = plan(workers, [Need()] * 100, NO_EXPLORE, random.Random(1))
+    assert "fast0" not in shares(out)
+    assert out and all(a["route"]["reputation"] == 1.0 for a in out)
+
+
+def test_it_prefers_the_cheaper_of_two_equal_workers() -> None:
+    workers = fleet(fast=2, slow=0)
+    workers[0].price, workers[1].price = 0.01, 0.001
+    out = plan(workers, [Need()], NO_EXPLORE, random.Random(1))
+    assert out[0]["worker_id"] == "fast1"
+    assert out[0]["route"]["runner_up"] == "fast0"
+
+
+def test_it_respects_capability_avoidance_and_breakers() -> None:
+    workers = fleet(fast=3, slow=0)
+    workers[0].models = ["other-model"]
+    workers[1].allowed = False  # its circuit breaker is open
+    out = plan(workers, [Need(model="frlm-sim-worker")] * 3, NO_EXPLORE, random.Random(1))
+    assert set(shares(out)) == {"fast2"}
+    assert (
+        plan(workers, [Need(avoid=frozenset({"fast2"}), model="m")], NO_EXPLORE, random.Random(1))
+        == []
+    )
+    small = fleet(fast=1, slow=0)
+    small[0].context_tokens = 1000
+    assert plan(small, [Need(tokens=5000)], NO_EXPLORE, random.Random(1)) == []
+
+
+def test_it_explores_about_the_share_the_policy_asks() -> None:
+    workers = fleet(fast=8, slow=0, concurrency=64)
+    out = plan(workers, [Need()] * 400, Weights(explore=0.25), random.Random(3))
+    explored = sum(1 for a in out if a["route"]["how"] == "explore")
+    assert 60 <= explored <= 140

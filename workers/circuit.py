@@ -1,0 +1,136 @@
+"""Circuit breakers per worker and per venue: after FAILURES consecutive failures a circuit
+opens and nothing is sent there; after COOLDOWN_S it is half-open and PROBES sub-queries
+are let through; if they all succeed it closes, if one fails it opens again.
+
+State lives in Redis so that every conductor sees the same breaker, and transitions are
+made by a Lua script, so exactly one caller sees each transition and emits its event."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis
+from django.conf import settings
+
+CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
+
+# KEYS[1]: the breaker. ARGV: event (check|probe|success|failure), now, failures to open,
+# cooldown seconds, probes. Returns {state, transition ("open", "close" or ""), probes left}.
+_STEP = """
+local key = KEYS[1]
+local event, now = ARGV[1], tonumber(ARGV[2])
+local threshold, cooldown, probes = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local state = redis.call('HGET', key, 'state') or 'closed'
+local transition = ''
+local function open()
+  redis.call('HSET', key, 'state', 'open', 'opened_at', tostring(now), 'failures', '0',
+             'probes_sent', '0', 'probes_ok', '0')
+  state = 'open'; transition = 'open'
+end
+if state == 'open' then
+  local opened = tonumber(redis.call('HGET', key, 'opened_at') or '0')
+  if now - opened >= cooldown then
+    redis.call('HSET', key, 'state', 'half_open', 'probes_sent', '0', 'probes_ok', '0')
+    state = 'half_open'
+  end
+end
+if event == 'probe' and state == 'half_open' then
+  redis.call('HINCRBY', key, 'probes_sent', 1)
+elseif event == 'success' then
+  if state == 'closed' then
+    redis.call('HSET', key, 'failures', '0')
+  elseif state == 'half_open' then
+    if redis.call('HINCRBY', key, 'probes_ok', 1) >= probes then
+      redis.call('HSET', key, 'state', 'closed', 'failures', '0')
+      state = 'closed'; transition = 'close'
+    end
+  end
+elseif event == 'failure' then
+  if state == 'closed' then
+    if redis.call('HINCRBY', key, 'failures', 1) >= threshold then open() end
+  elseif state == 'half_open' then
+    open()
+  end
+end
+local left = 0
+if state == 'half_open' then
+  left = probes - tonumber(redis.call('HGET', key, 'probes_sent') or '0')
+end
+redis.call('EXPIRE', key, 86400)
+return {state, transition, left}
+"""
+
+
+def circuit_key(scope: str) -> str:
+    """`scope` is "worker:<id>" or "venue:<name>"."""
+    return f"frlm:circuit:{scope}"
+
+
+@dataclass(frozen=True)
+class Step:
+    scope: str
+    state: str
+    transition: str  # "open", "close" or ""
+    probes_left: int
+
+
+class Breakers:
+    """The breakers one fanout consults, read and updated in batched round trips."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        failures: int | None = None,
+        cooldown_s: float | None = None,
+        probes: int | None = None,
+    ) -> None:
+        self.client = client
+        self._script = client.register_script(_STEP)
+        self.failures = failures or settings.FRLM_CIRCUIT_FAILURES
+        self.cooldown_s = cooldown_s if cooldown_s is not None else settings.FRLM_CIRCUIT_COOLDOWN_S
+        self.probes = probes or settings.FRLM_CIRCUIT_PROBES
+        self.state: dict[str, Step] = {}
+        self._pending: list[tuple[str, str]] = []
+
+    def allows(self, scope: str) -> bool:
+        step = self.state.get(scope)
+        if step is None or step.state == CLOSED:
+            return True
+        return step.state == HALF_OPEN and step.probes_left > 0
+
+    def dispatched(self, scope: str) -> None:
+        """A sub-query was sent through this breaker; counts as a probe when half-open."""
+        step = self.state.get(scope)
+        if step is not None and step.state == HALF_OPEN:
+            self.state[scope] = Step(scope, HALF_OPEN, "", step.probes_left - 1)
+            self._pending.append((scope, "probe"))
+
+    def record(self, scope: str, ok: bool) -> None:
+        self._pending.append((scope, "success" if ok else "failure"))
+
+    def check(self, scopes: list[str], now: float) -> list[Step]:
+        for scope in scopes:
+            self._pending.append((scope, "check"))
+        return self.flush(now)
+
+    def flush(self, now: float) -> list[Step]:
+        """Apply what happened since the last flush; returns the transitions it made."""
+        if not self._pending:
+            return []
+        pending, self._pending = self._pending, []
+        pipe = self.client.pipeline(transaction=False)
+        for scope, event in pending:
+            self._script(
+                keys=[circuit_key(scope)],
+                args=[event, repr(now), self.failures, self.cooldown_s, self.probes],
+                client=pipe,
+            )
+        transitions = []
+        for (scope, _), reply in zip(pending, pipe.execute(), strict=True):
+            state, transition, left = reply
+            step = Step(scope, state.decode(), transition.decode(), int(left))
+            self.state[scope] = step
+            if step.transition:
+                transitions.append(step)
+        return transitions

@@ -1,0 +1,214 @@
+"""What the fleet has learned about each worker: Beta scores with forgetting for completion,
+agreement and validation, BOINC's consecutive-valid count, consecutive failures and an
+EWMA of latency. Kept in Redis, updated atomically by a Lua script, so every conductor
+learns from every other."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import redis
+
+Signal = Literal["completion", "agreement", "validation"]
+SIGNALS: tuple[Signal, ...] = ("completion", "agreement", "validation")
+
+# Each observation first shrinks what was known towards the prior: about the last 50
+# observations count, so a worker that starts lying is found out, and one that mends its
+# ways can earn its place back.
+DECAY = 0.98
+LATENCY_ALPHA = 0.2
+# Counts below which a signal is not yet evidence: a new worker is trusted until it
+# has been seen, then judged on what it did.
+MIN_EVIDENCE = 0.5
+
+# KEYS[1]: the worker's hash. ARGV: decay, alpha, completion, agreement, validation,
+# latency_ms ("" for a signal not observed). Returns the hash after the update.
+_OBSERVE = """
+local key = KEYS[1]
+local decay = tonumber(ARGV[1])
+local alpha = tonumber(ARGV[2])
+local names = {'completion', 'agreement', 'validation'}
+for i, name in ipairs(names) do
+  local v = ARGV[2 + i]
+  if v ~= '' then
+    v = tonumber(v)
+    local a = tonumber(redis.call('HGET', key, name .. '_a') or '1')
+    local b = tonumber(redis.call('HGET', key, name .. '_b') or '1')
+    a = 1 + (a - 1) * decay + v
+    b = 1 + (b - 1) * decay + (1 - v)
+    redis.call('HSET', key, name .. '_a', tostring(a), name .. '_b', tostring(b))
+    if name == 'completion' then
+      if v >= 0.5 then redis.call('HSET', key, 'failures', '0')
+      else redis.call('HINCRBY', key, 'failures', 1) end
+    else
+      if v >= 0.5 then redis.call('HINCRBY', key, 'consecutive_valid', 1)
+      else redis.call('HSET', key, 'consecutive_valid', '0') end
+    end
+  end
+end
+local lat = ARGV[6]
+if lat ~= '' then
+  lat = tonumber(lat)
+  local old = redis.call('HGET', key, 'latency_ms')
+  if old then lat = alpha * lat + (1 - alpha) * tonumber(old) end
+  redis.call('HSET', key, 'latency_ms', tostring(lat))
+  redis.call('HINCRBY', key, 'samples', 1)
+end
+return redis.call('HGETALL', key)
+"""
+
+
+def rep_key(worker_id: str) -> str:
+    return f"frlm:rep:{worker_id}"
+
+
+@dataclass(frozen=True)
+class Reputation:
+    worker_id: str
+    completion_a: float = 1.0
+    completion_b: float = 1.0
+    agreement_a: float = 1.0
+    agreement_b: float = 1.0
+    validation_a: float = 1.0
+    validation_b: float = 1.0
+    consecutive_valid: int = 0
+    failures: int = 0  # consecutive failed completions
+    latency_ms: float | None = None  # EWMA of observed latency
+    samples: int = 0
+    strikes: int = 0  # bad signatures and forged results
+
+    def mean(self, signal: Signal) -> float | None:
+        """The Beta mean of a signal, or None while there is no evidence on it."""
+        a = getattr(self, f"{signal}_a")
+        b = getattr(self, f"{signal}_b")
+        if a + b - 2 < MIN_EVIDENCE:
+            return None
+        return a / (a + b)
+
+    @property
+    def score(self) -> float:
+        """In (0, 1]: the product of the signals with evidence, each strike halving it.
+        A worker nobody has seen yet scores 1: exploration and evidence correct it."""
+        value = 1.0
+        for signal in SIGNALS:
+            mean = self.mean(signal)
+            if mean is not None:
+                value *= mean
+        return value * 0.5 ** min(self.strikes, 20)
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        return {
+            "score": round(self.score, 4),
+            "completion": _round(self.mean("completion")),
+            "agreement": _round(self.mean("agreement")),
+            "validation": _round(self.mean("validation")),
+            "consecutive_valid": self.consecutive_valid,
+            "failures": self.failures,
+            "latency_ms": _round(self.latency_ms, 1),
+            "strikes": self.strikes,
+        }
+
+
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _parse(worker_id: str, flat: dict[bytes, bytes] | list[bytes], strikes: int = 0) -> Reputation:
+    if isinstance(flat, list):
+        flat = dict(zip(flat[::2], flat[1::2], strict=True))
+    data = {k.decode(): v.decode() for k, v in flat.items()}
+    floats = {
+        name: float(data[name])
+        for name in (f"{s}_{p}" for s in SIGNALS for p in "ab")
+        if name in data
+    }
+    return Reputation(
+        worker_id=worker_id,
+        **floats,
+        consecutive_valid=int(data.get("consecutive_valid", 0)),
+        failures=int(data.get("failures", 0)),
+        latency_ms=float(data["latency_ms"]) if "latency_ms" in data else None,
+        samples=int(data.get("samples", 0)),
+        strikes=strikes,
+    )
+
+
+def strikes_key(worker_id: str) -> str:
+    return f"frlm:worker:{worker_id}:strikes"
+
+
+def load(client: redis.Redis, worker_ids: list[str]) -> dict[str, Reputation]:
+    """Every named worker's reputation in one round trip."""
+    if not worker_ids:
+        return {}
+    pipe = client.pipeline(transaction=False)
+    for wid in worker_ids:
+        pipe.hgetall(rep_key(wid))
+        pipe.get(strikes_key(wid))
+    replies = pipe.execute()
+    return {
+        wid: _parse(wid, replies[2 * i], int(replies[2 * i + 1] or 0))
+        for i, wid in enumerate(worker_ids)
+    }
+
+
+@dataclass(frozen=True)
+class Observation:
+    worker_id: str
+    completion: bool | None = None  # it returned a result (True) or failed / timed out
+    agreement: bool | None = None  # its result agreed with the accepted one
+    validation: bool | None = None  # a validator or an objective check passed it
+    latency_ms: float | None = None
+
+
+def _arg(value: bool | None) -> str:
+    return "" if value is None else ("1" if value else "0")
+
+
+class Ledger:
+    """Records observations in Redis, batched into one round trip per flush, and keeps
+    each worker's latest reputation for the scheduler."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self._script = client.register_script(_OBSERVE)
+        self._pending: list[Observation] = []
+        self.known: dict[str, Reputation] = {}
+
+    def observe(self, observation: Observation) -> None:
+        self._pending.append(observation)
+
+    def refresh(self, worker_ids: list[str]) -> None:
+        self.flush()
+        self.known.update(load(self.client, worker_ids))
+
+    def flush(self) -> list[Reputation]:
+        if not self._pending:
+            return []
+        pending, self._pending = self._pending, []
+        pipe = self.client.pipeline(transaction=False)
+        for obs in pending:
+            self._script(
+                keys=[rep_key(obs.worker_id)],
+                args=[
+                    DECAY,
+                    LATENCY_ALPHA,
+                    _arg(obs.completion),
+                    _arg(obs.agreement),
+                    _arg(obs.validation),
+                    "" if obs.latency_ms is None else repr(float(obs.latency_ms)),
+                ],
+                client=pipe,
+            )
+        replies = pipe.execute()
+        updated = []
+        for obs, flat in zip(pending, replies, strict=True):
+            strikes = self.known[obs.worker_id].strikes if obs.worker_id in self.known else 0
+            rep = _parse(obs.worker_id, flat, strikes)
+            self.known[obs.worker_id] = rep
+            updated.append(rep)
+        return updated
+
+    def get(self, worker_id: str) -> Reputation:
+        return self.known.get(worker_id) or Reputation(worker_id)

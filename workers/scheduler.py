@@ -1,0 +1,207 @@
+"""Where each sub-query runs: the worker whose expected finish, weighed by reputation,
+price and load, is soonest.
+
+The backlog is planned as a whole, earliest-finish-time first: each job goes, in order, to
+the worker that would finish it first given the jobs already ahead of it there. A job whose
+best worker has no free credit waits at the conductor for it, instead of going to a slow
+worker now; a slow worker gets work only when the fast ones are so far behind that it would
+finish sooner. A little exploration keeps the estimates of unused workers honest.
+
+Pure functions over plain data: the fanout gathers the inputs, this decides, the trace
+records the decision and its inputs."""
+
+from __future__ import annotations
+
+import heapq
+import random
+from dataclasses import dataclass, field
+from typing import TypedDict
+
+# Planning deeper than a few rounds of every worker's credit changes no decision made now.
+PLAN_ROUNDS = 4
+DEFAULT_LATENCY_MS = 1000.0
+
+
+@dataclass
+class Candidate:
+    worker_id: str
+    venue: str
+    queue: str
+    concurrency: int
+    credit: int  # jobs this fanout may have in flight there: slots plus a small margin
+    inflight: int = 0  # this fanout's unsettled jobs there
+    latency_ms: float | None = None  # expected latency (EWMA), None when never measured
+    load: float = 0.0  # the worker's own load from its heartbeat, 0 (idle) to 1 (full)
+    price: float = 0.0  # estimated cost of a typical sub-query there, in dollars
+    reputation: float = 1.0  # workers.reputation.Reputation.score
+    models: list[str] = field(default_factory=list)  # [] serves any
+    context_tokens: int = 1 << 30
+    allowed: bool = True  # its circuit breakers let work through
+
+    @property
+    def free(self) -> int:
+        return self.credit - self.inflight
+
+
+@dataclass(frozen=True)
+class Weights:
+    latency: float = 1.0
+    reputation: float = 2.0  # exponent on the reputation score
+    price: float = 0.5
+    load: float = 0.2
+    explore: float = 0.05  # share of sub-queries sent to a random eligible worker
+    min_reputation: float = 0.2  # below it a worker gets work only by exploration
+
+
+@dataclass(frozen=True)
+class Need:
+    """What one sub-query asks of a worker."""
+
+    tokens: int = 0  # estimated prompt tokens
+    model: str = ""
+    avoid: frozenset[str] = frozenset()  # workers that already failed it
+
+
+class Route(TypedDict, total=False):
+    """The decision recorded on a SubQuery.Submit span."""
+
+    worker: str
+    venue: str
+    how: str  # "score" | "explore"
+    eta_ms: float
+    score: float
+    reputation: float
+    load: float
+    price: float
+    inflight: int
+    credit: int
+    runner_up: str
+    runner_up_score: float
+
+
+class Assignment(TypedDict):
+    index: int  # position in the backlog
+    worker_id: str
+    route: Route
+
+
+def _eta(c: Candidate, ahead: int, latency: float) -> float:
+    """When a job finishes there if `ahead` jobs are ahead of it: each slot runs one at a time."""
+    waiting = max(0, ahead - c.concurrency + 1)
+    return latency * (1 + waiting / max(1, c.concurrency))
+
+
+def plan(
+    candidates: list[Candidate],
+    needs: list[Need],
+    weights: Weights,
+    rng: random.Random,
+) -> list[Assignment]:
+    """The jobs of the backlog (`needs`, in order) that should be sent now, and where."""
+    eligible = [c for c in candidates if c.allowed]
+    if not eligible or not needs:
+        return []
+    known = sorted(c.latency_ms for c in eligible if c.latency_ms)
+    prior = known[len(known) // 2] if known else DEFAULT_LATENCY_MS
+    top_price = max((c.price for c in eligible), default=0.0) or 1.0
+
+    def factor(c: Candidate) -> float:
+        """Everything but the queue: latency estimate, load, price, reputation."""
+        base = (c.latency_ms or prior) * weights.latency
+        base *= 1 + weights.load * min(max(c.load, 0.0), 1.0) + weights.price * c.price / top_price
+        return base / max(c.reputation, 1e-3) ** weights.reputation
+
+    good = [c for c in eligible if c.reputation >= weights.min_reputation]
+    factors = {c.worker_id: factor(c) for c in eligible}
+    ahead = {c.worker_id: c.inflight for c in eligible}
+    sending = {c.worker_id: 0 for c in eligible}
+    heap = [(_eta(c, ahead[c.worker_id], factors[c.worker_id]), i) for i, c in enumerate(good)]
+    heapq.heapify(heap)
+    depth = PLAN_ROUNDS * sum(c.credit for c in eligible)
+    out: list[Assignment] = []
+    for index, need in enumerate(needs[:depth]):
+        if weights.explore and rng.random() < weights.explore:
+            open_ = [c for c in eligible if _fits(c, need) and c.free - sending[c.worker_id] > 0]
+            if open_:
+                pick = rng.choice(open_)
+                sending[pick.worker_id] += 1
+                ahead[pick.worker_id] += 1
+                out.append(_assign(index, pick, "explore", ahead, factors, None, prior))
+                continue
+        at, runner_up = _pop_best(heap, good, need)
+        if at is None:
+            # Only workers below the reputation gate (or that failed it) can take it.
+            fits = sorted(
+                (c for c in eligible if _fits(c, need)), key=lambda c: factors[c.worker_id]
+            )
+            if not fits:
+                continue
+            chosen = fits[0]
+            if chosen.free - sending[chosen.worker_id] <= 0:
+                continue
+            ahead[chosen.worker_id] += 1
+        else:
+            chosen = good[at]
+            ahead[chosen.worker_id] += 1
+            eta = _eta(chosen, ahead[chosen.worker_id], factors[chosen.worker_id])
+            heapq.heappush(heap, (eta, at))
+            if chosen.free - sending[chosen.worker_id] <= 0:
+                continue  # its best worker is busy: the job waits for it at the conductor
+        sending[chosen.worker_id] += 1
+        out.append(_assign(index, chosen, "score", ahead, factors, runner_up, prior))
+    return out
+
+
+def _fits(c: Candidate, need: Need) -> bool:
+    if c.worker_id in need.avoid:
+        return False
+    if c.models and need.model and need.model not in c.models:
+        return False
+    return need.tokens <= c.context_tokens
+
+
+def _pop_best(
+    heap: list[tuple[float, int]], good: list[Candidate], need: Need
+) -> tuple[int | None, tuple[str, float] | None]:
+    """The best worker the job fits (its index in `good`), taken off the heap; and the next
+    best, for the record."""
+    skipped: list[tuple[float, int]] = []
+    chosen: int | None = None
+    while heap:
+        entry = heapq.heappop(heap)
+        if _fits(good[entry[1]], need):
+            chosen = entry[1]
+            break
+        skipped.append(entry)
+    nxt = heap[0] if heap else (skipped[0] if skipped else None)
+    runner_up = (good[nxt[1]].worker_id, nxt[0]) if nxt else None
+    for entry in skipped:
+        heapq.heappush(heap, entry)
+    return chosen, runner_up
+
+
+def _assign(
+    index: int,
+    c: Candidate,
+    how: str,
+    ahead: dict[str, int],
+    factors: dict[str, float],
+    runner_up: tuple[str, float] | None,
+    prior: float,
+) -> Assignment:
+    route: Route = {
+        "worker": c.worker_id,
+        "venue": c.venue,
+        "how": how,
+        "eta_ms": round(_eta(c, ahead[c.worker_id] - 1, c.latency_ms or prior), 1),
+        "score": round(_eta(c, ahead[c.worker_id] - 1, factors[c.worker_id]), 1),
+        "reputation": round(c.reputation, 3),
+        "load": round(c.load, 3),
+        "price": c.price,
+        "inflight": c.inflight,
+        "credit": c.credit,
+    }
+    if runner_up is not None:
+        route["runner_up"] = runner_up[0]
+        route["runner_up_score"] = round(runner_up[1], 1)
+    return {"index": index, "worker_id": c.worker_id, "route": route}
