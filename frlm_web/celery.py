@@ -38,13 +38,15 @@ def run_worker(
     queue: str,
     concurrency: int,
     name: str,
-    group: str,
+    group: str | None,
     info: dict,
     at_most_once: bool = False,
     prefetch: int = 1,
 ) -> None:
-    """Run a Celery worker in this process that announces itself in a presence group.
-    Threads: the work waits on I/O (models, Redis), not on this CPU. `at_most_once` drops
+    """Run a Celery worker in this process on `queue` (comma-separated for several) that
+    announces itself in a presence group (None: the caller announces it, as the worker
+    runtime does with its heartbeats). Threads: the work waits on I/O (models, Redis),
+    not on this CPU. `at_most_once` drops
     kombu's ack emulation (two Redis pipelines per message) where the sender redelivers
     lost work itself, as the conductor does for sub-queries."""
     import json
@@ -54,9 +56,10 @@ def run_worker(
             **app.conf.broker_transport_options,
             "ack_emulation": False,
         }
-    os.environ["FRLM_PRESENCE_GROUP"] = group
-    os.environ["FRLM_PRESENCE_NAME"] = name
-    os.environ["FRLM_PRESENCE_INFO"] = json.dumps({**info, "concurrency": concurrency})
+    if group is not None:
+        os.environ["FRLM_PRESENCE_GROUP"] = group
+        os.environ["FRLM_PRESENCE_NAME"] = name
+        os.environ["FRLM_PRESENCE_INFO"] = json.dumps({**info, "concurrency": concurrency})
     app.worker_main(
         [
             "worker",

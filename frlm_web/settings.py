@@ -148,6 +148,14 @@ FRLM_CIRCUIT_FAILURES = envint("FRLM_CIRCUIT_FAILURES", 5)
 FRLM_CIRCUIT_COOLDOWN_S = envfloat("FRLM_CIRCUIT_COOLDOWN_S", 60.0)
 FRLM_CIRCUIT_PROBES = envint("FRLM_CIRCUIT_PROBES", 3)
 
+# Worker registration: how often a worker beats, how often a beat is also written to the
+# database (presence in Redis carries every beat), how far a signed request's timestamp
+# may be from the server's clock, and the largest request body the worker API reads.
+FRLM_WORKER_HEARTBEAT_S = envfloat("FRLM_WORKER_HEARTBEAT_S", 1.0)
+FRLM_HEARTBEAT_WRITE_S = envfloat("FRLM_HEARTBEAT_WRITE_S", 5.0)
+FRLM_API_CLOCK_SKEW_S = envfloat("FRLM_API_CLOCK_SKEW_S", 60.0)
+FRLM_API_MAX_BODY = envint("FRLM_API_MAX_BODY", 64 * 1024)
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -270,7 +270,10 @@ class Stack:
             return False
 
     def _alive(self, group: str, member: str) -> bool:
-        return any(w.get("name") == member for w in presence.alive(self.client, group))
+        # A registered worker is in presence under its id, and its name is its label.
+        return any(
+            member in (w.get("name"), w.get("label")) for w in presence.alive(self.client, group)
+        )
 
     @staticmethod
     def _http_ok(url: str) -> bool:

@@ -8,6 +8,7 @@ from django.views.static import serve
 
 from runs.views import run_visible
 from traces import views as trace_views
+from workers import api as worker_api
 from workers import views as worker_views
 
 # The trace API is told who may read a run by the runs app (traces imports nothing of it).
@@ -35,6 +36,19 @@ urlpatterns = [
         name="api-aggregates",
     ),
     path("api/diff", trace_views.diff_json, access, name="api-diff"),
+    # The worker registration API: machine clients, token or signature, no session.
+    path("api/workers/register", worker_api.register, name="api-worker-register"),
+    path(
+        "api/workers/<str:worker_id>/heartbeat",
+        worker_api.heartbeat,
+        name="api-worker-heartbeat",
+    ),
+    path(
+        "api/workers/<str:worker_id>/deregister",
+        worker_api.deregister,
+        name="api-worker-deregister",
+    ),
+    path("api/openapi.json", worker_api.openapi, name="api-openapi"),
     path("vendor/plotly.min.js", trace_views.plotly_js, name="plotly-js"),
 ]
 

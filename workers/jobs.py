@@ -20,6 +20,7 @@ class Job(TypedDict):
 
 
 class Result(TypedDict, total=False):
+    run_id: str
     sq_id: str
     status: str  # started | ok | error | cancelled
     text: str
@@ -30,6 +31,7 @@ class Result(TypedDict, total=False):
     ms: float
     venue: str
     worker_id: str
+    sig: str  # the worker's signature of workers.signing.result_claim (final results)
 
 
 RESULT_FIELDS_INT = ("tokens_in", "tokens_out")

@@ -12,7 +12,7 @@ from celery.signals import worker_ready
 
 from frlm_web.redis_client import get_redis
 from traces.emitter import Emitter, Span
-from workers import backends, venues
+from workers import backends, signing, venues
 from workers.backends import ModelError, ModelSpec, chat
 from workers.jobs import Job, Result, cancelled_key, encode_result, results_stream
 
@@ -37,14 +37,19 @@ def subquery_execute(job: Job) -> None:
     span's start travels with the cancel check, its end with the result."""
     client = get_redis()
     venue, worker_id = venues.this_worker() or ("unknown", None)
-    base: Result = {"sq_id": job["sq_id"], "venue": venue, "worker_id": worker_id or ""}
+    base: Result = {
+        "run_id": job["run_id"],
+        "sq_id": job["sq_id"],
+        "venue": venue,
+        "worker_id": worker_id or "",
+    }
     stream = results_stream(job["run_id"])
     if time.time() > job["deadline"]:
-        client.xadd(stream, encode_result({**base, "status": "cancelled"}))
+        client.xadd(stream, encode_result(_signed({**base, "status": "cancelled"})))
         return
 
     emitter = Emitter(client, job["run_id"], venue=venue, worker_id=worker_id)
-    spec = ModelSpec.from_dict(job["model"])
+    spec = _served(ModelSpec.from_dict(job["model"]))
     if spec.kind == "sim":
         profile = {**_sim_profile(), **spec.sim, "attempt": job.get("attempt", 1) - 1}
         spec = ModelSpec(spec.kind, spec.model, spec.base_url, profile)
@@ -102,12 +107,31 @@ def subquery_execute(job: Job) -> None:
     )
 
 
+def _served(spec: ModelSpec) -> ModelSpec:
+    """A worker started with its own model backend (frlm_worker --backend openai) answers
+    with it whatever the run named; a replay still answers from its recording."""
+    raw = os.environ.get("FRLM_WORKER_BACKEND")
+    if not raw or spec.kind == "cassette":
+        return spec
+    own = json.loads(raw)
+    return ModelSpec(own["kind"], own["model"] or spec.model, own["base_url"], spec.sim)
+
+
+def _signed(result: Result) -> Result:
+    """A final result with this worker's signature; unsigned where no registered worker
+    runs this task (the conductor decides what it makes of that)."""
+    key = signing.process_key()
+    if key is None:
+        return result
+    return {**result, "sig": signing.result_sign(key, result)}
+
+
 def _finish(
     emitter: Emitter, span: Span, stream: str, result: Result, status: str, **fields: object
 ) -> None:
-    """End the Execute span and deliver the result in one round trip."""
+    """End the Execute span and deliver the signed result in one round trip."""
     pipe = emitter.client.pipeline(transaction=False)
     with emitter.batch(pipe):
         span.end(status, **fields)
-    pipe.xadd(stream, encode_result(result))
+    pipe.xadd(stream, encode_result(_signed(result)))
     pipe.execute()

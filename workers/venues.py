@@ -29,7 +29,8 @@ class LiveWorker(TypedDict, total=False):
     inflight: int  # from the last heartbeat
     load: float  # inflight / concurrency, from the last heartbeat
     memory_mb: float
-    latency_ms: float  # the worker's own recent median, from the last heartbeat
+    latency_ms: float | None  # the worker's own recent median (None before its first)
+    draining: bool  # shutting down: finishing what it holds; send it nothing new
     pid: int
 
 
@@ -52,8 +53,10 @@ def queued(client: redis.Redis, venue: str) -> int:
 
 
 def this_worker() -> tuple[str, str] | None:
-    """(venue, worker name) of this process, as told by frlm_worker."""
+    """(venue, worker id) of this process, as told by frlm_worker."""
     venue = os.environ.get("FRLM_VENUE")
     if not venue:
         return None
-    return venue, os.environ.get("FRLM_PRESENCE_NAME", f"{venue}-{os.getpid()}")
+    return venue, os.environ.get("FRLM_WORKER_ID") or os.environ.get(
+        "FRLM_PRESENCE_NAME", f"{venue}-{os.getpid()}"
+    )

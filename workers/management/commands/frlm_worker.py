@@ -3,71 +3,154 @@ from __future__ import annotations
 import json
 import os
 import socket
+from pathlib import Path
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
-from workers.models import Venue, venue_name_validator, venue_queue
-from workers.venues import presence_group
+from workers.client import Control, ControlError, HttpControl, LocalControl
+from workers.keys import public_b64
+from workers.models import Venue, venue_name_validator
+from workers.runtime import WorkerRuntime, default_key_file, load_key
+from workers.services import MAX_CONCURRENCY, NAME_RE, Registration
+
+SIM_KEYS = ("latency_ms", "spread", "straggler_rate", "failure_rate", "lie_rate", "seed")
 
 
 class Command(BaseCommand):
     help = (
-        "Run a venue worker: a Celery worker on the queue venue.<name> that answers "
-        "sub-queries with its model backend. Stops cleanly on SIGTERM."
+        "Run a registered venue worker: registers with the FRLM server (--server, --token) "
+        "or, without --server, in-process on this machine's database; consumes its own "
+        "queue worker.<id> and its venue's queue venue.<name>; heartbeats; signs its "
+        "results; on SIGTERM finishes what it runs, then deregisters."
     )
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--venue", required=True, help="venue name, e.g. local or edge")
+        parser.add_argument(
+            "--server",
+            default=None,
+            help="the FRLM web server's URL (e.g. http://10.0.0.5:8000); without it the "
+            "worker registers in-process, on this machine's database",
+        )
+        parser.add_argument(
+            "--token",
+            default=None,
+            help="the venue's enrolment token (`manage.py frlm_token`); required with --server",
+        )
         parser.add_argument("--kind", choices=[k for k, _ in Venue.Kind.choices], default=None)
         parser.add_argument("--concurrency", type=int, default=16, help="sub-queries at once")
-        parser.add_argument("--name", default=None, help="worker name (default: venue-host-pid)")
+        parser.add_argument(
+            "--name",
+            default=None,
+            help="worker name, unique in its venue (default: venue-host-pid)",
+        )
+        parser.add_argument(
+            "--key-file",
+            default=None,
+            help="the worker's ed25519 key, made on first use (default: "
+            "DATA_DIR/workers/<venue>/<name>.key)",
+        )
+        parser.add_argument("--backend", choices=["sim", "openai"], default="sim")
+        parser.add_argument(
+            "--base-url", default=None, help="the OpenAI-compatible endpoint (--backend openai)"
+        )
+        parser.add_argument("--model", default=None, help="the model this worker serves")
+        parser.add_argument("--context-tokens", type=int, default=128_000)
+        parser.add_argument("--price-in", type=float, default=0.0, help="$ per 1,000 tokens")
+        parser.add_argument("--price-out", type=float, default=0.0, help="$ per 1,000 tokens")
         sim = parser.add_argument_group("simulated model profile (when the worker model is sim)")
         sim.add_argument("--sim-latency-ms", type=float, default=None)
         sim.add_argument("--sim-spread", type=float, default=None)
         sim.add_argument("--sim-straggler-rate", type=float, default=None)
         sim.add_argument("--sim-failure-rate", type=float, default=None)
+        sim.add_argument(
+            "--sim-lie-rate",
+            type=float,
+            default=None,
+            help="share of replies that are confident and wrong",
+        )
         sim.add_argument("--sim-seed", type=int, default=None)
 
-    def handle(
-        self,
-        *args,
-        venue: str,
-        kind: str | None,
-        concurrency: int,
-        name: str | None,
-        **options,
-    ) -> None:
+    def handle(self, *args, **options) -> None:
+        """1. check the arguments, 2. set up the model backend and simulated profile,
+        3. choose in-process or HTTP registration, 4. run the worker until it stops."""
+        venue = options["venue"]
         try:
             venue_name_validator(venue)
         except ValidationError as exc:
             raise CommandError(f"--venue {venue!r}: {exc.messages[0]}") from exc
-        if not 1 <= concurrency <= 1024:
-            raise CommandError("--concurrency must be between 1 and 1024")
-        kinds = {k for k, _ in Venue.Kind.choices}
-        Venue.objects.get_or_create(
-            name=venue, defaults={"kind": kind or (venue if venue in kinds else "local")}
-        )
-        profile = {
-            key: options[f"sim_{key}"]
-            for key in ("latency_ms", "spread", "straggler_rate", "failure_rate", "seed")
-            if options.get(f"sim_{key}") is not None
+        concurrency = options["concurrency"]
+        if not 1 <= concurrency <= MAX_CONCURRENCY:
+            raise CommandError(f"--concurrency must be between 1 and {MAX_CONCURRENCY}")
+        name = options["name"] or f"{venue}-{socket.gethostname()}-{os.getpid()}"
+        if not NAME_RE.match(name):
+            raise CommandError(
+                f"--name {name!r}: 1 to 64 letters, digits, '.', '-' or '_', starting with a "
+                "letter or digit"
+            )
+        models = self._backend(options)
+        self._sim_profile(options)
+        key_path = Path(options["key_file"] or default_key_file(venue, name))
+        try:
+            key = load_key(key_path)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
+        registration: Registration = {
+            "name": name,
+            "venue": venue,
+            "models": models,
+            "concurrency": concurrency,
+            "context_tokens": options["context_tokens"],
+            "price_in": options["price_in"],
+            "price_out": options["price_out"],
+            "public_key": public_b64(key),
         }
+        control = self._control(options, venue, key)
+        runtime = WorkerRuntime(
+            control, registration, key, trusted_prefetch=settings.FRLM_WORKER_PREFETCH
+        )
+        try:
+            runtime.run()
+        except ControlError as exc:
+            raise CommandError(f"could not register: {exc}") from exc
+
+    def _backend(self, options: dict) -> list[str]:
+        """The models this worker serves: with the simulated model, whatever a run asks
+        (its reply is simulated either way); with an endpoint, the one model it names."""
+        if options["backend"] == "sim":
+            return [options["model"]] if options["model"] else []
+        if not options["model"]:
+            raise CommandError("--backend openai needs --model (the model the endpoint serves)")
+        base_url = options["base_url"] or settings.FRLM_OPENAI_BASE_URL
+        os.environ["FRLM_WORKER_BACKEND"] = json.dumps(
+            {"kind": "openai", "model": options["model"], "base_url": base_url}
+        )
+        return [options["model"]]
+
+    def _sim_profile(self, options: dict) -> None:
+        profile = {
+            key: options[f"sim_{key}"] for key in SIM_KEYS if options.get(f"sim_{key}") is not None
+        }
+        for key in ("straggler_rate", "failure_rate", "lie_rate"):
+            if not 0 <= profile.get(key, 0) <= 1:
+                raise CommandError(f"--sim-{key.replace('_', '-')} is a probability, 0 to 1")
         if profile:
             os.environ["FRLM_SIM_PROFILE"] = json.dumps(profile)
-        os.environ["FRLM_VENUE"] = venue
 
-        from frlm_web.celery import run_worker
-
-        run_worker(
-            queue=venue_queue(venue),
-            concurrency=concurrency,
-            name=name or f"{venue}-{socket.gethostname()}-{os.getpid()}",
-            group=presence_group(venue),
-            info={"venue": venue},
-            at_most_once=True,
-            # The conductor keeps queues short (credit-based dispatch), so a second
-            # message held per slot cannot hoard work; it saves the refill round trip.
-            prefetch=settings.FRLM_WORKER_PREFETCH,
+    def _control(self, options: dict, venue: str, key) -> Control:
+        if options["server"]:
+            if not options["token"]:
+                raise CommandError(
+                    "--server needs --token: an enrolment token of the venue "
+                    "(`python manage.py frlm_token --venue VENUE` on the server)"
+                )
+            return HttpControl(options["server"], options["token"], key)
+        # On the database's machine the worker may create its venue, like the demo needs.
+        kinds = {k for k, _ in Venue.Kind.choices}
+        kind = options["kind"] or (venue if venue in kinds else "local")
+        Venue.objects.get_or_create(
+            name=venue, defaults={"kind": kind, "trusted": kind == Venue.Kind.LOCAL}
         )
+        return LocalControl(options["token"])

@@ -1,0 +1,239 @@
+"""The worker registration API: JSON for machine clients, documented in workers/openapi.py.
+
+register is authorised by an enrolment token (Authorization: Bearer); heartbeat and
+deregister by the worker's ed25519 signature over {method, path, timestamp, body sha256}.
+No session, hence no CSRF: a forged browser request can carry neither."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_GET
+
+from frlm_web.redis_client import get_redis
+from workers import keys, services
+from workers.models import Worker
+from workers.openapi import schema
+from workers.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, request_claim, sha256_hex
+
+log = logging.getLogger(__name__)
+
+SCHEMA_HINT = "see /api/openapi.json"
+
+
+def error(
+    status: int, message: str, fix: str, fields: dict[str, list[str]] | None = None
+) -> JsonResponse:
+    """Every error of this API: what is wrong, what to do, and which fields."""
+    body: dict[str, Any] = {"error": message, "fix": fix}
+    if fields:
+        body["fields"] = fields
+    return JsonResponse(body, status=status)
+
+
+def _from(exc: services.WorkerError) -> JsonResponse:
+    return error(exc.status, str(exc), exc.fix, exc.fields or None)
+
+
+def machine_post(view: Callable[..., JsonResponse]) -> Callable[..., JsonResponse]:
+    """POST only, CSRF-exempt (no cookies are honoured), with a bounded body."""
+
+    @csrf_exempt
+    @functools.wraps(view)
+    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> JsonResponse:
+        if request.method != "POST":
+            response = error(405, f"{request.method} is not allowed here", "send a POST")
+            response["Allow"] = "POST"
+            return response
+        limit = settings.FRLM_API_MAX_BODY
+        try:
+            declared = int(request.META.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            declared = 0
+        if declared > limit:
+            return _too_big(limit)
+        try:
+            body = request.body
+        except RequestDataTooBig:
+            return _too_big(limit)
+        if len(body) > limit:
+            return _too_big(limit)
+        return view(request, *args, **kwargs)
+
+    return wrapped
+
+
+def _too_big(limit: int) -> JsonResponse:
+    return error(
+        413,
+        f"the request body is larger than {limit} bytes",
+        "send only the fields the schema describes; " + SCHEMA_HINT,
+    )
+
+
+def _json_body(request: HttpRequest) -> Any:
+    """The body as JSON, or Invalid."""
+    if not request.body:
+        return {}
+    try:
+        return json.loads(request.body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise services.Invalid(
+            f"the body is not valid JSON: {exc}",
+            "send a JSON object with Content-Type: application/json; " + SCHEMA_HINT,
+        ) from exc
+
+
+@machine_post
+def register(request: HttpRequest) -> JsonResponse:
+    auth = request.META.get("HTTP_AUTHORIZATION", "")
+    scheme, _, token = auth.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return error(
+            401,
+            "no enrolment token: send the header `Authorization: Bearer <token>`",
+            "ask the venue's operator for a token (`python manage.py frlm_token --venue VENUE`)",
+        )
+    try:
+        worker = services.worker_register(token.strip(), _json_body(request))
+    except services.WorkerError as exc:
+        if exc.status == 401:
+            log.warning("registration refused: %s", exc)
+        return _from(exc)
+    return JsonResponse(
+        {
+            "worker_id": worker.id,
+            "queue": worker.queue,
+            "venue": worker.venue.name,
+            "venue_queue": worker.venue.queue,
+            "heartbeat_s": float(settings.FRLM_WORKER_HEARTBEAT_S),
+            "trusted": worker.venue.trusted,
+        },
+        status=201,
+    )
+
+
+def signed(view: Callable[..., JsonResponse]) -> Callable[..., JsonResponse]:
+    """Load the worker named in the URL and check the request is its signed word:
+    1. the worker exists and has not left (404, 410), 2. the timestamp is within the
+    replay window, 3. the signature is the worker's (401 and a strike otherwise),
+    4. the same signed request was not seen before (a replay)."""
+
+    @machine_post
+    @functools.wraps(view)
+    def wrapped(request: HttpRequest, worker_id: str) -> JsonResponse:
+        worker = Worker.objects.select_related("venue").filter(id=worker_id).first()
+        if worker is None:
+            log.warning("%s for unknown worker %r refused", request.path, worker_id[:40])
+            return error(
+                404,
+                f"no worker {worker_id!r}",
+                "register (POST /api/workers/register) and use the worker_id it returns",
+            )
+        if worker.status == Worker.Status.DEREGISTERED:
+            log.warning("%s for deregistered worker %s refused", request.path, worker.id)
+            return error(
+                410,
+                f"worker {worker.id} was deregistered",
+                "stop this worker, or register again with an enrolment token",
+            )
+        stamp = request.META.get("HTTP_" + TIMESTAMP_HEADER.upper().replace("-", "_"), "")
+        sig = request.META.get("HTTP_" + SIGNATURE_HEADER.upper().replace("-", "_"), "")
+        fix = (
+            f"sign canonical JSON of {{method, path, timestamp, body_sha256}} with the "
+            f"worker's key; send it in {SIGNATURE_HEADER} and the epoch seconds in "
+            f"{TIMESTAMP_HEADER}; " + SCHEMA_HINT
+        )
+        if not stamp or not sig:
+            return error(401, f"{TIMESTAMP_HEADER} and {SIGNATURE_HEADER} are required", fix)
+        try:
+            skew = abs(time.time() - float(stamp))
+        except (ValueError, OverflowError):
+            skew = float("inf")
+        window = settings.FRLM_API_CLOCK_SKEW_S
+        if not skew <= window:
+            log.warning("stale request for worker %s refused (%s)", worker.id, stamp[:32])
+            return error(
+                401,
+                f"{TIMESTAMP_HEADER} is not within {window:g} s of the server's clock",
+                "sign each request afresh with the current time; check the worker's clock",
+            )
+        claim = request_claim(request.method or "POST", request.path, stamp, request.body)
+        if not keys.verify(worker.public_key, claim, sig):
+            services.worker_strike(worker.id, f"bad signature on {request.method} {request.path}")
+            return error(401, "the signature does not match this worker's key", fix)
+        if not _first_use(sig):
+            log.warning("replayed request for worker %s refused", worker.id)
+            return error(401, "this signed request was already used", "sign each request afresh")
+        return view(request, worker)
+
+    return wrapped
+
+
+def _first_use(sig: str) -> bool:
+    """True the first time a signature is seen within the replay window."""
+    ttl = int(settings.FRLM_API_CLOCK_SKEW_S * 2) + 1
+    try:
+        return bool(get_redis().set(f"frlm:api:sig:{sha256_hex(sig)}", 1, nx=True, ex=ttl))
+    except redis.RedisError:
+        return True  # the timestamp window still bounds a replay
+
+
+@signed
+def heartbeat(request: HttpRequest, worker: Worker) -> JsonResponse:
+    try:
+        figures = services.figures_clean(_json_body(request))
+        entry = services.worker_heartbeat(worker, figures)
+    except services.WorkerError as exc:
+        return _from(exc)
+    except redis.RedisError:
+        return error(
+            503,
+            "presence (Redis) is unreachable; the heartbeat was not recorded",
+            "retry at the next heartbeat",
+        )
+    return JsonResponse(
+        {
+            "worker_id": worker.id,
+            "status": worker.status,
+            "heartbeat_s": float(settings.FRLM_WORKER_HEARTBEAT_S),
+            "load": entry["load"],
+        }
+    )
+
+
+@signed
+def deregister(request: HttpRequest, worker: Worker) -> JsonResponse:
+    try:
+        body = _json_body(request)
+    except services.WorkerError as exc:
+        return _from(exc)
+    if (
+        not isinstance(body, dict)
+        or set(body) - {"reason"}
+        or not isinstance(body.get("reason", ""), str)
+    ):
+        return error(
+            400,
+            'the body must be {} or {"reason": "..."}',
+            "send an empty JSON object; " + SCHEMA_HINT,
+            {"body": ["only `reason`, a string, is allowed"]},
+        )
+    services.worker_deregister(worker)
+    log.info("worker %s left: %s", worker.id, str(body.get("reason", ""))[:200])
+    return JsonResponse({"worker_id": worker.id, "status": Worker.Status.DEREGISTERED})
+
+
+@require_GET
+def openapi(request: HttpRequest) -> JsonResponse:
+    return JsonResponse(schema(request.build_absolute_uri("/").rstrip("/")))

@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError
+
+from workers.models import Venue, venue_name_validator
+from workers.services import token_create
+
+
+class Command(BaseCommand):
+    help = (
+        "Create an enrolment token with which workers join a venue "
+        "(`frlm_worker --server URL --token TOKEN --venue VENUE`). The token is printed "
+        "once and not kept: only its sha256 is stored."
+    )
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--venue", required=True, help="venue name; created if missing")
+        parser.add_argument("--kind", choices=[k for k, _ in Venue.Kind.choices], default=None)
+        parser.add_argument(
+            "--ttl-hours", type=float, default=None, help="expires after this (default: never)"
+        )
+        parser.add_argument("--label", default="", help="a note: who or what the token is for")
+
+    def handle(
+        self, *args, venue: str, kind: str | None, ttl_hours: float | None, label: str, **_
+    ) -> None:
+        try:
+            venue_name_validator(venue)
+        except ValidationError as exc:
+            raise CommandError(f"--venue {venue!r}: {exc.messages[0]}") from exc
+        if ttl_hours is not None and not 0 < ttl_hours <= 24 * 366:
+            raise CommandError("--ttl-hours must be more than 0 and at most a year (8784)")
+        if len(label) > 100:
+            raise CommandError("--label is at most 100 characters")
+        kinds = {k for k, _ in Venue.Kind.choices}
+        row, created = Venue.objects.get_or_create(
+            name=venue, defaults={"kind": kind or (venue if venue in kinds else "local")}
+        )
+        ttl = timedelta(hours=ttl_hours) if ttl_hours else None
+        token, plaintext = token_create(row, ttl=ttl, label=label)
+        if created:
+            self.stderr.write(f"created venue {venue!r} (kind {row.kind})")
+        expires = f"expires {token.expires:%Y-%m-%d %H:%M} UTC" if token.expires else "no expiry"
+        self.stderr.write(f"enrolment token for venue {venue!r} ({expires}); shown only now:")
+        self.stdout.write(plaintext)

@@ -1,0 +1,219 @@
+"""The worker runtime: a registered worker's life around its Celery consumer.
+
+register -> consume `worker.<id>` and `venue.<name>` -> heartbeat every heartbeat_s with
+load, memory, in-flight and recent latency -> on SIGTERM announce draining, finish what
+is running, then deregister (which takes it out of presence at once, so the conductor
+re-dispatches whatever it had prefetched but not started)."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import resource
+import signal
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from celery.signals import (
+    task_postrun,
+    task_prerun,
+    worker_ready,
+    worker_shutdown,
+    worker_shutting_down,
+)
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from django.conf import settings
+from django.db import close_old_connections
+
+from workers import keys, signing
+from workers.client import Control, ControlError, Registered
+from workers.services import Figures, Registration
+
+log = logging.getLogger(__name__)
+
+SUBQUERY_TASK = "workers.subquery_execute"
+LATENCY_WINDOW = 50  # sub-queries the reported latency is the median of
+
+
+def default_key_file(venue: str, name: str) -> Path:
+    return Path(settings.DATA_DIR) / "workers" / venue / f"{name}.key"
+
+
+def rss_mb() -> float:
+    """This process's resident memory now (peak where /proc is missing)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class Tally:
+    """Sub-queries running now and how long the recent ones took, fed by Celery's task
+    signals (sent in the pool's threads)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.inflight = 0
+        self.started: dict[str, float] = {}
+        self.recent: collections.deque[float] = collections.deque(maxlen=LATENCY_WINDOW)
+
+    def begin(self, task_id: str) -> None:
+        with self.lock:
+            self.inflight += 1
+            self.started[task_id] = time.monotonic()
+
+    def end(self, task_id: str) -> None:
+        with self.lock:
+            began = self.started.pop(task_id, None)
+            if began is None:
+                return
+            self.inflight = max(0, self.inflight - 1)
+            self.recent.append((time.monotonic() - began) * 1000)
+
+    def figures(self, *, draining: bool) -> Figures:
+        with self.lock:
+            latency = statistics.median(self.recent) if self.recent else None
+            return {
+                "inflight": self.inflight,
+                "memory_mb": round(rss_mb(), 1),
+                "latency_ms": round(latency, 1) if latency is not None else None,
+                "pid": os.getpid(),
+                "draining": draining,
+            }
+
+
+@dataclass
+class WorkerRuntime:
+    """One registered worker in this process. `run()` blocks until the worker stops."""
+
+    control: Control
+    registration: Registration
+    key: Ed25519PrivateKey
+    trusted_prefetch: int = 2
+    registered: Registered | None = None
+    tally: Tally = field(default_factory=Tally)
+    draining: bool = False
+    stopping: threading.Event = field(default_factory=threading.Event)
+    beats: int = 0
+    _thread: threading.Thread | None = None
+
+    def run(self) -> None:
+        """1. register, 2. make this process sign its results and name itself in them,
+        3. run the Celery consumer on the worker's own queue and its venue's queue, with
+        heartbeats from the moment it consumes until it has finished its work."""
+        self.registered = reg = self.control.register(self.registration)
+        log.warning(
+            "worker %s registered as %s in venue %s; consuming %s and %s",
+            reg["worker_id"],
+            self.registration["name"],
+            reg["venue"],
+            reg["queue"],
+            reg["venue_queue"],
+        )
+        signing.use_process_key(self.key)
+        os.environ["FRLM_VENUE"] = reg["venue"]
+        os.environ["FRLM_WORKER_ID"] = reg["worker_id"]
+        self._connect()
+
+        from frlm_web.celery import run_worker
+
+        run_worker(
+            queue=f"{reg['queue']},{reg['venue_queue']}",
+            concurrency=self.registration["concurrency"],
+            name=f"{self.registration['name']}-{reg['worker_id']}",
+            group=None,
+            info={},
+            at_most_once=True,
+            # An untrusted worker holds no more than it runs: what it holds is work the
+            # conductor must wait on and re-dispatch if the worker vanishes.
+            prefetch=self.trusted_prefetch if reg["trusted"] else 1,
+        )
+
+    # --- Celery's signals ---------------------------------------------------------------
+    def _connect(self) -> None:
+        task_prerun.connect(self._task_started, weak=False)
+        task_postrun.connect(self._task_ended, weak=False)
+        worker_ready.connect(self._ready, weak=False)
+        worker_shutting_down.connect(self._shutting_down, weak=False)
+        worker_shutdown.connect(self._shutdown, weak=False)
+
+    def _task_started(self, task_id: str = "", task: Any = None, **_: Any) -> None:
+        if getattr(task, "name", "") == SUBQUERY_TASK:
+            self.tally.begin(task_id)
+
+    def _task_ended(self, task_id: str = "", task: Any = None, **_: Any) -> None:
+        if getattr(task, "name", "") == SUBQUERY_TASK:
+            self.tally.end(task_id)
+
+    def _ready(self, **_: Any) -> None:
+        self.beat()  # in presence the moment it consumes, not a beat later
+        self._thread = threading.Thread(target=self._beat_loop, name="frlm-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _shutting_down(self, **_: Any) -> None:
+        # Runs in the signal handler: only flags; the heartbeat thread says it.
+        self.draining = True
+
+    def _shutdown(self, **_: Any) -> None:
+        """The pool has finished its work: stop beating, then leave."""
+        self.stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self.leave()
+
+    # --- heartbeats ---------------------------------------------------------------------
+    def beat(self) -> bool:
+        """One heartbeat; False when the server no longer knows this worker."""
+        assert self.registered is not None
+        try:
+            self.control.heartbeat(
+                self.registered["worker_id"], self.tally.figures(draining=self.draining)
+            )
+        except ControlError as exc:
+            if exc.gone:
+                log.error("the server dropped this worker: %s; stopping", exc)
+                return False
+            log.warning("heartbeat failed: %s", exc)
+        except Exception:
+            # A database or Redis hiccup must not end the heartbeats; the next one retries.
+            log.exception("heartbeat failed")
+        self.beats += 1
+        return True
+
+    def _beat_loop(self) -> None:
+        assert self.registered is not None
+        every = float(self.registered["heartbeat_s"])
+        try:
+            while not self.stopping.wait(every):
+                if not self.beat():
+                    # Deregistered under us (an operator, a superseding restart): stop
+                    # consuming, finish what runs, exit.
+                    self.stopping.set()
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    return
+        finally:
+            close_old_connections()
+
+    def leave(self) -> None:
+        assert self.registered is not None
+        try:
+            self.control.deregister(self.registered["worker_id"])
+            log.warning("worker %s deregistered", self.registered["worker_id"])
+        except ControlError as exc:
+            if not exc.gone:
+                log.error("could not deregister: %s (its presence expires by itself)", exc)
+        except Exception:
+            log.exception("could not deregister (its presence expires by itself)")
+
+
+def load_key(path: Path) -> Ed25519PrivateKey:
+    try:
+        return keys.load_or_create(path)
+    except keys.BadKey as exc:
+        raise ValueError(f"the key file {path} is not an FRLM worker key: {exc}") from exc

@@ -1,0 +1,444 @@
+"""Writes about workers: enrolment tokens, registration, heartbeats, leaving, being lost,
+and strikes against a worker that signed badly or forged a result.
+
+Errors are exceptions carrying an HTTP status and a message that says what to do, so the
+JSON API and the in-process runtime report the same thing the same way."""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import secrets
+from datetime import timedelta
+from typing import Any, TypedDict
+
+import redis
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from frlm_web import presence
+from frlm_web.redis_client import get_redis
+from workers import keys
+from workers.models import EnrolmentToken, Venue, Worker, token_digest
+from workers.venues import LiveWorker, presence_group
+
+log = logging.getLogger(__name__)
+
+TOKEN_PREFIX = "frlmt_"  # noqa: S105 (a marker that makes tokens recognisable, not a secret)
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+MODEL_RE = re.compile(r"^[\x21-\x7e]{1,128}$")  # printable ASCII, no spaces
+MAX_MODELS = 64
+MAX_CONCURRENCY = 1024
+MAX_CONTEXT_TOKENS = 100_000_000
+MAX_PRICE = 1_000_000.0  # dollars per 1,000 tokens: anything above is a typo
+REGISTRATION_FIELDS = (
+    "name",
+    "venue",
+    "models",
+    "concurrency",
+    "context_tokens",
+    "price_in",
+    "price_out",
+    "public_key",
+)
+HEARTBEAT_FIELDS = ("inflight", "memory_mb", "latency_ms", "pid", "draining")
+
+
+class Registration(TypedDict, total=False):
+    """What a worker says about itself when it registers (the body of POST register)."""
+
+    name: str
+    venue: str
+    models: list[str]  # [] serves any model
+    concurrency: int
+    context_tokens: int
+    price_in: float  # dollars per 1,000 tokens
+    price_out: float
+    public_key: str  # base64 of the 32-byte ed25519 public key
+
+
+class Figures(TypedDict, total=False):
+    """A heartbeat's body: how the worker is doing right now."""
+
+    inflight: int  # sub-queries running now
+    memory_mb: float  # resident memory of the worker process
+    latency_ms: float | None  # median of its recent sub-queries; None before the first
+    pid: int
+    draining: bool  # shutting down: finishing what it holds, taking nothing new
+
+
+class WorkerError(Exception):
+    """A request about a worker cannot be done. `status` is the HTTP status the API answers
+    with, the message says what is wrong, `fix` what to do, `fields` which inputs."""
+
+    status = 400
+
+    def __init__(self, message: str, fix: str, fields: dict[str, list[str]] | None = None):
+        super().__init__(message)
+        self.fix = fix
+        self.fields = fields or {}
+
+
+class Invalid(WorkerError):
+    status = 400
+
+
+class TokenRejected(WorkerError):
+    status = 401
+
+
+class NameTaken(WorkerError):
+    status = 409
+
+
+class WorkerUnknown(WorkerError):
+    status = 404
+
+
+class WorkerGone(WorkerError):
+    status = 410
+
+
+# --- enrolment tokens --------------------------------------------------------------------
+def token_create(
+    venue: Venue, *, ttl: timedelta | None = None, label: str = "", user: Any = None
+) -> tuple[EnrolmentToken, str]:
+    """A new enrolment token for `venue` and its plaintext, which is not kept anywhere:
+    show it once."""
+    plaintext = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    token = EnrolmentToken.objects.create(
+        venue=venue,
+        digest=token_digest(plaintext),
+        label=label[:100],
+        created_by=user if getattr(user, "pk", None) else None,
+        expires=timezone.now() + ttl if ttl else None,
+    )
+    return token, plaintext
+
+
+def token_check(plaintext: str) -> EnrolmentToken:
+    """The live token whose plaintext this is, or TokenRejected saying why not."""
+    fix = (
+        "ask the venue's operator for a fresh enrolment token "
+        "(`python manage.py frlm_token --venue VENUE` or the admin)"
+    )
+    if not isinstance(plaintext, str) or not plaintext:
+        raise TokenRejected("no enrolment token was given", fix)
+    token = (
+        EnrolmentToken.objects.select_related("venue")
+        .filter(digest=token_digest(plaintext))
+        .first()
+    )
+    if token is None:
+        raise TokenRejected("this enrolment token is not known", fix)
+    if token.revoked:
+        raise TokenRejected("this enrolment token was revoked", fix)
+    if token.expires is not None and token.expires <= timezone.now():
+        raise TokenRejected(
+            f"this enrolment token expired at {token.expires:%Y-%m-%d %H:%M} UTC", fix
+        )
+    return token
+
+
+# --- registration ------------------------------------------------------------------------
+def _int_field(data: dict, key: str, low: int, high: int, errors: dict[str, list[str]]) -> int:
+    value = data.get(key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        errors.setdefault(key, []).append(f"must be a whole number from {low} to {high}")
+        return 0
+    if not low <= value <= high:
+        errors.setdefault(key, []).append(f"must be from {low} to {high}; got {value}")
+    return value
+
+
+def _price_field(data: dict, key: str, errors: dict[str, list[str]]) -> float:
+    value = data.get(key, 0.0)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        errors.setdefault(key, []).append("must be a number of dollars per 1,000 tokens, >= 0")
+        return 0.0
+    if not 0 <= value <= MAX_PRICE:
+        errors.setdefault(key, []).append(f"must be from 0 to {MAX_PRICE:g}; got {value}")
+    return float(value)
+
+
+def registration_clean(data: Any, venue: Venue) -> Registration:
+    """The registration in `data`, checked field by field, or Invalid with every field's
+    errors at once (a worker fixes them in one go)."""
+    if not isinstance(data, dict):
+        raise Invalid(
+            "the body must be a JSON object",
+            "send the registration as a JSON object; see /api/openapi.json",
+        )
+    errors: dict[str, list[str]] = {}
+    for key in sorted(set(data) - set(REGISTRATION_FIELDS)):
+        errors.setdefault(key, []).append(
+            "unknown field; allowed: " + ", ".join(REGISTRATION_FIELDS)
+        )
+    name = data.get("name")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        errors.setdefault("name", []).append(
+            "must be 1 to 64 letters, digits, '.', '-' or '_', starting with a letter or digit"
+        )
+    venue_name = data.get("venue")
+    if not isinstance(venue_name, str) or not venue_name:
+        errors.setdefault("venue", []).append("must be the name of the token's venue")
+    elif venue_name != venue.name:
+        errors.setdefault("venue", []).append(
+            f"this enrolment token is for venue {venue.name!r}, not {venue_name!r}"
+        )
+    models = data.get("models", [])
+    if not isinstance(models, list) or len(models) > MAX_MODELS:
+        errors.setdefault("models", []).append(
+            f"must be a list of at most {MAX_MODELS} model names ([] serves any model)"
+        )
+        models = []
+    elif not all(isinstance(m, str) and MODEL_RE.match(m) for m in models):
+        errors.setdefault("models", []).append(
+            "each model name must be 1 to 128 printable characters without spaces"
+        )
+    elif len(set(models)) != len(models):
+        errors.setdefault("models", []).append("names a model more than once")
+    concurrency = _int_field(data, "concurrency", 1, MAX_CONCURRENCY, errors)
+    context_tokens = _int_field(
+        {"context_tokens": 128_000, **data}, "context_tokens", 1, MAX_CONTEXT_TOKENS, errors
+    )
+    price_in = _price_field(data, "price_in", errors)
+    price_out = _price_field(data, "price_out", errors)
+    public_key = data.get("public_key")
+    try:
+        keys.public_from_b64(public_key)  # type: ignore[arg-type]
+    except keys.BadKey as exc:
+        errors.setdefault("public_key", []).append(str(exc))
+    if errors:
+        raise Invalid(
+            "the registration has errors in: " + ", ".join(sorted(errors)),
+            "correct the fields listed in `fields` and register again",
+            errors,
+        )
+    return {
+        "name": name,  # type: ignore[typeddict-item]
+        "venue": venue.name,
+        "models": list(models),
+        "concurrency": concurrency,
+        "context_tokens": context_tokens,
+        "price_in": price_in,
+        "price_out": price_out,
+        "public_key": public_key,  # type: ignore[typeddict-item]
+    }
+
+
+def worker_register(plaintext_token: str, data: Any) -> Worker:
+    """1. check the token, 2. check every field, 3. retire the worker's previous
+    registration if it comes back with the same name and key (a restart: its old id leaves
+    presence, so the conductor re-dispatches what the old process held), 4. create the
+    worker. It joins presence with its first heartbeat, once it consumes its queues."""
+    token = token_check(plaintext_token)
+    reg = registration_clean(data, token.venue)
+    try:
+        with transaction.atomic():
+            previous = list(
+                Worker.objects.select_for_update()
+                .filter(venue=token.venue, name=reg["name"])
+                .exclude(status=Worker.Status.DEREGISTERED)
+            )
+            for old in previous:
+                if old.public_key != reg["public_key"]:
+                    raise NameTaken(
+                        f"venue {token.venue.name!r} already has a worker named {reg['name']!r} "
+                        f"({old.id}) with another key",
+                        "choose another name, or stop that worker (it deregisters on SIGTERM) "
+                        "or deregister it in the admin",
+                        {"name": ["taken in this venue by a worker with another key"]},
+                    )
+                _retire(old, "registered again")
+            worker = Worker.objects.create(
+                name=reg["name"],
+                venue=token.venue,
+                token=token,
+                models_served=reg["models"],
+                concurrency=reg["concurrency"],
+                context_tokens=reg["context_tokens"],
+                price_in=reg["price_in"],
+                price_out=reg["price_out"],
+                public_key=reg["public_key"],
+            )
+    except IntegrityError as exc:
+        # Two registrations of one name raced; the loser is told as if it came second.
+        raise NameTaken(
+            f"venue {token.venue.name!r} already has a worker named {reg['name']!r}",
+            "choose another name, or wait for the other worker to leave",
+            {"name": ["taken in this venue"]},
+        ) from exc
+    log.info("worker %s registered as %s in venue %s", worker.id, worker.name, worker.venue)
+    return worker
+
+
+def _retire(worker: Worker, why: str) -> None:
+    Worker.objects.filter(id=worker.id).update(
+        status=Worker.Status.DEREGISTERED, deregistered=timezone.now()
+    )
+    _withdraw(worker)
+    log.info("worker %s (%s) deregistered: %s", worker.id, worker.name, why)
+
+
+def _withdraw(worker: Worker) -> None:
+    try:
+        presence.withdraw(get_redis(), presence_group(worker.venue.name), worker.id)
+    except redis.RedisError:
+        log.warning("could not withdraw worker %s from presence: Redis is unreachable", worker.id)
+
+
+# --- heartbeats --------------------------------------------------------------------------
+def figures_clean(data: Any) -> Figures:
+    if not isinstance(data, dict):
+        raise Invalid(
+            "the heartbeat body must be a JSON object",
+            "send {inflight, memory_mb, latency_ms}; see /api/openapi.json",
+        )
+    errors: dict[str, list[str]] = {}
+    for key in sorted(set(data) - set(HEARTBEAT_FIELDS)):
+        errors.setdefault(key, []).append("unknown field; allowed: " + ", ".join(HEARTBEAT_FIELDS))
+    inflight = _int_field({"inflight": 0, **data}, "inflight", 0, 1_000_000, errors)
+    figures: Figures = {"inflight": inflight}
+    for key in ("memory_mb", "latency_ms"):
+        value = data.get(key)
+        if value is None and key == "latency_ms":
+            figures[key] = None  # type: ignore[literal-required]
+            continue
+        if value is None:
+            value = 0.0
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            errors.setdefault(key, []).append("must be a number >= 0")
+        elif not math.isfinite(value) or not 0 <= value <= 1e12:
+            errors.setdefault(key, []).append("must be a finite number >= 0")
+        else:
+            figures[key] = float(value)  # type: ignore[literal-required]
+    if "pid" in data:
+        figures["pid"] = _int_field(data, "pid", 0, 2**31 - 1, errors)
+    draining = data.get("draining", False)
+    if not isinstance(draining, bool):
+        errors.setdefault("draining", []).append("must be true or false")
+    figures["draining"] = draining is True
+    if errors:
+        raise Invalid(
+            "the heartbeat has errors in: " + ", ".join(sorted(errors)),
+            "correct the fields listed in `fields`",
+            errors,
+        )
+    return figures
+
+
+def live_entry(worker: Worker, figures: Figures) -> LiveWorker:
+    """The presence entry of `worker` with this heartbeat's figures."""
+    inflight = int(figures.get("inflight", 0))
+    entry: LiveWorker = {
+        "worker_id": worker.id,
+        "name": worker.id,
+        "label": worker.name,
+        "venue": worker.venue.name,
+        "queue": worker.queue,
+        "concurrency": worker.concurrency,
+        "models": list(worker.models_served),
+        "context_tokens": worker.context_tokens,
+        "price_in": worker.price_in,
+        "price_out": worker.price_out,
+        "trusted": worker.venue.trusted,
+        "inflight": inflight,
+        "load": inflight / max(1, worker.concurrency),
+        "memory_mb": float(figures.get("memory_mb") or 0.0),
+        "latency_ms": figures.get("latency_ms"),  # type: ignore[typeddict-item]
+        "draining": bool(figures.get("draining")),
+    }
+    if figures.get("pid"):
+        entry["pid"] = int(figures["pid"])
+    return entry
+
+
+def worker_heartbeat(worker: Worker, figures: Figures) -> LiveWorker:
+    """1. note the heartbeat in the database when the last note is older than
+    FRLM_HEARTBEAT_WRITE_S (a lost worker that beats again is active again), 2. announce the
+    worker in its venue's presence with these figures. WorkerGone if it was deregistered,
+    WorkerUnknown if its row is gone."""
+    now = timezone.now()
+    due = (
+        worker.last_heartbeat is None
+        or worker.status != Worker.Status.ACTIVE
+        or (now - worker.last_heartbeat).total_seconds() >= settings.FRLM_HEARTBEAT_WRITE_S
+    )
+    if due:
+        updated = (
+            Worker.objects.filter(id=worker.id)
+            .exclude(status=Worker.Status.DEREGISTERED)
+            .update(status=Worker.Status.ACTIVE, last_heartbeat=now, health=dict(figures))
+        )
+        if not updated:
+            status = Worker.objects.filter(id=worker.id).values_list("status", flat=True).first()
+            if status is None:
+                raise WorkerUnknown(
+                    f"no worker {worker.id}",
+                    "register again with an enrolment token",
+                )
+            raise WorkerGone(
+                f"worker {worker.id} was deregistered",
+                "stop this worker, or register again with an enrolment token",
+            )
+        if worker.status == Worker.Status.LOST:
+            log.info("worker %s (%s) is back after being lost", worker.id, worker.name)
+        worker.status, worker.last_heartbeat, worker.health = Worker.Status.ACTIVE, now, figures
+    entry = live_entry(worker, figures)
+    presence.announce(get_redis(), presence_group(worker.venue.name), worker.id, dict(entry))
+    return entry
+
+
+# --- leaving -----------------------------------------------------------------------------
+def worker_deregister(worker: Worker) -> bool:
+    """The worker leaves for good: deregistered, and out of presence at once. True if this
+    call deregistered it (False: it already was)."""
+    updated = (
+        Worker.objects.filter(id=worker.id)
+        .exclude(status=Worker.Status.DEREGISTERED)
+        .update(status=Worker.Status.DEREGISTERED, deregistered=timezone.now())
+    )
+    _withdraw(worker)
+    if updated:
+        worker.status = Worker.Status.DEREGISTERED
+        log.info("worker %s (%s) deregistered", worker.id, worker.name)
+    return bool(updated)
+
+
+def worker_mark_lost(worker_id: str) -> bool:
+    """An active worker stopped beating: mark it lost and take it out of presence. True
+    only for the one caller that made the change (several conductors may notice)."""
+    updated = Worker.objects.filter(id=worker_id, status=Worker.Status.ACTIVE).update(
+        status=Worker.Status.LOST
+    )
+    if updated:
+        worker = Worker.objects.select_related("venue").get(id=worker_id)
+        _withdraw(worker)
+        log.warning("worker %s (%s) is lost: it missed its heartbeats", worker.id, worker.name)
+    return bool(updated)
+
+
+# --- strikes -----------------------------------------------------------------------------
+def strikes_key(worker_id: str) -> str:
+    return f"frlm:worker:{worker_id}:strikes"
+
+
+def worker_strike(worker_id: str, reason: str) -> int:
+    """Count a bad signature or a forged result against the worker; its reputation reads
+    the counter. Returns the worker's strikes so far."""
+    client = get_redis()
+    pipe = client.pipeline()
+    pipe.incr(strikes_key(worker_id))
+    # The latest reasons, for whoever investigates.
+    pipe.lpush(strikes_key(worker_id) + ":why", f"{timezone.now():%Y-%m-%dT%H:%M:%SZ} {reason}")
+    pipe.ltrim(strikes_key(worker_id) + ":why", 0, 99)
+    count = int(pipe.execute()[0])
+    log.warning("strike %d against worker %s: %s", count, worker_id, reason)
+    return count
+
+
+def worker_strikes(worker_id: str) -> int:
+    return int(get_redis().get(strikes_key(worker_id)) or 0)
