@@ -1,0 +1,222 @@
+"""The worker runtime against the real server and Redis: `frlm_worker --server` registers
+over HTTP, heartbeats into presence, consumes its own queue and its venue's, signs its
+results, and on SIGTERM finishes what it runs, deregisters and leaves presence."""
+
+from __future__ import annotations
+
+import signal
+import stat
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+
+from frlm_web import presence
+from frlm_web.redis_client import get_redis
+from frlm_web.stack import Proc, Stack, free_port, web_proc
+from tests.conftest import wait_until
+from workers.backends import model_spec
+from workers.jobs import Job, decode_result, results_stream
+from workers.models import Venue, Worker
+from workers.services import token_create
+from workers.signing import result_verify
+from workers.venues import LiveWorker, live_workers, presence_group
+
+
+@pytest.fixture(scope="module")
+def server(stack: Stack) -> Iterator[str]:
+    """The web server (daphne) next to the session's stack, as a remote worker reaches it."""
+    port = free_port()
+    proc = web_proc(port)
+    proc.name = "web-runtime"
+    stack.launch(proc)
+    stack.wait_ready(proc, 60)
+    yield f"http://127.0.0.1:{port}"
+    stack.kill(proc.name, signal.SIGTERM)
+
+
+def worker_proc(stack: Stack, venue: str, name: str, *extra: str) -> Proc:
+    manage = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py")]
+    argv = [*manage, "frlm_worker", "--venue", venue, "--name", name, *extra]
+    return Proc(f"worker-{name}", argv, lambda: live(venue, name) is not None)
+
+
+def live(venue: str, name: str) -> LiveWorker | None:
+    return next((w for w in live_workers(get_redis(), venue) if w.get("label") == name), None)
+
+
+def job(run_id: str, sq_id: str, prompt: str, latency_ms: float = 20) -> Job:
+    spec = model_spec("sim", role="worker")
+    model = {**spec.to_dict(), "sim": {"latency_ms": latency_ms, "spread": 0}}
+    return {
+        "run_id": run_id,
+        "sq_id": sq_id,
+        "submit_span": "s" + uuid.uuid4().hex[:15],
+        "prompt": prompt,
+        "model": model,
+        "deadline": time.time() + 60,
+        "depth": 1,
+        "timeout_s": 30,
+        "attempt": 1,
+    }
+
+
+def send(queue: str, work: Job) -> None:
+    from workers.tasks import subquery_execute
+
+    subquery_execute.apply_async(args=[work], queue=queue)
+
+
+def results(run_id: str) -> list[dict[str, Any]]:
+    return [decode_result(fields) for _, fields in get_redis().xrange(results_stream(run_id))]
+
+
+def finals(run_id: str, count: int) -> list[dict[str, Any]]:
+    def done() -> list[dict[str, Any]] | None:
+        out = [r for r in results(run_id) if r["status"] != "started"]
+        return out if len(out) >= count else None
+
+    return wait_until(done, timeout=60, what=f"{count} results of {run_id}")
+
+
+def test_it_registers_over_http_beats_consumes_signs_and_leaves_on_sigterm(
+    stack, server, transactional_db
+):
+    venue = Venue.objects.create(name="rtremote", kind="edge")
+    _, token = token_create(venue, label="runtime test")
+    proc = worker_proc(
+        stack,
+        "rtremote",
+        "rt-remote-1",
+        "--server",
+        server,
+        "--token",
+        token,
+        "--concurrency",
+        "2",
+        "--model",
+        "frlm-sim-worker",
+    )
+    stack.launch(proc)
+    try:
+        stack.wait_ready(proc, 60)
+        entry = live("rtremote", "rt-remote-1")
+        worker = Worker.objects.get(id=entry["worker_id"])
+        assert worker.name == "rt-remote-1" and worker.status == "active"
+        assert worker.token is not None and worker.token.label == "runtime test"
+        assert entry["name"] == worker.id and entry["queue"] == f"worker.{worker.id}"
+        assert entry["pid"] == proc.popen.pid and entry["memory_mb"] > 10
+        assert entry["models"] == ["frlm-sim-worker"] and entry["concurrency"] == 2
+        key_file = Path(settings.DATA_DIR) / "workers" / "rtremote" / "rt-remote-1.key"
+        assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+
+        # Heartbeats keep its presence fresh and reach the database.
+        group = presence_group("rtremote")
+        first = presence.entry(get_redis(), group, worker.id)[0]
+        wait_until(
+            lambda: presence.entry(get_redis(), group, worker.id)[0] > first + 1,
+            timeout=20,
+            what="a later heartbeat",
+        )
+        wait_until(
+            lambda: Worker.objects.get(id=worker.id).last_heartbeat is not None,
+            timeout=20,
+            what="a heartbeat in the database",
+        )
+
+        # It answers on its own queue and on its venue's, and signs what it returns.
+        run_id = "rt" + uuid.uuid4().hex[:10]
+        send(f"worker.{worker.id}", job(run_id, "1.1", "What is 2+2? Fragment: 2+2=4"))
+        send("venue.rtremote", job(run_id, "2.1", "Say hello. Fragment: hello"))
+        done = finals(run_id, 2)
+        assert {r["sq_id"] for r in done} == {"1.1", "2.1"}
+        for result in done:
+            assert result["status"] == "ok" and result["worker_id"] == worker.id
+            assert result_verify(result, worker.public_key)
+            assert not result_verify({**result, "text": result["text"] + "!"}, worker.public_key)
+            assert not result_verify({**result, "sq_id": "9.1"}, worker.public_key)
+            assert not result_verify({**result, "worker_id": "wother"}, worker.public_key)
+        wait_until(
+            lambda: live("rtremote", "rt-remote-1").get("latency_ms") is not None,
+            timeout=20,
+            what="the latency of its recent sub-queries in its heartbeat",
+        )
+
+        stack.kill(proc.name, signal.SIGTERM)
+        assert proc.popen.returncode == 0, stack.log_tail(proc.name)
+        worker.refresh_from_db()
+        assert worker.status == "deregistered"
+        assert presence.entry(get_redis(), group, worker.id) is None
+    finally:
+        stack.kill(proc.name)
+
+
+def test_it_finishes_running_work_on_sigterm_then_deregisters(stack, transactional_db):
+    """In-process registration (no --server), as `make up` starts workers."""
+    proc = worker_proc(stack, "rtdrain", "rt-drain-1", "--concurrency", "2")
+    stack.launch(proc)
+    try:
+        stack.wait_ready(proc, 60)
+        worker_id = live("rtdrain", "rt-drain-1")["worker_id"]
+        run_id = "rt" + uuid.uuid4().hex[:10]
+        for i in (1, 2):
+            send(f"worker.{worker_id}", job(run_id, f"{i}.1", f"Echo {i}.", latency_ms=2500))
+        wait_until(
+            lambda: len([r for r in results(run_id) if r["status"] == "started"]) == 2,
+            timeout=30,
+            what="both jobs to start",
+        )
+        proc.popen.send_signal(signal.SIGTERM)
+        wait_until(
+            lambda: (live("rtdrain", "rt-drain-1") or {}).get("draining"),
+            timeout=10,
+            what="the worker to announce it is draining",
+        )
+        assert proc.popen.wait(timeout=60) == 0, stack.log_tail(proc.name)
+        worker = Worker.objects.get(id=worker_id)
+        done = finals(run_id, 2)
+        assert [r["status"] for r in done] == ["ok", "ok"]
+        assert all(result_verify(r, worker.public_key) for r in done)
+        assert worker.status == "deregistered"
+        assert live("rtdrain", "rt-drain-1") is None
+    finally:
+        stack.kill(proc.name)
+
+
+def test_it_refuses_to_start_with_a_bad_token(stack, server, subprocess_env):
+    import subprocess
+
+    Venue.objects.get_or_create(name="rtremote")
+    out = subprocess.run(
+        [
+            sys.executable,
+            "manage.py",
+            "frlm_worker",
+            "--venue",
+            "rtremote",
+            "--server",
+            server,
+            "--token",
+            "frlmt_nope",
+        ],
+        cwd=settings.BASE_DIR,
+        env=subprocess_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode != 0
+    assert "could not register: this enrolment token is not known" in out.stderr
+    assert "frlm_token" in out.stderr
+
+
+def test_it_registers_the_stacks_workers_under_their_ids(stack):
+    for venue in stack.venues:
+        entry = live(venue.name, venue.member)
+        assert entry is not None and entry["worker_id"].startswith("w")
+        assert entry["name"] == entry["worker_id"] and entry["venue"] == venue.name
