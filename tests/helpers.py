@@ -71,6 +71,21 @@ def trace(run: Run, timeout: float = 20.0) -> list[dict[str, Any]]:
     return wait_until(stored, timeout=timeout, what=f"trace of {run.id}")
 
 
+def stack_worker_ids() -> set[str]:
+    """The ids under which the stack's workers registered (traces and presence use them;
+    their names, e.g. local-t1, are labels)."""
+    from frlm_web.redis_client import get_redis
+    from tests.conftest import TEST_VENUES
+    from workers.venues import live_workers
+
+    return {
+        w["worker_id"]
+        for v in TEST_VENUES
+        for w in live_workers(get_redis(), v.name)
+        if w.get("label") == v.member
+    }
+
+
 def named(
     events: list[dict[str, Any]], name: str, phase: str | None = None
 ) -> list[dict[str, Any]]:

@@ -130,7 +130,7 @@ def test_it_refuses_missing_wrong_expired_and_revoked_tokens(client, venue, toke
         assert "frlm_token" in response.json()["fix"], case
     assert "expired" in cases["expired"].json()["error"]
     assert "revoked" in cases["revoked"].json()["error"]
-    assert not Worker.objects.exists()
+    assert not Worker.objects.filter(venue__name="apitest").exists()
 
 
 def test_it_lists_the_errors_of_every_malformed_field(client, token):
@@ -159,7 +159,7 @@ def test_it_lists_the_errors_of_every_malformed_field(client, token):
     for raw in (b"{not json", b"[1, 2]", b"\xff\xfe"):
         response = register(client, token, raw)
         assert response.status_code == 400 and response.json()["fix"], raw
-    assert not Worker.objects.exists()
+    assert not Worker.objects.filter(venue__name="apitest").exists()
 
 
 def test_it_refuses_an_oversized_body(client, token):
@@ -350,7 +350,7 @@ def test_it_prints_a_token_once_from_the_command_line(client, transactional_db):
     )
     plaintext = out.getvalue().strip()
     assert plaintext.startswith("frlmt_") and "shown only now" in err.getvalue()
-    row = EnrolmentToken.objects.get()
+    row = EnrolmentToken.objects.get(venue__name="clitest")
     assert row.venue.name == "clitest" and row.label == "rack 4" and row.expires is not None
     assert plaintext not in row.digest
     body = registration(keys.generate(), venue="clitest")

@@ -96,7 +96,8 @@ class HttpControl:
 
     def _signed(self, method: str, path: str, body: Any) -> dict[str, Any]:
         raw = json.dumps(body).encode("utf-8")
-        stamp = str(int(time.time()))
+        # Milliseconds: two requests with one body in one second still differ (no replay).
+        stamp = f"{time.time():.3f}"
         sig = keys.sign(self.key, request_claim(method, path, stamp, raw))
         return self._call(
             method, path, raw, headers={TIMESTAMP_HEADER: stamp, SIGNATURE_HEADER: sig}

@@ -58,7 +58,7 @@ SIGNED_HEADERS = [
         "in": "header",
         "required": True,
         "description": "Epoch seconds when the request was signed.",
-        "schema": {"type": "string", "pattern": "^[0-9]{1,12}$"},
+        "schema": {"type": "string", "pattern": "^[0-9]{1,12}(\\.[0-9]{1,6})?$"},
     },
     {
         "name": "X-FRLM-Signature",

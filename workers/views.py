@@ -19,7 +19,7 @@ from frlm_web.redis_client import get_redis
 from runs.models import Run
 from runs.views import visible_runs
 from traces.views import api_view, recent_executions, worker_activity, worker_history
-from workers.models import Venue
+from workers.models import Venue, Worker
 from workers.venues import live_workers, queued
 
 # Traces are read per segment file (about a millisecond each), so health looks at the
@@ -30,7 +30,8 @@ CACHE_S = 5
 
 
 class WorkerHealth(TypedDict):
-    name: str
+    name: str  # the worker id (as in traces and presence)
+    label: str  # the worker's own name, where it registered one
     venue: str
     online: bool
     slots: int
@@ -78,6 +79,7 @@ def venue_health(recent: list[str], running: list[str]) -> list[VenueHealth]:
         "activity", recent + ["|"] + running, lambda: worker_activity(recent, running)
     )
     client = get_redis()
+    labels = dict(Worker.objects.filter(id__in=list(activity)).values_list("id", "name"))
     out: list[VenueHealth] = []
     for venue in Venue.objects.all():
         workers: list[WorkerHealth] = []
@@ -85,12 +87,14 @@ def venue_health(recent: list[str], running: list[str]) -> list[VenueHealth]:
         for info in live_workers(client, venue.name):
             name = str(info.get("name"))
             seen.add(name)
-            workers.append(
-                _worker(name, venue.name, True, int(info.get("concurrency", 1)), activity)
-            )
+            worker = _worker(name, venue.name, True, int(info.get("concurrency", 1)), activity)
+            worker["label"] = str(info.get("label") or name)
+            workers.append(worker)
         for name, figures in sorted(activity.items()):
             if figures.get("venue") == venue.name and name not in seen:
-                workers.append(_worker(name, venue.name, False, 0, activity))
+                worker = _worker(name, venue.name, False, 0, activity)
+                worker["label"] = labels.get(name, name)
+                workers.append(worker)
         slots = sum(w["slots"] for w in workers)
         inflight = sum(w["inflight"] for w in workers)
         out.append(
@@ -116,6 +120,7 @@ def _worker(
     inflight = int(figures.get("inflight") or 0) if online else 0
     return {
         "name": name,
+        "label": name,
         "venue": venue,
         "online": online,
         "slots": slots,

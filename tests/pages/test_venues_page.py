@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from tests.helpers import finish, launch, scripted, trace
+from tests.conftest import TEST_VENUES
+from tests.helpers import finish, launch, scripted, stack_worker_ids, trace
 from tests.pages.conftest import shot
 from tests.pages.helpers import SLOW_WORKERS, slow_question
 
@@ -21,8 +22,11 @@ def test_it_lists_runs_live_and_finished_with_totals_and_health(page, web):
     assert page.locator(f"tr[data-run={failed.id}] .st-failed").count() == 1
     assert page.locator(f"tr[data-run={done.id}] .ok").count() == 1  # the answer checks out
     assert page.inner_text(".totals .stat:nth-child(1) .v") == "3"
-    for worker in ("local-t1", "edge-t1"):
-        assert page.locator(f"#health tr[data-worker={worker}] .health.down").count() == 0
+    ids = stack_worker_ids()
+    assert len(ids) == len(TEST_VENUES)
+    for worker in ids:
+        row = page.locator(f"#health tr[data-worker={worker}]")
+        assert row.count() == 1 and row.locator(".health.down").count() == 0
     shot(page, "02-dashboard")
     finish(live)
     # htmx polls the table: the live run turns into a finished one without a reload.
