@@ -26,10 +26,10 @@ from frlm_web.stack import Stack, VenueSpec  # noqa: E402
 @contextmanager
 def private_stack(venues: list[VenueSpec]) -> Iterator[Stack]:
     call_command("migrate", verbosity=0)
-    from workers.models import Venue
+    from workers.models import Venue, venue_defaults
 
     for venue in venues:
-        Venue.objects.get_or_create(name=venue.name)
+        Venue.objects.get_or_create(name=venue.name, defaults=venue_defaults(venue.name))
     env = {
         "DJANGO_SETTINGS_MODULE": "frlm_web.settings",
         "FRLM_DB_PATH": str(settings.DATABASES["default"]["NAME"]),

@@ -298,6 +298,7 @@ def test_it_answers_other_methods_with_405(client, token):
     response = client.get("/api/workers/register")
     assert response.status_code == 405 and response["Allow"] == "POST"
     assert response.json()["fix"] == "send a POST"
+    assert client.post("/api/openapi.json").json()["fix"] == "send a GET"
 
 
 def test_it_exempts_only_the_worker_api_from_csrf(token):

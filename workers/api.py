@@ -18,7 +18,6 @@ from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_GET
 
 from frlm_web.redis_client import get_redis
 from workers import keys, services
@@ -234,6 +233,10 @@ def deregister(request: HttpRequest, worker: Worker) -> JsonResponse:
     return JsonResponse({"worker_id": worker.id, "status": Worker.Status.DEREGISTERED})
 
 
-@require_GET
+@csrf_exempt  # a read; a POST gets 405, not a CSRF page
 def openapi(request: HttpRequest) -> JsonResponse:
+    if request.method not in ("GET", "HEAD"):
+        response = error(405, f"{request.method} is not allowed here", "send a GET")
+        response["Allow"] = "GET, HEAD"
+        return response
     return JsonResponse(schema(request.build_absolute_uri("/").rstrip("/")))

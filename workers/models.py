@@ -42,6 +42,13 @@ class Venue(models.Model):
         return venue_queue(self.name)
 
 
+def venue_defaults(name: str, kind: str | None = None) -> dict[str, object]:
+    """How a venue first named by a command starts: its kind from its name where that is a
+    kind, and trusted only when local (this machine is one's own)."""
+    kind = kind or (name if name in Venue.Kind.values else Venue.Kind.LOCAL)
+    return {"kind": kind, "trusted": kind == Venue.Kind.LOCAL}
+
+
 def venue_queue(name: str) -> str:
     return f"venue.{name}"
 

@@ -5,7 +5,7 @@ from datetime import timedelta
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
-from workers.models import Venue, venue_name_validator
+from workers.models import Venue, venue_defaults, venue_name_validator
 from workers.services import token_create
 
 
@@ -35,10 +35,7 @@ class Command(BaseCommand):
             raise CommandError("--ttl-hours must be more than 0 and at most a year (8784)")
         if len(label) > 100:
             raise CommandError("--label is at most 100 characters")
-        kinds = {k for k, _ in Venue.Kind.choices}
-        row, created = Venue.objects.get_or_create(
-            name=venue, defaults={"kind": kind or (venue if venue in kinds else "local")}
-        )
+        row, created = Venue.objects.get_or_create(name=venue, defaults=venue_defaults(venue, kind))
         ttl = timedelta(hours=ttl_hours) if ttl_hours else None
         token, plaintext = token_create(row, ttl=ttl, label=label)
         if created:

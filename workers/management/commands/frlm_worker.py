@@ -11,7 +11,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from workers.client import Control, ControlError, HttpControl, LocalControl
 from workers.keys import public_b64
-from workers.models import Venue, venue_name_validator
+from workers.models import Venue, venue_defaults, venue_name_validator
 from workers.runtime import WorkerRuntime, default_key_file, load_key
 from workers.services import MAX_CONCURRENCY, NAME_RE, Registration
 
@@ -148,9 +148,5 @@ class Command(BaseCommand):
                 )
             return HttpControl(options["server"], options["token"], key)
         # On the database's machine the worker may create its venue, like the demo needs.
-        kinds = {k for k, _ in Venue.Kind.choices}
-        kind = options["kind"] or (venue if venue in kinds else "local")
-        Venue.objects.get_or_create(
-            name=venue, defaults={"kind": kind, "trusted": kind == Venue.Kind.LOCAL}
-        )
+        Venue.objects.get_or_create(name=venue, defaults=venue_defaults(venue, options["kind"]))
         return LocalControl(options["token"])
