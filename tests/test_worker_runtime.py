@@ -25,7 +25,10 @@ from workers.jobs import Job, decode_result, results_stream
 from workers.models import Venue, Worker
 from workers.services import token_create
 from workers.signing import result_verify
+from workers.sim.server import worker_reply
 from workers.venues import LiveWorker, live_workers, presence_group
+
+QUESTION = "What is the secret code? Fragment: the secret code is 4417."
 
 
 @pytest.fixture(scope="module")
@@ -157,15 +160,15 @@ def test_it_registers_over_http_beats_consumes_signs_and_leaves_on_sigterm(
 
 
 def test_it_finishes_running_work_on_sigterm_then_deregisters(stack, transactional_db):
-    """In-process registration (no --server), as `make up` starts workers."""
-    proc = worker_proc(stack, "rtdrain", "rt-drain-1", "--concurrency", "2")
+    """In-process registration (no --server), as `make up` starts workers; this one lies."""
+    proc = worker_proc(stack, "rtdrain", "rt-drain-1", "--concurrency", "2", "--sim-lie-rate", "1")
     stack.launch(proc)
     try:
         stack.wait_ready(proc, 60)
         worker_id = live("rtdrain", "rt-drain-1")["worker_id"]
         run_id = "rt" + uuid.uuid4().hex[:10]
         for i in (1, 2):
-            send(f"worker.{worker_id}", job(run_id, f"{i}.1", f"Echo {i}.", latency_ms=2500))
+            send(f"worker.{worker_id}", job(run_id, f"{i}.1", QUESTION, latency_ms=2500))
         wait_until(
             lambda: len([r for r in results(run_id) if r["status"] == "started"]) == 2,
             timeout=30,
@@ -181,6 +184,8 @@ def test_it_finishes_running_work_on_sigterm_then_deregisters(stack, transaction
         worker = Worker.objects.get(id=worker_id)
         done = finals(run_id, 2)
         assert [r["status"] for r in done] == ["ok", "ok"]
+        honest = worker_reply([{"role": "user", "content": QUESTION}], None)
+        assert [r["text"] for r in done if r["text"] != honest] == [r["text"] for r in done]
         assert all(result_verify(r, worker.public_key) for r in done)
         assert worker.status == "deregistered"
         assert live("rtdrain", "rt-drain-1") is None
