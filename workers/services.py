@@ -22,6 +22,7 @@ from frlm_web import presence
 from frlm_web.redis_client import get_redis
 from workers import keys
 from workers.models import EnrolmentToken, Venue, Worker, token_digest
+from workers.reputation import strikes_key
 from workers.venues import LiveWorker, presence_group
 
 log = logging.getLogger(__name__)
@@ -422,10 +423,6 @@ def worker_mark_lost(worker_id: str) -> bool:
 
 
 # --- strikes -----------------------------------------------------------------------------
-def strikes_key(worker_id: str) -> str:
-    return f"frlm:worker:{worker_id}:strikes"
-
-
 def worker_strike(worker_id: str, reason: str) -> int:
     """Count a bad signature or a forged result against the worker; its reputation reads
     the counter. Returns the worker's strikes so far."""
