@@ -352,6 +352,15 @@ def redundant_decide(
     )
 
 
+def judgements(decision: Decision) -> dict[str, bool]:
+    """Whose result was valid, for reputation and the consecutive-valid count: on accept,
+    the workers who agreed were right and the others wrong. Waiting, dispatching more and
+    unresolved judge nobody: with no accepted answer there is nothing to be right against."""
+    if decision.outcome != "accept":
+        return {}
+    return {**{w: False for w in decision.disagreed}, **{w: True for w in decision.agreed}}
+
+
 # --- objective checks ----------------------------------------------------------------------
 
 CheckKind = Literal["schema", "regex", "function"]

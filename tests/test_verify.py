@@ -17,6 +17,7 @@ from runs.verify import (
     agree,
     consecutive_valid_after,
     function_verdict,
+    judgements,
     normalise_exact,
     objective_check,
     parse_number,
@@ -120,6 +121,7 @@ def test_it_accepts_when_n_agree_and_names_who_disagreed():
     assert decision.links == ("s1", "s2", "s3")
     attrs = decision.attrs()
     assert attrs["outcome"] == "accept" and attrs["groups"] == [["w1", "w3"], ["w2"]]
+    assert judgements(decision) == {"w1": True, "w2": False, "w3": True}
 
 
 def test_it_escalates_on_disagreement_away_from_used_workers_and_venues():
@@ -166,6 +168,7 @@ def test_it_marks_a_sub_query_unresolved_when_replicas_never_agree():
     assert decision.agreed == ()
     assert "no answer reached 2 agreeing replies" in decision.reason
     assert decision.attrs()["groups"] == [["w1"], ["w2"], ["w3"], ["w4"]]
+    assert judgements(decision) == {}
 
 
 def test_it_gives_up_early_when_agreement_is_out_of_reach():
