@@ -202,7 +202,7 @@ class BrokenLink(TypedDict):
     span: str | None
     worker: str | None
     problem: str  # malformed, wrong run, hash mismatch, unregistered worker key, bad worker
-    # signature, wrong conductor key, bad countersignature, gap, broken prev
+    # signature, wrong conductor key, bad countersignature, gap, duplicate, broken prev
     detail: str
 
 
@@ -358,7 +358,7 @@ def _link_problem(
                 else f"receipts {prev_seq + 1} to {receipt['seq'] - 1}"
             )
             return "gap", f"{missing} missing before receipt {receipt['seq']}"
-        return "gap", f"receipt {receipt['seq']} comes again (or out of order) after {prev_seq}"
+        return "duplicate", f"receipt {receipt['seq']} comes a second time"
     if receipt["prev"] != prev_hash:
         expected = f"{prev_hash[:16]}..." if prev_hash else "none (it is the first)"
         return (
@@ -383,9 +383,10 @@ def registered_worker_keys(worker_ids: list[str]) -> dict[str, str]:
     return dict(Worker.objects.filter(id__in=worker_ids).values_list("id", "public_key"))
 
 
-def receipts_verify(run_id: str) -> ChainReport:
+def receipts_verify(run_id: str, *, conductor_key: str | None = None) -> ChainReport:
     """Check the receipt chain stored in a run's trace against the worker registry and the
-    conductor's key."""
+    conductor's public key: `conductor_key` when given (checking on another machine than
+    the conductor's), else this machine's key file's."""
     entries = run_receipts(run_id)
     ids = sorted(
         {
@@ -400,7 +401,7 @@ def receipts_verify(run_id: str) -> ChainReport:
         run_id,
         entries,
         worker_keys=registered_worker_keys(ids),
-        conductor_key=conductor_public_key(),
+        conductor_key=conductor_key or conductor_public_key(),
     )
 
 
@@ -425,6 +426,10 @@ def format_report(report: ChainReport) -> str:
     )
     lines.append(
         "conductor key: "
-        + ("this conductor's" if report["conductor_key_pinned"] else "not pinned (no key file)")
+        + (
+            f"pinned to {report['conductor_key']}"
+            if report["conductor_key_pinned"]
+            else "not pinned (no key file here): every receipt must carry the first one's"
+        )
     )
     return "\n".join(lines)

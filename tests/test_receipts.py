@@ -83,7 +83,7 @@ def write(client: redis.Redis, run_id: str, receipts: list[dict]) -> None:
         pass
 
 
-def verify(run_id: str) -> str:
+def verify(run_id: str, *options: str) -> str:
     out = []
 
     class Sink:
@@ -94,7 +94,7 @@ def verify(run_id: str) -> str:
             pass
 
     try:
-        call_command("frlm_receipts", "verify", run_id, stdout=Sink())
+        call_command("frlm_receipts", "verify", run_id, *options, stdout=Sink())
     except CommandError as exc:
         return "".join(out) + f"\nCommandError: {exc}"
     return "".join(out)
@@ -143,6 +143,13 @@ def test_it_names_a_gap_where_a_receipt_was_removed(client):
     assert "receipt 3 missing before receipt 4" in text
 
 
+def test_it_names_a_receipt_that_comes_twice(client):
+    made = issue("rD", 3)
+    write(client, "rD", [*made, made[1]])
+    text = verify("rD")
+    assert "BROKEN: receipt 3 of 4 (seq 2, span sq1, worker w2): duplicate" in text
+
+
 def test_it_names_a_broken_prev_link(client):
     made = issue("rP", 3)
     # A third receipt signed properly by everyone, but chained to the wrong predecessor.
@@ -182,6 +189,11 @@ def test_it_names_a_bad_or_foreign_countersignature(client):
         )
     write(client, "rC2", foreign)
     assert "receipt 1 of 3 (seq 1, span sq0, worker w1): wrong conductor key" in verify("rC2")
+    # Checked elsewhere than on the conductor's machine, against the conductor's key.
+    assert "OK: 3 receipts" in verify("rC2", "--conductor-key", keys.public_b64(other))
+    assert "--conductor-key: public_key is not valid base64" in verify(
+        "rC2", "--conductor-key", "nope!"
+    )
 
 
 def test_it_names_a_receipt_copied_from_another_run(client):
