@@ -35,6 +35,7 @@ from runs.verify import (  # noqa: E402
     judgements,
     redundant_decide,
     should_replicate,
+    should_validate,
 )
 from workers import keys  # noqa: E402
 
@@ -45,7 +46,9 @@ class Scenario:
     adaptive: bool  # False: every sub-query replicated (plain replication)
     collude: bool  # liars give the same wrong answer
     routing: str  # "uniform" or "reputation"
-    validate: float  # share of accepted answers a trusted validator re-runs
+    # Validator sampling: "" none, "all" a fixed share of accepted answers (--validate),
+    # "gate" runs.verify.should_validate (often when only untrusted workers vouch).
+    sampling: str = ""
 
 
 @dataclass
@@ -123,7 +126,13 @@ def simulate(scenario: Scenario, args: argparse.Namespace) -> Figures:
         if answer is None:
             unresolved += 1
             continue
-        if scenario.validate and rng.random() < scenario.validate:
+        if scenario.sampling == "all":
+            sample = rng.random() < args.validate
+        elif scenario.sampling == "gate":
+            sample = should_validate([swarm.count[w] for w in agreed], rng)
+        else:
+            sample = False
+        if sample:
             tally.add_extra("validator")
             if answer != f"right {q}":  # the trusted validator's re-run diverges
                 for worker in agreed:
@@ -214,12 +223,13 @@ def main() -> None:
     args = parser.parse_args()
     v = args.validate
     scenarios = [
-        Scenario("plain 2-fold replication, independent liars", False, False, "uniform", 0),
-        Scenario("adaptive, independent liars, uniform routing", True, False, "uniform", 0),
-        Scenario("adaptive, independent liars, reputation routing", True, False, "reputation", 0),
-        Scenario("adaptive, colluding liars, reputation routing", True, True, "reputation", 0),
-        Scenario(f"  + validator sampling {v:.0%}", True, True, "reputation", v),
-        Scenario("plain 2-fold replication, colluding liars", False, True, "uniform", 0),
+        Scenario("plain 2-fold replication, independent liars", False, False, "uniform"),
+        Scenario("adaptive, independent liars, uniform routing", True, False, "uniform"),
+        Scenario("adaptive, independent liars, reputation routing", True, False, "reputation"),
+        Scenario("adaptive, colluding liars, reputation routing", True, True, "reputation"),
+        Scenario(f"  + validator re-runs {v:.0%} of answers", True, True, "reputation", "all"),
+        Scenario("  + validator sampling by should_validate", True, True, "reputation", "gate"),
+        Scenario("plain 2-fold replication, colluding liars", False, True, "uniform"),
     ]
     print(
         f"{args.workers} simulated workers, {args.liars:.0%} liars lying on "

@@ -469,6 +469,23 @@ def should_replicate(consecutive_valid: int, rng: random.Random) -> bool:
     return rng.random() < 1.0 / consecutive_valid
 
 
+def should_validate(
+    agreeing_counts: Sequence[int],
+    rng: random.Random,
+    *,
+    untrusted_rate: float = 0.5,
+    trusted_rate: float = 0.02,
+) -> bool:
+    """Whether a validator should re-run an accepted answer (the high-trust tier's sample),
+    given the consecutive-valid counts of the workers whose word it rests on. Colluding
+    liars agree with each other, so an answer vouched for only by workers that have not
+    passed the trust gate is sampled often; one a trusted worker vouches for, rarely."""
+    if not (0.0 <= untrusted_rate <= 1.0 and 0.0 <= trusted_rate <= 1.0):
+        raise ValueError("sampling rates are fractions between 0 and 1")
+    trusted = any(count >= TRUST_AFTER for count in agreeing_counts)
+    return rng.random() < (trusted_rate if trusted else untrusted_rate)
+
+
 def consecutive_valid_after(count: int, valid: bool) -> int:
     """The count after one judged result: one more when valid, back to 0 when not (fast to
     lose)."""

@@ -23,6 +23,7 @@ from runs.verify import (
     parse_number,
     redundant_decide,
     should_replicate,
+    should_validate,
     similarity,
 )
 from traces.emitter import sha256_text
@@ -258,6 +259,19 @@ def test_it_resets_the_count_on_one_invalid_result():
     assert count == 25
     assert consecutive_valid_after(count, False) == 0
     assert should_replicate(consecutive_valid_after(count, False), random.Random(0))
+
+
+def test_it_samples_answers_of_untrusted_workers_for_validation_more_often():
+    rng = random.Random(3)
+
+    def rate(counts: list[int]) -> float:
+        return sum(should_validate(counts, rng) for _ in range(20_000)) / 20_000
+
+    assert rate([0, 4]) == pytest.approx(0.5, rel=0.05)
+    assert rate([3, 12]) == pytest.approx(0.02, rel=0.2)
+    assert not any(should_validate([50], rng, trusted_rate=0.0) for _ in range(1000))
+    with pytest.raises(ValueError, match="fractions between 0 and 1"):
+        should_validate([1], rng, untrusted_rate=2)
 
 
 def test_it_tallies_the_share_of_extra_sub_queries_per_run():
