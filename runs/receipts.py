@@ -166,6 +166,18 @@ class ReceiptChain:
     ) -> ReceiptAttrs:
         """The next receipt, signed by `worker_sign` (the worker's signature over it) and
         countersigned: the attrs of its Receipt.Emit event."""
+        # Plain ints and finite floats only: a numpy number or a Decimal would reach the
+        # trace as text (the emitter's default=str) and no longer hash to what was signed.
+        figures = {
+            "tokens_in": int(tokens_in),
+            "tokens_out": int(tokens_out),
+            "price_in": float(price_in),
+            "price_out": float(price_out),
+            "cost": float(cost),
+        }
+        bad = [k for k, v in figures.items() if not (math.isfinite(v) and v >= 0)]
+        if bad:
+            raise ValueError(f"a receipt's {', '.join(bad)} must be finite and 0 or more")
         with self._lock:
             receipt: Receipt = {
                 "run": self.run_id,
@@ -173,10 +185,10 @@ class ReceiptChain:
                 "worker": worker,
                 "input_sha256": input_sha256,
                 "output_sha256": output_sha256,
-                "tokens_in": tokens_in,
-                "tokens_out": tokens_out,
-                "price": {"per_1k_in": price_in, "per_1k_out": price_out},
-                "cost": cost,
+                "tokens_in": int(figures["tokens_in"]),
+                "tokens_out": int(figures["tokens_out"]),
+                "price": {"per_1k_in": figures["price_in"], "per_1k_out": figures["price_out"]},
+                "cost": figures["cost"],
                 "verdict": verdict,
                 "time": time or utc_now(),
                 "prev": self.head,

@@ -7,6 +7,7 @@ import copy
 import json
 import subprocess
 import sys
+from decimal import Decimal
 
 import pytest
 import redis
@@ -264,6 +265,31 @@ def test_it_does_not_countersign_or_advance_on_a_bad_worker_signature(settings, 
         )
     assert (chain.seq, chain.head) == (0, None)
     assert settings.FRLM_CONDUCTOR_KEY_FILE.stat().st_mode & 0o077 == 0  # owner only
+
+
+def test_it_issues_plain_numbers_and_refuses_impossible_ones(settings, tmp_path):
+    settings.FRLM_CONDUCTOR_KEY_FILE = tmp_path / "conductor.key"
+    chain = ReceiptChain("rN")
+    key = WORKER_KEYS["w1"]
+    common = {
+        "span": "sq0",
+        "worker": "w1",
+        "input_sha256": "a" * 64,
+        "output_sha256": "b" * 64,
+        "tokens_out": 1,
+        "price_in": 0.001,
+        "price_out": 0.002,
+        "verdict": "accepted",
+        "worker_sign": lambda receipt: receipt_worker_sign(receipt, key),
+        "worker_key": keys.public_b64(key),
+        "conductor_key": conductor_key(),
+    }
+    attrs = chain.issue(tokens_in=True, cost=Decimal("0.25"), **common)
+    assert attrs["receipt"]["cost"] == 0.25 and type(attrs["receipt"]["cost"]) is float
+    assert type(attrs["receipt"]["tokens_in"]) is int
+    with pytest.raises(ValueError, match="cost must be finite and 0 or more"):
+        chain.issue(tokens_in=1, cost=float("nan"), **common)
+    assert chain.seq == 1
 
 
 def test_it_reports_a_malformed_receipt_instead_of_crashing():
