@@ -25,7 +25,7 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "frlm_web.settings_isolated")
 django.setup()
 
-from runs.budget import Caps, Ledger, Price  # noqa: E402
+from runs.budget import BudgetLedger, Caps, Price  # noqa: E402
 from runs.receipts import ReceiptChain, chain_verify, receipt_worker_sign  # noqa: E402
 from runs.verify import (  # noqa: E402
     RedundancyPolicy,
@@ -157,7 +157,7 @@ def per_op_us(fn, n: int) -> float:
 
 
 def costs() -> None:
-    ledger = Ledger("bench", Caps(run=1e9, subquery=1.0, providers={"sim": 1e9}))
+    ledger = BudgetLedger("bench", Caps(run=1e9, subquery=1.0, providers={"sim": 1e9}))
     price = Price(0.00015, 0.0006)
 
     def reserve_settle(i: int) -> None:

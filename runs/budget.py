@@ -164,7 +164,7 @@ class _Account:
         return self.reserved + self.settled
 
 
-class Ledger:
+class BudgetLedger:
     """The spending of one run. Caps hold on committed money (settled plus reserved), so
     sub-queries in flight count before they return, and the 80% alert watches the same
     figure the caps refuse on."""

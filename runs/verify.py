@@ -488,7 +488,9 @@ def should_validate(
 
 def consecutive_valid_after(count: int, valid: bool) -> int:
     """The count after one judged result: one more when valid, back to 0 when not (fast to
-    lose)."""
+    lose). The fleet's live count is kept in Redis by workers.reputation (an Observation
+    with agreement or validation set); this is the same rule for in-process use (tests,
+    simulations)."""
     return count + 1 if valid else 0
 
 

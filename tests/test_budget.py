@@ -7,14 +7,14 @@ import threading
 
 import pytest
 
-from runs.budget import BudgetRefused, Caps, Ledger, Price, estimate_cost
+from runs.budget import BudgetLedger, BudgetRefused, Caps, Price, estimate_cost
 from workers.pricing import cost_of
 
 # $1 per 1,000 tokens in and $2 per 1,000 out: 100 in + 50 out cost $0.20.
 PRICE = Price(1.0, 2.0)
 
 
-def reserve(ledger: Ledger, subquery: str = "sq1", provider: str = "sim", **kw):
+def reserve(ledger: BudgetLedger, subquery: str = "sq1", provider: str = "sim", **kw):
     kw.setdefault("tokens_in", 100)
     kw.setdefault("tokens_out", 50)
     return ledger.reserve(subquery=subquery, provider=provider, worker_id="w1", price=PRICE, **kw)
@@ -28,7 +28,7 @@ def test_it_estimates_cost_like_the_price_table():
 
 
 def test_it_reserves_then_settles_the_actual_cost():
-    ledger = Ledger("r1", Caps(run=10.0))
+    ledger = BudgetLedger("r1", Caps(run=10.0))
     held = reserve(ledger)
     assert held.amount == pytest.approx(0.2)
     assert held.attrs["ok"] and held.attrs["reservation"] == held.id
@@ -46,7 +46,7 @@ def test_it_reserves_then_settles_the_actual_cost():
 
 
 def test_it_takes_a_known_actual_cost_and_releases_unspent_reservations():
-    ledger = Ledger("r1", Caps())
+    ledger = BudgetLedger("r1", Caps())
     first, second = reserve(ledger), reserve(ledger, "sq2")
     assert ledger.settle(first.id, tokens_in=1, tokens_out=1, cost=0.5).cost == 0.5
     released = ledger.release(second.id)
@@ -57,7 +57,7 @@ def test_it_takes_a_known_actual_cost_and_releases_unspent_reservations():
 
 
 def test_it_refuses_past_the_run_cap_with_a_reason():
-    ledger = Ledger("r1", Caps(run=0.5))
+    ledger = BudgetLedger("r1", Caps(run=0.5))
     reserve(ledger)
     reserve(ledger, "sq2")
     with pytest.raises(BudgetRefused) as refused:
@@ -73,7 +73,7 @@ def test_it_refuses_past_the_run_cap_with_a_reason():
 
 
 def test_it_refuses_past_the_sub_query_cap_over_all_its_replicas():
-    ledger = Ledger("r1", Caps(subquery=0.45))
+    ledger = BudgetLedger("r1", Caps(subquery=0.45))
     reserve(ledger, "sq1")
     reserve(ledger, "sq1")
     with pytest.raises(BudgetRefused) as refused:
@@ -84,7 +84,7 @@ def test_it_refuses_past_the_sub_query_cap_over_all_its_replicas():
 
 
 def test_it_refuses_past_a_provider_cap_and_leaves_other_providers_alone():
-    ledger = Ledger("r1", Caps(providers={"openai:gpt-4.1": 0.3}))
+    ledger = BudgetLedger("r1", Caps(providers={"openai:gpt-4.1": 0.3}))
     reserve(ledger, provider="openai:gpt-4.1")
     with pytest.raises(BudgetRefused) as refused:
         reserve(ledger, provider="openai:gpt-4.1")
@@ -97,7 +97,7 @@ def test_it_refuses_past_a_provider_cap_and_leaves_other_providers_alone():
 
 
 def test_it_names_the_run_cap_first_when_several_are_reached():
-    ledger = Ledger("r1", Caps(run=0.2, subquery=0.2))
+    ledger = BudgetLedger("r1", Caps(run=0.2, subquery=0.2))
     reserve(ledger)
     with pytest.raises(BudgetRefused) as refused:
         reserve(ledger)
@@ -105,7 +105,7 @@ def test_it_names_the_run_cap_first_when_several_are_reached():
 
 
 def test_it_refuses_the_next_reservation_once_spending_passed_the_cap():
-    ledger = Ledger("r1", Caps(run=1.0))
+    ledger = BudgetLedger("r1", Caps(run=1.0))
     held = reserve(ledger)
     ledger.settle(held.id, tokens_in=0, tokens_out=0, cost=1.2)  # the worker overran
     assert ledger.fill()["run"]["fraction"] == pytest.approx(1.2)
@@ -114,7 +114,7 @@ def test_it_refuses_the_next_reservation_once_spending_passed_the_cap():
 
 
 def test_it_alerts_once_per_cap_when_committed_spending_crosses_80_percent():
-    ledger = Ledger("r1", Caps(run=1.0, subquery=0.5))
+    ledger = BudgetLedger("r1", Caps(run=1.0, subquery=0.5))
     first = reserve(ledger)  # run 0.2, sq1 0.2
     assert first.alerts == []
     second = reserve(ledger)  # run 0.4, sq1 0.4: sq1 crosses 80% of 0.5
@@ -129,7 +129,7 @@ def test_it_alerts_once_per_cap_when_committed_spending_crosses_80_percent():
 
 
 def test_it_keeps_the_books_straight_under_concurrent_threads():
-    ledger = Ledger("r1", Caps(run=100.0))
+    ledger = BudgetLedger("r1", Caps(run=100.0))
     refused: list[BudgetRefused] = []
 
     def work(n: int) -> None:
@@ -154,7 +154,7 @@ def test_it_keeps_the_books_straight_under_concurrent_threads():
 
 
 def test_it_shows_the_busiest_sub_queries_in_the_fill_view():
-    ledger = Ledger("r1", Caps(subquery=1.0))
+    ledger = BudgetLedger("r1", Caps(subquery=1.0))
     for name, times in (("a", 1), ("b", 3), ("c", 2)):
         for _ in range(times):
             reserve(ledger, name)
@@ -167,4 +167,4 @@ def test_it_rejects_bad_caps_and_estimates():
     with pytest.raises(ValueError, match="run cap -1"):
         Caps(run=-1)
     with pytest.raises(ValueError, match="0 or more"):
-        reserve(Ledger("r1", Caps()), tokens_in=-5)
+        reserve(BudgetLedger("r1", Caps()), tokens_in=-5)
