@@ -125,6 +125,10 @@ CHANNEL_LAYERS = {
 FRLM_TRACE_DIR = Path(envstr("FRLM_TRACE_DIR", str(DATA_DIR / "traces")))
 FRLM_SANDBOX_DIR = Path(envstr("FRLM_SANDBOX_DIR", str(DATA_DIR / "sandbox")))
 FRLM_CONTEXT_DIR = Path(envstr("FRLM_CONTEXT_DIR", str(DATA_DIR / "contexts")))
+# The conductor's ed25519 key: it countersigns every receipt (made on first use).
+FRLM_CONDUCTOR_KEY_FILE = Path(
+    envstr("FRLM_CONDUCTOR_KEY_FILE", str(DATA_DIR / "keys" / "conductor.key"))
+)
 # "auto" uses bubblewrap when it is installed; "none" runs the REPL with rlimits only.
 FRLM_SANDBOX_ISOLATION = envstr("FRLM_SANDBOX_ISOLATION", "auto")
 

@@ -35,4 +35,9 @@ def cost_of(model: str, tokens_in: int, tokens_out: int) -> float | None:
     price = price_table().get(model)
     if price is None:
         return None
-    return (tokens_in * price[0] + tokens_out * price[1]) / 1000.0
+    return cost_at(price[0], price[1], tokens_in, tokens_out)
+
+
+def cost_at(price_in: float, price_out: float, tokens_in: int, tokens_out: int) -> float:
+    """Dollars for tokens at a price per 1,000 tokens in and out (a model's or a worker's)."""
+    return (tokens_in * price_in + tokens_out * price_out) / 1000.0

@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+import json
+from argparse import ArgumentParser
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from runs.receipts import format_report, receipts_verify
+from workers import keys
+
+
+class Command(BaseCommand):
+    help = (
+        "Check a run's receipts: every worker signature, every conductor countersignature "
+        "and every link of the chain. Prints OK with the count, or names the first broken "
+        "link and exits non-zero."
+    )
+
+    def add_arguments(self, parser: ArgumentParser) -> None:
+        actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+        verify = actions.add_parser("verify", help="check the receipt chain of one run")
+        verify.add_argument("run_id")
+        verify.add_argument(
+            "--json", dest="as_json", action="store_true", help="print the report as JSON"
+        )
+        verify.add_argument(
+            "--conductor-key",
+            metavar="B64",
+            help="the conductor's public key (base64) when checking on another machine; "
+            "default: the key of FRLM_CONDUCTOR_KEY_FILE here",
+        )
+
+    def handle(
+        self,
+        *args: Any,
+        action: str,
+        run_id: str,
+        as_json: bool,
+        conductor_key: str | None,
+        **options: Any,
+    ) -> None:
+        """1. read the run's Receipt.Emit events and check the chain (a malformed id or key,
+        or a run with no trace, is a one-line error, exit 1), 2. print the report, 3. exit 2
+        when the chain is broken."""
+        try:
+            if conductor_key is not None:
+                keys.public_from_b64(conductor_key)
+            report = receipts_verify(run_id, conductor_key=conductor_key)
+        except ValueError as exc:  # a malformed id or key, a run with no trace
+            raise CommandError(
+                f"--conductor-key: {exc}" if isinstance(exc, keys.BadKey) else str(exc)
+            ) from exc
+        self.stdout.write(json.dumps(report, indent=2) if as_json else format_report(report))
+        if not report["ok"]:
+            broken = report["broken"]
+            assert broken is not None
+            raise CommandError(
+                f"receipt chain of run {run_id} broken at receipt {broken['position']}: "
+                f"{broken['problem']}",
+                returncode=2,
+            )

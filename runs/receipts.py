@@ -1,0 +1,447 @@
+"""Receipts: one per settled sub-query, chained per run, signed by the worker that did the
+work and countersigned by the conductor, so spending can be audited after the fact.
+
+A receipt is canonical JSON (workers.keys.canonical). Its hash is the sha256 of that JSON;
+each receipt names the previous receipt's hash (`prev`, null for the first) and its place
+(`seq`, from 1), so removing, reordering or editing one breaks the chain where it happened.
+The worker signs the receipt; the conductor signs {"hash", "worker_sig"}, binding its word
+to the worker's. The chain's hash is its last receipt's hash.
+
+Receipts live in the run's trace as `Receipt.Emit` instant events whose attrs are
+ReceiptAttrs; `frlm_receipts verify RUN_ID` checks them (receipts_verify)."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypedDict
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from django.conf import settings
+
+from runs.attest import utc_now
+from traces import store
+from workers import keys
+from workers.models import Worker
+
+RECEIPT_EVENT = "Receipt.Emit"
+
+
+class ReceiptPrice(TypedDict):
+    per_1k_in: float
+    per_1k_out: float
+
+
+class Receipt(TypedDict):
+    run: str
+    span: str  # the settled sub-query's span
+    worker: str
+    input_sha256: str
+    output_sha256: str
+    tokens_in: int
+    tokens_out: int
+    price: ReceiptPrice
+    cost: float
+    verdict: str  # how the reply was judged: accepted, unverified, rejected, unresolved, ...
+    time: str  # ISO 8601, UTC
+    prev: str | None  # the previous receipt's hash in this run; None for the first
+    seq: int  # 1, 2, 3, ... in this run
+
+
+class ReceiptAttrs(TypedDict):
+    """The attrs of a Receipt.Emit event."""
+
+    receipt: Receipt
+    hash: str
+    worker_sig: str
+    worker_key: str
+    conductor_sig: str
+    conductor_key: str
+
+
+_RECEIPT_TYPES: dict[str, tuple[type, ...]] = {
+    "run": (str,),
+    "span": (str,),
+    "worker": (str,),
+    "input_sha256": (str,),
+    "output_sha256": (str,),
+    "tokens_in": (int,),
+    "tokens_out": (int,),
+    "price": (dict,),
+    "cost": (int, float),
+    "verdict": (str,),
+    "time": (str,),
+    "prev": (str, type(None)),
+    "seq": (int,),
+}
+_ATTR_KEYS = ("receipt", "hash", "worker_sig", "worker_key", "conductor_sig", "conductor_key")
+
+
+def receipt_hash(receipt: Receipt) -> str:
+    return hashlib.sha256(keys.canonical(receipt)).hexdigest()
+
+
+def countersigned(hash_: str, worker_sig: str) -> dict[str, str]:
+    """What the conductor signs: its word on this receipt and on the worker's signature."""
+    return {"hash": hash_, "worker_sig": worker_sig}
+
+
+def receipt_worker_sign(receipt: Receipt, key: Ed25519PrivateKey) -> str:
+    """The worker's signature over a receipt (made where the worker's key is)."""
+    return keys.sign(key, receipt)
+
+
+def receipt_attrs(
+    receipt: Receipt, *, worker_sig: str, worker_key: str, conductor_key: Ed25519PrivateKey
+) -> ReceiptAttrs:
+    """The Receipt.Emit attrs of a worker-signed receipt, countersigned by the conductor.
+    Refuses a worker signature that does not verify: the conductor must not vouch for it."""
+    if not keys.verify(worker_key, receipt, worker_sig):
+        raise ValueError(
+            f"the worker signature on the receipt of span {receipt['span']} does not verify "
+            f"with worker {receipt['worker']}'s key; not countersigned"
+        )
+    digest = receipt_hash(receipt)
+    return {
+        "receipt": receipt,
+        "hash": digest,
+        "worker_sig": worker_sig,
+        "worker_key": worker_key,
+        "conductor_sig": keys.sign(conductor_key, countersigned(digest, worker_sig)),
+        "conductor_key": keys.public_b64(conductor_key),
+    }
+
+
+@functools.cache
+def _key_at(path: Path) -> Ed25519PrivateKey:
+    return keys.load_or_create(path)
+
+
+def conductor_key() -> Ed25519PrivateKey:
+    """The conductor's signing key (settings.FRLM_CONDUCTOR_KEY_FILE), made on first use."""
+    return _key_at(Path(settings.FRLM_CONDUCTOR_KEY_FILE))
+
+
+def conductor_public_key() -> str | None:
+    """The conductor's public key, or None when it has no key file yet (a checker must not
+    make one: a new key would vouch for nothing)."""
+    path = Path(settings.FRLM_CONDUCTOR_KEY_FILE)
+    if not path.exists():
+        return None
+    return keys.public_b64(_key_at(path))
+
+
+class ReceiptChain:
+    """Issues one run's receipts in order. Safe for the threads of one conductor: seq and
+    prev are taken and advanced under one lock, and only once the receipt is signed, so a
+    signature that fails leaves no hole in the chain."""
+
+    def __init__(self, run_id: str, *, head: str | None = None, seq: int = 0) -> None:
+        self.run_id = run_id
+        self.head = head  # the chain's hash: its last receipt's
+        self.seq = seq
+        self._lock = threading.Lock()
+
+    def issue(
+        self,
+        *,
+        span: str,
+        worker: str,
+        input_sha256: str,
+        output_sha256: str,
+        tokens_in: int,
+        tokens_out: int,
+        price_in: float,
+        price_out: float,
+        cost: float,
+        verdict: str,
+        worker_sign: Callable[[Receipt], str],
+        worker_key: str,
+        conductor_key: Ed25519PrivateKey,
+        time: str | None = None,
+    ) -> ReceiptAttrs:
+        """The next receipt, signed by `worker_sign` (the worker's signature over it) and
+        countersigned: the attrs of its Receipt.Emit event."""
+        # Plain ints and finite floats only: a numpy number or a Decimal would reach the
+        # trace as text (the emitter's default=str) and no longer hash to what was signed.
+        figures = {
+            "tokens_in": int(tokens_in),
+            "tokens_out": int(tokens_out),
+            "price_in": float(price_in),
+            "price_out": float(price_out),
+            "cost": float(cost),
+        }
+        bad = [k for k, v in figures.items() if not (math.isfinite(v) and v >= 0)]
+        if bad:
+            raise ValueError(f"a receipt's {', '.join(bad)} must be finite and 0 or more")
+        with self._lock:
+            receipt: Receipt = {
+                "run": self.run_id,
+                "span": span,
+                "worker": worker,
+                "input_sha256": input_sha256,
+                "output_sha256": output_sha256,
+                "tokens_in": int(figures["tokens_in"]),
+                "tokens_out": int(figures["tokens_out"]),
+                "price": {"per_1k_in": figures["price_in"], "per_1k_out": figures["price_out"]},
+                "cost": figures["cost"],
+                "verdict": verdict,
+                "time": time or utc_now(),
+                "prev": self.head,
+                "seq": self.seq + 1,
+            }
+            attrs = receipt_attrs(
+                receipt,
+                worker_sig=worker_sign(receipt),
+                worker_key=worker_key,
+                conductor_key=conductor_key,
+            )
+            self.head = attrs["hash"]
+            self.seq += 1
+            return attrs
+
+
+# --- checking a chain ----------------------------------------------------------------------
+
+
+class BrokenLink(TypedDict):
+    position: int  # 1-based, in seq order
+    seq: int | None
+    span: str | None
+    worker: str | None
+    problem: str  # malformed, wrong run, hash mismatch, unregistered worker key, bad worker
+    # signature, wrong conductor key, bad countersignature, gap, duplicate, broken prev
+    detail: str
+
+
+class ChainReport(TypedDict):
+    run: str
+    ok: bool
+    count: int
+    head: str | None  # the chain's hash, when it is whole
+    broken: BrokenLink | None
+    workers_registered: int  # workers whose key was checked against the registry
+    workers_unknown: list[str]  # workers of the chain the registry does not know
+    conductor_key: str | None
+    conductor_key_pinned: bool  # checked against this conductor's own key file
+
+
+def _malformed(attrs: Any) -> str | None:
+    if not isinstance(attrs, dict):
+        return "the event's attrs are not an object"
+    missing = [k for k in _ATTR_KEYS if k not in attrs]
+    if missing:
+        return f"the event lacks {', '.join(missing)}"
+    receipt = attrs["receipt"]
+    if not isinstance(receipt, dict):
+        return "receipt is not an object"
+    wrong = [
+        name
+        for name, types in _RECEIPT_TYPES.items()
+        if name not in receipt
+        or not isinstance(receipt[name], types)
+        or isinstance(receipt[name], bool)
+    ]
+    extra = sorted(set(receipt) - set(_RECEIPT_TYPES))
+    if wrong or extra:
+        return "receipt fields " + ", ".join(
+            [f"{n} missing or of the wrong type" for n in wrong] + [f"{n} unknown" for n in extra]
+        )
+    if isinstance(receipt["cost"], float) and not math.isfinite(receipt["cost"]):
+        return "receipt cost is not a finite number"
+    return None
+
+
+def chain_verify(
+    run_id: str,
+    entries: list[Any],
+    *,
+    worker_keys: Mapping[str, str] | None = None,
+    conductor_key: str | None = None,
+) -> ChainReport:
+    """Check a run's receipts (Receipt.Emit attrs, in any order: they are taken in seq
+    order) and name the first broken link. `worker_keys` maps worker id to its registered
+    public key; `conductor_key` pins the countersigning key (else every receipt must carry
+    the same one)."""
+    registered = dict(worker_keys or {})
+
+    def seq_of(entry: Any) -> float:
+        try:
+            value = entry["receipt"]["seq"]
+        except (TypeError, KeyError):
+            return math.inf
+        return value if isinstance(value, int) and not isinstance(value, bool) else math.inf
+
+    ordered = sorted(entries, key=seq_of)
+    workers = sorted(
+        {e["receipt"]["worker"] for e in ordered if _malformed(e) is None},
+    )
+    report: ChainReport = {
+        "run": run_id,
+        "ok": True,
+        "count": len(ordered),
+        "head": None,
+        "broken": None,
+        "workers_registered": sum(1 for w in workers if w in registered),
+        "workers_unknown": [w for w in workers if w not in registered],
+        "conductor_key": conductor_key,
+        "conductor_key_pinned": conductor_key is not None,
+    }
+    prev_hash: str | None = None
+    prev_seq = 0
+    pinned = conductor_key
+    for position, attrs in enumerate(ordered, start=1):
+        problem = _link_problem(run_id, attrs, registered, pinned, prev_hash, prev_seq)
+        if problem is not None:
+            receipt = attrs.get("receipt") if isinstance(attrs, dict) else None
+            receipt = receipt if isinstance(receipt, dict) else {}
+            report["ok"] = False
+            report["broken"] = {
+                "position": position,
+                "seq": receipt.get("seq") if isinstance(receipt.get("seq"), int) else None,
+                "span": receipt.get("span"),
+                "worker": receipt.get("worker"),
+                "problem": problem[0],
+                "detail": problem[1],
+            }
+            return report
+        pinned = pinned or attrs["conductor_key"]
+        prev_hash = attrs["hash"]
+        prev_seq = attrs["receipt"]["seq"]
+    report["head"] = prev_hash
+    report["conductor_key"] = pinned
+    return report
+
+
+def _link_problem(
+    run_id: str,
+    attrs: Any,
+    registered: Mapping[str, str],
+    conductor_key: str | None,
+    prev_hash: str | None,
+    prev_seq: int,
+) -> tuple[str, str] | None:
+    """(problem, detail) for the first thing wrong with one link, or None."""
+    malformed = _malformed(attrs)
+    if malformed:
+        return "malformed", malformed
+    receipt: Receipt = attrs["receipt"]
+    if receipt["run"] != run_id:
+        return "wrong run", f"the receipt names run {receipt['run']!r}, not {run_id!r}"
+    digest = receipt_hash(receipt)
+    if digest != attrs["hash"]:
+        return (
+            "hash mismatch",
+            f"the receipt hashes to {digest[:16]}..., the event says {attrs['hash'][:16]}...: "
+            "its content was changed after it was issued",
+        )
+    known = registered.get(receipt["worker"])
+    if known is not None and attrs["worker_key"] != known:
+        return (
+            "unregistered worker key",
+            f"signed with a key that is not worker {receipt['worker']}'s registered key",
+        )
+    if not keys.verify(attrs["worker_key"], receipt, attrs["worker_sig"]):
+        return (
+            "bad worker signature",
+            f"worker {receipt['worker']}'s signature does not verify over this receipt",
+        )
+    if conductor_key is not None and attrs["conductor_key"] != conductor_key:
+        return (
+            "wrong conductor key",
+            "countersigned with a key that is not the conductor's"
+            + (" (the one of this chain's first receipt)" if prev_hash else ""),
+        )
+    if not keys.verify(
+        attrs["conductor_key"],
+        countersigned(attrs["hash"], attrs["worker_sig"]),
+        attrs["conductor_sig"],
+    ):
+        return "bad countersignature", "the conductor's signature does not verify"
+    if receipt["seq"] != prev_seq + 1:
+        if receipt["seq"] > prev_seq + 1:
+            missing = (
+                f"receipt {prev_seq + 1}"
+                if receipt["seq"] == prev_seq + 2
+                else f"receipts {prev_seq + 1} to {receipt['seq'] - 1}"
+            )
+            return "gap", f"{missing} missing before receipt {receipt['seq']}"
+        return "duplicate", f"receipt {receipt['seq']} comes a second time"
+    if receipt["prev"] != prev_hash:
+        expected = f"{prev_hash[:16]}..." if prev_hash else "none (it is the first)"
+        return (
+            "broken prev",
+            f"prev is {str(receipt['prev'])[:16]}..., the previous receipt's hash is {expected}",
+        )
+    return None
+
+
+def run_receipts(run_id: str) -> list[Any]:
+    """The attrs of a run's Receipt.Emit events, in trace order. ValueError when the run
+    has no stored trace at all."""
+    events = store.read_events(run_id)
+    if not events:
+        raise ValueError(
+            f"run {run_id} has no stored trace (is the id right, and the recorder up?)"
+        )
+    return [e["attrs"] for e in events if e["name"] == RECEIPT_EVENT]
+
+
+def registered_worker_keys(worker_ids: list[str]) -> dict[str, str]:
+    return dict(Worker.objects.filter(id__in=worker_ids).values_list("id", "public_key"))
+
+
+def receipts_verify(run_id: str, *, conductor_key: str | None = None) -> ChainReport:
+    """Check the receipt chain stored in a run's trace against the worker registry and the
+    conductor's public key: `conductor_key` when given (checking on another machine than
+    the conductor's), else this machine's key file's."""
+    entries = run_receipts(run_id)
+    ids = sorted(
+        {
+            e["receipt"]["worker"]
+            for e in entries
+            if isinstance(e, dict)
+            and isinstance(e.get("receipt"), dict)
+            and isinstance(e["receipt"].get("worker"), str)
+        }
+    )
+    return chain_verify(
+        run_id,
+        entries,
+        worker_keys=registered_worker_keys(ids),
+        conductor_key=conductor_key or conductor_public_key(),
+    )
+
+
+def format_report(report: ChainReport) -> str:
+    if report["ok"]:
+        lines = [f"OK: {report['count']} receipts of run {report['run']}, chain whole"]
+        if report["head"]:
+            lines.append(f"chain hash: {report['head']}")
+    else:
+        broken = report["broken"]
+        assert broken is not None
+        lines = [
+            f"BROKEN: receipt {broken['position']} of {report['count']} "
+            f"(seq {broken['seq']}, span {broken['span']}, worker {broken['worker']}): "
+            f"{broken['problem']}",
+            f"  {broken['detail']}",
+        ]
+    unknown = report["workers_unknown"]
+    lines.append(
+        f"worker keys checked against the registry: {report['workers_registered']}"
+        + (f"; not registered here: {', '.join(unknown)}" if unknown else "")
+    )
+    lines.append(
+        "conductor key: "
+        + (
+            f"pinned to {report['conductor_key']}"
+            if report["conductor_key_pinned"]
+            else "not pinned (no key file here): every receipt must carry the first one's"
+        )
+    )
+    return "\n".join(lines)

@@ -1,0 +1,535 @@
+"""Verification of sub-query replies from workers nobody vouches for (issue 6).
+
+Plain functions and small value types that a fanout calls; nothing here dispatches, emits
+or touches Redis. What is here:
+
+- agreement between two replies under a rule: exact (whitespace and case folded), numeric
+  (the one number in a short answer, within a tolerance), or text similarity (token-set
+  Jaccard over a threshold);
+- the redundant tier's decision over the replies of one sub-query: accept, wait, dispatch
+  more replicas, or unresolved (BOINC's "never agreed" outcome: never a guess);
+- objective checks (a JSON schema, a regex) and the verdict type that also carries the
+  outcome of a check function the caller ran in the sandbox;
+- the adaptive replication gate (BOINC's trust gate) and the per-run tally of extra
+  sub-queries spent on verification.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypedDict
+
+import jsonschema
+from jsonschema.exceptions import SchemaError
+
+Mode = Literal["exact", "numeric", "similar"]
+MODES: tuple[Mode, ...] = ("exact", "numeric", "similar")
+
+
+# --- normalisers and agreement -------------------------------------------------------------
+
+_SPACE = re.compile(r"\s+")
+# A decimal number as people write one in a short answer: a sign, thousands separated by
+# commas or not, a fraction, an exponent. "1,234.5", "-3", "2e-3", ".5".
+_NUMBER = re.compile(
+    r"(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+)?(?:[eE][-+]?\d+)?(?![\w])"
+)
+_WORD = re.compile(r"\w+")
+
+
+def normalise_exact(text: str) -> str:
+    """The form two replies must share to agree exactly: surrounding space dropped, inner
+    runs of whitespace made one space, case folded ("Paris\\n" and "paris" agree)."""
+    return _SPACE.sub(" ", text.strip()).casefold()
+
+
+def parse_number(text: str) -> float | None:
+    """The number a short answer states, or None when it states none or several different
+    ones ("between 3 and 5" names no single answer, and guessing one is what the redundant
+    tier must never do). "The total is 1,234." gives 1234.0; "42 (forty-two)" gives 42.0."""
+    found: set[float] = set()
+    for match in _NUMBER.finditer(text):
+        token = match.group(0)
+        if not any(ch.isdigit() for ch in token):
+            continue
+        try:
+            value = float(token.replace(",", ""))
+        except ValueError:
+            continue
+        if math.isfinite(value):
+            found.add(value)
+    return found.pop() if len(found) == 1 else None
+
+
+def similarity(a: str, b: str) -> float:
+    """Token-set Jaccard similarity of two texts, from 0 (no word shared) to 1 (the same
+    words). Chosen over difflib's ratio because it is linear in the text (SequenceMatcher
+    is quadratic in the worst case, and replies can be long), symmetric (ratio depends on
+    which text comes first), ignores word order (two summaries saying the same things in
+    another order agree) and 1 - Jaccard is a metric, so a threshold behaves predictably.
+    Two empty texts are the same (1.0)."""
+    words_a = set(_WORD.findall(a.casefold()))
+    words_b = set(_WORD.findall(b.casefold()))
+    if not words_a and not words_b:
+        return 1.0
+    return len(words_a & words_b) / len(words_a | words_b)
+
+
+@dataclass(frozen=True)
+class AgreementRule:
+    """When two replies count as the same answer.
+
+    mode "exact": equal after normalise_exact; "numeric": each states one number and they
+    are close (math.isclose with rel_tol and abs_tol); "similar": similarity() >= threshold.
+    """
+
+    mode: Mode = "exact"
+    rel_tol: float = 1e-9
+    abs_tol: float = 0.0
+    threshold: float = 0.8
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.mode not in MODES:
+            problems.append(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if not (self.rel_tol >= 0 and self.abs_tol >= 0):
+            problems.append("rel_tol and abs_tol must be 0 or more")
+        if not 0.0 < self.threshold <= 1.0:
+            problems.append(f"threshold must be in (0, 1], got {self.threshold}")
+        if problems:
+            raise ValueError("agreement rule: " + "; ".join(problems))
+
+
+def agree(a: str, b: str, rule: AgreementRule) -> bool:
+    """Whether two reply texts are the same answer under `rule`. In numeric mode a reply
+    that states no single number agrees with nothing, not even another such reply."""
+    if rule.mode == "exact":
+        return normalise_exact(a) == normalise_exact(b)
+    if rule.mode == "numeric":
+        x, y = parse_number(a), parse_number(b)
+        if x is None or y is None:
+            return False
+        return math.isclose(x, y, rel_tol=rule.rel_tol, abs_tol=rule.abs_tol)
+    return similarity(a, b) >= rule.threshold
+
+
+# --- the redundant tier --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One worker's returned answer to a sub-query. span_id is the reply's span, so the
+    Verify event can link the spans it judged."""
+
+    worker_id: str
+    venue: str
+    text: str
+    span_id: str = ""
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """A replica dispatched and not yet returned."""
+
+    worker_id: str
+    venue: str
+
+
+@dataclass(frozen=True)
+class RedundancyPolicy:
+    """Send `replicas` (M) copies to distinct workers, accept when `agree` (N) of them give
+    the same answer under `rule`, add replicas on disagreement up to `max_replicas` in all,
+    then give up as unresolved."""
+
+    replicas: int = 2
+    agree: int = 2
+    max_replicas: int = 5
+    rule: AgreementRule = field(default_factory=AgreementRule)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.agree <= self.replicas <= self.max_replicas:
+            raise ValueError(
+                "redundancy policy: need 1 <= agree <= replicas <= max_replicas, got "
+                f"agree={self.agree}, replicas={self.replicas}, max_replicas={self.max_replicas}"
+            )
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RedundancyPolicy:
+        """From user input such as {"replicas": 3, "agree": 2, "mode": "numeric",
+        "abs_tol": 0.5}; ValueError names what is wrong."""
+        data = dict(data)
+        rule_keys = {"mode", "rel_tol", "abs_tol", "threshold"}
+        known = {"replicas", "agree", "max_replicas"} | rule_keys
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(
+                f"redundancy policy: unknown setting(s) {', '.join(unknown)} "
+                f"(known: {', '.join(sorted(known))})"
+            )
+        try:
+            rule = AgreementRule(
+                **{k: (v if k == "mode" else float(v)) for k, v in data.items() if k in rule_keys}
+            )
+            counts = {k: int(v) for k, v in data.items() if k not in rule_keys}
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"redundancy policy: {exc}") from exc
+        return cls(rule=rule, **counts)
+
+
+class RedundantAttrs(TypedDict):
+    """What a Verify.Redundant event carries (its links are Decision.links)."""
+
+    tier: str
+    outcome: str
+    mode: str
+    text: str | None
+    agreed: list[str]
+    disagreed: list[str]
+    replies: int
+    pending: int
+    dispatch: int
+    groups: list[list[str]]
+    reason: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The redundant tier's verdict on one sub-query.
+
+    outcome "accept": `text` is the answer (the first reply of the winning group, as the
+    worker wrote it), `agreed` the workers who gave it, `disagreed` those who did not;
+    "wait": replicas in flight can still settle it, dispatch nothing;
+    "more": dispatch `dispatch` more replicas, to workers not in `avoid_workers`, preferring
+    venues not in `avoid_venues` where the run has others;
+    "unresolved": the replicas never agreed and the limit is reached (or agreement can no
+    longer be reached within it). The sub-query has no answer; nothing is guessed.
+    """
+
+    outcome: Literal["accept", "wait", "more", "unresolved"]
+    text: str | None = None
+    agreed: tuple[str, ...] = ()
+    disagreed: tuple[str, ...] = ()
+    dispatch: int = 0
+    avoid_workers: frozenset[str] = frozenset()
+    avoid_venues: frozenset[str] = frozenset()
+    groups: tuple[tuple[str, ...], ...] = ()
+    links: tuple[str, ...] = ()
+    replies: int = 0
+    pending: int = 0
+    mode: str = "exact"
+    reason: str = ""
+
+    def attrs(self) -> RedundantAttrs:
+        return {
+            "tier": "redundant",
+            "outcome": self.outcome,
+            "mode": self.mode,
+            "text": self.text,
+            "agreed": list(self.agreed),
+            "disagreed": list(self.disagreed),
+            "replies": self.replies,
+            "pending": self.pending,
+            "dispatch": self.dispatch,
+            "groups": [list(g) for g in self.groups],
+            "reason": self.reason,
+        }
+
+
+def _support(replies: Sequence[Reply], rule: AgreementRule) -> list[set[int]]:
+    """For each reply, the indices of the replies that agree with it (itself included).
+    Similarity is not transitive, so each reply is the centre of its own group."""
+    n = len(replies)
+    support = [{i} for i in range(n)]
+    for i in range(n):
+        for j in range(i + 1, n):
+            if agree(replies[i].text, replies[j].text, rule):
+                support[i].add(j)
+                support[j].add(i)
+    return support
+
+
+def _groups(replies: Sequence[Reply], support: list[set[int]]) -> tuple[tuple[str, ...], ...]:
+    """Replies grouped by answer for the trace: each reply joins the first earlier group
+    whose centre it agrees with."""
+    centres: list[int] = []
+    members: list[list[str]] = []
+    for i, reply in enumerate(replies):
+        for g, centre in enumerate(centres):
+            if i in support[centre]:
+                members[g].append(reply.worker_id)
+                break
+        else:
+            centres.append(i)
+            members.append([reply.worker_id])
+    return tuple(tuple(m) for m in members)
+
+
+def redundant_decide(
+    replies: Sequence[Reply],
+    policy: RedundancyPolicy,
+    pending: Sequence[Assignment] = (),
+) -> Decision:
+    """Decide one sub-query of the redundant tier from the replies so far and the replicas
+    still in flight. Call it after each reply (or each batch of them).
+
+    A group wins when it has at least N replies and strictly more than any answer outside
+    it: a tie between two answers is disagreement, settled by one more replica, not by a
+    coin. Replicas are counted against max_replicas whether returned or in flight."""
+    rule = policy.rule
+    dispatched = len(replies) + len(pending)
+    used_workers = frozenset([r.worker_id for r in replies] + [p.worker_id for p in pending])
+    used_venues = frozenset([r.venue for r in replies] + [p.venue for p in pending])
+    room = policy.max_replicas - dispatched
+    common: dict[str, Any] = {
+        "avoid_workers": used_workers,
+        "avoid_venues": used_venues,
+        "links": tuple(r.span_id for r in replies if r.span_id),
+        "replies": len(replies),
+        "pending": len(pending),
+        "mode": rule.mode,
+    }
+    if not replies:
+        if pending:
+            return Decision("wait", reason="no reply yet", **common)
+        return Decision(
+            "more",
+            dispatch=min(policy.replicas, policy.max_replicas),
+            reason="first replicas",
+            **common,
+        )
+
+    support = _support(replies, rule)
+    # The best centre: most supporters, then the earliest reply.
+    best = max(range(len(replies)), key=lambda i: (len(support[i]), -i))
+    winners = support[best]
+    rival = max((len(support[j]) for j in range(len(replies)) if j not in winners), default=0)
+    groups = _groups(replies, support)
+    agreed = tuple(replies[i].worker_id for i in sorted(winners))
+    disagreed = tuple(r.worker_id for i, r in enumerate(replies) if i not in winners)
+    common["groups"] = groups
+
+    if len(winners) >= policy.agree and len(winners) > rival:
+        return Decision(
+            "accept",
+            text=replies[min(winners)].text,
+            agreed=agreed,
+            disagreed=disagreed,
+            reason=f"{len(winners)} of {len(replies)} agree",
+            **common,
+        )
+
+    # The fewest further agreeing replies that would make the best group win.
+    shortfall = max(policy.agree - len(winners), rival + 1 - len(winners))
+    if shortfall > len(pending) + room:
+        return Decision(
+            "unresolved",
+            agreed=(),
+            disagreed=tuple(r.worker_id for r in replies),
+            reason=(
+                f"no answer reached {policy.agree} agreeing replies out of "
+                f"{policy.max_replicas} at most ({len(groups)} different answers in "
+                f"{len(replies)} replies)"
+            ),
+            **common,
+        )
+    want = max(shortfall - len(pending), policy.replicas - dispatched)
+    if want <= 0:
+        return Decision("wait", reason=f"{len(pending)} replicas in flight may settle it", **common)
+    return Decision(
+        "more",
+        dispatch=min(want, room),
+        reason=(
+            f"best answer has {len(winners)} of {policy.agree} needed"
+            + (f", {rival} for a different one" if rival else "")
+        ),
+        **common,
+    )
+
+
+def judgements(decision: Decision) -> dict[str, bool]:
+    """Whose result was valid, for reputation and the consecutive-valid count: on accept,
+    the workers who agreed were right and the others wrong. Waiting, dispatching more and
+    unresolved judge nobody: with no accepted answer there is nothing to be right against."""
+    if decision.outcome != "accept":
+        return {}
+    return {**{w: False for w in decision.disagreed}, **{w: True for w in decision.agreed}}
+
+
+# --- objective checks ----------------------------------------------------------------------
+
+CheckKind = Literal["schema", "regex", "function"]
+
+
+class CheckAttrs(TypedDict):
+    """What a Verify.Objective event carries."""
+
+    tier: str
+    check: str
+    ok: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class CheckVerdict:
+    """The outcome of one objective check of one reply; `reason` says why it failed."""
+
+    ok: bool
+    check: CheckKind
+    reason: str = ""
+
+    def attrs(self) -> CheckAttrs:
+        return {"tier": "objective", "check": self.check, "ok": self.ok, "reason": self.reason}
+
+
+class SchemaCheck:
+    """A reply must be JSON that validates against `schema`. The schema is checked once,
+    when the check is made, so a bad schema is the program's error, not the worker's."""
+
+    def __init__(self, schema: dict[str, Any]) -> None:
+        if not isinstance(schema, dict):
+            raise ValueError("validate: a JSON schema must be a JSON object (a dict)")
+        cls = jsonschema.validators.validator_for(schema)
+        try:
+            cls.check_schema(schema)
+        except SchemaError as exc:
+            raise ValueError(f"validate: not a valid JSON schema: {exc.message}") from exc
+        self.schema = schema
+        self._validator = cls(schema)
+
+    def __call__(self, text: str) -> CheckVerdict:
+        try:
+            value = json.loads(text)
+        except (json.JSONDecodeError, TypeError) as exc:
+            return CheckVerdict(False, "schema", f"not JSON: {exc}")
+        error = jsonschema.exceptions.best_match(self._validator.iter_errors(value))
+        if error is None:
+            return CheckVerdict(True, "schema")
+        where = "/".join(str(p) for p in error.absolute_path)
+        return CheckVerdict(False, "schema", f"at /{where}: {error.message}")
+
+
+class RegexCheck:
+    """The whole reply (surrounding whitespace dropped) must match `pattern`: a pattern
+    that should match anywhere says so with .* around it."""
+
+    def __init__(self, pattern: str) -> None:
+        try:
+            self._regex = re.compile(pattern, re.DOTALL)
+        except re.error as exc:
+            raise ValueError(f"validate: not a valid regular expression: {exc}") from exc
+        self.pattern = pattern
+
+    def __call__(self, text: str) -> CheckVerdict:
+        if self._regex.fullmatch(text.strip()):
+            return CheckVerdict(True, "regex")
+        return CheckVerdict(False, "regex", f"does not match {self.pattern!r}")
+
+
+def objective_check(validate: dict[str, Any] | str) -> SchemaCheck | RegexCheck:
+    """The check for a `validate=` value: a dict is a JSON schema, a string a regex. (A
+    function is run by the caller in the sandbox; give its outcome to function_verdict.)"""
+    if isinstance(validate, dict):
+        return SchemaCheck(validate)
+    if isinstance(validate, str):
+        return RegexCheck(validate)
+    raise ValueError(
+        "validate= takes a JSON schema (a dict), a regular expression (a str) or a function; "
+        f"got {type(validate).__name__}"
+    )
+
+
+def function_verdict(result: object, error: str | None = None) -> CheckVerdict:
+    """The verdict of a check function the caller ran on a reply: `result` is what it
+    returned, `error` the exception text when it raised. Truthy passes; a raise fails."""
+    if error:
+        return CheckVerdict(False, "function", f"the check raised {error}")
+    if result:
+        return CheckVerdict(True, "function")
+    return CheckVerdict(False, "function", f"the check returned {result!r}")
+
+
+# --- adaptive replication ------------------------------------------------------------------
+
+# Consecutive valid results a worker needs before it may go unreplicated (BOINC's gate).
+TRUST_AFTER = 10
+
+
+def should_replicate(consecutive_valid: int, rng: random.Random) -> bool:
+    """Whether to replicate a sub-query sent to a worker with this consecutive-valid count:
+    always below TRUST_AFTER, then with probability 1/count (slow to earn: a worker at 10 is
+    still checked one time in ten, at 100 one in a hundred)."""
+    if consecutive_valid < TRUST_AFTER:
+        return True
+    return rng.random() < 1.0 / consecutive_valid
+
+
+def should_validate(
+    agreeing_counts: Sequence[int],
+    rng: random.Random,
+    *,
+    untrusted_rate: float = 0.5,
+    trusted_rate: float = 0.02,
+) -> bool:
+    """Whether a validator should re-run an accepted answer (the high-trust tier's sample),
+    given the consecutive-valid counts of the workers whose word it rests on. Colluding
+    liars agree with each other, so an answer vouched for only by workers that have not
+    passed the trust gate is sampled often; one a trusted worker vouches for, rarely."""
+    if not (0.0 <= untrusted_rate <= 1.0 and 0.0 <= trusted_rate <= 1.0):
+        raise ValueError("sampling rates are fractions between 0 and 1")
+    trusted = any(count >= TRUST_AFTER for count in agreeing_counts)
+    return rng.random() < (trusted_rate if trusted else untrusted_rate)
+
+
+def consecutive_valid_after(count: int, valid: bool) -> int:
+    """The count after one judged result: one more when valid, back to 0 when not (fast to
+    lose). The fleet's live count is kept in Redis by workers.reputation (an Observation
+    with agreement or validation set); this is the same rule for in-process use (tests,
+    simulations)."""
+    return count + 1 if valid else 0
+
+
+# --- verification overhead per run ---------------------------------------------------------
+
+
+class OverheadFigures(TypedDict):
+    primary: int
+    extra: int
+    by_kind: dict[str, int]
+    overhead: float  # extra / primary: plain two-fold replication is 1.0
+    share: float  # extra / (primary + extra): the part of all sub-queries spent verifying
+
+
+class VerificationTally:
+    """Counts a run's sub-queries: the primary ones (one per question the program asked)
+    and the extra ones spent on verification, by kind (replica, validator, recheck)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._primary = 0
+        self._extra: dict[str, int] = {}
+
+    def add_primary(self, n: int = 1) -> None:
+        with self._lock:
+            self._primary += n
+
+    def add_extra(self, kind: str, n: int = 1) -> None:
+        with self._lock:
+            self._extra[kind] = self._extra.get(kind, 0) + n
+
+    def figures(self) -> OverheadFigures:
+        with self._lock:
+            extra = sum(self._extra.values())
+            total = self._primary + extra
+            return {
+                "primary": self._primary,
+                "extra": extra,
+                "by_kind": dict(self._extra),
+                "overhead": extra / self._primary if self._primary else 0.0,
+                "share": extra / total if total else 0.0,
+            }
