@@ -169,6 +169,33 @@ def blob_get(ref: str) -> str | None:
         return None
 
 
+def pack_rewrite(stem: str, records: list[tuple[bytes, int, int]]) -> str:
+    """A copy of a pack with only `records`, under the next generation's name (prune);
+    returns the new stem. The copy is durable and complete before its index appears."""
+    base, _, generation = stem.partition("~")
+    new = f"{base}~{int(generation or 0) + 1}"
+    directory = pack_dir()
+    texts: list[bytes] = []
+    index: list[bytes] = []
+    offset = 0
+    with open(directory / f"{stem}.pack", "rb") as source:
+        for key, old_offset, length in records:
+            source.seek(old_offset)
+            data = source.read(length)
+            texts.append(data)
+            index.append(RECORD.pack(key, offset, length))
+            offset += length
+    for suffix, parts in ((".pack", texts), (".idx", index)):
+        tmp = directory / f".{new}{suffix}.tmp"
+        with open(tmp, "wb") as fh:
+            fh.write(b"".join(parts))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, directory / f"{new}{suffix}")
+    fsync_dir(directory)
+    return new
+
+
 class PackWriter:
     """The recorder's side: `add` a batch's payloads, then `sync` once before the batch's
     events become visible. Texts already stored (in a pack, or as a file of the old
@@ -185,6 +212,22 @@ class PackWriter:
         self._texts: list[bytes] = []
         self._records: list[bytes] = []
         self._pending: set[bytes] = set()
+        self._seen_dir = self._dir_mtime()
+
+    @staticmethod
+    def _dir_mtime() -> int:
+        try:
+            return pack_dir().stat().st_mtime_ns
+        except FileNotFoundError:
+            return 0
+
+    def notice_prune(self) -> None:
+        """Before a batch: when packs were rewritten or removed (prune), forget the blobs
+        that are gone, so that a text stored again is written again."""
+        mtime = self._dir_mtime()
+        if mtime != self._seen_dir:
+            self._seen_dir = mtime
+            self.index.refresh()
 
     def open(self) -> None:
         """Start this life's pack (also when nothing is written yet: a pack left by an

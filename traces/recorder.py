@@ -170,6 +170,7 @@ class Recorder:
         of the stream is done with."""
         ids = [entry[0] for entry in entries]
         table, dead = _decode_batch(_fields_of(entries))
+        self.blobs.notice_prune()
         staged: list[tuple[Path, Path]] = []
         stored = 0
         first_id = _id_text(ids[0]) if ids else "0-0"
