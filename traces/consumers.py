@@ -28,6 +28,7 @@ from traces import live
 
 CATCH_UP_CHUNK = 5000  # events per message of a catch-up
 GAP_POLL_S = 0.05  # how often the store is read while a gap waits for the recorder
+SETTLE_S = (0.25, 1.0, 3.0)  # store reads after connecting (see _settle)
 
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
@@ -45,6 +46,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         self.wanted = 0  # a burst announced up to this seq (trace.more): read from the store
         self.lock = asyncio.Lock()
         self.filler: asyncio.Task[None] | None = None
+        self.settler: asyncio.Task[None] | None = None
 
     async def connect(self) -> None:
         # Accept first so the page learns why it is closed (a refused handshake is 1006).
@@ -60,15 +62,18 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         self.run_id = run_id
         self.group = live.group_name(run_id)
         # Join before reading the store: an event stored before the join is in the
-        # catch-up, one published after it arrives live (and duplicates are dropped).
+        # catch-up, one published after it arrives live (and duplicates are dropped). One
+        # published before the join but stored after the catch-up is read by _settle.
         await self.channel_layer.group_add(self.group, self.channel_name)
         query = parse_qs(self.scope.get("query_string", b"").decode())
         if "after_seq" in query:
             await self.catch_up(_seq(query["after_seq"][0]))
+            self.settler = asyncio.create_task(self._settle())
 
     async def disconnect(self, code: int) -> None:
-        if self.filler is not None:
-            self.filler.cancel()
+        for task in (self.filler, self.settler):
+            if task is not None:
+                task.cancel()
         if self.group is not None:
             await self.channel_layer.group_discard(self.group, self.channel_name)
 
@@ -139,20 +144,31 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             async with self.lock:
                 if not self._missing():
                     return
-                assert self.last_seq is not None
-                rows = await self._stored_after(self.last_seq)
-                for row in rows:
-                    self.held.setdefault(row[0], row)
-                await self._send_held(catch_up=True)
-                # The recorder stores a run's events in seq order: a seq below the newest
-                # stored one that the store lacks was dead-lettered, and never comes.
-                newest = rows[-1][0] if rows else 0
-                while self.held and self.last_seq + 1 < newest:
-                    self.last_seq += 1
-                    await self._send_held(catch_up=True)
+                await self._merge_stored()
                 if not self._missing():
                     return
             await asyncio.sleep(GAP_POLL_S)
+
+    async def _settle(self) -> None:
+        """Look at the store a few times after connecting: an event the forwarder published
+        just before this socket joined the group reaches it only from there."""
+        for delay in SETTLE_S:
+            await asyncio.sleep(delay)
+            async with self.lock:
+                await self._merge_stored()
+
+    async def _merge_stored(self) -> None:
+        assert self.last_seq is not None
+        rows = await self._stored_after(self.last_seq)
+        for row in rows:
+            self.held.setdefault(row[0], row)
+        await self._send_held(catch_up=True)
+        # The recorder stores a run's events in seq order: a seq below the newest stored
+        # one that the store lacks was dead-lettered, and never comes.
+        newest = rows[-1][0] if rows else 0
+        while self.held and self.last_seq + 1 < newest:
+            self.last_seq += 1
+            await self._send_held(catch_up=True)
 
     async def _stored_after(self, after_seq: int) -> list[list[Any]]:
         return await sync_to_async(live.stored_wire, thread_sensitive=False)(self.run_id, after_seq)
