@@ -239,3 +239,36 @@ def test_it_ignores_an_index_record_torn_by_a_kill_and_stores_its_text_again(cli
     kept, again = store.read_events("rK")
     assert blobs.blob_get(kept["payload_ref"]) == "kept"
     assert blobs.blob_get(again["payload_ref"]) == "torn"
+
+
+class Collected:
+    """Stands in for traces.live.Publisher: what the forwarder hands over."""
+
+    def __init__(self) -> None:
+        self.events: list[dict] = []
+
+    def forward(self, events: list[dict]) -> None:
+        self.events.extend(events)
+
+
+def test_it_keeps_stream_entries_until_the_live_forwarder_has_read_them(client):
+    from traces.forwarder import Forwarder
+
+    collected = Collected()
+    forwarder = Forwarder(client, publisher=collected, block_ms=10)
+    forwarder.start_at_end()
+    forwarder.heartbeat()
+    emitter = Emitter(client, "rF")
+    emitter.instant("Budget.Alert", payload="secret")
+    client.xadd(EVENTS_STREAM, {"seq": 2, "e": json.dumps({"run_id": "rF", "name": "Nope"})})
+    emitter.instant("Run.Done")
+    recorder = Recorder(client)
+    recorder.ensure_group()
+
+    assert recorder.step() == 2
+    assert client.xlen(EVENTS_STREAM) == 3  # stored, but the forwarder has not read them
+
+    assert forwarder.step() == 2  # the event that does not fit is not forwarded
+    assert [e["name"] for e in collected.events] == ["Budget.Alert", "Run.Done"]
+    recorder.trim()
+    assert client.xlen(EVENTS_STREAM) == 0

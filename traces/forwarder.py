@@ -8,8 +8,8 @@ are not forwarded: the recorder dead-letters them.
 
 The group reads with NOACK (nothing to acknowledge: a lost live message is filled from the
 store) and starts at the stream's end on each start: a page asks the store for the past.
-The recorder deletes stream entries only once this group has read them too (or is far
-behind: see Recorder.trim).
+The recorder deletes stream entries only once this group has read them too (unless the
+forwarder is not running or far behind: see Recorder.trim).
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ import redis
 
 from traces import live
 from traces.emitter import EVENTS_STREAM
-from traces.recorder import LIVE_GROUP
+from traces.recorder import LIVE_GROUP, LIVE_HEARTBEAT_KEY
 from traces.schema import problems
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_KEY = "frlm:forwarder:alive"
+HEARTBEAT_KEY = LIVE_HEARTBEAT_KEY  # the recorder keeps entries for a forwarder that beats
 
 
 class Forwarder:

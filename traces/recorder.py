@@ -32,7 +32,8 @@ log = logging.getLogger(__name__)
 
 GROUP = "recorder"
 LIVE_GROUP = "live"  # the live forwarder's group (traces.forwarder)
-LIVE_LAG_MS = 30_000
+LIVE_HEARTBEAT_KEY = "frlm:forwarder:alive"
+LIVE_LAG_MAX = 1_000_000  # entries a forwarder may be behind before it holds nothing back
 LOCK_KEY = "frlm:recorder:lock"
 HEARTBEAT_KEY = "frlm:recorder:alive"
 
@@ -202,23 +203,30 @@ class Recorder:
 
     def trim(self) -> None:
         """Delete the stream's entries that the recorder has acknowledged and the live
-        forwarder (traces.forwarder) has read. A forwarder that is more than LIVE_LAG_MS
-        behind (stopped, or dead) holds nothing back: pages fill a gap from the store."""
+        forwarder (traces.forwarder) has read. A forwarder that is not running (no
+        heartbeat) or is LIVE_LAG_MAX entries behind holds nothing back: pages fill a gap
+        from the store."""
         floors: dict[str, tuple[int, int]] = {}
+        live_lag: int | None = None
         for group in self.client.xinfo_groups(EVENTS_STREAM):
             name = _text(group["name"])
             if name not in (GROUP, LIVE_GROUP):
                 continue
             floors[name] = _after(_text(group["last-delivered-id"]))
+            if name == LIVE_GROUP:
+                live_lag = group.get("lag")
             if name == GROUP and group["pending"]:
                 summary = self.client.xpending(EVENTS_STREAM, GROUP)
                 floors[name] = min(floors[name], _parse_id(_text(summary["min"])))
         if GROUP not in floors:
             return
         floor = floors[GROUP]
-        live = floors.get(LIVE_GROUP)
-        if live is not None and live[0] >= floor[0] - LIVE_LAG_MS:
-            floor = min(floor, live)
+        if (
+            LIVE_GROUP in floors
+            and (live_lag is None or live_lag < LIVE_LAG_MAX)
+            and self.client.exists(LIVE_HEARTBEAT_KEY)
+        ):
+            floor = min(floor, floors[LIVE_GROUP])
         if floor > (0, 1):
             self.client.xtrim(EVENTS_STREAM, minid=f"{floor[0]}-{floor[1]}", approximate=False)
 
