@@ -5,8 +5,9 @@ interactive      from navigation to the run page of a 10,000-span run being draw
 live latency     from an event's emission to its arrival in the page (the socket message
                  handled on the page's main thread) at 2,000 events/s (target p95 < 100 ms)
 
-The events go the product's whole way: the emitter, the Redis stream, the recorder (durable
-Parquet segment first), traces.live, the Redis channel layer, daphne, the page.
+The events go the product's whole way: the emitter, the Redis stream, the live forwarder
+(traces.forwarder, apart from the recorder that stores them), traces.live, the Redis channel
+layer, daphne, the page.
 
   .venv/bin/python bench/ui.py [--spans 10000] [--rate 2000] [--seconds 10]
 """
@@ -126,7 +127,7 @@ def emit_live(client, run_id: str, rate: int, seconds: float) -> tuple[int, floa
 
 class ChannelTap:
     """Joins the run's channel group in this process: when each event left traces.live
-    (in the recorder) and crossed the channel layer, without daphne and the browser."""
+    (in the forwarder) and crossed the channel layer, without daphne and the browser."""
 
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id

@@ -146,6 +146,13 @@ class Stack:
         )
         plan.append(
             Proc(
+                "forwarder",
+                [*manage, "frlm_forwarder"],
+                lambda: bool(self.client.exists("frlm:forwarder:alive")),
+            )
+        )
+        plan.append(
+            Proc(
                 "conductor",
                 [
                     *manage,

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from datetime import timedelta
 
@@ -19,14 +20,17 @@ def refs(events: list[dict]) -> set[str]:
     return {e["payload_ref"] for e in events if e["payload_ref"]}
 
 
-def test_it_removes_old_runs_events_and_blobs_only_they_used(venues, capsys):
+def test_it_removes_old_runs_events_and_blobs_only_they_used(stack, venues, capsys):
     old = finish(launch(question=scripted("FINAL(llm_query('only the old run asks this'))")))
     new = finish(launch(question=scripted("FINAL(llm_query('only the new run asks this'))")))
     old_refs, new_refs = refs(trace(old)), refs(trace(new))
     Run.objects.filter(id=old.id).update(finished=timezone.now() - timedelta(days=40))
+    # The recorder's own pack is never rewritten: a restarted recorder starts a new one.
+    stack.kill("recorder", signal.SIGTERM)
+    stack.restart("recorder")
     hours_ago = time.time() - 7200  # past the grace period that protects fresh blobs
-    for ref in old_refs | new_refs:
-        os.utime(blobs.blob_path(ref), (hours_ago, hours_ago))
+    for path in blobs.pack_dir().glob("*.idx"):
+        os.utime(path, (hours_ago, hours_ago))
 
     call_command("frlm_prune", older_than="30d")
 
@@ -35,6 +39,20 @@ def test_it_removes_old_runs_events_and_blobs_only_they_used(venues, capsys):
     assert store.read_events(new.id)
     assert all(blobs.blob_get(ref) is not None for ref in new_refs)  # shared ones too
     assert all(blobs.blob_get(ref) is None for ref in old_refs - new_refs)
+
+
+def test_it_removes_unused_blob_files_of_the_layout_before_packs(venues, settings):
+    used = finish(launch(question=scripted("FINAL(llm_query('a question kept'))")))
+    orphan = blobs.blob_path("ab" * 32)
+    orphan.parent.mkdir(parents=True, exist_ok=True)
+    orphan.write_text("nobody refers to this")
+    hours_ago = time.time() - 7200
+    os.utime(orphan, (hours_ago, hours_ago))
+
+    call_command("frlm_prune", older_than="30d")
+
+    assert not orphan.exists()
+    assert all(blobs.blob_get(ref) is not None for ref in refs(trace(used)))
 
 
 def test_it_says_what_an_age_looks_like(venues):

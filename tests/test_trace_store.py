@@ -112,3 +112,163 @@ def test_it_refuses_a_second_recorder(client):
 def test_it_rejects_a_run_id_that_is_not_one():
     with pytest.raises(ValueError, match="not a run id"):
         store.run_dir("../../etc")
+
+
+def test_it_dead_letters_bad_events_of_a_big_batch_and_stores_the_rest(client):
+    emitter = Emitter(client, "rD")
+    good = [emitter.build("Worker.Heartbeat", "instant", attrs={"n": i}) for i in range(300)]
+    good[7] = emitter.build("Run.Decode", "end", payload="a reply", tokens_in=3, cost=0.5)
+    base = emitter.build("Worker.Heartbeat", "instant")
+    bad = {
+        "b-ts": ({**base, "event_id": "b-ts", "ts": "12"}, "ts must be nanoseconds"),
+        "b-depth": ({**base, "event_id": "b-depth", "depth": 1.5}, "depth must be an integer"),
+        "b-tokens": ({**base, "event_id": "b-tokens", "tokens_in": True}, "tokens_in must be"),
+        "b-parent": ({**base, "event_id": "b-parent", "parent_id": 7}, "parent_id must be"),
+        "b-links": ({**base, "event_id": "b-links", "links": ["a", 2]}, "links must be"),
+        "b-payload": (
+            {**base, "event_id": "b-payload", "attrs": {"_payload": "x"}},
+            "needs payload_ref",
+        ),
+        "b-name": ({**base, "event_id": "b-name", "name": "Nope"}, "not in the taxonomy"),
+    }
+    emitter.send(good[:150] + [event for event, _ in bad.values()] + good[150:])
+    recorder = Recorder(client)
+    recorder.ensure_group()
+
+    assert recorder.step() == 300
+
+    reasons = {
+        json.loads(fields[b"event"])["event_id"]: fields[b"reason"].decode()
+        for _, fields in client.xrange(DEAD_LETTER_STREAM)
+    }
+    assert set(reasons) == set(bad)
+    for event_id, (_, expected) in bad.items():
+        assert expected in reasons[event_id]
+    stored = store.read_events("rD")
+    assert [e["event_id"] for e in stored] == [e["event_id"] for e in good]
+    assert [e["seq"] for e in stored] == [*range(1, 151), *range(158, 308)]
+    decode = stored[7]
+    assert (decode["tokens_in"], decode["cost"], decode["attrs"]) == (3, 0.5, {})
+    assert blobs.blob_get(decode["payload_ref"]) == "a reply"
+
+
+def test_it_stores_the_same_rows_whether_a_batch_is_parsed_at_once_or_event_by_event(client):
+    from traces.recorder import _decode_batch, _decode_slowly
+
+    emitter = Emitter(client, "rP", venue="edge", worker_id="w-1")
+    events = [
+        emitter.build(
+            "SubQuery.Execute",
+            "end",
+            parent="p1",
+            links=["l1", "l2"] if i % 2 else None,
+            payload=f"réponse «{i}» ✓" if i % 3 == 0 else None,
+            ms=1.5 * i,
+            tokens_in=i,
+            attrs={"nested": {"k": [1, 2.5, None]}, "text": "naïve ✓", "i": i},
+        )
+        for i in range(250)
+    ]
+    fields = [(str(n + 1).encode(), json.dumps(e).encode()) for n, e in enumerate(events)]
+
+    at_once, dead_at_once = _decode_batch(fields)
+    one_by_one, dead_one_by_one = _decode_slowly(fields)
+
+    assert dead_at_once == dead_one_by_one == []
+    rows_a, rows_b = (
+        t.set_column(t.schema.get_field_index("ts"), "ts", t["ts"].cast("int64")).to_pylist()
+        for t in (at_once, one_by_one)
+    )
+    for row in rows_a + rows_b:
+        row["attrs"] = json.loads(row["attrs"])
+    assert rows_a == rows_b
+    assert rows_a[3]["payload"] == "réponse «3» ✓" and "_payload" not in rows_a[3]["attrs"]
+
+
+def test_it_stores_a_payload_once_across_batches_and_recorder_lives(client):
+    emitter = Emitter(client, "rO")
+    emitter.instant("Budget.Alert", payload="the same text")
+    Recorder(client).ensure_group()
+    assert Recorder(client).step() == 1
+    emitter.instant("Budget.Alert", payload="the same text")
+    emitter.instant("Budget.Alert", payload="the same text")
+    assert Recorder(client).step() == 2  # a new life: its own pack
+
+    ref = store.read_events("rO")[0]["payload_ref"]
+    records = [
+        key for idx in blobs.pack_dir().glob("*.idx") for key, _, _ in blobs.read_records(idx)[0]
+    ]
+    assert records.count(bytes.fromhex(ref)) == 1
+    assert blobs.blob_get(ref) == "the same text"
+
+
+def test_it_reads_blobs_stored_one_file_each_before_packs(client):
+    emitter = Emitter(client, "rL")
+    old = blobs.blob_path(emitter.build("Budget.Alert", "instant", payload="older")["payload_ref"])
+    old.parent.mkdir(parents=True)
+    old.write_text("older")
+    emitter.instant("Budget.Alert", payload="older")
+    emitter.instant("Budget.Alert", payload="newer")
+    recorder = Recorder(client)
+    recorder.ensure_group()
+    assert recorder.step() == 2
+
+    older, newer = store.read_events("rL")
+    assert blobs.blob_get(older["payload_ref"]) == "older"
+    assert blobs.blob_get(newer["payload_ref"]) == "newer"
+    packed = {
+        key for idx in blobs.pack_dir().glob("*.idx") for key, *_ in blobs.read_records(idx)[0]
+    }
+    assert packed == {bytes.fromhex(newer["payload_ref"])}  # the file is not stored again
+
+
+def test_it_ignores_an_index_record_torn_by_a_kill_and_stores_its_text_again(client):
+    emitter = Emitter(client, "rK")
+    emitter.instant("Budget.Alert", payload="kept")
+    recorder = Recorder(client)
+    recorder.ensure_group()
+    recorder.step()
+    (idx,) = blobs.pack_dir().glob("*.idx")
+    torn = emitter.build("Budget.Alert", "instant", payload="torn")
+    with open(idx, "ab") as fh:  # the kill came halfway through the record of "torn"
+        fh.write(blobs.RECORD.pack(bytes.fromhex(torn["payload_ref"]), 999, 4)[:20])
+    emitter.send([torn])
+
+    assert Recorder(client).step() == 1
+
+    kept, again = store.read_events("rK")
+    assert blobs.blob_get(kept["payload_ref"]) == "kept"
+    assert blobs.blob_get(again["payload_ref"]) == "torn"
+
+
+class Collected:
+    """Stands in for traces.live.Publisher: what the forwarder hands over."""
+
+    def __init__(self) -> None:
+        self.events: list[dict] = []
+
+    def forward(self, events: list[dict]) -> None:
+        self.events.extend(events)
+
+
+def test_it_keeps_stream_entries_until_the_live_forwarder_has_read_them(client):
+    from traces.forwarder import Forwarder
+
+    collected = Collected()
+    forwarder = Forwarder(client, publisher=collected, block_ms=10)
+    forwarder.start_at_end()
+    forwarder.heartbeat()
+    emitter = Emitter(client, "rF")
+    emitter.instant("Budget.Alert", payload="secret")
+    client.xadd(EVENTS_STREAM, {"seq": 2, "e": json.dumps({"run_id": "rF", "name": "Nope"})})
+    emitter.instant("Run.Done")
+    recorder = Recorder(client)
+    recorder.ensure_group()
+
+    assert recorder.step() == 2
+    assert client.xlen(EVENTS_STREAM) == 3  # stored, but the forwarder has not read them
+
+    assert forwarder.step() == 2  # the event that does not fit is not forwarded
+    assert [e["name"] for e in collected.events] == ["Budget.Alert", "Run.Done"]
+    recorder.trim()
+    assert client.xlen(EVENTS_STREAM) == 0

@@ -3,13 +3,19 @@
 1. connect: a signed-in user (else close 4401) who may see the run (else 4403) joins the
    run's group; `?after_seq=N` in the URL, or a first message `{"after_seq": N}`, asks for
    the events stored after N first (the catch-up), 2. then every live batch the publisher
-   (traces.live) sends, without the ones the catch-up already carried. A batch that does
-   not follow on from the last seq sent (a message the channel layer dropped) is filled
-   from the store, so a page sees every event once, in seq order.
+   (traces.live, in the forwarder) sends, without the ones the catch-up already carried.
+
+Live events come as they are emitted, before the recorder stores them. An event that does
+not follow on from the last seq sent (a message the channel layer dropped, a forwarder that
+restarted, a reconnect whose catch-up the store could not yet answer in full) is held back,
+and the gap is filled from the store as soon as the recorder has stored it: a page sees
+every event once, in seq order. A seq the store skips for good (an event the recorder
+dead-lettered: the store already holds later ones) is passed over.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs
@@ -21,6 +27,8 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from traces import live
 
 CATCH_UP_CHUNK = 5000  # events per message of a catch-up
+GAP_POLL_S = 0.05  # how often the store is read while a gap waits for the recorder
+SETTLE_S = (0.25, 1.0, 3.0)  # store reads after connecting (see _settle)
 
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
@@ -34,6 +42,11 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         # The last seq this socket has sent; None until a catch-up fixes the starting point
         # (before that, live batches pass as they come).
         self.last_seq: int | None = None
+        self.held: dict[int, list[Any]] = {}  # live events past a gap, by seq
+        self.wanted = 0  # a burst announced up to this seq (trace.more): read from the store
+        self.lock = asyncio.Lock()
+        self.filler: asyncio.Task[None] | None = None
+        self.settler: asyncio.Task[None] | None = None
 
     async def connect(self) -> None:
         # Accept first so the page learns why it is closed (a refused handshake is 1006).
@@ -49,47 +62,116 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         self.run_id = run_id
         self.group = live.group_name(run_id)
         # Join before reading the store: an event stored before the join is in the
-        # catch-up, one published after it arrives live (and duplicates are dropped).
+        # catch-up, one published after it arrives live (and duplicates are dropped). One
+        # published before the join but stored after the catch-up is read by _settle.
         await self.channel_layer.group_add(self.group, self.channel_name)
         query = parse_qs(self.scope.get("query_string", b"").decode())
         if "after_seq" in query:
             await self.catch_up(_seq(query["after_seq"][0]))
+            self.settler = asyncio.create_task(self._settle())
 
     async def disconnect(self, code: int) -> None:
+        for task in (self.filler, self.settler):
+            if task is not None:
+                task.cancel()
         if self.group is not None:
             await self.channel_layer.group_discard(self.group, self.channel_name)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         if self.group is not None and isinstance(content, dict) and "after_seq" in content:
-            await self.catch_up(_seq(content["after_seq"]))
+            async with self.lock:
+                await self.catch_up(_seq(content["after_seq"]))
 
     async def catch_up(self, after_seq: int) -> None:
-        rows = await sync_to_async(live.stored_wire, thread_sensitive=False)(self.run_id, after_seq)
+        rows = await self._stored_after(after_seq)
         for start in range(0, len(rows), CATCH_UP_CHUNK):
             chunk = rows[start : start + CATCH_UP_CHUNK]
             await self.send_json({"type": "events", "catch_up": True, "events": chunk})
         self.last_seq = max(after_seq, rows[-1][0] if rows else after_seq)
         await self.send_json({"type": "caught_up", "last_seq": self.last_seq})
+        await self._send_held(catch_up=False)
+        self._watch_gap()
 
     # --- from the publisher ---
     async def trace_events(self, message: dict[str, Any]) -> None:
         events = message["events"]
-        if self.last_seq is not None:
-            events = [e for e in events if e[0] > self.last_seq]
-            if not events:
+        async with self.lock:
+            if self.last_seq is None:  # no catch-up asked for: pass batches as they come
+                await self.send_json({"type": "events", "events": events})
                 return
-            if events[0][0] > self.last_seq + 1:
-                await self.catch_up(self.last_seq)
-                return
-            self.last_seq = events[-1][0]
-        await self.send_json({"type": "events", "events": events})
+            for event in events:
+                if event[0] > self.last_seq:
+                    self.held[event[0]] = event
+            await self._send_held(catch_up=False)
+            self._watch_gap()
 
     async def trace_more(self, message: dict[str, Any]) -> None:
-        """A burst too big for the channel layer: it is in the store."""
-        if self.last_seq is None:
-            self.last_seq = 0
-        if message["last_seq"] > self.last_seq:
-            await self.catch_up(self.last_seq)
+        """A burst too big for the channel layer: it is (or soon will be) in the store."""
+        async with self.lock:
+            if self.last_seq is None:
+                self.last_seq = 0
+            self.wanted = max(self.wanted, message["last_seq"])
+            self._watch_gap()
+
+    # --- gaps ---
+    async def _send_held(self, *, catch_up: bool) -> None:
+        """Send the held events that follow on from the last seq sent."""
+        assert self.last_seq is not None
+        for seq in [s for s in self.held if s <= self.last_seq]:
+            del self.held[seq]
+        out: list[list[Any]] = []
+        while self.last_seq + 1 in self.held:
+            self.last_seq += 1
+            out.append(self.held.pop(self.last_seq))
+        for start in range(0, len(out), CATCH_UP_CHUNK):
+            chunk = out[start : start + CATCH_UP_CHUNK]
+            message: dict[str, Any] = {"type": "events", "events": chunk}
+            if catch_up:
+                message["catch_up"] = True
+            await self.send_json(message)
+
+    def _missing(self) -> bool:
+        return self.last_seq is not None and (bool(self.held) or self.wanted > self.last_seq)
+
+    def _watch_gap(self) -> None:
+        if self._missing() and (self.filler is None or self.filler.done()):
+            self.filler = asyncio.create_task(self._fill_gap())
+
+    async def _fill_gap(self) -> None:
+        """Read the store after the last seq sent until the gap is filled: the recorder
+        stores what the forwarder sent ahead a moment later."""
+        while True:
+            async with self.lock:
+                if not self._missing():
+                    return
+                await self._merge_stored()
+                if not self._missing():
+                    return
+            await asyncio.sleep(GAP_POLL_S)
+
+    async def _settle(self) -> None:
+        """Look at the store a few times after connecting: an event the forwarder published
+        just before this socket joined the group reaches it only from there."""
+        for delay in SETTLE_S:
+            await asyncio.sleep(delay)
+            async with self.lock:
+                await self._merge_stored()
+
+    async def _merge_stored(self) -> None:
+        assert self.last_seq is not None
+        rows = await self._stored_after(self.last_seq)
+        for row in rows:
+            self.held.setdefault(row[0], row)
+        await self._send_held(catch_up=True)
+        # The recorder stores a run's events in seq order: a seq below the newest stored
+        # one that the store lacks was dead-lettered, and never comes.
+        newest = rows[-1][0] if rows else 0
+        while self.held and self.last_seq + 1 < newest:
+            self.last_seq += 1
+            await self._send_held(catch_up=True)
+
+    async def _stored_after(self, after_seq: int) -> list[list[Any]]:
+        return await sync_to_async(live.stored_wire, thread_sensitive=False)(self.run_id, after_seq)
 
 
 def _seq(raw: Any) -> int:

@@ -1,7 +1,7 @@
-"""The one publisher of live trace events (DESIGN §5): the recorder hands it each durable
-batch, it groups the events by run, strips their payload texts, and sends them to the
-run's channel group `run-<id>` every FLUSH_S, so thousands of events a second reach a page
-as a few messages a second.
+"""The one publisher of live trace events (DESIGN §5): the live forwarder (traces.forwarder)
+hands it events as they are emitted, it groups them by run, strips their payload texts, and
+sends them to the run's channel group `run-<id>` every FLUSH_S, so thousands of events a
+second reach a page as a few messages a second.
 
 The wire form of an event is a short list in WIRE_FIELDS order (field names repeated
 50,000 times would be most of a big trace's bytes); the HTTP catch-up endpoint, the
@@ -127,7 +127,7 @@ def stored_wire(run_id: str, after_seq: int = 0) -> list[list[Any]]:
 
 
 class Publisher:
-    """Collects stored events from the recorder's thread; a publisher thread with its own
+    """Collects events from the forwarder's thread; a publisher thread with its own
     event loop sends them. One long-lived loop keeps the channel layer's Redis
     connections open (async_to_sync from a plain thread would open a loop, and so new
     connections, per call)."""
@@ -143,7 +143,7 @@ class Publisher:
         self.sent_messages = 0
 
     def forward(self, events: Iterable[dict[str, Any]]) -> None:
-        """Called by the recorder after each durable batch; returns at once."""
+        """Called by the forwarder with each batch it reads; returns at once."""
         with self._lock:
             self._pending.extend(events)
             if self._thread is None or not self._thread.is_alive():
@@ -170,7 +170,7 @@ class Publisher:
         asyncio.run(self._loop())
 
     async def _loop(self) -> None:
-        """1. sleep until the recorder hands over events, 2. send what is pending, 3. wait
+        """1. sleep until the forwarder hands over events, 2. send what is pending, 3. wait
         FLUSH_S before sending again, so that under load a page gets a message per run every
         FLUSH_S while a lone event goes out at once."""
         from channels.layers import get_channel_layer
@@ -212,11 +212,3 @@ class Publisher:
             }
             await layer.group_send(group, message)
             self.sent_messages += 1
-
-
-_publisher = Publisher()
-
-
-def forward(events: Iterable[dict[str, Any]]) -> None:
-    """The recorder's `on_stored` hook."""
-    _publisher.forward(events)

@@ -94,6 +94,16 @@ ARROW_SCHEMA = pa.schema(
 
 _REQUIRED_TEXT = ("run_id", "event_id", "span_id", "name", "phase", "status")
 _NUMBERS = ("ms", "bytes", "tokens_in", "tokens_out", "cost")
+_OPTIONAL_TEXT = ("parent_id", "venue", "worker_id", "payload_ref")
+_REF_CHARS = frozenset("0123456789abcdef")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_ref(value: Any) -> bool:
+    return type(value) is str and len(value) == 64 and _REF_CHARS.issuperset(value)
 
 
 def _fits(event: dict) -> bool:
@@ -112,10 +122,18 @@ def _fits(event: dict) -> bool:
         value = get(field)
         if value is not None and type(value) not in (int, float):
             return False
+    for field in _OPTIONAL_TEXT:
+        value = get(field)
+        if value is not None and type(value) is not str:
+            return False
     links = get("links", [])
     if type(links) is not list or any(type(x) is not str for x in links):
         return False
-    return type(get("attrs", {})) is dict
+    attrs = get("attrs", {})
+    if type(attrs) is not dict:
+        return False
+    payload = attrs.get("_payload")
+    return payload is None or (type(payload) is str and _is_ref(get("payload_ref")))
 
 
 def problems(event: Any) -> list[str]:
@@ -134,19 +152,28 @@ def problems(event: Any) -> list[str]:
         found.append(f"phase {event.get('phase')!r} is not one of {sorted(PHASES)}")
     if event.get("status") not in STATUSES:
         found.append(f"status {event.get('status')!r} is not one of {sorted(STATUSES)}")
-    if not isinstance(event.get("seq"), int) or event["seq"] < 1:
+    if not _is_int(event.get("seq")) or event["seq"] < 1:
         found.append("seq must be a positive integer")
-    if not isinstance(event.get("ts"), int) or event["ts"] <= 0:
+    if not _is_int(event.get("ts")) or event["ts"] <= 0:
         found.append("ts must be nanoseconds since the epoch")
-    if not isinstance(event.get("depth", 0), int):
+    if not _is_int(event.get("depth", 0)):
         found.append("depth must be an integer")
     for field in _NUMBERS:
         value = event.get(field)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
             found.append(f"{field} must be a number")
+    for field in _OPTIONAL_TEXT:
+        if event.get(field) is not None and not isinstance(event.get(field), str):
+            found.append(f"{field} must be a string or null")
     links = event.get("links", [])
     if not isinstance(links, list) or not all(isinstance(x, str) for x in links):
         found.append("links must be a list of span ids")
-    if not isinstance(event.get("attrs", {}), dict):
+    attrs = event.get("attrs", {})
+    if not isinstance(attrs, dict):
         found.append("attrs must be a JSON object")
+    elif attrs.get("_payload") is not None:
+        if not isinstance(attrs["_payload"], str):
+            found.append("attrs._payload (the payload text) must be a string")
+        elif not _is_ref(event.get("payload_ref")):
+            found.append("an event with a payload needs payload_ref: the sha256 of its text")
     return found

@@ -5,6 +5,7 @@ the store."""
 from __future__ import annotations
 
 import json
+import signal
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -156,9 +157,9 @@ def test_it_fills_a_gap_in_the_live_batches_from_the_store(stack, transactional_
     async_to_sync(go)()
 
 
-def test_it_forwards_what_the_recorder_stores(stack, transactional_db):
-    """The whole path: an emitter's event, stored by the recorder process, published by
-    traces.live in that process, through the channel layer to the socket."""
+def test_it_forwards_what_is_emitted_and_the_recorder_stores_it(stack, transactional_db):
+    """The whole path: an emitter's event, read by the forwarder process, published by
+    traces.live in that process, through the channel layer to the socket; and stored."""
     user = get_user_model().objects.create_user("watcher")
     run = empty_run(user)
     emitter = Emitter(get_redis(), run.id)
@@ -179,3 +180,71 @@ def test_it_forwards_what_the_recorder_stores(stack, transactional_db):
 
     async_to_sync(go)()
     wait_until(lambda: store.event_count(run.id) == 30, what="the events to be stored")
+
+
+def test_it_sends_events_live_before_the_recorder_stores_them(stack, transactional_db):
+    user = get_user_model().objects.create_user("watcher")
+    run = empty_run(user)
+    emitter = Emitter(get_redis(), run.id)
+    cookie = cookie_for(user)
+    stack.kill("recorder", signal.SIGTERM)  # nothing is stored while it is down
+
+    async def go():
+        ws = socket(run.id, cookie, "?after_seq=0")
+        await ws.connect()
+        assert (await ws.receive_json_from(timeout=5))["type"] == "caught_up"
+        with emitter.batch():
+            for n in range(20):
+                emitter.instant("Budget.Alert", attrs={"n": n}, payload=f"text {n}")
+        events, messages = await receive_events(ws, 20)
+        assert [e[0] for e in events] == list(range(1, 21))
+        assert all(not m.get("catch_up") for m in messages)
+        assert store.event_count(run.id) == 0
+        await ws.disconnect()
+
+    try:
+        async_to_sync(go)()
+    finally:
+        stack.restart("recorder")
+    wait_until(lambda: store.event_count(run.id) == 20, what="the events to be stored")
+
+
+def test_it_holds_live_events_past_a_gap_until_the_store_has_it(stack, transactional_db):
+    """Live events can run ahead of the store: one that follows a gap waits for the
+    recorder to store the gap, then both go out, once each and in order. A seq the store
+    passes over for good (dead-lettered) does not hold the page back."""
+    user = get_user_model().objects.create_user("watcher")
+    run = empty_run(user)
+    emitter = Emitter(get_redis(), run.id)
+
+    def event(seq: int) -> dict:
+        built = emitter.build("Budget.Alert", "instant", attrs={"n": seq})
+        built["seq"] = seq
+        return built
+
+    _write_segment(run.id, [event(1)], first_id="1-0")
+    cookie = cookie_for(user)
+
+    async def go():
+        ws = socket(run.id, cookie, "?after_seq=0")
+        await ws.connect()
+        events, _ = await receive_events(ws, 1)
+        assert (await ws.receive_json_from(timeout=5))["type"] == "caught_up"
+        layer = get_channel_layer()
+        group = live.group_name(run.id)
+        await layer.group_send(group, {"type": "trace.events", "events": [live.wire(event(3))]})
+        assert await ws.receive_nothing(timeout=0.5)  # 2 is neither live nor stored yet
+        _write_segment(run.id, [event(2), event(3)], first_id="2-0")
+        events, _ = await receive_events(ws, 3)
+        assert [e[0] for e in events] == [2, 3]
+        # 4 was dead-lettered: the store goes from 3 to 5.
+        await layer.group_send(group, {"type": "trace.events", "events": [live.wire(event(5))]})
+        assert await ws.receive_nothing(timeout=0.3)
+        _write_segment(run.id, [event(5)], first_id="3-0")
+        events, _ = await receive_events(ws, 5)
+        assert [e[0] for e in events] == [5]
+        await layer.group_send(group, {"type": "trace.events", "events": [live.wire(event(5))]})
+        assert await ws.receive_nothing(timeout=0.3)  # never twice
+        await ws.disconnect()
+
+    async_to_sync(go)()

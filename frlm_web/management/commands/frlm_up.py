@@ -27,7 +27,8 @@ DEMO_VENUES = [
 class Command(BaseCommand):
     help = (
         "Bring FRLM web up on this machine: redis (unless one answers at FRLM_REDIS_URL), the "
-        "simulated model server, the recorder, a conductor, venue workers (local, edge) and the "
+        "simulated model server, the recorder, the live forwarder, a conductor, venue workers "
+        "(local, edge) and the "
         "web server. With --demo, also create the demo user and run a demo FRLM run."
     )
 

@@ -7,7 +7,6 @@ import threading
 from django.core.management.base import BaseCommand, CommandError
 
 from frlm_web.redis_client import get_redis
-from traces import live
 from traces.recorder import Recorder, RecorderBusy
 
 
@@ -26,9 +25,7 @@ class Command(BaseCommand):
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-        recorder = Recorder(
-            get_redis(), batch_max=batch_max, block_ms=block_ms, on_stored=live.forward
-        )
+        recorder = Recorder(get_redis(), batch_max=batch_max, block_ms=block_ms)
         self.stdout.write("recorder: storing trace events (Ctrl-C or SIGTERM stops it)")
         self.stdout.flush()
         try:

@@ -1,0 +1,104 @@
+"""The live forwarder: events to the run pages as soon as they are emitted (DESIGN §5).
+
+It reads the event stream through its own consumer group (`live`), apart from the recorder,
+so a page does not wait for a batch to be made durable: storing is the recorder's job, and
+a page that misses a live event (the forwarder was down, the channel layer dropped a
+message) fills the gap from the store (traces.consumers). Events that do not fit the schema
+are not forwarded: the recorder dead-letters them.
+
+The group reads with NOACK (nothing to acknowledge: a lost live message is filled from the
+store) and starts at the stream's end on each start: a page asks the store for the past.
+The recorder deletes stream entries only once this group has read them too (unless the
+forwarder is not running or far behind: see Recorder.trim).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from typing import Any
+
+import redis
+
+from traces import live
+from traces.emitter import EVENTS_STREAM
+from traces.recorder import LIVE_GROUP, LIVE_HEARTBEAT_KEY
+from traces.schema import problems
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_KEY = LIVE_HEARTBEAT_KEY  # the recorder keeps entries for a forwarder that beats
+
+
+class Forwarder:
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        publisher: live.Publisher | None = None,
+        consumer: str = "forwarder",
+        batch_max: int = 5000,
+        block_ms: int = 200,
+    ) -> None:
+        self.client = client
+        self.publisher = publisher or live.Publisher()
+        self.consumer = consumer
+        self.batch_max = batch_max
+        self.block_ms = block_ms
+        self.forwarded = 0
+
+    def start_at_end(self) -> None:
+        """Create the group at the stream's end, or move it there: what happened while no
+        forwarder ran is in the store, and pages read it from there."""
+        try:
+            self.client.xgroup_create(EVENTS_STREAM, LIVE_GROUP, id="$", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+            self.client.xgroup_setid(EVENTS_STREAM, LIVE_GROUP, id="$")
+
+    def heartbeat(self, ttl_s: int = 10) -> None:
+        self.client.set(HEARTBEAT_KEY, "1", ex=ttl_s)
+
+    def run(self, stop: threading.Event) -> None:
+        """1. start at the stream's end, 2. forward each new entry until told to stop."""
+        self.start_at_end()
+        self.heartbeat()
+        last_beat = time.monotonic()
+        try:
+            while not stop.is_set():
+                self.step()
+                if time.monotonic() - last_beat > 2:
+                    self.heartbeat()
+                    last_beat = time.monotonic()
+        finally:
+            self.client.delete(HEARTBEAT_KEY)
+
+    def step(self) -> int:
+        reply = self.client.xreadgroup(
+            LIVE_GROUP,
+            self.consumer,
+            {EVENTS_STREAM: ">"},
+            count=self.batch_max,
+            block=self.block_ms,
+            noack=True,
+        )
+        entries = reply[0][1] if reply else []
+        events = [e for e in (_event(fields) for _, fields in entries) if e is not None]
+        if events:
+            self.publisher.forward(events)
+            self.forwarded += len(events)
+        return len(events)
+
+
+def _event(fields: dict[bytes, Any]) -> dict[str, Any] | None:
+    raw = fields.get(b"e")
+    try:
+        event = json.loads(raw) if raw is not None else None
+        if isinstance(event, dict):
+            event["seq"] = int(fields.get(b"seq", b""))
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return event if isinstance(event, dict) and not problems(event) else None

@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+import signal
+import threading
+
+from django.core.management.base import BaseCommand
+
+from frlm_web.redis_client import get_redis
+from traces.forwarder import Forwarder
+
+
+class Command(BaseCommand):
+    help = (
+        "Run the live forwarder: trace events to the run pages as they are emitted, "
+        "apart from the recorder that stores them. Stops cleanly on SIGTERM."
+    )
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--block-ms", type=int, default=200)
+
+    def handle(self, *args, block_ms: int, **options) -> None:
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        forwarder = Forwarder(get_redis(), block_ms=block_ms)
+        self.stdout.write("forwarder: sending live trace events to run pages")
+        self.stdout.flush()
+        forwarder.run(stop)
+        self.stdout.write(f"forwarder: stopped after forwarding {forwarder.forwarded} events")
