@@ -3,14 +3,24 @@ and is collected from the run's result stream as replies arrive, under a quorum 
 deadlines. Stragglers are cancelled; a failed, timed-out or orphaned job is retried on
 another venue while attempts remain.
 
-Dispatch is credit-based: a venue is given as many jobs as its live workers have slots,
-plus a small margin that hides the refill round trip, and each reply frees a credit for the
-next job. Queues stay short, so a slow or busy venue takes less work instead of holding
-the batch's tail, and every routing decision is made with the venue's current load."""
+Where a job goes is the policy's routing: by default the scheduler (workers.scheduler)
+sends it to one registered worker's own queue, the one expected to finish it first given
+reputation, latency, load and price; "shared" puts it on the venue's queue for any free
+worker (what Celery does by itself); "round_robin" deals jobs to workers in turn.
+
+Dispatch is credit-based: a worker (or, for a shared queue, a venue) is given as many jobs
+as it has slots, plus a small margin that hides the refill round trip, and each reply frees
+a credit for the next job. Queues stay short, so a slow or busy worker takes less work
+instead of holding the batch's tail, and every decision is made with current figures.
+
+Every result is checked before it counts: it must come from the worker the job was given to
+and carry that worker's signature. Outcomes feed the workers' reputations and circuit
+breakers, which the next decisions read."""
 
 from __future__ import annotations
 
 import math
+import random
 import time
 from collections import deque
 from collections.abc import Callable
@@ -21,9 +31,12 @@ import redis
 
 from runs.policy import Policy
 from traces.emitter import Emitter, Span
-from workers import venues
+from workers import scheduler, venues
 from workers.backends import ModelSpec
+from workers.circuit import Breakers, Step
 from workers.jobs import Job, Result, cancelled_key, decode_result, results_stream
+from workers.reputation import Ledger, Observation
+from workers.signing import result_verify
 
 # How often the liveness of workers holding jobs is checked, in seconds.
 LIVENESS_EVERY_S = 1.0
@@ -33,6 +46,8 @@ DISPATCH_FLUSH = 8
 # finishing a job finds the next one waiting, few enough that queues stay short.
 QUEUE_MARGIN = 0.25
 NO_VENUE = "no live worker on any of the run's venues"
+# A typical sub-query, for comparing workers' prices: tokens in and out.
+TYPICAL_TOKENS = (1000, 100)
 
 
 class FanoutAbort(Exception):
@@ -94,9 +109,22 @@ class _Flight:
     venue: str = ""
     task_id: str = ""
     deadline: float = 0.0
-    worker_id: str = ""
+    sent_at: float = 0.0
+    worker_id: str = ""  # who holds it: the assignee, or who took it from a shared queue
+    assigned: str = ""  # the worker it was given to; "" when put on a venue's shared queue
+    queue: str = ""
+    slot: str = ""  # whose credit it uses: a worker id, or "venue:<name>"
     retry_reason: str = ""
-    tried: set[str] = field(default_factory=set)
+    tried: set[str] = field(default_factory=set)  # worker ids and venue names
+
+
+@dataclass(frozen=True)
+class _Target:
+    venue: str
+    worker_id: str  # "" for a venue's shared queue
+    queue: str
+    how: str  # score | explore | shared | round_robin
+    routing: dict[str, Any]  # the decision's inputs, recorded on the Submit span
 
 
 class Fanout:
@@ -126,13 +154,28 @@ class Fanout:
         self.last_id = "0-0"
         self.counter = 0
         self.batches = 0
-        self._inflight: dict[str, int] = {}  # this run's published, unsettled jobs per venue
+        self._inflight: dict[str, int] = {}  # this run's unsettled jobs per credit slot
         self._limit: dict[str, int] = {}  # slots plus margin, per live venue
-        self._live: dict[str, set[str]] = {}
+        self._live: dict[str, set[str]] = {}  # presence names per venue
+        self._workers: dict[str, venues.LiveWorker] = {}  # registered live workers by id
+        self._keys: dict[str, str] = {}  # public keys by worker id
+        self._lost: set[str] = set()  # workers whose loss was reported
         self._checked = 0.0
         self._backlog: deque[_Flight] = deque()
         self._parent: str | None = None
         self._depth = 0
+        self._turn = 0  # round-robin position
+        self.rng = random.Random(run_id)
+        self.ledger = Ledger(client)
+        self.breakers = Breakers(client)
+        self.weights = scheduler.Weights(
+            latency=policy.weight_latency,
+            reputation=policy.weight_reputation,
+            price=policy.weight_price,
+            load=policy.weight_load,
+            explore=policy.explore,
+            min_reputation=policy.min_reputation,
+        )
 
     # --- public ----------------------------------------------------------------------
     def check_limits(self, count: int, *, what: str = "llm_query_batched") -> None:
@@ -171,68 +214,199 @@ class Fanout:
 
     # --- dispatch --------------------------------------------------------------------
     def _refresh_venues(self, *, force: bool = False) -> None:
+        """Who is live on the run's venues, their reputations and their breakers: read at
+        most every LIVENESS_EVERY_S, three round trips in all."""
         now = time.monotonic()
         if not force and now - self._checked < LIVENESS_EVERY_S:
             return
         self._checked = now
+        workers: dict[str, venues.LiveWorker] = {}
         for name in self.venue_names:
-            workers = venues.live_workers(self.client, name)
-            self._live[name] = {w["name"] for w in workers}
-            slots = sum(int(w.get("concurrency", 1)) for w in workers)
+            entries = venues.live_workers(self.client, name)
+            self._live[name] = {w["name"] for w in entries}
+            slots = sum(int(w.get("concurrency", 1)) for w in entries)
             self._limit[name] = slots + max(2, math.ceil(slots * QUEUE_MARGIN)) if slots else 0
+            workers.update({w["worker_id"]: w for w in entries if w.get("worker_id")})
+        self._workers = workers
+        self.ledger.refresh(list(workers))
+        scopes = [f"worker:{wid}" for wid in workers] + [f"venue:{v}" for v in self.venue_names]
+        self._on_transitions(self.breakers.check(scopes, time.time()))
         if force and not any(self._limit.values()):
             raise FanoutAbort(
                 f"no live worker on the run's venues ({', '.join(self.venue_names)}); start one "
                 f"with `python manage.py frlm_worker --venue {self.venue_names[0]}` or `make up`"
             )
 
-    def _choose_venue(self, avoid: set[str]) -> tuple[str, str]:
-        """The live venue with the most free credit, relative to its size; venues tried
-        before for this sub-query only when no other has credit. "" when none has."""
-        open_ = [v for v in self.venue_names if self._limit.get(v, 0) > self._inflight.get(v, 0)]
-        fresh = [v for v in open_ if v not in avoid] or open_
-        if not fresh:
-            return "", ""
-        best = max(fresh, key=lambda v: 1 - self._inflight.get(v, 0) / self._limit[v])
-        return (
-            best,
-            f"most free credit: {self._inflight.get(best, 0)} of {self._limit[best]} in use",
+    def _allowed(self, worker: venues.LiveWorker) -> bool:
+        return self.breakers.allows(f"worker:{worker['worker_id']}") and self.breakers.allows(
+            f"venue:{worker['venue']}"
         )
 
     def _pump(self, flights: dict[str, _Flight]) -> None:
-        """Send backlog jobs while some venue has credit: their Submit spans in one round
-        trip, their messages through one producer, pipelined DISPATCH_FLUSH at a time."""
+        """Send the backlog jobs that should go now: their Submit spans in one round trip,
+        their messages through one producer, pipelined DISPATCH_FLUSH at a time."""
+        if not self._backlog:
+            return
+        if self.policy.routing == "shared":
+            picks = self._pick_shared()
+        elif self.policy.routing == "round_robin":
+            picks = self._pick_round_robin()
+        else:
+            picks = self._pick_scheduled()
+        if not picks:
+            if not flights:
+                # Nothing in flight will free a credit: waiting would wait forever.
+                self._settle_backlog("error", self._unroutable())
+            return
+        taken = {id(flight) for flight, _ in picks}
+        self._backlog = deque(f for f in self._backlog if id(f) not in taken)
         ready: list[tuple[_Flight, Job]] = []
         with self.emitter.batch():
-            while self._backlog:
-                venue, why = self._choose_venue(self._backlog[0].tried)
-                if not venue:
-                    break
-                flight = self._backlog.popleft()
-                ready.append((flight, self._prepare(flight, venue, why, flights)))
-        if not ready:
-            return
+            for flight, target in picks:
+                ready.append((flight, self._prepare(flight, target, flights)))
         from frlm_web.celery import app
 
         with app.producer_or_acquire() as producer, producer.batch(max_size=DISPATCH_FLUSH):
             for flight, job in ready:
                 self._publish(flight, job, producer)
 
-    def _prepare(self, flight: _Flight, venue: str, why: str, flights: dict[str, _Flight]) -> Job:
-        """Give the attempt its venue, id and deadline, and say so in the trace."""
+    def _pick_scheduled(self) -> list[tuple[_Flight, _Target]]:
+        """The scheduler's plan for the backlog (workers.scheduler.plan)."""
+        candidates = []
+        price_in, price_out = TYPICAL_TOKENS
+        for wid, w in self._workers.items():
+            rep = self.ledger.get(wid)
+            concurrency = int(w.get("concurrency", 1))
+            candidates.append(
+                scheduler.Candidate(
+                    worker_id=wid,
+                    venue=w["venue"],
+                    queue=w["queue"],
+                    concurrency=concurrency,
+                    credit=concurrency + max(1, math.ceil(concurrency * QUEUE_MARGIN)),
+                    inflight=self._inflight.get(wid, 0),
+                    latency_ms=rep.latency_ms or w.get("latency_ms") or None,
+                    load=float(w.get("load") or 0.0),
+                    price=(
+                        float(w.get("price_in") or 0) * price_in
+                        + float(w.get("price_out") or 0) * price_out
+                    )
+                    / 1000,
+                    reputation=rep.score,
+                    models=list(w.get("models") or []),
+                    context_tokens=int(w.get("context_tokens") or 1 << 30),
+                    allowed=self._allowed(w),
+                )
+            )
+        live = set(self._workers)
+        needs = []
+        for flight in self._backlog:
+            avoid = flight.tried & live
+            needs.append(
+                scheduler.Need(
+                    tokens=len(flight.prompt) // 4,
+                    model=self.worker_model.model or "",
+                    # A job every live worker has failed may try one of them again.
+                    avoid=frozenset(avoid if avoid != live else ()),
+                )
+            )
+        backlog = list(self._backlog)
+        return [
+            (
+                backlog[a["index"]],
+                _Target(
+                    venue=a["route"]["venue"],
+                    worker_id=a["worker_id"],
+                    queue=self._workers[a["worker_id"]]["queue"],
+                    how=a["route"]["how"],
+                    routing=dict(a["route"]),
+                ),
+            )
+            for a in scheduler.plan(candidates, needs, self.weights, self.rng)
+        ]
+
+    def _pick_round_robin(self) -> list[tuple[_Flight, _Target]]:
+        """Each job to the next worker in turn, whatever its speed: the baseline a scheduler
+        is measured against."""
+        order = sorted(w for w, info in self._workers.items() if self._allowed(info))
+        if not order:
+            return []
+        picks = []
+        for flight in self._backlog:
+            wid = order[self._turn % len(order)]
+            self._turn += 1
+            w = self._workers[wid]
+            picks.append(
+                (flight, _Target(w["venue"], wid, w["queue"], "round_robin", {"turn": self._turn}))
+            )
+        return picks
+
+    def _pick_shared(self) -> list[tuple[_Flight, _Target]]:
+        """Jobs onto the venues' shared queues while a venue has credit: the live venue with
+        the most free credit relative to its size; venues tried before for this sub-query
+        only when no other has credit."""
+        picks = []
+        used = dict(self._inflight)
+        for flight in self._backlog:
+            open_ = [
+                v
+                for v in self.venue_names
+                if self._limit.get(v, 0) > used.get(f"venue:{v}", 0)
+                and self.breakers.allows(f"venue:{v}")
+            ]
+            fresh = [v for v in open_ if v not in flight.tried] or open_
+            if not fresh:
+                break
+            best = max(fresh, key=lambda v: 1 - used.get(f"venue:{v}", 0) / self._limit[v])
+            key = f"venue:{best}"
+            routing = {"inflight": used.get(key, 0), "credit": self._limit[best]}
+            used[key] = used.get(key, 0) + 1
+            picks.append((flight, _Target(best, "", venues.venue_queue(best), "shared", routing)))
+        return picks
+
+    def _unroutable(self) -> str:
+        """Why no live worker can take the backlog, in words a user can act on."""
+        if not self._workers and self.policy.routing != "shared":
+            return (
+                f"no registered worker is live on {', '.join(self.venue_names)}: start one with "
+                "`python manage.py frlm_worker --venue NAME` or `frlm_swarm`"
+            )
+        shut = sorted(s for s, st in self.breakers.state.items() if not self.breakers.allows(s))
+        if shut:
+            return (
+                f"every eligible worker is behind an open circuit breaker ({', '.join(shut[:5])}"
+                f"{' ...' if len(shut) > 5 else ''}): they failed "
+                f"{self.breakers.failures} times in a row; they are tried again "
+                f"{self.breakers.cooldown_s:g} s after opening"
+            )
+        model = self.worker_model.model or "the worker model"
+        return (
+            f"no live worker serves {model} with a context large enough for this sub-query; "
+            "register one that does, or shorten the prompt"
+        )
+
+    def _prepare(self, flight: _Flight, target: _Target, flights: dict[str, _Flight]) -> Job:
+        """Give the attempt its worker, id and deadline, and say so in the trace."""
         before = flight.venue
         flight.outcome.attempts += 1
-        flight.venue = venue
-        flight.tried.add(venue)
-        flight.worker_id = ""
+        flight.venue = target.venue
+        flight.assigned = flight.worker_id = target.worker_id
+        flight.queue = target.queue
+        flight.slot = target.worker_id or f"venue:{target.venue}"
+        flight.tried.update({target.venue, target.worker_id} - {""})
         flight.task_id = ""
         flight.sq_id = f"{flight.outcome.index}.{flight.outcome.attempts}"
-        flight.deadline = time.time() + self.policy.subquery_timeout_s
-        self._inflight[venue] = self._inflight.get(venue, 0) + 1
+        flight.sent_at = time.time()
+        flight.deadline = flight.sent_at + self.policy.subquery_timeout_s
+        self._inflight[flight.slot] = self._inflight.get(flight.slot, 0) + 1
+        if target.worker_id:
+            self.breakers.dispatched(f"worker:{target.worker_id}")
+        self.breakers.dispatched(f"venue:{target.venue}")
         flights[flight.sq_id] = flight
+        where = {"venue": target.venue, "worker_id": target.worker_id or None}
         if flight.span is None:
             # The routing decision and its inputs travel on the Submit span itself.
-            self._open_span(flight, venue=venue, route=why)
+            self._open_span(flight, **where, route=target.how, routing=target.routing)
         else:
             self.emitter.instant(
                 "SubQuery.Retry",
@@ -240,8 +414,9 @@ class Fanout:
                 depth=self._depth,
                 reason=flight.retry_reason,
                 from_venue=before,
-                venue=venue,
-                route=why,
+                **where,
+                route=target.how,
+                routing=target.routing,
                 attempt=flight.outcome.attempts,
             )
         return {
@@ -275,7 +450,7 @@ class Fanout:
         # argsrepr: otherwise Celery builds a repr of the whole prompt for its logs.
         sent = subquery_execute.apply_async(
             args=[job],
-            queue=venues.venue_queue(flight.venue),
+            queue=flight.queue,
             expires=self.policy.subquery_timeout_s,
             producer=producer,
             argsrepr=f"[{self.run_id} sub-query {flight.sq_id}]",
@@ -313,6 +488,8 @@ class Fanout:
                 elif self._backlog and not any(self._limit.values()):
                     self._settle_backlog("error", NO_VENUE)
             self._pump(flights)
+            with self.emitter.batch():
+                self._flush_observations()
             if time.monotonic() - last_progress > 0.2:
                 self.on_progress()
                 last_progress = time.monotonic()
@@ -323,26 +500,112 @@ class Fanout:
         if flight is None:
             return  # a late reply to an attempt that was already settled or replaced
         status = result.get("status")
+        wid = result.get("worker_id", "")
+        problem = self._check_sender(flight, wid)
+        if problem is None and status in ("ok", "error"):
+            problem = self._check_signature(result, wid)
+        if problem is not None:
+            # Not counted, and not the job's end: the assignee may still answer.
+            self._reject(flight, wid, problem)
+            return
         if status == "started":
-            flight.worker_id = result.get("worker_id", "")
+            flight.worker_id = wid
             return
         self._release(flight, flights)
+        ms = (time.time() - flight.sent_at) * 1000
         if status == "ok":
+            self._observe(flight, True, latency_ms=ms)
             self.totals.add_tokens(
                 result.get("tokens_in", 0), result.get("tokens_out", 0), result.get("cost")
             )
             self._settle(flight, "ok", result=result)
         elif status == "error":
+            self._observe(flight, False)
             self._retry_or_settle(flight, "error", result.get("error", "failed"))
         else:
             self._retry_or_settle(
                 flight, "error", "the worker dropped the job as expired or cancelled"
             )
 
+    def _check_sender(self, flight: _Flight, wid: str) -> str | None:
+        """A worker answers only for work it was given: the assignee, or for a shared queue
+        a live worker of that venue."""
+        if flight.assigned:
+            if wid != flight.assigned:
+                return f"{wid or 'an unnamed worker'} answered for {flight.assigned}"
+        elif wid not in self._live.get(flight.venue, set()) and wid not in self._workers:
+            return f"{wid or 'an unnamed worker'} is not a live worker of venue {flight.venue}"
+        return None
+
+    def _check_signature(self, result: Result, wid: str) -> str | None:
+        key = self._public_key(wid)
+        if key is None:
+            return f"worker {wid} is not registered, so its result cannot be checked"
+        if not result_verify({**result, "run_id": self.run_id}, key):
+            return f"the result's signature is not worker {wid}'s"
+        return None
+
+    def _public_key(self, wid: str) -> str | None:
+        if wid not in self._keys:
+            from workers.models import Worker
+
+            key = Worker.objects.filter(id=wid).values_list("public_key", flat=True).first()
+            if key is None:
+                return None
+            self._keys[wid] = key
+        return self._keys[wid]
+
+    def _reject(self, flight: _Flight, wid: str, problem: str) -> None:
+        from workers.services import worker_strike
+
+        self.emitter.instant(
+            "SubQuery.Return",
+            parent=flight.span.span_id,
+            depth=self._depth,
+            status="rejected",
+            sq=flight.outcome.index,
+            sq_id=flight.sq_id,
+            venue=flight.venue,
+            worker_id=wid or None,
+            reason=problem,
+        )
+        if wid:
+            worker_strike(wid, problem)
+            self.ledger.known.pop(wid, None)  # the strike counts at the next refresh
+
+    def _observe(self, flight: _Flight, ok: bool, *, latency_ms: float | None = None) -> None:
+        """What a finished attempt says about the worker that held it, and its venue."""
+        wid = flight.worker_id
+        if wid:
+            self.ledger.observe(Observation(wid, completion=ok, latency_ms=latency_ms))
+            self.breakers.record(f"worker:{wid}", ok)
+        self.breakers.record(f"venue:{flight.venue}", ok)
+
+    def _flush_observations(self) -> None:
+        self.ledger.flush()
+        self._on_transitions(self.breakers.flush(time.time()))
+
+    def _on_transitions(self, steps: list[Step]) -> None:
+        for step in steps:
+            kind, _, who = step.scope.partition(":")
+            self.emitter.instant(
+                "Circuit.Open" if step.transition == "open" else "Circuit.Close",
+                parent=self._parent,
+                depth=self._depth,
+                status="error" if step.transition == "open" else "ok",
+                scope=kind,
+                venue=who if kind == "venue" else self._workers.get(who, {}).get("venue"),
+                worker_id=who if kind == "worker" else None,
+                failures=self.breakers.failures if step.transition == "open" else None,
+                probes=self.breakers.probes if step.transition == "close" else None,
+                cooldown_s=self.breakers.cooldown_s,
+            )
+
     def _check_deadlines(self, flights: dict[str, _Flight]) -> None:
         now = time.time()
         for flight in [f for f in flights.values() if f.deadline <= now]:
             self._abandon(flight, flights)
+            self._observe(flight, False)
             self.emitter.instant(
                 "SubQuery.Timeout",
                 parent=flight.span.span_id,
@@ -365,18 +628,37 @@ class Fanout:
         for flight in list(flights.values()):
             live = self._live.get(flight.venue, set())
             if flight.worker_id and flight.worker_id not in live:
-                reason = f"worker {flight.worker_id} was lost while running it"
+                self._worker_lost(flight.worker_id, flight.venue)
+                reason = f"worker {flight.worker_id} was lost while it held it"
             elif not flight.worker_id and not live:
-                # Queued on, or reserved by, a venue whose workers are all gone.
+                # Queued on a venue whose workers are all gone.
                 reason = f"venue {flight.venue} has no live worker left to run it"
             else:
                 continue
             self._abandon(flight, flights)
+            self._observe(flight, False)
             self._retry_or_settle(flight, "error", reason)
+
+    def _worker_lost(self, wid: str, venue: str) -> None:
+        """Say once per run that a worker holding its work left without a word."""
+        if wid in self._lost:
+            return
+        self._lost.add(wid)
+        from workers.services import worker_mark_lost
+
+        self.emitter.instant(
+            "Worker.Lost",
+            parent=self._parent,
+            depth=self._depth,
+            status="error",
+            venue=venue,
+            worker_id=wid,
+            marked=worker_mark_lost(wid),
+        )
 
     def _release(self, flight: _Flight, flights: dict[str, _Flight]) -> None:
         flights.pop(flight.sq_id, None)
-        self._inflight[flight.venue] = max(0, self._inflight.get(flight.venue, 1) - 1)
+        self._inflight[flight.slot] = max(0, self._inflight.get(flight.slot, 1) - 1)
 
     def _abandon(self, flight: _Flight, flights: dict[str, _Flight]) -> None:
         self._release(flight, flights)
@@ -404,7 +686,7 @@ class Fanout:
             self._settle(flight, "cancelled", error=f"cancelled: {reason}")
         self._revoke(list(flights.values()))
         for flight in flights.values():
-            self._inflight[flight.venue] = max(0, self._inflight.get(flight.venue, 1) - 1)
+            self._inflight[flight.slot] = max(0, self._inflight.get(flight.slot, 1) - 1)
         flights.clear()
         self._settle_backlog("cancelled", f"cancelled before it was sent: {reason}")
 

@@ -41,6 +41,17 @@ def stack(django_db_setup, django_db_blocker) -> Iterator[Stack]:
     except Exception:
         running.stop()
         raise
+    with django_db_blocker.unblock():
+        from workers.models import Worker
+
+        running.worker_rows = [  # type: ignore[attr-defined]
+            {**row, "venue_name": name}
+            for row, name in zip(
+                Worker.objects.values(),
+                Worker.objects.values_list("venue__name", flat=True),
+                strict=True,
+            )
+        ]
     yield running
     running.stop()
 
@@ -48,10 +59,19 @@ def stack(django_db_setup, django_db_blocker) -> Iterator[Stack]:
 @pytest.fixture
 def venues(stack: Stack, transactional_db) -> list[str]:
     """The stack's venues as rows (a transactional test empties the tables after itself)."""
-    from workers.models import Venue
+    from workers.models import Venue, Worker
 
     for venue in stack.venues:
         Venue.objects.get_or_create(name=venue.name)
+    # The stack's workers outlive each test's emptied tables: put their registrations back,
+    # or the conductor could not check their signatures.
+    rows = []
+    for row in getattr(stack, "worker_rows", []):
+        row = {**row, "token_id": None}
+        venue, _ = Venue.objects.get_or_create(name=row.pop("venue_name"))
+        row.pop("venue_id")
+        rows.append(Worker(**row, venue=venue))
+    Worker.objects.bulk_create(rows, ignore_conflicts=True)
     return [v.name for v in stack.venues]
 
 

@@ -15,7 +15,15 @@ from workers.models import Venue, venue_defaults, venue_name_validator
 from workers.runtime import WorkerRuntime, default_key_file, load_key
 from workers.services import MAX_CONCURRENCY, NAME_RE, Registration
 
-SIM_KEYS = ("latency_ms", "spread", "straggler_rate", "failure_rate", "lie_rate", "seed")
+SIM_KEYS = (
+    "latency_ms",
+    "spread",
+    "straggler_rate",
+    "straggler_factor",
+    "failure_rate",
+    "lie_rate",
+    "seed",
+)
 
 
 class Command(BaseCommand):
@@ -70,6 +78,9 @@ class Command(BaseCommand):
             type=float,
             default=None,
             help="share of replies that are confident and wrong",
+        )
+        sim.add_argument(
+            "--sim-straggler-factor", type=float, default=None, help="a straggler's slowdown"
         )
         sim.add_argument("--sim-seed", type=int, default=None)
 
