@@ -26,7 +26,7 @@ from runs.parsing import code_blocks, final_in_text
 from runs.policy import Policy
 from runs.progress import cancel_requested, write_progress
 from runs.sandbox import CellResult, Sandbox, SandboxCallError, SandboxLimits
-from runs.taskgen import answer_matches
+from runs.taskgen import answer_correct
 from traces.emitter import Emitter
 from workers import fragments
 from workers.backends import ModelError, ModelSpec, chat
@@ -137,7 +137,7 @@ class Conductor:
     def finish(self, status: str, answer: str, error: str, wall_ms: float, run_span: Any) -> None:
         correct = None
         if status == Run.Status.SUCCEEDED and self.run.expected_answer:
-            correct = answer_matches(self.run.expected_answer, answer)
+            correct = answer_correct(self.run.task, self.run.expected_answer, answer)
         t = self.totals
         Run.objects.filter(id=self.run.id).update(
             status=status,

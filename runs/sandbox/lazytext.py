@@ -350,13 +350,15 @@ class LazyText:
             return start if start <= end else -1
         overlap = len(sub) - 1
         at = start
+        size = 4096  # a near match costs a small read; blocks grow for a far one
         while at < end:
-            stop = min(end, at + BLOCK_CHARS)
+            stop = min(end, at + size)
             text = self.read(at, min(end, stop + overlap))
             found = text.find(sub)
             if found != -1 and at + found < stop:
                 return at + found
             at = stop
+            size = min(BLOCK_CHARS, size * 4)
         return -1
 
     def index(self, sub: str, start: int | None = None, end: int | None = None) -> int:
@@ -500,10 +502,18 @@ class LazyText:
         end = max(start, end)
         return Fragment(self, start, end, self.byte_offset(start), self.byte_offset(end))
 
-    def chunks(self, size: int = 100_000, overlap: int = 0, by: str = "chars") -> list[Fragment]:
+    def chunks(
+        self, size: int = 100_000, overlap: int = 0, by: str = "chars", snap: str | None = None
+    ) -> list[Fragment]:
         """The context cut into Fragments of ``size`` characters, lines or tokens (a token
         is a word or a punctuation mark), each overlapping the previous by ``overlap`` of
-        the same unit. Only offsets are kept: the text is read when a fragment is used."""
+        the same unit. With ``snap`` (by characters, no overlap) each cut moves forward to
+        just after the next ``snap``, e.g. "\n" to keep lines whole. Only offsets are
+        kept: the text is read when a fragment is used."""
+        if snap:
+            if by != "chars" or overlap:
+                raise ValueError("chunks(snap=...) works by characters without overlap")
+            return self._snapped(size, snap)
         if size < 1:
             raise ValueError("chunks(size) must be at least 1")
         if not 0 <= overlap < size:
@@ -522,6 +532,20 @@ class LazyText:
         else:
             raise ValueError(f"chunks(by={by!r}): by is 'chars', 'lines' or 'tokens'")
         return [self.fragment(s, e) for s, e in bounds]
+
+    def _snapped(self, size: int, snap: str) -> list[Fragment]:
+        n = self.index.chars
+        cuts = [0]
+        while cuts[-1] + size < n:
+            found = self.find(snap, cuts[-1] + size)
+            if found == -1:
+                break
+            cuts.append(found + len(snap))
+        if cuts[-1] < n or len(cuts) == 1:
+            cuts.append(n)
+        return [self.fragment(a, b) for a, b in zip(cuts, cuts[1:], strict=False) if b > a] or [
+            self.fragment(0, 0)
+        ]
 
     def _unit_chunks(self, starts_of: Any, size: int, overlap: int) -> list[tuple[int, int]]:
         """Windows of ``size`` units stepping by size - overlap, from the units' offsets.
