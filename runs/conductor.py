@@ -491,7 +491,7 @@ class Conductor:
             )
         try:
             selection = fragindex.select(
-                Path(settings.FRLM_DATA_DIR),
+                Path(settings.DATA_DIR),
                 context.path,
                 context.index_path,
                 context.sha256,

@@ -90,7 +90,9 @@ def test_it_scores_the_expected_number_wherever_it_appears() -> None:
 
 
 def test_it_rejects_an_unknown_task() -> None:
-    with pytest.raises(ValueError, match="^unknown task 'x'; known tasks: mniah, oolong, pairs, sniah$"):
+    with pytest.raises(
+        ValueError, match="^unknown task 'x'; known tasks: mniah, oolong, pairs, sniah$"
+    ):
         make_task("x", 1_000, 0)
 
 
