@@ -138,7 +138,7 @@ def bind(fn: Functions) -> dict[str, Callable[..., Any]]:
             levels.append(following)
         head = MAP_HEADER.format(question=question)
         nodes = [levels[lv][ix][0] for lv, ix in leaves]
-        replies = fn.llm_query_batched([head + _clip(node, leaf_chars) for node in nodes])
+        replies = fn.llm_query_batched([head + _ref(node) for node in nodes])
         answer: dict[tuple[int, int], list[str]] = {}
         for key, reply in zip(leaves, replies, strict=True):
             answer[key] = useful([reply])
@@ -216,7 +216,7 @@ def bind(fn: Functions) -> dict[str, Callable[..., Any]]:
                 scores = [float(score(part)) for part in children]
             else:
                 head = SCORE_HEADER.format(question=question)
-                replies = fn.llm_query_batched([head + _clip(p, leaf_chars * 4) for p in children])
+                replies = fn.llm_query_batched([head + _ref(part) for part in children])
                 scores = [_number(reply) for reply in replies]
             for part, value in zip(children, scores, strict=True):
                 if hasattr(part, "score"):
@@ -224,7 +224,7 @@ def bind(fn: Functions) -> dict[str, Callable[..., Any]]:
             ranked = sorted(zip(scores, range(len(children)), strict=True), reverse=True)
             frontier = [children[i] for _s, i in ranked[:beam]]
         head = MAP_HEADER.format(question=question)
-        replies = fn.llm_query_batched([head + _clip(leaf, leaf_chars) for leaf in frontier])
+        replies = fn.llm_query_batched([head + _ref(leaf) for leaf in frontier])
         found = useful(replies)
         return found[0] if found else None
 
@@ -250,15 +250,12 @@ def _split(node: Any, parts: int) -> list[Any]:
     return [node[at : at + size] for at in range(0, len(node), size)]
 
 
-def _clip(node: Any, limit: int) -> Any:
-    """A leaf as sent: a Fragment longer than ``limit`` is cut to its first ``limit`` chars."""
-    if hasattr(node, "chunks"):  # the context: sent by reference, never pasted whole
-        return node.fragment(0, min(limit, len(node)))
-    if len(node) <= limit:
-        return node
-    if hasattr(node, "byte_start"):
-        return node._source.fragment(node.start, node.start + limit)
-    return node[:limit]
+def _ref(node: Any) -> Any:
+    """What goes into a prompt for a node: the context itself travels as one Fragment (a
+    reference), never pasted whole; Fragments and strings as they are."""
+    if hasattr(node, "chunks"):
+        return node.fragment(0, len(node))
+    return node
 
 
 def _number(reply: Any) -> float:

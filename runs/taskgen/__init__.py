@@ -5,7 +5,7 @@ all from (task name, tokens, seed), so a benchmark run needs no data download.
 | --- | --- | --- |
 | sniah | one needle among distractors (RULER S-NIAH) | 1 if the number is given |
 | mniah | one key with several values (RULER multi-value) | share of the values given |
-| oolong | aggregation over labelled records (OOLONG trec_coarse style) | label 1/0, number 0.75^err |
+| oolong | aggregation over labelled records (OOLONG trec_coarse) | label 1/0, number 0.75^err |
 | pairs | pairs of users meeting a condition (OOLONG-Pairs style) | F1 over the pairs |
 """
 

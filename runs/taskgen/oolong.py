@@ -43,8 +43,10 @@ _AVERAGE_RECORD_CHARS = 92  # measured over the templates; sizes the record coun
 
 _ABBR = ("NASA", "UNESCO", "NATO", "FIFA", "OPEC", "CERN", "UNICEF", "IMF", "WHO", "BBC")
 _ORGS = ("red cross", "royal society", "city orchestra", "rowing club", "chess federation")
-_PEOPLE = ("Ada Lovelace", "Marie Curie", "Nikola Tesla", "Frida Kahlo", "Alan Turing",
-           "Jane Austen", "Leonardo da Vinci", "Rosalind Franklin", "Isaac Newton", "Hypatia")  # fmt: skip
+_PEOPLE = (
+    "Ada Lovelace", "Marie Curie", "Nikola Tesla", "Frida Kahlo", "Alan Turing",
+    "Jane Austen", "Leonardo da Vinci", "Rosalind Franklin", "Isaac Newton", "Hypatia",
+)  # fmt: skip
 _PLACES = ("Lisbon", "Kyoto", "Nairobi", "Quito", "Oslo", "Hanoi", "Cairo", "Lima", "Perth")
 _LANDMARKS = ("old lighthouse", "stone bridge", "glass museum", "northern observatory",
               "harbour fort", "great library", "clock tower")  # fmt: skip

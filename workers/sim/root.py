@@ -521,7 +521,8 @@ for reply in replies:
 """,
     "$finish\n",
     r"""
-print(f"{len(replies) - len(failed)} of {len(parts)} fragments counted; failed: {len(failed)}; answer: {answer}")
+counted = len(replies) - len(failed)
+print(f"{counted} of {len(parts)} fragments counted; failed: {len(failed)}; answer: {answer}")
 """,
 )
 
