@@ -153,3 +153,34 @@ def test_it_fails_clearly_when_the_context_vanishes_before_the_run(
     run = finish(run)
     assert run.status == "failed"
     assert "does not exist" in run.error and run.error.startswith("context:")
+
+
+def test_it_launches_a_program_template_from_the_launcher(venues: list[str], client) -> None:
+    from django.contrib.auth.models import User
+
+    user = User.objects.create_user("pat", password="pw-for-tests")
+    client.force_login(user)
+    page = client.get("/runs/new")
+    assert b"Tree search with scoring and pruning" in page.content
+    reply = client.post(
+        "/runs/new",
+        {
+            "context_source": "task",
+            "task_name": "sniah",
+            "task_tokens": 40_000,
+            "task_seed": 4,
+            "program": "tree_search",
+            "root_kind": "sim",
+            "worker_kind": "sim",
+            "venues": ["local", "edge"],
+        },
+    )
+    assert reply.status_code == 302, reply.content.decode()[:2000]
+    run = Run.objects.get(id=reply["Location"].rsplit("/", 1)[1])
+    assert "FINAL(tree_search(question" in run.question
+    run = finish(run)
+    assert run.status == "succeeded", run.error
+    assert run.correct is True, (run.answer, run.expected_answer)
+    events = trace(run)
+    # Scoring batches, then the leaves: more than one batch, and not the whole context.
+    assert len({e["attrs"].get("batch") for e in named(events, "SubQuery.Submit", "start")}) > 1
