@@ -170,8 +170,9 @@ def bench_memory(stack: Stack, names: list[str], gigabytes: float, work: Path) -
         f"{run.subqueries} sub-queries, {wall:.1f} s"
     )
     conductor = sampler.peak["conductor"] / mb
+    idle = sampler.base["conductor"] / mb
     print(
-        f"   conductor peak RSS  {conductor:8.1f} MB  (idle before {sampler.base['conductor'] / mb:.1f}"
+        f"   conductor peak RSS  {conductor:8.1f} MB  (idle before {idle:.1f}"
         f" MB; target < 300 MB: {conductor / 300:.2f}x of it; context/conductor "
         f"{size / 2**20 / conductor:.1f}x)"
     )
@@ -203,9 +204,7 @@ def bench_index(work: Path, sizes: list[int]) -> None:
         prepared = context_prepare(f"bench{tokens}", path)
         offsets_s = time.perf_counter() - started
         root = Path(settings.DATA_DIR)
-        first = fragindex.select(
-            root, path, prepared.index_path, prepared.sha256, queries[0], 8
-        )
+        first = fragindex.select(root, path, prepared.index_path, prepared.sha256, queries[0], 8)
         latencies = []
         for _ in range(5):
             for query in queries:

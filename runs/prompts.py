@@ -23,7 +23,8 @@ Functions in the REPL:
 - SHOW_VARS(): list your variables.
 
 Reading the context without holding it: context.lines(); context.search(regex) yields matches
-with offsets (the re module's functions need a real str: pass them context[a:b]); context.chunks(size, overlap=0, by="chars"|"lines"|"tokens") -> list of Fragment;
+with offsets (the re module's functions need a real str: pass them context[a:b]);
+context.chunks(size, overlap=0, by="chars"|"lines"|"tokens") -> list of Fragment;
 context.fragment(a, b) -> Fragment. A Fragment is a reference (path, offsets, sha256): put it in
 a prompt (`header + fragment`) and the worker reads just that piece; fragment.text() reads it
 here. select_fragments(query, k) -> the k Fragments that best match `query` (BM25, each with a
