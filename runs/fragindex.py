@@ -98,8 +98,13 @@ def build(context_path: str, index_json: str, out: Path) -> dict[str, object]:
         "build_ms": (time.perf_counter() - started) * 1000,
     }
     (tmp / _MARKER).write_text(json.dumps(meta))
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
+    try:
+        os.replace(tmp, out)
+    except OSError:
+        # Another run built the same index meanwhile: the same content, so keep theirs.
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (out / _MARKER).exists():
+            raise
     return meta
 
 

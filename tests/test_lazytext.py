@@ -225,3 +225,48 @@ def test_it_serves_a_context_bigger_than_the_repl_memory_limit(tmp_path: Path) -
     assert result.stdout == f"{size} the very end 1\nNEEDLE {lines}\n"
     assert whole.error == "memory"
     assert "would read the whole context" in whole.stderr
+
+
+def test_it_handles_a_zero_byte_context(tmp_path: Path) -> None:
+    path, context = write(tmp_path, "")
+    assert len(context) == 0 and not context and context[:10] == ""
+    assert context.find("x") == -1 and list(context.lines()) == [] and context.chunks(10) == []
+    assert fragindex.passages(context) == []
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"", "is empty"),
+        (b"\x7fELF\x02\x01\x00\x00binary", "is binary, not text; give a text file"),
+    ],
+)
+def test_it_refuses_an_empty_or_binary_context_before_the_run(
+    tmp_path: Path, content: bytes, message: str
+) -> None:
+    from runs.services import ContextSpec, RunInputError, run_create
+    from workers.backends import model_spec
+    from workers.models import Venue
+
+    Venue.objects.get_or_create(name="local")
+    path = tmp_path / "context.bin"
+    path.write_bytes(content)
+    with pytest.raises(RunInputError) as caught:
+        run_create(
+            question="anything",
+            context=ContextSpec(path=str(path)),
+            root_model=model_spec("sim", role="root"),
+            worker_model=model_spec("sim", role="worker"),
+            venues=["local"],
+        )
+    assert message in caught.value.errors["context"]
+    missing = ContextSpec(path=str(tmp_path / "nowhere.txt"))
+    with pytest.raises(RunInputError, match="does not exist; check the spelling"):
+        run_create(
+            question="anything",
+            context=missing,
+            root_model=model_spec("sim", role="root"),
+            worker_model=model_spec("sim", role="worker"),
+            venues=["local"],
+        )

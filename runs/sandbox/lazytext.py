@@ -510,6 +510,8 @@ class LazyText:
         the same unit. With ``snap`` (by characters, no overlap) each cut moves forward to
         just after the next ``snap``, e.g. "\n" to keep lines whole. Only offsets are
         kept: the text is read when a fragment is used."""
+        if self.index.chars == 0:
+            return []
         if snap:
             if by != "chars" or overlap:
                 raise ValueError("chunks(snap=...) works by characters without overlap")
