@@ -226,7 +226,11 @@ def bench_tasks(names: list[str], sizes: list[int]) -> None:
     from runs.taskgen import answer_score
 
     print("\n3. generated tasks, simulated root and workers (score is the task's official style)")
-    print(f"   {'task':<7} {'tokens':>11} {'score':>6} {'sub-q':>6} {'wall s':>8}  status")
+    print("   (run s: the run's wall time; with gen: also generating and writing the context)")
+    print(
+        f"   {'task':<7} {'tokens':>11} {'score':>6} {'sub-q':>6} {'run s':>8} {'with gen':>9}"
+        "  status"
+    )
     for tokens in sizes:
         for name in TASK_NAMES:
             started = time.perf_counter()
@@ -234,7 +238,8 @@ def bench_tasks(names: list[str], sizes: list[int]) -> None:
             wall = time.perf_counter() - started
             score = answer_score(run.task, run.expected_answer, run.answer)
             print(
-                f"   {name:<7} {tokens:>11,} {score:6.3f} {run.subqueries:>6} {wall:8.2f}  "
+                f"   {name:<7} {tokens:>11,} {score:6.3f} {run.subqueries:>6} "
+                f"{(run.wall_ms or 0) / 1000:8.2f} {wall:9.2f}  "
                 f"{run.status}{'' if run.status == 'succeeded' else ': ' + run.error[:100]}"
             )
 

@@ -508,11 +508,13 @@ class Conductor:
             query=query[:500],
             k=k,
             chosen=selection["fragments"],
-            index=selection["index"],
-            build_ms=selection["build_ms"],
-            query_ms=selection["query_ms"],
             passages=selection["passages"],
             method="bm25",
+            # How the index was had and how long it took: not part of the decision, so
+            # kept out of what frlm_diff compares (attributes starting with "_").
+            _index=selection["index"],
+            _build_ms=selection["build_ms"],
+            _query_ms=selection["query_ms"],
         )
         return selection["fragments"]
 

@@ -61,20 +61,23 @@ def test_it_selects_fragments_and_records_the_choice(venues: list[str], tmp_path
     assert first.status == "succeeded", first.error
     assert "Tuesday at dawn" in first.answer
     (chosen,) = named(trace(first), "Env.SelectFragments")
-    assert chosen["attrs"]["index"] == "built"
+    assert chosen["attrs"]["_index"] == "built"
     assert chosen["attrs"]["chosen"][0]["score"] > 0
     start, end = chosen["attrs"]["chosen"][0]["chars"]
     assert "launch window" in corpus.read_text()[start:end]
 
     again = finish(launch_path(corpus, program))
-    assert named(trace(again), "Env.SelectFragments")[0]["attrs"]["index"] == "cached"
+    picked_again = named(trace(again), "Env.SelectFragments")[0]["attrs"]
+    assert picked_again["_index"] == "cached"
+    # The same choice: frlm_diff sees no difference between the two runs' selections.
+    assert picked_again["chosen"] == chosen["attrs"]["chosen"]
 
     # The file changes: its old index is stale, and a new one is built for the new text.
     corpus.write_text(corpus.read_text().replace("Tuesday at dawn", "Friday at noon"))
     changed = finish(launch_path(corpus, program))
     assert changed.status == "succeeded", changed.error
     assert "Friday at noon" in changed.answer
-    index = named(trace(changed), "Env.SelectFragments")[0]["attrs"]["index"]
+    index = named(trace(changed), "Env.SelectFragments")[0]["attrs"]["_index"]
     assert index.startswith("rebuilt")
 
 
