@@ -187,3 +187,20 @@ def test_it_launches_a_program_template_from_the_launcher(venues: list[str], cli
     events = trace(run)
     # Scoring batches, then the leaves: more than one batch, and not the whole context.
     assert len({e["attrs"].get("batch") for e in named(events, "SubQuery.Submit", "start")}) > 1
+
+
+def test_it_prints_the_score_of_a_generated_task(venues: list[str], subprocess_env) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "manage.py", "frlm_run", "--task", "oolong", "--tokens", "30000"]
+        + ["--seed", "5", "--venues", "local,edge"],
+        env=subprocess_env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "match: yes" in done.stdout
+    assert "score      1.0000" in done.stdout
