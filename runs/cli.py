@@ -14,6 +14,7 @@ from runs.models import Run
 from runs.orphans import conductor_gone, runs_fail_orphaned
 from runs.progress import read_progress
 from runs.services import run_cancel
+from runs.taskgen import answer_score
 
 
 def wait_for(run: Run, timeout: float, *, show: bool) -> Run:
@@ -85,6 +86,11 @@ def summarise(run: Run) -> dict[str, Any]:
         "answer": run.answer,
         "expected_answer": run.expected_answer or None,
         "correct": run.correct,
+        "score": (
+            round(answer_score(run.task, run.expected_answer, run.answer), 4)
+            if run.expected_answer and run.status == Run.Status.SUCCEEDED
+            else None
+        ),
         "error": run.error or None,
         "wall_s": round((run.wall_ms or 0) / 1000, 3),
         "turns": run.turns,
@@ -111,6 +117,8 @@ def format_summary(s: dict[str, Any]) -> str:
     if s["expected_answer"] is not None:
         verdict = {True: "yes", False: "NO", None: "-"}[s["correct"]]
         lines.append(f"expected   {s['expected_answer']}   match: {verdict}")
+        if s.get("score") is not None:
+            lines.append(f"score      {s['score']:.4f}")
     lines.append(
         f"wall       {s['wall_s']:.2f} s   turns {s['turns']}   sub-queries {s['subqueries']} "
         f"({s['subqueries_failed']} failed)"

@@ -3,11 +3,13 @@ REPL runs it, REPL functions fan sub-queries out to venues; every step is a span
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +17,8 @@ from django.conf import settings
 from django.utils import timezone
 
 from frlm_web.redis_client import get_redis
-from runs import prompts
-from runs.context import ContextError, check_path, materialise
+from runs import folding, fragindex, prompts
+from runs.context import ContextError, PreparedContext, check_path, context_prepare
 from runs.fanout import Fanout, FanoutAbort, LimitExceeded, Totals
 from runs.models import Run
 from runs.orphans import CONDUCTOR_GROUP
@@ -24,8 +26,9 @@ from runs.parsing import code_blocks, final_in_text
 from runs.policy import Policy
 from runs.progress import cancel_requested, write_progress
 from runs.sandbox import CellResult, Sandbox, SandboxCallError, SandboxLimits
-from runs.taskgen import answer_matches
+from runs.taskgen import answer_correct
 from traces.emitter import Emitter
+from workers import fragments
 from workers.backends import ModelError, ModelSpec, chat
 
 log = logging.getLogger(__name__)
@@ -39,6 +42,16 @@ def conductor_name() -> str:
     if os.environ.get("FRLM_PRESENCE_GROUP") != CONDUCTOR_GROUP:
         return ""
     return f"{os.environ.get('FRLM_PRESENCE_NAME', 'conductor')}:{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class RlmContext:
+    """What one RLM's REPL reads: a UTF-8 file, its length, its offset index if known."""
+
+    path: Path
+    chars: int
+    index_path: Path | None = None
+    sha256: str = ""
 
 
 class RunAbort(Exception):
@@ -57,6 +70,9 @@ class Conductor:
         self.totals = Totals()
         self.phase = "starting"
         self.abort: RunAbort | None = None
+        self.prepared: PreparedContext | None = None
+        # Files a fragment marker may name: the run's context and its children's.
+        self.fragment_paths: set[str] = set()
         self.fanout = Fanout(
             run_id=run.id,
             client=self.client,
@@ -93,8 +109,8 @@ class Conductor:
         )
         status, answer, error = Run.Status.SUCCEEDED, "", ""
         try:
-            path, chars = self.prepare_context()
-            answer = self.rlm(self.run.question, path, chars, depth=0, parent=run_span.span_id)
+            context = self.prepare_context()
+            answer = self.rlm(self.run.question, context, depth=0, parent=run_span.span_id)
         except RunAbort as exc:
             status, error = exc.status, str(exc)
         except Exception as exc:  # the run must end with a reason, whatever broke
@@ -103,20 +119,25 @@ class Conductor:
         wall_ms = (time.perf_counter() - started) * 1000
         self.finish(status, answer, error, wall_ms, run_span)
 
-    def prepare_context(self) -> tuple[Path, int]:
+    def prepare_context(self) -> RlmContext:
+        """The context as one UTF-8 file with its offset index (runs.context), read in one
+        streaming pass at most: the conductor never holds the text."""
         try:
-            path, chars = materialise(self.run.id, check_path(self.run.context_path))
+            prepared = context_prepare(self.run.id, check_path(self.run.context_path))
         except ContextError as exc:
             raise RunAbort(f"context: {exc}") from exc
-        if chars == 0:
+        except OSError as exc:
+            raise RunAbort(f"context: {self.run.context_path} cannot be read: {exc}") from exc
+        if prepared.chars == 0:
             raise RunAbort("context: it holds no text")
-        Run.objects.filter(id=self.run.id).update(context_chars=chars)
-        return path, chars
+        self.prepared = prepared
+        Run.objects.filter(id=self.run.id).update(context_chars=prepared.chars)
+        return RlmContext(prepared.path, prepared.chars, prepared.index_path, prepared.sha256)
 
     def finish(self, status: str, answer: str, error: str, wall_ms: float, run_span: Any) -> None:
         correct = None
         if status == Run.Status.SUCCEEDED and self.run.expected_answer:
-            correct = answer_matches(self.run.expected_answer, answer)
+            correct = answer_correct(self.run.task, self.run.expected_answer, answer)
         t = self.totals
         Run.objects.filter(id=self.run.id).update(
             status=status,
@@ -162,7 +183,7 @@ class Conductor:
         write_progress(self.client, self.run.id, phase=self.phase, totals=self.totals)
 
     # --- one RLM (the root, or a child from rlm_query) ----------------------------------
-    def rlm(self, question: str, context_path: Path, chars: int, *, depth: int, parent: str) -> str:
+    def rlm(self, question: str, context: RlmContext, *, depth: int, parent: str) -> str:
         limits = SandboxLimits(
             cell_wall_s=self.policy.cell_timeout_s,
             cpu_s=self.policy.repl_cpu_s,
@@ -173,24 +194,31 @@ class Conductor:
         sandbox_root.mkdir(parents=True, exist_ok=True)
         state = {"span": parent}
 
+        chars = context.chars
+        self.fragment_paths.add(str(context.path.resolve()))
+
         def handler(name: str, kwargs: dict[str, Any]) -> Any:
-            return self.repl_call(
-                name, kwargs, depth=depth, parent=state["span"], context=context_path
-            )
+            return self.repl_call(name, kwargs, depth=depth, parent=state["span"], context=context)
 
         with Sandbox(
-            context_path,
+            context.path,
             handler=handler,
             limits=limits,
             workdir_root=sandbox_root,
             isolation=settings.FRLM_SANDBOX_ISOLATION,
+            context_index=context.index_path,
         ) as sandbox:
             if depth == 0:
                 Run.objects.filter(id=self.run.id).update(isolation=sandbox.isolation)
+                encoding = self.prepared.encoding if self.prepared else None
                 self.emitter.instant(
                     "Env.LoadFragment",
                     parent=parent,
                     chars=chars,
+                    bytes=self.prepared.index.bytes if self.prepared else None,
+                    sha256=context.sha256 or None,
+                    lazy=True,
+                    not_utf8=encoding,
                     isolation=sandbox.isolation,
                     isolation_kind=sandbox.isolation_kind,
                 )
@@ -205,6 +233,7 @@ class Conductor:
             errors = 0
             for turn in range(1, self.policy.max_turns + 1):
                 self.check_cancelled()
+                self.fold(messages, sandbox, depth=depth, parent=parent)
                 reply = self.decode(messages, depth=depth, parent=parent, turn=turn)
                 blocks = code_blocks(reply)
                 outputs: list[str] = []
@@ -239,6 +268,7 @@ class Conductor:
                     {"role": "user", "content": "\n\n".join(outputs) or prompts.NO_CODE_NUDGE}
                 )
             messages.append({"role": "user", "content": prompts.FINAL_NUDGE})
+            self.fold(messages, sandbox, depth=depth, parent=parent)
             turn = self.policy.max_turns + 1
             reply = self.decode(messages, depth=depth, parent=parent, turn=turn)
             for code in code_blocks(reply):
@@ -252,6 +282,54 @@ class Conductor:
             if final is not None:
                 return self.resolve_final(final, sandbox, depth=depth, parent=parent, state=state)
             return prose_of(reply)
+
+    def fold(self, messages: list[Any], sandbox: Sandbox, *, depth: int, parent: str) -> None:
+        """Past policy.fold_tokens, the older turns become one message of summaries made by
+        sub-queries; their full text goes into the REPL's `folded` list (runs.folding)."""
+        before = folding.tokens_of(messages)
+        if before <= self.policy.fold_tokens:
+            return
+        bounds = folding.foldable(messages)
+        if bounds is None:
+            return
+        start, end = bounds
+        old = messages[start:end]
+        text = folding.render(old)
+        span = self.emitter.start(
+            "Context.Fold",
+            parent=parent,
+            depth=depth,
+            tokens_before=before,
+            limit=self.policy.fold_tokens,
+            messages=len(old),
+        )
+        pieces = folding.parts(text)
+        try:
+            replies = self.subqueries(
+                [folding.FOLD_HEADER + piece for piece in pieces], depth, span.span_id
+            )
+        except (LimitExceeded, FanoutAbort) as exc:
+            log.warning("run %s: folding by sub-queries failed (%s); cut instead", self.run.id, exc)
+            replies = []
+        summaries = [r for r in replies if r.strip() and not r.startswith("[frlm:")]
+        how = "sub-queries" if summaries else "cut"
+        if not summaries:
+            summaries = [folding.fallback_summary(text)]
+        slot = sandbox.fold(text) - 1
+        message = folding.folded_message(summaries, folding.turns_in(old), slot)
+        messages[start:end] = [message]
+        after = folding.tokens_of(messages)
+        span.end(
+            "ok",
+            payload=message["content"],
+            tokens_after=after,
+            tokens_before=before,
+            folded_chars=len(text),
+            summary_chars=len(message["content"]),
+            ratio=round(len(text) / max(1, len(message["content"])), 2),
+            how=how,
+            slot=slot,
+        )
 
     def decode(self, messages: list[dict[str, str]], *, depth: int, parent: str, turn: int) -> str:
         """One root-model turn; its reply joins the conversation."""
@@ -347,21 +425,24 @@ class Conductor:
 
     # --- REPL functions ----------------------------------------------------------------
     def repl_call(
-        self, name: str, kwargs: dict[str, Any], *, depth: int, parent: str, context: Path
+        self, name: str, kwargs: dict[str, Any], *, depth: int, parent: str, context: RlmContext
     ) -> Any:
         """Serve a REPL function. Limit breaches become errors in the REPL code; a run that
         cannot go on (no workers, cancelled) is aborted after the cell returns."""
         try:
             if name == "llm_query":
-                return self.subqueries([_prompt(kwargs.get("prompt"))], depth, parent)[0]
+                prompt = self.checked_prompt(kwargs.get("prompt"))
+                return self.subqueries([prompt], depth, parent)[0]
             if name == "llm_query_batched":
                 prompts_ = kwargs.get("prompts")
                 if not isinstance(prompts_, list):
                     raise SandboxCallError("llm_query_batched takes a list of prompt strings")
-                return self.subqueries([_prompt(p) for p in prompts_], depth, parent)
+                return self.subqueries([self.checked_prompt(p) for p in prompts_], depth, parent)
+            if name == "select_fragments":
+                return self.select_fragments(kwargs, context, depth=depth, parent=parent)
             if name == "rlm_query":
                 return self.child_rlm(
-                    _prompt(kwargs.get("prompt")),
+                    self.checked_prompt(kwargs.get("prompt")),
                     kwargs.get("context"),
                     depth=depth,
                     parent=parent,
@@ -377,6 +458,66 @@ class Conductor:
             raise SandboxCallError(str(exc)) from exc
         raise SandboxCallError(f"{name} is not a REPL function")
 
+    def checked_prompt(self, value: Any) -> str:
+        """A prompt whose fragment markers name only this run's context files: REPL code
+        must not make a worker read anything else."""
+        prompt = _prompt(value)
+        try:
+            refs = fragments.refs(prompt)
+        except fragments.FragmentError as exc:
+            raise SandboxCallError(str(exc)) from exc
+        for ref in refs:
+            if ref["path"] not in self.fragment_paths:
+                raise SandboxCallError(
+                    f"a fragment names {ref['path']}, which is not this run's context; make "
+                    "fragments with context.fragment(a, b) or context.chunks(...)"
+                )
+        return prompt
+
+    def select_fragments(
+        self, kwargs: dict[str, Any], context: RlmContext, *, depth: int, parent: str
+    ) -> list[fragindex.Selected]:
+        """BM25 over the context's passages (runs.fragindex), built on first use and cached
+        by the context's sha256; Env.SelectFragments records the choice and the scores."""
+        query, k = kwargs.get("query"), kwargs.get("k", 8)
+        if not isinstance(query, str) or not query.strip():
+            raise SandboxCallError("select_fragments(query, k) needs a non-empty query string")
+        if not isinstance(k, int) or not 1 <= k <= 1000:
+            raise SandboxCallError("select_fragments(query, k): k must be an int from 1 to 1000")
+        if context.index_path is None or not context.sha256:
+            raise SandboxCallError(
+                "select_fragments works on the run's own context; this child RLM's context "
+                "is a piece of text: search it with context.find or context.search"
+            )
+        try:
+            selection = fragindex.select(
+                Path(settings.DATA_DIR),
+                context.path,
+                context.index_path,
+                context.sha256,
+                query,
+                k,
+            )
+        except fragindex.FragmentIndexError as exc:
+            raise SandboxCallError(str(exc)) from exc
+        self.emitter.instant(
+            "Env.SelectFragments",
+            parent=parent,
+            depth=depth,
+            payload=query,
+            query=query[:500],
+            k=k,
+            chosen=selection["fragments"],
+            passages=selection["passages"],
+            method="bm25",
+            # How the index was had and how long it took: not part of the decision, so
+            # kept out of what frlm_diff compares (attributes starting with "_").
+            _index=selection["index"],
+            _build_ms=selection["build_ms"],
+            _query_ms=selection["query_ms"],
+        )
+        return selection["fragments"]
+
     def subqueries(self, prompts_: list[str], depth: int, parent: str) -> list[str]:
         if not prompts_:
             return []
@@ -389,9 +530,19 @@ class Conductor:
         return [o.reply() for o in outcomes]
 
     def child_rlm(
-        self, prompt: str, child_context: Any, *, depth: int, parent: str, context: Path
+        self, prompt: str, child_context: Any, *, depth: int, parent: str, context: RlmContext
     ) -> str:
         """A child RLM one level deeper; at the depth limit it is a plain sub-query."""
+        fragment = child_context.get("fragment") if isinstance(child_context, dict) else None
+        if fragment is not None:
+            try:
+                ref = fragments.parse_ref(json.dumps(fragment))
+            except fragments.FragmentError as exc:
+                raise SandboxCallError(f"rlm_query(context=...): {exc}") from exc
+            if ref["path"] not in self.fragment_paths:
+                raise SandboxCallError("rlm_query(context=...) names a file outside this run")
+        elif child_context is not None and not isinstance(child_context, str):
+            child_context = str(child_context)
         if depth + 1 > self.policy.max_depth:
             self.emitter.instant(
                 "SubQuery.Retry",
@@ -401,7 +552,10 @@ class Conductor:
                 reason=f"rlm_query at depth {depth + 1} exceeds policy.max_depth="
                 f"{self.policy.max_depth}; answered as llm_query",
             )
-            full = prompt if child_context is None else f"{prompt}\n\n{child_context}"
+            if fragment is not None:
+                full = f"{prompt}\n\n{fragments.MARKER_TEXT.format(json.dumps(fragment))}"
+            else:
+                full = prompt if child_context is None else f"{prompt}\n\n{child_context}"
             return self.subqueries([full], depth, parent)[0]
         self.fanout.check_limits(1, what="rlm_query")
         self.totals.calls += 1
@@ -414,20 +568,20 @@ class Conductor:
             venue="conductor",
         )
         with tempfile.TemporaryDirectory(dir=settings.FRLM_SANDBOX_DIR) as tmp:
-            path = context
-            if child_context is not None:
+            sub = context
+            if fragment is not None:
+                sub = _fragment_file(ref, Path(tmp) / "context.txt")
+            elif child_context is not None:
                 path = Path(tmp) / "context.txt"
-                path.write_text(str(child_context), encoding="utf-8")
-            chars = (
-                len(str(child_context))
-                if child_context is not None
-                else self.run.context_chars or _chars(path)
-            )
+                path.write_text(child_context, encoding="utf-8")
+                sub = RlmContext(path, len(child_context))
             try:
-                answer = self.rlm(prompt, path, chars, depth=depth + 1, parent=span.span_id)
+                answer = self.rlm(prompt, sub, depth=depth + 1, parent=span.span_id)
             except RunAbort as exc:
                 span.end("error", error=str(exc))
                 raise
+            finally:
+                self.fragment_paths.discard(str(sub.path.resolve()) if sub is not context else "")
         span.end("ok", payload=answer)
         return answer
 
@@ -452,6 +606,12 @@ def _prompt(value: Any) -> str:
     return value
 
 
-def _chars(path: Path) -> int:
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        return sum(len(chunk) for chunk in iter(lambda: fh.read(1 << 20), ""))
+def _fragment_file(ref: fragments.FragmentRef, target: Path) -> RlmContext:
+    """A child RLM's context made of one fragment: its bytes copied (checked against the
+    sha256), so the child's REPL reads a file of its own."""
+    try:
+        text = fragments.read(ref)
+    except fragments.FragmentError as exc:
+        raise SandboxCallError(f"rlm_query(context=...): {exc}") from exc
+    target.write_text(text, encoding="utf-8")
+    return RlmContext(target, len(text))

@@ -1,12 +1,18 @@
 """Where a run's context comes from, checked before the run starts and made into the one
-text file the REPL reads."""
+text file the REPL reads, with the offset index that lets it be read by byte ranges."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 from django.conf import settings
+
+from runs.sandbox.lazytext import ContextIndex, build_index, load_index
 
 # Files in a context folder that are read; anything else is skipped as not text.
 TEXT_SUFFIXES = {
@@ -80,6 +86,79 @@ def materialise(run_id: str, source: Path) -> tuple[Path, int]:
             chars += 1
     os.replace(tmp, target)
     return target, chars
+
+
+class Encoding(TypedDict):
+    invalid_bytes: int  # bytes that are not UTF-8; the REPL and workers show each as U+FFFD
+    first_invalid_byte: int | None
+
+
+@dataclass(frozen=True)
+class PreparedContext:
+    """The file the REPL reads and its offset index (one streaming pass, then cached)."""
+
+    path: Path
+    index_path: Path
+    index: ContextIndex
+
+    @property
+    def chars(self) -> int:
+        return self.index.chars
+
+    @property
+    def sha256(self) -> str:
+        return self.index.sha256
+
+    @property
+    def encoding(self) -> Encoding | None:
+        """How much of the file is not UTF-8, if any: handled, and said in the trace."""
+        if not self.index.invalid:
+            return None
+        return {
+            "invalid_bytes": self.index.invalid,
+            "first_invalid_byte": self.index.first_invalid_byte,
+        }
+
+
+def context_prepare(run_id: str, source: Path) -> PreparedContext:
+    """1. a folder becomes one file (streamed), 2. the offset index is taken from the cache
+    when the file is unchanged (size, mtime, inode), else built in one streaming pass and
+    stored. Memory stays bounded by one read block whatever the size; bytes that are not
+    UTF-8 are counted and shown as U+FFFD, never a failure halfway through a run."""
+    path = materialise(run_id, source)[0] if source.is_dir() else source
+    target = index_file(path)
+    index = cached_index(path)
+    if index is None:
+        index = build_index(str(path))
+        tmp = target.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps({**index.to_dict(), "fingerprint": fingerprint(path)}))
+        os.replace(tmp, target)
+    return PreparedContext(path, target, index)
+
+
+def fingerprint(path: Path) -> list[int]:
+    """What says a file is unchanged without reading it: size, mtime and inode."""
+    stat = path.stat()
+    return [stat.st_size, stat.st_mtime_ns, stat.st_ino]
+
+
+def index_file(path: Path) -> Path:
+    key = hashlib.sha256(str(path.resolve()).encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    directory = context_dir() / "index"
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory / f"{key}.offsets.json"
+
+
+def cached_index(path: Path) -> ContextIndex | None:
+    """The stored offset index of ``path`` if the file has not changed since; else None."""
+    target = index_file(path)
+    try:
+        data = json.loads(target.read_text())
+    except (OSError, ValueError):
+        return None
+    if data.get("fingerprint") != fingerprint(path):
+        return None
+    return load_index(str(target))
 
 
 def write_text(run_id: str, text: str) -> Path:

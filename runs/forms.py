@@ -10,6 +10,7 @@ from typing import Any
 from django import forms
 
 from runs.policy import RANGES, Policy
+from runs.program_templates import PROGRAM_TEMPLATES
 from runs.services import ContextSpec, RunInputError
 from runs.taskgen import MAX_TOKENS, MIN_TOKENS, TASKS
 from workers.backends import ModelSpec, model_spec
@@ -52,6 +53,7 @@ def place_errors(form: forms.Form, error: RunInputError) -> None:
         "task": "task_name",
         "venues": "venues",
         "from_turn": "from_turn",
+        "program": "program",
     }
     for key, message in error.errors.items():
         if key == "policy":
@@ -101,6 +103,15 @@ class RunForm(forms.Form):
         widget=forms.NumberInput(attrs={"step": 1000}),
     )
     task_seed = forms.IntegerField(initial=1, min_value=0, label="Seed")
+
+    program = forms.ChoiceField(
+        required=False,
+        choices=[("", "None: the root model writes its own program")]
+        + [(name, t["label"]) for name, t in PROGRAM_TEMPLATES.items()],
+        label="Program template",
+        help_text="Start from a program pattern: the root model is asked to run it on your "
+        "question (its code is shown below).",
+    )
 
     root_kind = forms.ChoiceField(
         choices=[("sim", "Simulated model"), ("openai", "OpenAI-compatible endpoint")],

@@ -36,6 +36,7 @@ class Policy:
     weight_price: float = 0.5
     weight_load: float = 0.2
     min_reputation: float = 0.2  # below it a worker gets work only by exploration
+    fold_tokens: int = 60_000  # conversation size (tokens) past which older turns are folded
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -102,6 +103,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "weight_price": (0.0, 100.0),
     "weight_load": (0.0, 100.0),
     "min_reputation": (0.0, 1.0),
+    "fold_tokens": (500, 10_000_000),
 }
 
 

@@ -11,6 +11,7 @@ from frlm_web.redis_client import get_redis
 from runs import context as ctx
 from runs.models import Run
 from runs.policy import Policy, PolicyError
+from runs.program_templates import program_question
 from runs.progress import request_cancel
 from runs.taskgen import make_task
 from traces import store
@@ -46,9 +47,11 @@ def run_create(
     worker_model: ModelSpec,
     venues: list[str],
     owner: Any = None,
+    program: str = "",
 ) -> Run:
     """1. check every input and report all problems at once, 2. put the context where the
-    REPL can read it, 3. save the run as queued. Nothing is saved when anything is wrong."""
+    REPL can read it, 3. save the run as queued. Nothing is saved when anything is wrong.
+    ``program`` names a program template (runs.program_templates) the question is run with."""
     errors: dict[str, str] = {}
     run = Run(
         question=(question or "").strip(),
@@ -83,6 +86,11 @@ def run_create(
         errors["context"] = "give a context: a file or folder path, text, or a generated task"
     if not run.question:
         errors["question"] = "the question is empty: say what you want to know about the context"
+    elif program:
+        try:
+            run.question = program_question(program, run.question)
+        except ValueError as exc:
+            errors["program"] = str(exc)
     if errors:
         raise RunInputError(errors)
 

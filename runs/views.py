@@ -21,6 +21,7 @@ from django.views.decorators.http import require_GET, require_POST
 from frlm_web.redis_client import get_redis
 from runs.forms import POLICY_FIELDS, ReplayForm, RunForm, place_errors
 from runs.models import Run
+from runs.program_templates import PROGRAM_TEMPLATES
 from runs.progress import read_progress
 from runs.services import RunInputError, run_cancel, run_create, run_launch, run_replay
 from traces.diff import TraceDiffError, run_diff
@@ -156,7 +157,8 @@ def run_new(request: HttpRequest) -> HttpResponse:
     live = _live_venues()
     if request.method != "POST":
         form = RunForm(user=request.user, live=live)
-        return render(request, "runs/new.html", {"form": form, "policy_fields": POLICY_FIELDS})
+        ctx = {"form": form, "policy_fields": POLICY_FIELDS, "programs": PROGRAM_TEMPLATES}
+        return render(request, "runs/new.html", ctx)
     form = RunForm(request.POST, request.FILES, user=request.user, live=live)
     if form.is_valid():
         try:
@@ -169,6 +171,7 @@ def run_new(request: HttpRequest) -> HttpResponse:
                     worker_model=form.model("worker"),
                     venues=form.cleaned_data["venues"],
                     owner=request.user,
+                    program=form.cleaned_data.get("program") or "",
                 )
                 run_launch(run)
         except RunInputError as exc:
@@ -177,7 +180,7 @@ def run_new(request: HttpRequest) -> HttpResponse:
             form.add_error(None, str(exc))
         else:
             return redirect("run", run_id=run.id)
-    ctx = {"form": form, "policy_fields": POLICY_FIELDS}
+    ctx = {"form": form, "policy_fields": POLICY_FIELDS, "programs": PROGRAM_TEMPLATES}
     return render(request, "runs/new.html", ctx, status=400)
 
 

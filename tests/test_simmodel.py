@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +23,9 @@ import openai
 import pytest
 from openai import OpenAI
 
+from runs.sandbox.lazytext import LazyText
 from runs.taskgen import make_task
+from workers.fragments import fill
 from workers.sim import ROOT_MODEL, WORKER_MODEL, ChatMessage
 from workers.sim.profile import Profile, decide, parse_profile
 from workers.sim.reader import answer_prompt
@@ -94,11 +97,15 @@ def _run(
     batched: Callable[[list[str]], list[str]],
     query: Callable[[str], str] | None = None,
 ) -> tuple[str, dict[str, Any]]:
-    """Execute a root program the way a REPL would, returning its stdout and namespace."""
+    """Execute a root program the way a REPL would, returning its stdout and namespace: the
+    context is a lazy text over a file, and each prompt's fragments are read in, as the
+    worker does, before `batched` sees it."""
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False, encoding="utf-8") as fh:
+        fh.write(context)
     namespace: dict[str, Any] = {
-        "context": context,
-        "llm_query_batched": batched,
-        "llm_query": query or answer_prompt,
+        "context": LazyText(fh.name),
+        "llm_query_batched": lambda prompts: batched([fill(p)[0] for p in prompts]),
+        "llm_query": lambda prompt: (query or answer_prompt)(fill(prompt)[0]),
     }
     out = io.StringIO()
     with contextlib.redirect_stdout(out):

@@ -12,7 +12,7 @@ from celery.signals import worker_ready
 
 from frlm_web.redis_client import get_redis
 from traces.emitter import Emitter, Span
-from workers import backends, signing, venues
+from workers import backends, fragments, signing, venues
 from workers.backends import ModelError, ModelSpec, chat
 from workers.jobs import Job, Result, cancelled_key, encode_result, results_stream
 
@@ -69,8 +69,16 @@ def subquery_execute(job: Job) -> None:
         _finish(emitter, span, stream, {**base, "status": "cancelled"}, "cancelled")
         return
     try:
+        prompt = _load_fragments(emitter, span, job)
+    except fragments.FragmentError as exc:
+        error = str(exc)
+        _finish(
+            emitter, span, stream, {**base, "status": "error", "error": error}, "error", error=error
+        )
+        return
+    try:
         reply = chat(
-            spec, [{"role": "user", "content": job["prompt"]}], timeout=job["timeout_s"], retries=1
+            spec, [{"role": "user", "content": prompt}], timeout=job["timeout_s"], retries=1
         )
     except ModelError as exc:
         _finish(
@@ -124,6 +132,16 @@ def _signed(result: Result) -> Result:
     if key is None:
         return result
     return {**result, "sig": signing.result_sign(key, result)}
+
+
+def _load_fragments(emitter: Emitter, span: Span, job: Job) -> str:
+    """The prompt with the context fragments it refers to read in, one Env.LoadFragment
+    event per fragment (workers/fragments.py)."""
+    prompt, loaded = fragments.fill(job["prompt"])
+    with emitter.batch():
+        for item in loaded:
+            emitter.instant("Env.LoadFragment", parent=span.span_id, depth=job["depth"], **item)
+    return prompt
 
 
 def _finish(

@@ -8,11 +8,16 @@ Protocol: newline-delimited JSON on two pipes that are neither fd 0, 1 nor 2, so
 cell writes to stdout or stderr (even with ``os.write``) can never be mistaken for a message.
 
 host -> child  {"type": "exec", "code": str}
+               {"type": "fold", "text": str}  (older conversation kept in `folded`)
                {"type": "reply", "ok": bool, "result": Any, "error": str}
 child -> host  {"type": "ready", "context_chars": int, "cpu_s": float}
                {"type": "call", "name": str, "kwargs": dict}
                {"type": "done", "error": None | "exception" | "memory", "exc_type": str | None,
                 "exc_message": str | None, "final": str | None, "cpu_s": float}
+               {"type": "folded", "count": int}
+
+`context` is a lazytext.LazyText over the context file (never read whole); lazytext.py and
+patterns.py sit beside this file and are the only other code the REPL can import.
 """
 
 from __future__ import annotations
@@ -30,15 +35,25 @@ from typing import Any
 
 # Mirrors host._MAX_MESSAGE_BYTES: the host refuses anything longer, so say so here first.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+THIS_FILE = os.path.abspath(__file__)
+# -I keeps the script's directory off sys.path; the two modules beside it are wanted.
+sys.path.insert(0, os.path.dirname(THIS_FILE))
+
+import lazytext  # noqa: E402
+import patterns  # noqa: E402
+
+OWN_FILES = {THIS_FILE, os.path.abspath(lazytext.__file__), os.path.abspath(patterns.__file__)}
+
 REPL_FUNCTIONS = (
     "llm_query",
     "llm_query_batched",
     "rlm_query",
+    "select_fragments",
     "FINAL",
     "FINAL_VAR",
     "SHOW_VARS",
+    *patterns.PATTERNS,
 )
-THIS_FILE = os.path.abspath(__file__)
 # Private copies of the stdout/stderr pipes, to repair fd 1 and 2 if a cell closes them.
 SAVED_OUTPUT_FDS: dict[int, int] = {}
 
@@ -78,44 +93,73 @@ def encode(message: dict[str, Any]) -> bytes:
 class Repl:
     """The namespace the cells run in and the functions they can call."""
 
-    def __init__(self, channel: Channel, context: str) -> None:
+    def __init__(self, channel: Channel, context: lazytext.LazyText) -> None:
         self.channel = channel
         self.final: str | None = None
         self.cell_count = 0
+        self.context = context
         self.namespace: dict[str, Any] = {
             "__name__": "__main__",
             "__builtins__": builtins,
             "context": context,
+            "folded": [],
             "llm_query": self.llm_query,
             "llm_query_batched": self.llm_query_batched,
             "rlm_query": self.rlm_query,
+            "select_fragments": self.select_fragments,
             "FINAL": self.FINAL,
             "FINAL_VAR": self.FINAL_VAR,
             "SHOW_VARS": self.SHOW_VARS,
         }
+        functions = patterns.Functions(
+            llm_query=self.llm_query,
+            llm_query_batched=self.llm_query_batched,
+            rlm_query=self.rlm_query,
+            context=context,
+        )
+        self.namespace.update(patterns.bind(functions))
 
     # -- functions the cell calls ------------------------------------------------------------
 
-    def llm_query(self, prompt: str, **kw: Any) -> Any:
-        require_str("llm_query", "prompt", prompt)
+    def llm_query(self, prompt: str | lazytext.Fragment, **kw: Any) -> Any:
+        prompt = as_prompt("llm_query(prompt)", prompt)
         return self.call_host("llm_query", {"prompt": prompt, **kw})
 
-    def llm_query_batched(self, prompts: list[str], **kw: Any) -> Any:
-        if not isinstance(prompts, list):
+    def llm_query_batched(self, prompts: list[str | lazytext.Fragment], **kw: Any) -> Any:
+        if not isinstance(prompts, list | tuple):
             raise TypeError(
                 f"llm_query_batched(prompts) needs a list of str, got {type(prompts).__name__}"
             )
-        for index, prompt in enumerate(prompts):
-            if not isinstance(prompt, str):
-                raise TypeError(
-                    f"llm_query_batched(prompts) needs a list of str, "
-                    f"but prompts[{index}] is {type(prompt).__name__}"
-                )
+        prompts = [
+            as_prompt(f"llm_query_batched(prompts) needs a list of str, but prompts[{index}]", p)
+            for index, p in enumerate(prompts)
+        ]
         return self.call_host("llm_query_batched", {"prompts": prompts, **kw})
 
-    def rlm_query(self, prompt: str, context: Any = None, **kw: Any) -> Any:
-        require_str("rlm_query", "prompt", prompt)
+    def rlm_query(self, prompt: str | lazytext.Fragment, context: Any = None, **kw: Any) -> Any:
+        prompt = as_prompt("rlm_query(prompt)", prompt)
+        if isinstance(context, lazytext.Fragment):
+            context = {"fragment": context.ref()}
+        elif context is self.context:
+            context = None  # the child reads the same file
+        elif isinstance(context, lazytext.LazyText):
+            raise TypeError("rlm_query(context=...) takes a str, a Fragment, or this context")
         return self.call_host("rlm_query", {"prompt": prompt, "context": context, **kw})
+
+    def select_fragments(self, query: str, k: int = 8) -> list[lazytext.Fragment]:
+        """The k passages of the context that best match ``query`` (BM25), best first; each
+        is a Fragment with a ``score``."""
+        require_str("select_fragments", "query", query)
+        if not isinstance(k, int) or k < 1:
+            raise ValueError("select_fragments(query, k): k must be a positive int")
+        found = self.call_host("select_fragments", {"query": query, "k": k})
+        fragments = []
+        for item in found:
+            start, end = item["chars"]
+            fragment = self.context.fragment(start, end)
+            fragment.score = float(item["score"])
+            fragments.append(fragment)
+        return fragments
 
     def FINAL(self, answer: Any) -> None:
         self.final = str(answer)
@@ -144,6 +188,7 @@ class Repl:
             for name, value in self.namespace.items()
             if not name.startswith("_")
             and name not in REPL_FUNCTIONS
+            and not (name == "folded" and value == [])
             and not isinstance(value, types.ModuleType)
         ]
 
@@ -198,6 +243,15 @@ class Repl:
         }
 
 
+def as_prompt(where: str, value: Any) -> str:
+    """A prompt string; a Fragment becomes its marker, which the worker fills in."""
+    if isinstance(value, lazytext.Fragment):
+        return value.marker
+    if not isinstance(value, str):
+        raise TypeError(f"{where} is {type(value).__name__} (a str or a Fragment is wanted)")
+    return value
+
+
 def require_str(function: str, argument: str, value: Any) -> None:
     if not isinstance(value, str):
         raise TypeError(f"{function}({argument}) needs a str, got {type(value).__name__}")
@@ -211,12 +265,16 @@ def safe_str(value: Any) -> str:
 
 
 def describe(name: str, value: Any) -> str:
-    kind = type(value).__name__
+    kind = (
+        "str (lazy, read from disk)"
+        if isinstance(value, lazytext.LazyText)
+        else type(value).__name__
+    )
     try:
         size = len(value)
     except Exception:  # user objects may define a broken __len__
         return f"{name}: {kind}"
-    unit = "chars" if isinstance(value, str) else "items"
+    unit = "chars" if isinstance(value, str | lazytext.LazyText | lazytext.Fragment) else "items"
     return f"{name}: {kind}, {size} {unit}"
 
 
@@ -224,7 +282,7 @@ def write_traceback(exc: BaseException) -> None:
     """Print the traceback without the frames of this file: the model only needs its own."""
     details = traceback.TracebackException(type(exc), exc, exc.__traceback__)
     for current in walk_chain(details):
-        kept = [frame for frame in current.stack if frame.filename != THIS_FILE]
+        kept = [frame for frame in current.stack if frame.filename not in OWN_FILES]
         current.stack = traceback.StackSummary.from_list(kept)
     try:
         sys.stderr.write("".join(details.format()))
@@ -302,9 +360,12 @@ def set_limits(config: dict[str, Any]) -> None:
         resource.setrlimit(resource.RLIMIT_NPROC, (config["nproc"], config["nproc"]))
 
 
-def read_context(path: str) -> str:
-    with open(path, "rb") as handle:
-        return handle.read().decode("utf-8", errors="replace")
+def open_context(config: dict[str, Any]) -> lazytext.LazyText:
+    """The context file, never read whole: the conductor's offset index when it sent one,
+    else one streaming pass here."""
+    index_path = config.get("context_index")
+    index = lazytext.load_index(index_path) if index_path else None
+    return lazytext.LazyText(config["context_path"], index)
 
 
 def main(argv: list[str]) -> int:
@@ -312,7 +373,7 @@ def main(argv: list[str]) -> int:
     channel = Channel(config["in_fd"], config["out_fd"])
     SAVED_OUTPUT_FDS.update({fd: os.dup(fd) for fd in (1, 2)})
     set_limits(config)
-    repl = Repl(channel, read_context(config["context_path"]))
+    repl = Repl(channel, open_context(config))
     restore_streams()
     context_chars = len(repl.namespace["context"])
     channel.send(encode({"type": "ready", "context_chars": context_chars, "cpu_s": cpu_seconds()}))
@@ -322,6 +383,9 @@ def main(argv: list[str]) -> int:
             return 0
         if message.get("type") == "exec":
             channel.send(encode(repl.run_cell(message["code"])))
+        elif message.get("type") == "fold":
+            repl.namespace.setdefault("folded", []).append(message["text"])
+            channel.send(encode({"type": "folded", "count": len(repl.namespace["folded"])}))
 
 
 if __name__ == "__main__":

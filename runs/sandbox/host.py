@@ -34,12 +34,15 @@ from runs.sandbox.pids import PidsLimit
 logger = logging.getLogger(__name__)
 
 CHILD_SCRIPT = Path(__file__).resolve().with_name("child.py")
-REPL_CALLS = frozenset({"llm_query", "llm_query_batched", "rlm_query"})
+# The only project code the REPL sees: the child and the two stdlib-only modules it imports.
+CHILD_MODULES = tuple(CHILD_SCRIPT.with_name(name) for name in ("lazytext.py", "patterns.py"))
+REPL_CALLS = frozenset({"llm_query", "llm_query_batched", "rlm_query", "select_fragments"})
 ISOLATION_CHOICES = ("auto", "bwrap", "none")
 
 # Mirrors child.MAX_MESSAGE_BYTES; bounds what a misbehaving REPL can make the host buffer.
 _MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-# Reading a context of a few hundred MB and decoding it takes seconds, not minutes.
+# The REPL reads the conductor's offset index, or, without one, makes it in one streaming
+# pass over the context: seconds for a few GB, not minutes.
 _START_TIMEOUT_S = 60.0
 _READ_CHUNK = 1 << 16
 # After "done", whatever is still in the output pipes belongs to the cell; a background
@@ -95,10 +98,13 @@ class Sandbox:
         limits: SandboxLimits = SandboxLimits(),
         workdir_root: Path,
         isolation: str = "auto",
+        context_index: Path | None = None,
     ) -> None:
         if isolation not in ISOLATION_CHOICES:
             raise ValueError(f"isolation must be one of {ISOLATION_CHOICES}, not {isolation!r}")
         self._context_path = Path(context_path).resolve()
+        # The conductor's offset index of the context; without it the REPL builds its own.
+        self._context_index = Path(context_index).resolve() if context_index else None
         self._handler = handler
         self._limits = limits
         self._workdir_root = Path(workdir_root)
@@ -169,6 +175,21 @@ class Sandbox:
         if isinstance(outcome, dict):
             return self._finished(outcome, out, err, started, restarted)
         return self._killed(outcome, out, err, started)
+
+    def fold(self, text: str) -> int:
+        """Append ``text`` (folded conversation) to the REPL's ``folded`` list; its length."""
+        if self._closed or self._child is None:
+            raise SandboxError("the Sandbox is not running")
+        child = self._child
+        child.queue(_encode({"type": "fold", "text": text}))
+        out, err = _Capture(4000), _Capture(4000)
+        try:
+            reply = child.next_message(_START_TIMEOUT_S, out, err)
+        except (_ChildDied, _ProtocolError) as exc:
+            raise SandboxError(f"the REPL did not take the folded text: {exc!r}") from exc
+        if reply is None or reply.get("type") != "folded":
+            raise SandboxError("the REPL did not take the folded text")
+        return int(reply.get("count", 0))
 
     def close(self) -> None:
         self._closed = True
@@ -301,10 +322,13 @@ class Sandbox:
         command = [str(interpreter), "-I", "-S", str(CHILD_SCRIPT)]
         if self.isolation_kind == "bwrap":
             tmp_bytes = self._limits.memory_mb * 1024 * 1024
-            prefix = _bwrap_arguments(env, self._scratch, self._context_path, tmp_bytes)
+            prefix = _bwrap_arguments(
+                env, self._scratch, self._context_path, tmp_bytes, self._context_index
+            )
             command = [*prefix, "--", *command]
         config = {
             "context_path": str(self._context_path),
+            "context_index": str(self._context_index) if self._context_index else None,
             "memory_mb": self._limits.memory_mb,
             "cpu_s": self._limits.cpu_s,
             "nproc": _nproc_limit(),
@@ -655,7 +679,7 @@ def _probe_bwrap(bwrap: str, interpreter: str) -> str | None:
 
 
 def _bwrap_arguments(
-    env: dict[str, str], scratch: Path, context: Path, tmp_bytes: int
+    env: dict[str, str], scratch: Path, context: Path, tmp_bytes: int, index: Path | None = None
 ) -> list[str]:
     """A root filesystem with the system read-only, nothing of the host's data but the
     context, and the scratch directory as the only writable place besides a small /tmp."""
@@ -679,7 +703,10 @@ def _bwrap_arguments(
     # These come after /tmp so that paths under /tmp land on top of the fresh tmpfs.
     args += ["--bind", str(scratch), str(scratch)]
     args += ["--ro-bind", str(context), str(context)]
-    args += ["--ro-bind", str(CHILD_SCRIPT), str(CHILD_SCRIPT)]
+    if index is not None:
+        args += ["--ro-bind", str(index), str(index)]
+    for script in (CHILD_SCRIPT, *CHILD_MODULES):
+        args += ["--ro-bind", str(script), str(script)]
     # The root is a tmpfs holding the mount points; read-only, nothing can be written beside them.
     args += ["--chdir", str(scratch), "--remount-ro", "/"]
     return args

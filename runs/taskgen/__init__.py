@@ -1,31 +1,67 @@
 """Generated benchmark tasks: a context of any size, a question and its expected answer,
-all from (task name, tokens, seed), so a benchmark run needs no data download."""
+all from (task name, tokens, seed), so a benchmark run needs no data download.
+
+| task | what | score |
+| --- | --- | --- |
+| sniah | one needle among distractors (RULER S-NIAH) | 1 if the number is given |
+| mniah | one key with several values (RULER multi-value) | share of the values given |
+| oolong | aggregation over labelled records (OOLONG trec_coarse) | label 1/0, number 0.75^err |
+| pairs | pairs of users meeting a condition (OOLONG-Pairs style) | F1 over the pairs |
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, Protocol
 
+from runs.taskgen.mniah import make_mniah, score_mniah
+from runs.taskgen.oolong import make_oolong, make_pairs, score_oolong, score_pairs
 from runs.taskgen.sniah import GeneratedTask, answer_matches, make_sniah, score_answer
 
 MIN_TOKENS = 100
 MAX_TOKENS = 50_000_000
 
-TaskFactory = Callable[[int, int], GeneratedTask]
 
-TASKS: dict[str, TaskFactory] = {"sniah": make_sniah}
+class Task(Protocol):
+    name: str
+    question: str
+    expected_answer: str
+    context_chars: int
+
+    def write_context(self, path: Any) -> None: ...
+
+
+TaskFactory = Callable[[int, int], Task]
+
+TASKS: dict[str, TaskFactory] = {
+    "sniah": make_sniah,
+    "mniah": make_mniah,
+    "oolong": make_oolong,
+    "pairs": make_pairs,
+}
+
+SCORERS: dict[str, Callable[[str, str], float]] = {
+    "sniah": lambda expected, answer: 1.0 if answer_matches(expected, answer) else 0.0,
+    "mniah": score_mniah,
+    "oolong": score_oolong,
+    "pairs": score_pairs,
+}
 
 __all__ = [
     "MAX_TOKENS",
     "MIN_TOKENS",
     "TASKS",
     "GeneratedTask",
+    "Task",
     "answer_matches",
+    "answer_score",
+    "answer_correct",
     "make_task",
     "score_answer",
 ]
 
 
-def make_task(name: str, tokens: int, seed: int) -> GeneratedTask:
+def make_task(name: str, tokens: int, seed: int) -> Task:
     factory = TASKS.get(name)
     if factory is None:
         raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
@@ -34,3 +70,13 @@ def make_task(name: str, tokens: int, seed: int) -> GeneratedTask:
             f"tokens must be between {MIN_TOKENS:,} and {MAX_TOKENS:,}, not {tokens:,}"
         )
     return factory(tokens, seed)
+
+
+def answer_score(task: dict[str, Any] | None, expected: str, answer: str) -> float:
+    """The task's official-style score of an answer, from 0 to 1 (sniah when unnamed)."""
+    name = (task or {}).get("name") or "sniah"
+    return SCORERS.get(name, SCORERS["sniah"])(expected, answer or "")
+
+
+def answer_correct(task: dict[str, Any] | None, expected: str, answer: str) -> bool:
+    return answer_score(task, expected, answer) >= 1.0

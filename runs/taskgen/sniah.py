@@ -250,7 +250,7 @@ _NOUNS = (
 
 
 @dataclass(frozen=True)
-class _Plan:
+class Plan:
     picks: array  # index into FILLER of each filler sentence, in order
     needles: tuple[tuple[int, str], ...]  # (filler position it precedes, needle sentence)
 
@@ -261,7 +261,7 @@ class GeneratedTask:
     question: str
     expected_answer: str
     context_chars: int
-    _plan: _Plan = field(repr=False, compare=False)
+    _plan: Plan = field(repr=False, compare=False)
 
     def context_text(self) -> str:
         return "".join(_pieces(self._plan))
@@ -283,11 +283,11 @@ def make_sniah(tokens: int, seed: int) -> GeneratedTask:
         raise ValueError(f"tokens must be positive, not {tokens}")
     # A string seed goes through sha512: stable across processes and Python versions.
     rng = random.Random(f"frlm-sniah:{tokens}:{seed}")
-    keys = _distinct_keys(rng, 1 + DISTRACTORS)
-    values = _distinct_values(rng, len(keys))
-    needles = [_needle_sentence(key, value) for key, value in zip(keys, values, strict=True)]
+    keys = distinct_keys(rng, 1 + DISTRACTORS)
+    values = distinct_values(rng, len(keys))
+    needles = [needle_sentence(key, value) for key, value in zip(keys, values, strict=True)]
     needle_chars = sum(len(sentence) + 1 for sentence in needles)
-    picks, filler_chars = _pick_filler(rng, max(0, tokens * CHARS_PER_TOKEN - needle_chars))
+    picks, filler_chars = pick_filler(rng, max(0, tokens * CHARS_PER_TOKEN - needle_chars))
     positions = [rng.randint(0, len(picks)) for _ in needles]
     placed = tuple(sorted(zip(positions, needles, strict=True), key=lambda item: item[0]))
     return GeneratedTask(
@@ -295,7 +295,7 @@ def make_sniah(tokens: int, seed: int) -> GeneratedTask:
         question=f"What is the special magic number for {keys[0]} mentioned in the provided text?",
         expected_answer=values[0],
         context_chars=filler_chars + needle_chars,
-        _plan=_Plan(picks=picks, needles=placed),
+        _plan=Plan(picks=picks, needles=placed),
     )
 
 
@@ -310,11 +310,11 @@ def answer_matches(expected: str, answer: str) -> bool:
     return re.search(rf"(?<!\d){re.escape(expected)}(?!\d)", joined) is not None
 
 
-def _needle_sentence(key: str, value: str) -> str:
+def needle_sentence(key: str, value: str) -> str:
     return f"One of the special magic numbers for {key} is: {value}."
 
 
-def _distinct_keys(rng: random.Random, count: int) -> list[str]:
+def distinct_keys(rng: random.Random, count: int) -> list[str]:
     keys: list[str] = []
     while len(keys) < count:
         key = f"{rng.choice(_COLOURS)}-{rng.choice(_NOUNS)}"
@@ -323,7 +323,7 @@ def _distinct_keys(rng: random.Random, count: int) -> list[str]:
     return keys
 
 
-def _distinct_values(rng: random.Random, count: int) -> list[str]:
+def distinct_values(rng: random.Random, count: int) -> list[str]:
     values: list[str] = []
     while len(values) < count:
         value = str(rng.randint(1_000_000, 9_999_999))
@@ -336,7 +336,7 @@ def _separator(position: int) -> str:
     return "\n\n" if position % PARAGRAPH_SENTENCES == PARAGRAPH_SENTENCES - 1 else " "
 
 
-def _pick_filler(rng: random.Random, target_chars: int) -> tuple[array, int]:
+def pick_filler(rng: random.Random, target_chars: int) -> tuple[array, int]:
     """Filler sentences whose text length comes closest to `target_chars`."""
     lengths = [len(sentence) for sentence in FILLER]
     mean = sum(lengths) / len(lengths) + 1.3
@@ -358,7 +358,7 @@ def _pick_filler(rng: random.Random, target_chars: int) -> tuple[array, int]:
     return picks, total
 
 
-def _pieces(plan: _Plan) -> Iterator[str]:
+def _pieces(plan: Plan) -> Iterator[str]:
     """The context as a stream of sentences with their separators."""
     needles = iter(plan.needles)
     upcoming = next(needles, None)

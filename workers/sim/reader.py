@@ -2,9 +2,14 @@
 fragment in its prompt, so a run's answer is right only if the root program sent the
 right fragments to the right prompts.
 
-It knows three prompt shapes, the ones the simulated root model writes:
+It knows the prompt shapes the simulated root model and the REPL's program patterns write:
 - needle: "... special magic number for 'KEY' ... TEXT:\\n<fragment>" -> the value or NONE;
 - combine: "Combine these partial answers ... PARTIAL ANSWERS:\\n- a\\n- b" -> the most common;
+- count: "Label each question in the records below ... count the records ... by G" -> one
+  "key: count" line per group, after labelling each record by what its question asks;
+- score: "Score from 0 to 10 how likely the excerpt ..." -> a number;
+- refine: "Improve the draft answer ... DRAFT ANSWER: d ... EXCERPT:" -> a better answer or SAME;
+- summarise: "Summarise the text below ..." -> the lines that report results;
 - anything else: the fragment sentence sharing most content words with the question.
 """
 
@@ -71,6 +76,15 @@ def worker_reply(messages: Sequence[ChatMessage], liar: random.Random | None = N
 
 def answer_prompt(prompt: str) -> str:
     """The honest answer to one sub-query prompt."""
+    head = prompt.lstrip()[:80].lower()
+    if head.startswith("label each question in the records"):
+        return count_records(prompt)
+    if head.startswith("summarise the text below"):
+        return summarise(_split_prompt(prompt)[1])
+    if head.startswith("score from 0 to 10"):
+        return str(score_excerpt(*_question_and_excerpt(prompt)))
+    if head.startswith("improve the draft answer"):
+        return refine_draft(prompt)
     instruction, fragment = _split_prompt(prompt)
     needle = parse_needle_question(instruction)
     if needle is not None:
@@ -182,3 +196,110 @@ def _most_common(answers: list[str]) -> str | None:
 
 def _sentences(text: str) -> list[str]:
     return [s.strip() for s in _SENTENCE_BREAK.split(text) if s.strip()]
+
+
+# --- records (OOLONG-style) --------------------------------------------------------------
+
+RECORD = re.compile(
+    r"^Date: (?P<month>\w{3}) \d{2}, (?P<year>\d{4}) \|\| User: (?P<user>\d+) \|\| "
+    r"Instance: (?P<text>.*)$",
+    re.MULTILINE,
+)
+_COUNT_ASK = re.compile(
+    r"count the records(?: labelled '(?P<label>[^']+)')?(?: of user (?P<user>\d+))? "
+    r"by (?P<group>label|user|month)",
+    re.IGNORECASE,
+)
+_MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+LABELS = (
+    "abbreviation",
+    "entity",
+    "description and abstract concept",
+    "human being",
+    "location",
+    "numeric value",
+)
+
+
+def classify(question: str) -> str:
+    """The coarse category of a question, from how it is asked (TREC's six classes)."""
+    text = question.strip().lower()
+    if "stand for" in text or "abbreviation" in text:
+        return "abbreviation"
+    if text.startswith("who "):
+        return "human being"
+    if text.startswith(("where ", "which city", "which country", "what city", "what country")):
+        return "location"
+    if text.startswith(("how many", "how much", "when ", "what year", "how long", "how far")):
+        return "numeric value"
+    if text.startswith(("why ", "how does", "how do ", "what is the meaning", "describe ")):
+        return "description and abstract concept"
+    return "entity"
+
+
+def count_records(prompt: str) -> str:
+    """Label every record of the fragment and count them as the prompt asks."""
+    ask = _COUNT_ASK.search(prompt)
+    if ask is None:
+        return NONE
+    _head, _marker, records = prompt.partition("RECORDS:")
+    group, label, user = ask["group"].lower(), ask["label"], ask["user"]
+    counts: dict[str, int] = dict.fromkeys(LABELS, 0) if group == "label" else {}
+    for record in RECORD.finditer(records):
+        kind = classify(record["text"])
+        if (label is not None and kind != label) or (user is not None and record["user"] != user):
+            continue
+        if group == "label":
+            key = kind
+        elif group == "user":
+            key = record["user"]
+        else:
+            key = f"{record['year']}-{_MONTHS.index(record['month'].lower()) + 1:02d}"
+        counts[key] = counts.get(key, 0) + 1
+    return "\n".join(f"{key}: {count}" for key, count in sorted(counts.items())) or NONE
+
+
+# --- patterns and folding ---------------------------------------------------------------
+
+_DRAFT = re.compile(r"^DRAFT ANSWER:[ \t]*(.*)$", re.MULTILINE)
+
+
+def score_excerpt(question: str, excerpt: str) -> int:
+    """0 to 10: 10 when the excerpt states what a needle question asks, else how many of
+    the question's words the excerpt's best sentence shares."""
+    needle = parse_needle_question(question)
+    if needle is not None:
+        return 10 if find_needle(excerpt, needle) else 0
+    best = best_sentence(question, excerpt)
+    if best is None:
+        return 0
+    return min(9, len(content_words(question) & content_words(best)))
+
+
+def refine_draft(prompt: str) -> str:
+    """A better answer than the draft from this excerpt, or SAME."""
+    question, excerpt = _question_and_excerpt(prompt)
+    draft_match = _DRAFT.search(prompt)
+    draft = draft_match[1].strip() if draft_match else ""
+    needle = parse_needle_question(question)
+    if needle is not None:
+        found = find_needle(excerpt, needle)
+        return found if found and found != draft else "SAME"
+    best = best_sentence(question, excerpt)
+    wanted = content_words(question)
+    if best is None or len(wanted & content_words(best)) <= len(wanted & content_words(draft)):
+        return "SAME"
+    return best
+
+
+def summarise(text: str, keep: int = 4) -> str:
+    """The lines that report something (a result, an answer, an error), at most ``keep``."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    telling = [
+        line
+        for line in lines
+        if re.search(r"answer|result|error|found|\d", line, re.IGNORECASE)
+        and not line.startswith(("[", "```"))
+    ]
+    chosen = list(dict.fromkeys(telling or lines))[-keep:]
+    return "\n".join(line[:300] for line in chosen) or NONE

@@ -11,8 +11,14 @@ wording can change freely):
 
 Behaviours, chosen from the question:
 - scripted: the question carries ```repl blocks; turn k replies with block k;
-- needle: "special magic number for KEY"; chunked search over llm_query_batched;
+- needle: "special magic number for KEY"; chunked search over llm_query_batched (all the
+  values found when the question asks for all of them);
+- records: OOLONG-style questions over dated user records; workers label and count their
+  fragment's records, the program adds the counts up and answers in Python;
 - generic: chunked map over llm_query_batched, then one llm_query to merge.
+
+Programs send fragments (context.chunks), not text: each prompt carries a reference that
+the worker reads from the file, so the REPL and the conductor never hold the chunks.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from workers.sim import ChatMessage
 from workers.sim.reader import NeedleQuestion, content_words, parse_needle_question
 
 MIN_SPAN = 24_000  # characters per chunk at least: fewer, fuller sub-queries
+MIN_RECORDS_SPAN = 16_000  # records per fragment: a worker labels each one, so fewer chars
 OVERLAP = 200  # longer than any needle sentence, so one cut across it leaves it whole
 DEFAULT_MAX_BATCH = 16
 RETRY_MARK = "# Retry:"
@@ -105,7 +112,7 @@ def parse_conversation(messages: Sequence[ChatMessage]) -> Conversation:
     return Conversation(
         limits=parse_limits(system),
         question=question,
-        turn=1 + sum(1 for m in messages if m["role"] == "assistant"),
+        turn=1 + sum(1 for m in messages if m["role"] == "assistant") + _folded_turns(messages),
         replies=tuple(m["content"] for m in messages if m["role"] == "assistant"),
         # Only REPL results count as outputs; a nudge from the conductor is not one.
         outputs=tuple(
@@ -114,6 +121,19 @@ def parse_conversation(messages: Sequence[ChatMessage]) -> Conversation:
             if m["role"] == "user" and m["content"].lstrip().startswith("REPL output")
         ),
         asks_for_final=asks_for_final,
+    )
+
+
+_FOLDED = re.compile(r"^Earlier turns, folded \((\d+) root turns?", re.MULTILINE)
+
+
+def _folded_turns(messages: Sequence[ChatMessage]) -> int:
+    """Turns the conductor folded into a summary message still count as taken."""
+    return sum(
+        int(found[1])
+        for m in messages
+        if m["role"] == "user"
+        for found in _FOLDED.finditer(m["content"])
     )
 
 
@@ -241,10 +261,139 @@ def _finish(summary: Summary, empty_answer: str) -> str:
 
 
 def _strategy(conversation: Conversation) -> Strategy:
+    records = parse_records_question(conversation.question)
+    if records is not None:
+        return _records_strategy(records, conversation.limits)
     needle = parse_needle_question(conversation.question)
     if needle is not None:
+        if _ALL_VALUES.search(conversation.question):
+            return _multi_needle_strategy(needle, conversation.limits)
         return _needle_strategy(needle, conversation.limits)
     return _generic_strategy(conversation.question, conversation.limits)
+
+
+_ALL_VALUES = re.compile(r"\ball the special magic|\bevery one of them\b", re.IGNORECASE)
+_MONTH_NAMES = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+@dataclass(frozen=True)
+class RecordsQuestion:
+    kind: str  # most | least | count | user | timeline | pairs
+    label: str | None = None
+    user: str | None = None
+    months: tuple[str, ...] = ()  # "YYYY-MM" keys of a timeline question
+    threshold: int = 0
+
+
+def parse_records_question(question: str) -> RecordsQuestion | None:
+    """What an OOLONG-style question over "Date || User || Instance" records asks."""
+    if "each line consists of a date, a user id and a question" not in question.lower():
+        return None
+    if m := re.search(r"at least (\d+) questions labelled '([^']+)'", question):
+        return RecordsQuestion("pairs", label=m[2], threshold=int(m[1]))
+    if re.search(r"\bmost common\b", question):
+        return RecordsQuestion("most")
+    if re.search(r"\bleast common\b", question):
+        return RecordsQuestion("least")
+    if m := re.search(r"labelled '([^']+)' did user (\d+) ask", question):
+        return RecordsQuestion("user", label=m[1], user=m[2])
+    if m := re.search(
+        r"labelled '([^']+)' were asked from (\w{3}) (\d{4}) to (\w{3}) (\d{4})", question
+    ):
+        first = int(m[3]) * 12 + _MONTH_NAMES.index(m[2])
+        last = int(m[5]) * 12 + _MONTH_NAMES.index(m[4])
+        months = tuple(f"{at // 12}-{at % 12 + 1:02d}" for at in range(first, last + 1))
+        return RecordsQuestion("timeline", label=m[1], months=months)
+    if m := re.search(r"How many questions are labelled '([^']+)'", question):
+        return RecordsQuestion("count", label=m[1])
+    return None
+
+
+def records_prompt_header(ask: RecordsQuestion) -> str:
+    labels = (
+        "abbreviation | entity | description and abstract concept | human being | location | "
+        "numeric value"
+    )
+    group = {"pairs": "user", "timeline": "month", "user": "label"}.get(ask.kind, "label")
+    only = f" labelled '{ask.label}'" if ask.kind in ("pairs", "timeline") else ""
+    only += f" of user {ask.user}" if ask.kind == "user" else ""
+    return (
+        f"Label each question in the records below as one of: {labels}. Then count the "
+        f"records{only} by {group}. Reply with one line per {group}: the {group}, a colon, "
+        "and the count.\n\nRECORDS:\n"
+    )
+
+
+def _records_finish(ask: RecordsQuestion) -> str:
+    if ask.kind == "most":
+        return "answer = max(totals, key=totals.get) if totals else None"
+    if ask.kind == "least":
+        return "answer = min(totals, key=totals.get) if totals else None"
+    if ask.kind in ("count", "user"):
+        return f"answer = totals.get({ask.label!r}, 0)"
+    if ask.kind == "timeline":
+        return f"answer = sum(totals.get(month, 0) for month in {list(ask.months)!r})"
+    return (
+        f"users = sorted(int(u) for u, n in totals.items() if n >= {ask.threshold})\n"
+        'answer = ", ".join(f"({a}, {b})" for i, a in enumerate(users) for b in users[i + 1:])'
+        " or None"
+    )
+
+
+def _records_strategy(ask: RecordsQuestion, limits: Limits) -> Strategy:
+    batch = batch_size(limits)
+    header, finish = repr(records_prompt_header(ask)), _records_finish(ask)
+    code = _RECORDS_PROGRAM.substitute(
+        batch=batch, min_span=MIN_RECORDS_SPAN, header=header, finish=finish
+    )
+    retry = _RECORDS_PROGRAM.substitute(
+        batch=min(batch, 8), min_span=MIN_RECORDS_SPAN, header=header, finish=finish
+    )
+    return Strategy(
+        first=(
+            f"The records do not state their labels, so one worker per fragment of "
+            f"{_context_words(limits)} labels and counts its records (at most {batch} "
+            "fragments cut on line boundaries, one batch); I add the counts up in Python.",
+            code,
+        ),
+        retry=("That program failed. I will retry with fewer, larger fragments.", retry),
+        empty_answer=NO_HELP,
+    )
+
+
+def _multi_needle_strategy(needle: NeedleQuestion, limits: Limits) -> Strategy:
+    batch = batch_size(limits)
+    header = (
+        f"Find every special magic {needle.kind} for '{needle.key}' in the text below. Reply "
+        f"with all of them separated by commas, or NONE if there is none.\n\nTEXT:\n"
+    )
+    first = _MULTI_NEEDLE_PROGRAM.substitute(
+        batch=batch,
+        min_span=MIN_SPAN,
+        overlap=OVERLAP,
+        header=repr(header),
+        parts="chunks",
+        what="chunks mention the key",
+    )
+    return Strategy(
+        first=(
+            f"I will look for every special magic {needle.kind} for '{needle.key}' in at most "
+            f"{batch} overlapping chunks, one worker per chunk, and keep all distinct values.",
+            first,
+        ),
+        retry=(
+            "That program failed. I will retry with fewer chunks.",
+            _MULTI_NEEDLE_PROGRAM.substitute(
+                batch=min(batch, 8),
+                min_span=MIN_SPAN,
+                overlap=OVERLAP,
+                header=repr(header),
+                parts="chunks",
+                what="chunks mention the key",
+            ),
+        ),
+        empty_answer=NOT_FOUND,
+    )
 
 
 def batch_size(limits: Limits, other_calls: int = 0) -> int:
@@ -266,8 +415,7 @@ def _context_words(limits: Limits) -> str:
 
 _CHUNKING = r"""
 span = max($min_span, -(-len(context) // $batch))
-chunks = [context[at:at + span + $overlap] for at in range(0, len(context), span)]
-chunks = chunks or [context]
+chunks = context.chunks(span + $overlap, overlap=$overlap)
 """
 
 _ASK = r"""
@@ -320,7 +468,7 @@ at = context.find(key)
 while at != -1 and len(starts) < $batch:
     starts.append(max(0, at - 2000))
     at = context.find(key, at + len(key))
-windows = [context[start:start + 4000] for start in starts]
+windows = [context.fragment(start, start + 4000) for start in starts]
 """,
     _ASK,
     r"""
@@ -328,6 +476,54 @@ found = [reply.rstrip(".") for reply in found]
 """,
     _VOTE,
     _REPORT,
+)
+
+_UNION = r"""
+values = []
+for reply in found:
+    for value in reply.split(","):
+        value = value.strip().rstrip(".")
+        if value and value not in values:
+            values.append(value)
+answer = ", ".join(values) if values else None
+"""
+
+_MULTI_NEEDLE_PROGRAM = _program(
+    r"""
+# Multi-needle search: cut the context into at most $batch overlapping chunks, ask one
+# worker per chunk for every value stated for the key, and keep all distinct values.
+header = $header
+""",
+    _CHUNKING,
+    _ASK,
+    _UNION,
+    _REPORT,
+)
+
+_RECORDS_PROGRAM = _program(
+    r"""
+# Records: cut the context on line boundaries into at most $batch fragments (no overlap,
+# so no record is counted twice), ask one worker per fragment to label its records and
+# count them, then add the counts up here and answer in plain Python.
+header = $header
+span = max($min_span, -(-len(context) // $batch))
+parts = context.chunks(span, snap="\n")
+replies = [str(reply) for reply in llm_query_batched([header + part for part in parts])]
+failed = [reply for reply in replies if reply.startswith("[frlm:")]
+totals = {}
+for reply in replies:
+    if reply.startswith("[frlm:"):
+        continue
+    for line in reply.splitlines():
+        key, sep, count = line.rpartition(":")
+        if sep and count.strip().isdigit():
+            totals[key.strip()] = totals.get(key.strip(), 0) + int(count)
+""",
+    "$finish\n",
+    r"""
+counted = len(replies) - len(failed)
+print(f"{counted} of {len(parts)} fragments counted; failed: {len(failed)}; answer: {answer}")
+""",
 )
 
 _GENERIC_PROGRAM = _program(
@@ -359,7 +555,7 @@ words = $words
 """,
     _CHUNKING,
     r"""
-ranked = sorted(chunks, key=lambda chunk: -sum(chunk.lower().count(w) for w in words))
+ranked = sorted(chunks, key=lambda chunk: -sum(chunk.text().lower().count(w) for w in words))
 ranked = ranked[:$few]
 """,
     _ASK,

@@ -12,6 +12,7 @@ from runs.cli import format_summary, summarise, wait_for
 from runs.models import Run
 from runs.orphans import CONDUCTOR_GROUP
 from runs.policy import PolicyError, parse_assignments
+from runs.program_templates import PROGRAM_TEMPLATES
 from runs.services import ContextSpec, RunInputError, run_cancel, run_create, run_launch
 from runs.taskgen import TASKS
 from workers.backends import model_spec
@@ -50,6 +51,12 @@ class Command(BaseCommand):
             "--timeout", type=float, default=3600, help="seconds to wait for the answer"
         )
         parser.add_argument("--no-wait", action="store_true", help="print the run id and return")
+        parser.add_argument(
+            "--program",
+            default="",
+            choices=["", *PROGRAM_TEMPLATES],
+            help="run the question with a program template (a program pattern)",
+        )
 
     def handle(self, *args, **o: Any) -> None:
         run = self.create(o)
@@ -80,7 +87,10 @@ class Command(BaseCommand):
         if o["task"] and o["context"]:
             raise CommandError("give either --task or --context, not both")
         if not o["task"] and not o["context"]:
-            raise CommandError("give a context: --context PATH (a file or folder) or --task sniah")
+            raise CommandError(
+                "give a context: --context PATH (a file or folder) or --task "
+                + "|".join(sorted(TASKS))
+            )
         try:
             root = model_spec(
                 o["root_model"], role="root", base_url=o["base_url"], model=o["model"]
@@ -104,6 +114,7 @@ class Command(BaseCommand):
                 root_model=root,
                 worker_model=worker,
                 venues=venues,
+                program=o["program"],
             )
         except RunInputError as exc:
             raise CommandError("\n".join(f"--{k}: {v}" for k, v in exc.errors.items())) from exc
