@@ -31,6 +31,8 @@ class VenueSpec:
     concurrency: int = 16
     sim: dict[str, float] = field(default_factory=dict)  # the simulated model's profile
     worker_name: str = ""
+    swarm: str = ""  # a swarm profile (workers/profiles): run `workers` devices of it instead
+    workers: int = 1
 
     @property
     def member(self) -> str:
@@ -173,6 +175,23 @@ class Stack:
 
     def venue_proc(self, venue: VenueSpec) -> Proc:
         manage = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py")]
+        if venue.swarm:
+            argv = [
+                *manage,
+                "frlm_swarm",
+                "--venue",
+                venue.name,
+                "--workers",
+                str(venue.workers),
+                "--profile",
+                venue.swarm,
+            ]
+            group = f"venue:{venue.name}"
+            return Proc(
+                f"swarm-{venue.name}",
+                argv,
+                lambda: len(presence.alive(self.client, group)) >= venue.workers,
+            )
         argv = [
             *manage,
             "frlm_worker",

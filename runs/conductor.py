@@ -430,14 +430,16 @@ class Conductor:
         """Serve a REPL function. Limit breaches become errors in the REPL code; a run that
         cannot go on (no workers, cancelled) is aborted after the cell returns."""
         try:
+            tier = kwargs.get("tier")
             if name == "llm_query":
                 prompt = self.checked_prompt(kwargs.get("prompt"))
-                return self.subqueries([prompt], depth, parent)[0]
+                return self.subqueries([prompt], depth, parent, tier)[0]
             if name == "llm_query_batched":
                 prompts_ = kwargs.get("prompts")
                 if not isinstance(prompts_, list):
                     raise SandboxCallError("llm_query_batched takes a list of prompt strings")
-                return self.subqueries([self.checked_prompt(p) for p in prompts_], depth, parent)
+                prompts_ = [self.checked_prompt(p) for p in prompts_]
+                return self.subqueries(prompts_, depth, parent, tier)
             if name == "select_fragments":
                 return self.select_fragments(kwargs, context, depth=depth, parent=parent)
             if name == "rlm_query":
@@ -518,10 +520,12 @@ class Conductor:
         )
         return selection["fragments"]
 
-    def subqueries(self, prompts_: list[str], depth: int, parent: str) -> list[str]:
+    def subqueries(
+        self, prompts_: list[str], depth: int, parent: str, tier: Any = None
+    ) -> list[str]:
         if not prompts_:
             return []
-        outcomes = self.fanout.run_batch(prompts_, depth=depth, parent=parent)
+        outcomes = self.fanout.run_batch(prompts_, depth=depth, parent=parent, tier=tier)
         failed = [o for o in outcomes if o.status == "error"]
         if failed and len(failed) == len(outcomes):
             raise FanoutAbort(

@@ -29,7 +29,8 @@ from typing import Any
 
 import redis
 
-from runs.policy import Policy
+from runs import verify
+from runs.policy import CHOICES, Policy
 from traces.emitter import Emitter, Span
 from workers import scheduler, venues
 from workers.backends import ModelSpec
@@ -65,7 +66,7 @@ class LimitExceeded(Exception):
 @dataclass
 class Outcome:
     index: int
-    status: str = "pending"  # ok | error | timeout | cancelled
+    status: str = "pending"  # ok | error | timeout | cancelled | unresolved
     text: str = ""
     error: str = ""
     venue: str = ""
@@ -81,6 +82,10 @@ class Outcome:
         if self.status == "ok":
             return self.text
         return f"[frlm:{self.status}] sub-query {self.index}: {self.error}"
+
+
+# How much of an accepted answer a Verify.Redundant event quotes (the payload has it all).
+QUOTE_CHARS = 200
 
 
 @dataclass
@@ -116,6 +121,7 @@ class _Flight:
     slot: str = ""  # whose credit it uses: a worker id, or "venue:<name>"
     retry_reason: str = ""
     tried: set[str] = field(default_factory=set)  # worker ids and venue names
+    replica_of: int = -1  # a redundant tier's copy: the position of the sub-query it copies
 
 
 @dataclass(frozen=True)
@@ -167,6 +173,7 @@ class Fanout:
         self._turn = 0  # round-robin position
         self.rng = random.Random(run_id)
         self.ledger = Ledger(client)
+        self.tally = verify.VerificationTally()
         self.breakers = Breakers(client)
         self.weights = scheduler.Weights(
             latency=policy.weight_latency,
@@ -191,26 +198,130 @@ class Fanout:
                 f"(policy.max_subqueries); {left} are left and {count} were asked for"
             )
 
-    def run_batch(self, prompts: list[str], *, depth: int, parent: str | None) -> list[Outcome]:
-        """1. check the limits, 2. send as many jobs as the venues have credit for,
+    def run_batch(
+        self, prompts: list[str], *, depth: int, parent: str | None, tier: Any = None
+    ) -> list[Outcome]:
+        """1. check the limits, 2. send as many jobs as the workers have credit for,
         3. collect replies, sending the rest as credit frees, until all are settled, the
-        quorum is met or the deadline passes."""
+        quorum is met or the deadline passes, 4. verify them as the tier asks."""
+        tier = tier or self.policy.tier
+        if tier not in CHOICES["tier"]:
+            raise LimitExceeded(f"tier={tier!r}: choose one of {', '.join(CHOICES['tier'])}")
         self.check_limits(len(prompts))
         self.totals.calls += len(prompts)
         self._refresh_venues(force=True)
         self._parent, self._depth = parent, depth
         self.batches += 1
         batch = [_Flight(Outcome(i), p) for i, p in enumerate(prompts)]
+        self._dispatch(batch)
+        self.tally.add_primary(len(batch))
+        if tier == "redundant":
+            self._verify_redundant(batch)
+        with self.emitter.batch():
+            self._flush_observations()
+        return [flight.outcome for flight in batch]
+
+    def _dispatch(self, batch: list[_Flight]) -> None:
         for flight in batch:
             self.counter += 1
             flight.outcome.index = self.counter
         self._backlog = deque(batch)
         flights: dict[str, _Flight] = {}
-        self.totals.subqueries += len(prompts)
+        self.totals.subqueries += len(batch)
         self._pump(flights)
         self.on_progress()
         self._collect(batch, flights)
-        return [flight.outcome for flight in batch]
+
+    # --- verification ----------------------------------------------------------------
+    def _verify_redundant(self, batch: list[_Flight]) -> None:
+        """Copies of each answered sub-query go to other workers, in rounds, until its
+        answer is accepted or it is unresolved. An answer from a worker past the trust gate
+        is copied only now and then (verify.should_replicate)."""
+        policy = verify.RedundancyPolicy(
+            replicas=self.policy.replicas,
+            agree=self.policy.agree,
+            max_replicas=self.policy.max_replicas,
+            rule=verify.AgreementRule(mode=self.policy.agree_mode),
+        )
+        replies: dict[int, list[verify.Reply]] = {}
+        sent: dict[int, int] = {}
+        todo: list[int] = []
+        for pos, flight in enumerate(batch):
+            if flight.outcome.status != "ok":
+                continue
+            replies[pos] = [self._reply(flight)]
+            sent[pos] = 1
+            trust = self.ledger.get(flight.outcome.worker_id).consecutive_valid
+            if policy.agree > 1 and verify.should_replicate(trust, self.rng):
+                todo.append(pos)
+        while todo:
+            copies: list[_Flight] = []
+            for pos in todo:
+                decision = verify.redundant_decide(replies[pos], policy)
+                if decision.outcome != "more" or sent[pos] >= policy.max_replicas:
+                    self._judge(batch[pos], decision, replies[pos])
+                    continue
+                for _ in range(min(decision.dispatch, policy.max_replicas - sent[pos])):
+                    copy = _Flight(Outcome(0), batch[pos].prompt, replica_of=pos)
+                    # Distinct workers: those that answered, and the copies going out now.
+                    copy.tried = set(decision.avoid_workers) | {
+                        w for c in copies if c.replica_of == pos for w in c.tried
+                    }
+                    copies.append(copy)
+                    sent[pos] += 1
+            if not copies:
+                break
+            self.tally.add_extra("replica", len(copies))
+            self._dispatch(copies)
+            for copy in copies:
+                if copy.outcome.status == "ok":
+                    replies[copy.replica_of].append(self._reply(copy))
+            todo = sorted({c.replica_of for c in copies})
+
+    def _reply(self, flight: _Flight) -> verify.Reply:
+        return verify.Reply(
+            flight.outcome.worker_id,
+            flight.outcome.venue,
+            flight.outcome.text,
+            flight.span.span_id if flight.span else "",
+        )
+
+    def _judge(
+        self, flight: _Flight, decision: verify.Decision, replies: list[verify.Reply]
+    ) -> None:
+        """Record the verdict on the sub-query's span, teach reputation who was right, and
+        make the accepted answer (or the lack of one) the sub-query's outcome."""
+        if decision.outcome == "more":  # out of replicas without agreement
+            decision = verify.Decision(
+                "unresolved",
+                groups=decision.groups,
+                links=decision.links,
+                replies=decision.replies,
+                mode=decision.mode,
+                reason=f"no agreement within {self.policy.max_replicas} replicas",
+            )
+        attrs = dict(decision.attrs())
+        if attrs.get("text"):
+            attrs["text"] = attrs["text"][:QUOTE_CHARS]
+        self.emitter.instant(
+            "Verify.Redundant",
+            parent=flight.span.span_id,
+            depth=self._depth,
+            status="ok" if decision.outcome == "accept" else "rejected",
+            links=list(decision.links),
+            sq=flight.outcome.index,
+            **attrs,
+        )
+        for worker_id, right in verify.judgements(decision).items():
+            self.ledger.observe(Observation(worker_id, agreement=right))
+        if decision.outcome == "accept":
+            flight.outcome.text = decision.text or ""
+        else:
+            flight.outcome.status = "unresolved"
+            flight.outcome.error = (
+                f"{len(replies)} workers never agreed ({decision.reason}); no answer is guessed"
+            )
+            self.totals.subqueries_failed += 1
 
     # --- dispatch --------------------------------------------------------------------
     def _refresh_venues(self, *, force: bool = False) -> None:
@@ -636,7 +747,10 @@ class Fanout:
             else:
                 continue
             self._abandon(flight, flights)
-            self._observe(flight, False)
+            # A departure is not a failure of the venue, nor of the work: its breakers
+            # are left alone, and reputation learns of it as an unfinished job.
+            if flight.worker_id:
+                self.ledger.observe(Observation(flight.worker_id, completion=False))
             self._retry_or_settle(flight, "error", reason)
 
     def _worker_lost(self, wid: str, venue: str) -> None:

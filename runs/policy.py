@@ -36,6 +36,15 @@ class Policy:
     weight_price: float = 0.5
     weight_load: float = 0.2
     min_reputation: float = 0.2  # below it a worker gets work only by exploration
+    # Verification: "best_effort" takes each reply as it comes; "redundant" sends copies to
+    # distinct workers and accepts an answer when `agree` of them give it (workers past the
+    # trust gate are copied only now and then), adding copies up to `max_replicas`, else
+    # the sub-query is unresolved. llm_query(..., tier=...) overrides it per call.
+    tier: str = "best_effort"
+    replicas: int = 2
+    agree: int = 2
+    max_replicas: int = 5
+    agree_mode: str = "exact"  # exact | numeric | similar
     fold_tokens: int = 60_000  # conversation size (tokens) past which older turns are folded
 
     def to_dict(self) -> dict[str, Any]:
@@ -74,6 +83,12 @@ class Policy:
                 problems.append(f"policy.{key} must be between {low} and {high}, got {raw}")
                 continue
             values[key] = value
+        merged = {**{f.name: getattr(cls, f.name) for f in fields(cls)}, **values}
+        if not merged["agree"] <= merged["replicas"] <= merged["max_replicas"]:
+            problems.append(
+                "policy.agree <= policy.replicas <= policy.max_replicas must hold, got "
+                f"{merged['agree']}, {merged['replicas']}, {merged['max_replicas']}"
+            )
         if problems:
             raise PolicyError("; ".join(problems))
         return cls(**values)
@@ -81,6 +96,8 @@ class Policy:
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "routing": ("score", "shared", "round_robin"),
+    "tier": ("best_effort", "redundant"),
+    "agree_mode": ("exact", "numeric", "similar"),
 }
 
 RANGES: dict[str, tuple[float, float]] = {
@@ -103,6 +120,9 @@ RANGES: dict[str, tuple[float, float]] = {
     "weight_price": (0.0, 100.0),
     "weight_load": (0.0, 100.0),
     "min_reputation": (0.0, 1.0),
+    "replicas": (1, 9),
+    "agree": (1, 9),
+    "max_replicas": (1, 15),
     "fold_tokens": (500, 10_000_000),
 }
 

@@ -111,7 +111,9 @@ def wrong_answer(prompt: str, rng: random.Random) -> str:
     else:
         others = [s for s in _sentences(_question_and_excerpt(prompt)[1]) if s != truth]
     if not others:
-        return NONE if truth != NONE else "The excerpt does not say."
+        # Nothing else in the text to pass off: make something up. Independent liars make
+        # up different things (their RNGs differ); colluding ones would share a seed.
+        return f"The answer is {rng.randint(1000, 9999)}."
     return rng.choice(others)
 
 

@@ -10,17 +10,13 @@ from django.core.management.base import BaseCommand, CommandError
 from frlm_web.env import envstr
 from frlm_web.stack import Stack, StackError, VenueSpec, running_from_pidfiles
 
-# Two venues with different simulated hardware, so routing and fanout have something to do.
+# A trusted local worker and an edge swarm of simulated devices (a quarter of them three
+# times slower, a few stragglers and failures), so the scheduler has real choices to make.
 DEMO_VENUES = [
     VenueSpec(
         "local", concurrency=16, sim={"latency_ms": 60, "spread": 0.3}, worker_name="local-1"
     ),
-    VenueSpec(
-        "edge",
-        concurrency=16,
-        sim={"latency_ms": 150, "spread": 0.5, "straggler_rate": 0.02},
-        worker_name="edge-1",
-    ),
+    VenueSpec("edge", swarm="edge", workers=4),
 ]
 
 

@@ -1,0 +1,287 @@
+"""The simulated swarm and the scheduler on real worker processes: profiles, routing that
+a trace explains, failover when a worker is killed, churn, circuit breakers, forged
+results."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+from frlm_web.redis_client import get_redis
+from tests.conftest import wait_until
+from tests.helpers import finish, launch, named, scripted, trace
+from traces import store
+from workers.jobs import encode_result, results_stream
+from workers.models import Venue
+from workers.reputation import load, strikes_key
+from workers.swarm import ProfileFileError, SwarmProfile, devices, profile_load
+from workers.venues import live_workers
+
+PROFILE = """
+description = "test swarm"
+concurrency = {concurrency}
+[latency]
+median_ms = {latency}
+spread = 0.0
+slow_share = {slow_share}
+slow_factor = 4.0
+[faults]
+failure_rate = {failure_rate}
+lie_share = {lie_share}
+lie_rate = 1.0
+[churn]
+leave_every_s = {leave}
+away_s = 1.0
+kill_share = 0.5
+"""
+
+
+def batch(n: int, tag: str = "question") -> str:
+    return scripted(
+        f"rs = llm_query_batched(['{tag} %d' % i for i in range({n})])\nFINAL(repr(rs))"
+    )
+
+
+def running_on(run, worker_id: str | None) -> bool:
+    """Whether a sub-query of the run has started on the worker (any worker for None)."""
+    return any(
+        e["name"] == "SubQuery.Execute" and worker_id in (None, e["worker_id"])
+        for e in store.read_events(run.id)
+    )
+
+
+class Swarm:
+    def __init__(self, tmp: Path, env: dict, venue: str, workers: int, **profile) -> None:
+        values = {
+            "concurrency": 2,
+            "latency": 100,
+            "slow_share": 0.0,
+            "failure_rate": 0.0,
+            "lie_share": 0.0,
+            "leave": 0.0,
+            **profile,
+        }
+        path = tmp / f"{venue}.toml"
+        path.write_text(PROFILE.format(**values))
+        self.devices = devices(profile_load(str(path)), venue, workers, 0)
+        Venue.objects.get_or_create(name=venue)
+        self.venue, self.workers = venue, workers
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(Path(settings.BASE_DIR) / "manage.py"),
+                "frlm_swarm",
+                "--venue",
+                venue,
+                "--workers",
+                str(workers),
+                "--profile",
+                str(path),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+
+    def live(self) -> list[dict]:
+        return live_workers(get_redis(), self.venue)
+
+    def wait_up(self) -> list[dict]:
+        return wait_until(
+            lambda: len(self.live()) >= self.workers and self.live(),
+            timeout=90,
+            what=f"{self.workers} workers of the swarm {self.venue}",
+        )
+
+    def stop(self) -> str:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        out, _ = self.proc.communicate(timeout=60)
+        return out
+
+
+@pytest.fixture
+def swarm_factory(venues, tmp_path, subprocess_env):
+    started: list[Swarm] = []
+
+    def start(venue: str, workers: int, **profile) -> Swarm:
+        swarm = Swarm(tmp_path, subprocess_env, venue, workers, **profile)
+        started.append(swarm)
+        swarm.wait_up()
+        return swarm
+
+    yield start
+    for swarm in started:
+        swarm.stop()
+
+
+def test_it_reads_profiles_and_says_what_is_wrong_with_a_bad_one(tmp_path) -> None:
+    edge = profile_load("edge")
+    assert edge.slow_share == 0.25 and edge.concurrency == 4
+    with pytest.raises(ProfileFileError, match="shipped profiles: churn, datacenter, edge"):
+        profile_load("nonesuch")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[latency]\nslow_share = 2\n[faults]\nfailure_rate = 'often'\n")
+    with pytest.raises(ProfileFileError) as caught:
+        profile_load(str(bad))
+    assert "[latency] slow_share must be between 0 and 1, got 2" in str(caught.value)
+    assert "[faults] failure_rate must be a number" in str(caught.value)
+
+
+def test_it_draws_the_same_devices_for_the_same_seed() -> None:
+    profile = SwarmProfile("t", slow_share=0.25, slow_factor=3, lie_share=0.5, lie_rate=1)
+    one, two = devices(profile, "edge", 8, 7), devices(profile, "edge", 8, 7)
+    assert one == two
+    assert sum(d.slow for d in one) == 2 and sum(d.liar for d in one) == 4
+    assert {d.sim["latency_ms"] for d in one if d.slow} == {450.0}
+
+
+def test_it_routes_away_from_slow_workers_and_records_why(swarm_factory) -> None:
+    swarm = swarm_factory("swarmfast", 4, slow_share=0.25, latency=150)
+    slow_names = {d.name for d in swarm.devices if d.slow}
+    slow = {w["worker_id"] for w in swarm.live() if w["label"] in slow_names}
+    assert len(slow) == 1
+    run = finish(launch(question=batch(96), venues=["swarmfast"]))
+    assert run.status == "succeeded", run.error
+    events = trace(run)
+    submits = named(events, "SubQuery.Submit", "start")
+    assert len(submits) == 96
+    routes = [e["attrs"]["routing"] for e in submits]
+    assert all({"worker", "eta_ms", "reputation", "load", "price"} <= set(r) for r in routes)
+    by_worker = {}
+    for e in submits:
+        by_worker[e["worker_id"]] = by_worker.get(e["worker_id"], 0) + 1
+    assert len(by_worker) == 4
+    # The slow device runs at a quarter of the speed: it should get well under its quarter.
+    slow_share = sum(by_worker.get(w, 0) for w in slow) / 96
+    assert slow_share < 0.2, (slow, by_worker)
+
+
+def test_it_finishes_the_work_of_a_killed_worker_elsewhere(swarm_factory) -> None:
+    swarm = swarm_factory("swarmkill", 3, latency=600)
+    run = launch(question=batch(24), venues=["swarmkill"], policy={"max_retries": 2})
+    victim = swarm.live()[0]
+    wait_until(lambda: running_on(run, victim["worker_id"]), what="the victim to hold work")
+    os.kill(int(victim["pid"]), signal.SIGKILL)
+    run = finish(run)
+    assert run.status == "succeeded", run.error
+    replies = eval(run.answer)  # noqa: S307 (our own repr of a list of str)
+    assert len(replies) == 24 and not [r for r in replies if r.startswith("[frlm:")]
+    events = trace(run)
+    by = {}
+    for e in named(events, "SubQuery.Submit", "start"):
+        by[e["worker_id"]] = by.get(e["worker_id"], 0) + 1
+    retries = [e["attrs"] for e in named(events, "SubQuery.Retry")]
+    lost = named(events, "Worker.Lost")
+    assert len(lost) == 1, (victim["worker_id"], by, retries)
+    (lost,) = lost
+    assert lost["worker_id"] == victim["worker_id"]
+    assert named(events, "SubQuery.Retry")
+    # The swarm brings the device back (a crash is restarted).
+    wait_until(lambda: len(swarm.live()) == 3, timeout=60, what="the killed device to rejoin")
+
+
+def test_it_keeps_answering_while_devices_come_and_go(swarm_factory) -> None:
+    swarm = swarm_factory("swarmchurn", 3, latency=200, leave=1.0)
+    runs = [
+        launch(question=batch(16, f"q{i}"), venues=["swarmchurn"], policy={"max_retries": 3})
+        for i in range(3)
+    ]
+    for run in runs:
+        run = finish(run, timeout=120)
+        assert run.status == "succeeded", run.error
+        assert not [r for r in eval(run.answer) if r.startswith("[frlm:")]  # noqa: S307
+    out = swarm.stop()
+    assert "leaves" in out and "rejoins" in out
+
+
+def test_it_opens_the_breaker_of_a_failing_worker_and_routes_around_it(swarm_factory) -> None:
+    swarm_factory("swarmok", 1, latency=50, concurrency=4)
+    bad = swarm_factory("swarmbad", 1, latency=20, concurrency=4, failure_rate=1.0)
+    (bad_worker,) = [w["worker_id"] for w in bad.live()]
+    run = finish(
+        launch(question=batch(40), venues=["swarmok", "swarmbad"], policy={"max_retries": 3})
+    )
+    assert run.status == "succeeded", run.error
+    assert not [r for r in eval(run.answer) if r.startswith("[frlm:")]  # noqa: S307
+    events = trace(run)
+    opened = [e for e in named(events, "Circuit.Open") if e["worker_id"] == bad_worker]
+    assert opened and opened[0]["attrs"]["failures"] == 5
+    # Once open, nothing more is sent there.
+    when = opened[0]["ts"]
+    later = [
+        e
+        for e in named(events, "SubQuery.Submit", "start") + named(events, "SubQuery.Retry")
+        if e["ts"] > when and e["worker_id"] == bad_worker
+    ]
+    assert later == []
+
+
+def test_it_rejects_a_forged_result_and_counts_it_against_the_worker(swarm_factory) -> None:
+    swarm = swarm_factory("swarmforge", 2, latency=1500)
+    run = launch(question=batch(4), venues=["swarmforge"])
+    wait_until(lambda: running_on(run, None), what="the batch to start")
+    client = get_redis()
+    forger = swarm.live()[0]["worker_id"]
+    before = int(client.get(strikes_key(forger)) or 0)
+    for sq in ("1.1", "2.1", "3.1", "4.1"):
+        client.xadd(
+            results_stream(run.id),
+            encode_result(
+                {
+                    "sq_id": sq,
+                    "status": "ok",
+                    "text": "FORGED",
+                    "worker_id": forger,
+                    "venue": "swarmforge",
+                    "sig": "bm90IGEgc2lnbmF0dXJl",
+                }
+            ),
+        )
+    run = finish(run)
+    assert run.status == "succeeded", run.error
+    assert "FORGED" not in run.answer
+    rejected = [e for e in named(trace(run), "SubQuery.Return") if e["status"] == "rejected"]
+    assert len(rejected) == 4
+    assert all(e["worker_id"] == forger for e in rejected)
+    assert int(client.get(strikes_key(forger)) or 0) == before + 4
+
+
+def test_it_accepts_only_what_distinct_workers_agree_on(swarm_factory) -> None:
+    swarm = swarm_factory("swarmlie", 3, latency=30, lie_share=0.34)
+    (liar_name,) = [d.name for d in swarm.devices if d.liar]
+    (liar,) = [w["worker_id"] for w in swarm.live() if w["label"] == liar_name]
+    policy = {"tier": "redundant", "replicas": 2, "agree": 2, "max_replicas": 3, "explore": 0}
+    run = finish(launch(question=batch(24), venues=["swarmlie"], policy=policy))
+    assert run.status == "succeeded", run.error
+    events = trace(run)
+    verdicts = named(events, "Verify.Redundant")
+    assert len(verdicts) == 24
+    accepted = [v for v in verdicts if v["attrs"]["outcome"] == "accept"]
+    # Two honest workers always agree with each other, so every sub-query is settled ...
+    assert len(accepted) == 24
+    # ... and never on the liar's word: where it answered, it was outvoted.
+    assert all(liar not in v["attrs"]["agreed"] for v in accepted)
+    caught = [v for v in accepted if liar in v["attrs"]["disagreed"]]
+    assert caught and all(len(v["links"]) >= 3 for v in caught)
+    assert not [r for r in eval(run.answer) if r.startswith("[frlm:")]  # noqa: S307
+    assert load(get_redis(), [liar])[liar].mean("agreement") < 0.5
+
+
+def test_it_leaves_unresolved_what_no_two_workers_agree_on(swarm_factory) -> None:
+    swarm_factory("swarmallie", 3, latency=30, lie_share=1.0)
+    program = scripted("FINAL(llm_query('question 1', tier='redundant'))")
+    run = finish(launch(question=program, venues=["swarmallie"], policy={"max_replicas": 3}))
+    assert run.status == "succeeded", run.error
+    assert run.answer.startswith("[frlm:unresolved] sub-query 1: 3 workers never agreed")
+    (verdict,) = named(trace(run), "Verify.Redundant")
+    assert verdict["status"] == "rejected" and verdict["attrs"]["outcome"] == "unresolved"
+    assert len(verdict["links"]) == 3
