@@ -122,6 +122,8 @@ class _Flight:
     retry_reason: str = ""
     tried: set[str] = field(default_factory=set)  # worker ids and venue names
     replica_of: int = -1  # a redundant tier's copy: the position of the sub-query it copies
+    venues: frozenset[str] = frozenset()  # where it may run; empty: the run's answer venues
+    original: int = 0  # a copy's: the number of the sub-query it copies
 
 
 @dataclass(frozen=True)
@@ -151,7 +153,11 @@ class Fanout:
         self.client = client
         self.emitter = emitter
         self.policy = policy
-        self.venue_names = venue_names
+        self.verify_venues = frozenset(v for v in policy.verify_venues.split(",") if v)
+        # Answers run on the run's venues, less those kept for checking them (unless that
+        # would leave none); the checking venues are watched too.
+        self.answer_venues = frozenset(venue_names) - self.verify_venues or frozenset(venue_names)
+        self.venue_names = list(dict.fromkeys([*venue_names, *sorted(self.verify_venues)]))
         self.worker_model = worker_model
         self.totals = totals
         self.cancelled = cancelled
@@ -262,7 +268,13 @@ class Fanout:
                     self._judge(batch[pos], decision, replies[pos])
                     continue
                 for _ in range(min(decision.dispatch, policy.max_replicas - sent[pos])):
-                    copy = _Flight(Outcome(0), batch[pos].prompt, replica_of=pos)
+                    copy = _Flight(
+                        Outcome(0),
+                        batch[pos].prompt,
+                        replica_of=pos,
+                        venues=self.verify_venues,
+                        original=batch[pos].outcome.index,
+                    )
                     # Distinct workers: those that answered, and the copies going out now.
                     copy.tried = set(decision.avoid_workers) | {
                         w for c in copies if c.replica_of == pos for w in c.tried
@@ -417,6 +429,7 @@ class Fanout:
                 scheduler.Need(
                     tokens=len(flight.prompt) // 4,
                     model=self.worker_model.model or "",
+                    venues=flight.venues or self.answer_venues,
                     # A job every live worker has failed may try one of them again.
                     avoid=frozenset(avoid if avoid != live else ()),
                 )
@@ -517,7 +530,13 @@ class Fanout:
         where = {"venue": target.venue, "worker_id": target.worker_id or None}
         if flight.span is None:
             # The routing decision and its inputs travel on the Submit span itself.
-            self._open_span(flight, **where, route=target.how, routing=target.routing)
+            self._open_span(
+                flight,
+                **where,
+                route=target.how,
+                routing=target.routing,
+                replica_of=flight.original or None,
+            )
         else:
             self.emitter.instant(
                 "SubQuery.Retry",

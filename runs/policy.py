@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -45,6 +46,10 @@ class Policy:
     agree: int = 2
     max_replicas: int = 5
     agree_mode: str = "exact"  # exact | numeric | similar
+    # Compute mobility: venues (comma-separated) that run the redundant tier's copies, e.g.
+    # a trusted datacenter pod checking an edge swarm's answers; the answers themselves
+    # then run on the run's other venues. Empty: copies go anywhere.
+    verify_venues: str = ""
     fold_tokens: int = 60_000  # conversation size (tokens) past which older turns are folded
 
     def to_dict(self) -> dict[str, Any]:
@@ -60,6 +65,14 @@ class Policy:
         for key, raw in data.items():
             if key not in known:
                 problems.append(f"policy.{key} is not a policy setting (known: {', '.join(known)})")
+                continue
+            if key in TEXTS:
+                if not isinstance(raw, str) or not TEXTS[key].fullmatch(raw.strip()):
+                    problems.append(
+                        f"policy.{key} must be venue names separated by commas, got {raw!r}"
+                    )
+                else:
+                    values[key] = raw.strip()
                 continue
             if key in CHOICES:
                 if raw not in CHOICES[key]:
@@ -93,6 +106,9 @@ class Policy:
             raise PolicyError("; ".join(problems))
         return cls(**values)
 
+
+_VENUE = r"[a-z][a-z0-9_-]{0,31}"
+TEXTS: dict[str, re.Pattern[str]] = {"verify_venues": re.compile(rf"(?:{_VENUE}(?:,{_VENUE})*)?")}
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "routing": ("score", "shared", "round_robin"),

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import logging
+
 from celery import shared_task
 from celery.signals import worker_ready
+from django.utils import timezone
 
 from runs.conductor import Conductor, conductor_name
 from runs.models import Run
 from runs.orphans import runs_fail_orphaned
+
+log = logging.getLogger(__name__)
 
 
 @worker_ready.connect
@@ -23,4 +28,16 @@ def run_conduct(run_id: str) -> None:
         run = Run.objects.get(id=run_id)
     except Run.DoesNotExist:
         return
-    Conductor(run).conduct()
+    try:
+        conductor = Conductor(run)
+    except Exception as exc:
+        # A run this conductor cannot even set up (a policy from a newer version, a
+        # missing model) ends now with the reason, instead of waiting forever.
+        log.exception("run %s cannot be conducted", run_id)
+        Run.objects.filter(id=run_id, status__in=[Run.Status.QUEUED, Run.Status.RUNNING]).update(
+            status=Run.Status.FAILED,
+            error=f"the conductor could not set the run up: {exc}",
+            finished=timezone.now(),
+        )
+        return
+    conductor.conduct()

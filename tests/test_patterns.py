@@ -25,13 +25,16 @@ class Workers:
         self.batches: list[int] = []
         self.single = 0
         self.rlm: list[Any] = []
+        self.tiers: list[str | None] = []
 
-    def llm_query(self, prompt: str) -> str:
+    def llm_query(self, prompt: str, tier: str | None = None) -> str:
         self.single += 1
+        self.tiers.append(tier)
         return answer_prompt(fill(prompt)[0])
 
-    def llm_query_batched(self, prompts: list[str]) -> list[str]:
+    def llm_query_batched(self, prompts: list[str], tier: str | None = None) -> list[str]:
         self.batches.append(len(prompts))
+        self.tiers.append(tier)
         return [answer_prompt(fill(p)[0]) for p in prompts]
 
     def rlm_query(self, prompt: str, context: Any = None) -> str:
@@ -99,3 +102,12 @@ def test_it_searches_the_tree_keeping_only_the_best_branches(setup: Any) -> None
     # the 2 best leaves are asked: the rest of the context was pruned unread.
     assert workers.batches == [4, 8, 8, 2]
     assert sum(workers.batches) * 10_000 < len(context) * 2
+
+
+def test_it_sends_every_sub_query_of_a_pattern_under_the_tier_asked(setup: Any) -> None:
+    workers, bound, _context = setup
+    assert bound["map_reduce"](QUESTION, chunk_size=20_000, tier="redundant") == "4417723"
+    assert workers.tiers and set(workers.tiers) == {"redundant"}
+    workers.tiers.clear()
+    bound["map_reduce"](QUESTION, chunk_size=20_000)
+    assert set(workers.tiers) == {None}

@@ -285,3 +285,26 @@ def test_it_leaves_unresolved_what_no_two_workers_agree_on(swarm_factory) -> Non
     (verdict,) = named(trace(run), "Verify.Redundant")
     assert verdict["status"] == "rejected" and verdict["attrs"]["outcome"] == "unresolved"
     assert len(verdict["links"]) == 3
+
+
+def test_it_checks_edge_answers_on_the_venue_the_run_names_for_it(swarm_factory) -> None:
+    swarm_factory("mobedge", 2, latency=30)
+    swarm_factory("mobdc", 2, latency=10)
+    policy = {"tier": "redundant", "verify_venues": "mobdc", "explore": 0}
+    run = finish(launch(question=batch(12), venues=["mobedge"], policy=policy))
+    assert run.status == "succeeded", run.error
+    events = trace(run)
+    submits = named(events, "SubQuery.Submit", "start")
+    answers = [e for e in submits if not e["attrs"].get("replica_of")]
+    copies = [e for e in submits if e["attrs"].get("replica_of")]
+    assert len(answers) == 12 and {e["venue"] for e in answers} == {"mobedge"}
+    assert len(copies) == 12 and {e["venue"] for e in copies} == {"mobdc"}
+    assert all(v["attrs"]["outcome"] == "accept" for v in named(events, "Verify.Redundant"))
+
+
+def test_it_refuses_a_bad_verify_venue_list() -> None:
+    from runs.policy import Policy, PolicyError
+
+    with pytest.raises(PolicyError, match="policy.verify_venues must be venue names"):
+        Policy.from_dict({"verify_venues": "dc; rm -rf"})
+    assert Policy.from_dict({"verify_venues": "dc,pod-2"}).verify_venues == "dc,pod-2"

@@ -60,6 +60,7 @@ class Need:
     tokens: int = 0  # estimated prompt tokens
     model: str = ""
     avoid: frozenset[str] = frozenset()  # workers that already failed it
+    venues: frozenset[str] = frozenset()  # where it may run; empty: anywhere
 
 
 class Route(TypedDict, total=False):
@@ -153,7 +154,7 @@ def plan(
 
 
 def _fits(c: Candidate, need: Need) -> bool:
-    if c.worker_id in need.avoid:
+    if c.worker_id in need.avoid or (need.venues and c.venue not in need.venues):
         return False
     if c.models and need.model and need.model not in c.models:
         return False

@@ -40,6 +40,7 @@ class SwarmProfile:
     failure_rate: float = 0.0
     lie_share: float = 0.0
     lie_rate: float = 0.0
+    lie_after_s: float = 0.0  # liars are honest this long after starting (0: from the start)
     leave_every_s: float = 0.0
     away_s: float = 5.0
     kill_share: float = 0.5
@@ -60,6 +61,7 @@ _LAYOUT: dict[str, tuple[str | None, float, float]] = {
     "failure_rate": ("faults", 0, 1),
     "lie_share": ("faults", 0, 1),
     "lie_rate": ("faults", 0, 1),
+    "lie_after_s": ("faults", 0, 86_400),
     "leave_every_s": ("churn", 0, 86_400),
     "away_s": ("churn", 0, 86_400),
     "kill_share": ("churn", 0, 1),
@@ -151,6 +153,11 @@ def devices(profile: SwarmProfile, venue: str, count: int, seed: int) -> list[De
                     "failure_rate": profile.failure_rate,
                     "lie_rate": profile.lie_rate if i in liars else 0.0,
                     "seed": seed * 1000 + i,
+                    **(
+                        {"lie_after_s": profile.lie_after_s}
+                        if i in liars and profile.lie_after_s
+                        else {}
+                    ),
                 },
             )
         )

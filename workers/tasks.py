@@ -25,9 +25,19 @@ def _warm_up(**_: object) -> None:
         backends.warm_up()
 
 
+_STARTED = time.monotonic()
+
+
 def _sim_profile() -> dict:
+    """This worker's simulated device. A turncoat (lie_after_s) answers honestly until that
+    many seconds after it started, then lies at its lie_rate: how a worker that has earned
+    trust is caught when it goes bad."""
     raw = os.environ.get("FRLM_SIM_PROFILE")
-    return json.loads(raw) if raw else {}
+    profile = json.loads(raw) if raw else {}
+    lie_after = profile.pop("lie_after_s", None)
+    if lie_after is not None and time.monotonic() - _STARTED < float(lie_after):
+        profile["lie_rate"] = 0.0
+    return profile
 
 
 @shared_task(name="workers.subquery_execute", ignore_result=True, acks_late=False)

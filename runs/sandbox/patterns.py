@@ -10,6 +10,7 @@ after another in a loop here.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -61,7 +62,29 @@ def useful(replies: Sequence[Any]) -> list[str]:
 
 
 def bind(fn: Functions) -> dict[str, Callable[..., Any]]:
-    """The patterns as REPL functions over ``fn``."""
+    """The patterns as REPL functions over ``fn``. Each also takes ``tier=`` (for example
+    "redundant"), the verification tier of every sub-query it sends."""
+    plain = _bind(fn)
+
+    def tiered(name: str) -> Callable[..., Any]:
+        def call(*args: Any, tier: str | None = None, **kwargs: Any) -> Any:
+            if tier is None:
+                return plain[name](*args, **kwargs)
+            checked = Functions(
+                functools.partial(fn.llm_query, tier=tier),
+                functools.partial(fn.llm_query_batched, tier=tier),
+                fn.rlm_query,
+                fn.context,
+            )
+            return _bind(checked)[name](*args, **kwargs)
+
+        functools.update_wrapper(call, plain[name])
+        return call
+
+    return {name: tiered(name) for name in plain}
+
+
+def _bind(fn: Functions) -> dict[str, Callable[..., Any]]:
 
     def fragments_of(source: Any, chunk_size: int, overlap: int) -> list[Any]:
         if source is None:

@@ -22,6 +22,7 @@ SIM_KEYS = (
     "straggler_factor",
     "failure_rate",
     "lie_rate",
+    "lie_after_s",
     "seed",
 )
 
@@ -81,6 +82,12 @@ class Command(BaseCommand):
         )
         sim.add_argument(
             "--sim-straggler-factor", type=float, default=None, help="a straggler's slowdown"
+        )
+        sim.add_argument(
+            "--sim-lie-after-s",
+            type=float,
+            default=None,
+            help="answer honestly for this many seconds after starting, then lie",
         )
         sim.add_argument("--sim-seed", type=int, default=None)
 
