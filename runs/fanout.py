@@ -47,6 +47,8 @@ DISPATCH_FLUSH = 8
 # finishing a job finds the next one waiting, few enough that queues stay short.
 QUEUE_MARGIN = 0.25
 NO_VENUE = "no live worker on any of the run's venues"
+# How long a batch waits for a worker to come back when every one has left.
+NO_WORKER_GRACE_S = 15.0
 # A typical sub-query, for comparing workers' prices: tokens in and out.
 TYPICAL_TOKENS = (1000, 100)
 
@@ -173,6 +175,8 @@ class Fanout:
         self._keys: dict[str, str] = {}  # public keys by worker id
         self._lost: set[str] = set()  # workers whose loss was reported
         self._checked = 0.0
+        self._empty_since = 0.0
+        self._grace_s = min(NO_WORKER_GRACE_S, policy.subquery_timeout_s)
         self._backlog: deque[_Flight] = deque()
         self._parent: str | None = None
         self._depth = 0
@@ -377,8 +381,10 @@ class Fanout:
         else:
             picks = self._pick_scheduled()
         if not picks:
-            if not flights:
-                # Nothing in flight will free a credit: waiting would wait forever.
+            if not flights and any(self._limit.values()):
+                # Workers are there but none may take it, and nothing in flight will free
+                # a credit: waiting would wait forever. (With no worker at all, the batch
+                # waits a while for one to come back: see _collect.)
                 self._settle_backlog("error", self._unroutable())
             return
         taken = {id(flight) for flight, _ in picks}
@@ -616,7 +622,12 @@ class Fanout:
                         flights, f"batch deadline of {self.policy.batch_deadline_s} s passed"
                     )
                 elif self._backlog and not any(self._limit.values()):
-                    self._settle_backlog("error", NO_VENUE)
+                    # Devices of a swarm come and go: wait a while for one to come back.
+                    self._empty_since = self._empty_since or time.monotonic()
+                    if time.monotonic() - self._empty_since > self._grace_s:
+                        self._settle_backlog("error", NO_VENUE)
+                else:
+                    self._empty_since = 0.0
             self._pump(flights)
             with self.emitter.batch():
                 self._flush_observations()

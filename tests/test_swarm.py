@@ -190,7 +190,7 @@ def test_it_finishes_the_work_of_a_killed_worker_elsewhere(swarm_factory) -> Non
 
 
 def test_it_keeps_answering_while_devices_come_and_go(swarm_factory) -> None:
-    swarm = swarm_factory("swarmchurn", 3, latency=200, leave=1.0)
+    swarm = swarm_factory("swarmchurn", 4, latency=200, leave=2.0)
     runs = [
         launch(question=batch(16, f"q{i}"), venues=["swarmchurn"], policy={"max_retries": 3})
         for i in range(3)
