@@ -16,6 +16,7 @@ simulated model server:
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -126,35 +127,38 @@ def liar_share(args: argparse.Namespace, directory: Path) -> dict[str, float]:
 
     with private_stack([VenueSpec("edge", swarm=str(path), workers=args.workers)]):
         wait_for_workers(args.workers)
-        started = time.monotonic()
-        (liar,) = [
-            w["worker_id"] for w in live_workers(get_redis(), "edge") if w["label"] == liar_name
-        ]
+        (entry,) = [w for w in live_workers(get_redis(), "edge") if w["label"] == liar_name]
+        liar = entry["worker_id"]
+        turns_at = process_started(int(entry["pid"])) + warm_s  # epoch seconds
+        runs: list[str] = []
         round_ = 0
-        while time.monotonic() - started < warm_s + 2:
+        while time.time() < turns_at + 1:  # reputations settle while everyone is honest
             run_to_end(redundant_batch(64, round_), venues=["edge"], policy=policy)
             round_ += 1
-        sent: list[str] = []  # worker of each sub-query dispatched since the liar turned
+        sent: list[str] = []  # the worker of each sub-query dispatched since the liar turned
         accepted_lies = 0
         passed = None
         while passed is None and len(sent) < 20_000:
             run = run_to_end(redundant_batch(64, round_), venues=["edge"], policy=policy)
             round_ += 1
             assert isinstance(run, Run)
+            runs.append(run.id)
             events = store.read_events(run.id)
             judged = {e["parent_id"] for e in events if e["name"] == "Verify.Redundant"}
             for e in events:
+                if e["ts"] < turns_at * 1e9:
+                    continue
                 if e["name"] == "SubQuery.Submit" and e["phase"] == "start":
                     sent.append(e["worker_id"])
-                    if e["worker_id"] == liar and e["span_id"] not in judged:
+                    original = not e["attrs"].get("replica_of")
+                    if e["worker_id"] == liar and original and e["span_id"] not in judged:
                         accepted_lies += 1  # taken unverified: its trust gate let it pass
+                    if len(sent) >= WINDOW and passed is None:
+                        if sent[-WINDOW:].count(liar) / WINDOW < 0.05:
+                            passed = len(sent)
                 if e["name"] == "Verify.Redundant" and e["attrs"]["outcome"] == "accept":
                     if liar in e["attrs"]["agreed"]:
                         accepted_lies += 1
-                if len(sent) >= WINDOW and passed is None:
-                    share = sent[-WINDOW:].count(liar) / WINDOW
-                    if share < 0.05:
-                        passed = len(sent)
     return {
         "passed": float(passed if passed is not None else -1),
         "liar_sent": float(sent.count(liar) if passed is None else sent[:passed].count(liar)),
@@ -164,6 +168,17 @@ def liar_share(args: argparse.Namespace, directory: Path) -> dict[str, float]:
 
 
 WINDOW = 100
+
+
+def process_started(pid: int) -> float:
+    """When a process started, in epoch seconds (from /proc)."""
+    ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    boot = next(
+        float(line.split()[1])
+        for line in Path("/proc/stat").read_text().splitlines()
+        if line.startswith("btime")
+    )
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
