@@ -25,18 +25,10 @@ import uuid
 from _stack import private_stack  # sets up Django on a private instance
 
 from frlm_web.stack import VenueSpec, free_port, web_proc
+from tests.pages.conftest import CHROMIUM, CHROMIUM_ARGS  # the browser the page tests use
 from traces import live, store
 from traces.emitter import Emitter
 
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 WORKERS = [(f"venue{v}", f"w{v}-{i}") for v in range(4) for i in range(8)]
 
 
@@ -208,7 +200,7 @@ def main() -> None:
         os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"  # Playwright's loop; ORM calls are sync
         with sync_playwright() as pw:
             browser = pw.chromium.launch(
-                executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS
+                executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
             )
             context = browser.new_context(viewport={"width": 1600, "height": 1000}, base_url=base)
             context.add_cookies([cookie])

@@ -267,6 +267,7 @@ class Fanout:
         while todo:
             copies: list[_Flight] = []
             for pos in todo:
+                going: set[str] = set()  # workers the copies going out now may not share
                 decision = verify.redundant_decide(replies[pos], policy)
                 if decision.outcome != "more" or sent[pos] >= policy.max_replicas:
                     self._judge(batch[pos], decision, replies[pos])
@@ -280,9 +281,8 @@ class Fanout:
                         original=batch[pos].outcome.index,
                     )
                     # Distinct workers: those that answered, and the copies going out now.
-                    copy.tried = set(decision.avoid_workers) | {
-                        w for c in copies if c.replica_of == pos for w in c.tried
-                    }
+                    copy.tried = set(decision.avoid_workers) | going
+                    going |= copy.tried
                     copies.append(copy)
                     sent[pos] += 1
             if not copies:

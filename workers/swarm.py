@@ -268,11 +268,11 @@ class Swarm:
         self.say(
             f"{member.device.name} leaves {'without a word (SIGKILL)' if hard else '(SIGTERM)'}"
         )
-        self._signal(member, signal.SIGKILL if hard else signal.SIGTERM)
+        self._stop_member(member, signal.SIGKILL if hard else signal.SIGTERM)
         member.departures += 1
         member.back_at = now + self.profile.away_s
 
-    def _signal(self, member: Member, sig: int) -> None:
+    def _stop_member(self, member: Member, sig: int) -> None:
         if member.popen is None:
             return
         _signal(member.popen, sig)
