@@ -26,6 +26,9 @@ POLICY_FIELDS: dict[str, str] = {
     "max_depth": "Max depth",
     "max_turns": "Max turns",
     "routing": "Routing",
+    "tier": "Verification",
+    "hedge": "Hedge stragglers",
+    "budget_usd": "Budget (USD)",
 }
 _POLICY_PROBLEM = re.compile(r"^policy\.(\w+) ")
 
@@ -148,6 +151,27 @@ class RunForm(forms.Form):
         ],
         help_text="Where each sub-query runs; the trace records every choice.",
     )
+    tier = forms.ChoiceField(
+        label=POLICY_FIELDS["tier"],
+        required=False,
+        initial="best_effort",
+        choices=[
+            ("best_effort", "Best effort: take each reply"),
+            ("redundant", "Redundant: distinct workers must agree"),
+            ("high_trust", "High trust: a trusted validator re-runs a sample and signs"),
+        ],
+        help_text="How replies from workers nobody vouches for are checked.",
+    )
+    hedge = forms.ChoiceField(
+        label=POLICY_FIELDS["hedge"],
+        required=False,
+        initial="p95",
+        choices=[(q, f"past the venue's {q} latency") for q in ("p90", "p95", "p99")]
+        + [("off", "never")],
+        help_text="A straggling sub-query gets a twin on another worker; the first wins.",
+    )
+    budget_usd = _policy_field("budget_usd", POLICY_FIELDS["budget_usd"])
+    budget_usd.help_text = "Dollars for the whole run, root turns included; 0: no cap."
 
     def __init__(self, *args: Any, user: Any = None, live: set[str] | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
