@@ -81,6 +81,9 @@ CALL_TIERS = (*CHOICES["tier"], "objective")
 HEDGE_SHARE = 0.1
 # A straggler runs this much past the quantile: latencies with no spread do not hedge on jitter.
 HEDGE_SLACK = 1.1
+# A worker whose validation record (its Beta mean) is below this has been caught recently:
+# the high-trust tier re-runs all of its answers until the record mends.
+SUSPECT_BELOW = 0.5
 
 
 @dataclass
@@ -576,12 +579,14 @@ class Fanout:
                 continue
             worker = holder.outcome.worker_id
             trusted = bool(self._workers.get(worker, {}).get("trusted"))
-            count = verify.TRUST_AFTER if trusted else self.ledger.get(worker).consecutive_valid
+            record = self.ledger.get(worker)
+            passed = record.mean("validation")
             if not verify.should_validate(
-                [count],
+                [verify.TRUST_AFTER if trusted else record.consecutive_valid],
                 self.rng,
                 untrusted_rate=self.policy.validate_rate,
                 trusted_rate=self.policy.validate_trusted_rate,
+                suspect=not trusted and passed is not None and passed < SUSPECT_BELOW,
             ):
                 continue
             copy = self._copy(state, pos, "validator", {worker})
