@@ -11,6 +11,7 @@
   const FRLM = global.FRLM;
   const F = FRLM.F;
   const VIEW_INTERVAL_MS = 300;
+  const LIVE_VIEWS_MIN_MS = 1000;
   const LIVE_VIEWS_MAX_MS = 2500;
 
   function el(tag, cls, text) {
@@ -225,12 +226,13 @@
         }
         this.viewsDirty = true;
       }
-      this.frame(false);
+      this.frame(false, true);
       global.requestAnimationFrame((t) => this.tick(t));
     }
 
-    /** Draw at the cursor: the waterfall now, the views when due (or `force`). */
-    frame(force) {
+    /** Draw at the cursor: the waterfall now, the views when due (or `force`).
+        `inFrame`: called from an animation frame, where the waterfall is drawn at once. */
+    frame(force, inFrame) {
       const T = this.trace;
       const end = this.endTime();
       const t = this.cursorTime();
@@ -240,21 +242,21 @@
       if (!force && idle && !this.viewsDirty) return;
       const rowsChanged = k !== this.lastK || T.version !== this.lastVersion || force;
       const now = performance.now();
-      // Following a live run, the waterfall is redrawn at most 30 times a second when
-      // events come, and 10 times when only the open spans grow: the page shares the
-      // machine with everything else, and software rasterising is not free.
-      if (!force && this.live && this.following && !this.playing) {
-        const since = now - (this.lastWfDraw || 0);
-        if (since < (rowsChanged ? 33 : 100)) return;
+      // Following a live run, the waterfall is redrawn in the frame after events come (that
+      // is when a user sees them: the target is 100 ms from emission), and 10 times a second
+      // when only the open spans grow.
+      if (!force && this.live && this.following && !this.playing && !rowsChanged) {
+        if (now - (this.lastWfDraw || 0) < 100) return;
       }
       this.lastWfDraw = now;
       this.lastK = k;
       this.lastVersion = T.version;
       if (rowsChanged) this.rows = T.rows(k, this.collapsed);
       const cursorMark = this.following && !this.live ? null : t;
+      this.wf.follow = this.live && this.following;
       this.wf.set(this.rows || [], {
         tStart: T.t0, tEnd: Math.max(end, T.t0 + 1), cursor: cursorMark, k, events: T.events, origin: T.t0,
-      });
+      }, inFrame);
       const extent = Math.max(1, end - T.t0);
       if (!T.empty) {
         this.scrubber.max = Math.ceil(extent);
@@ -262,11 +264,11 @@
         this.setText(this.clock, ((t - T.t0) / 1000).toFixed(3) + " s / " + (extent / 1000).toFixed(3) + " s");
       }
       // Views are redrawn at most every VIEW_INTERVAL_MS, and spaced further on a big run:
-      // while live, drawing them takes about a sixteenth of the page's time (so the
-      // socket's messages rarely wait behind a chart), but they are never older than
-      // LIVE_VIEWS_MAX_MS.
+      // while live, drawing them takes about a twentieth of the page's time (so fewer than
+      // one event in twenty waits behind a chart before it shows), but they are never older
+      // than LIVE_VIEWS_MAX_MS.
       const interval = this.live
-        ? Math.min(LIVE_VIEWS_MAX_MS, Math.max(2 * VIEW_INTERVAL_MS, 16 * this.views.cost))
+        ? Math.min(LIVE_VIEWS_MAX_MS, Math.max(LIVE_VIEWS_MIN_MS, 20 * this.views.cost))
         : Math.max(VIEW_INTERVAL_MS, 4 * this.views.cost);
       if (this.viewsDirty && (force || now - this.lastViews > interval)) {
         this.viewsDirty = false;
