@@ -64,6 +64,8 @@
       this.wfInfo = document.getElementById("wf-info");
       this.playBtn = root.querySelector("[data-act=play]");
       this._wireTransport();
+      // The header is swapped in anew when the run ends: its summary is filled again.
+      document.body.addEventListener("htmx:afterSwap", () => this.updateTrust());
       this.turnsTimer = null;
     }
 
@@ -293,6 +295,7 @@
     }
 
     updateHeader() {
+      this.updateTrust();
       if (!this.live) return;
       const T = this.trace.totals;
       const set = (key, text) => this.setText(document.querySelector(`[data-metric=${key}]`), text);
@@ -301,6 +304,34 @@
       set("tokens", `${T.tin.toLocaleString()} / ${T.tout.toLocaleString()}`);
       set("cost", "$" + T.cost.toFixed(4));
       set("wall", ((this.endTime() - this.trace.t0) / 1000).toFixed(1) + " s");
+    }
+
+    /** Receipts (count, paid, verdicts) and verification (share of sub-queries checked,
+        outcomes, tiers) at the cursor, from the views' last aggregation: live and in
+        playback alike. Whatever a worker or conductor wrote goes in as text. */
+    updateTrust() {
+      const A = this.views.A;
+      if (!A) return;
+      const set = (key, text, title) => {
+        const e = document.querySelector(`[data-metric=${key}]`);
+        this.setText(e, text);
+        if (e && title != null && e.title !== title) e.title = title;
+      };
+      const R = A.receipts, V = A.verify;
+      const verdicts = [...R.verdicts].map(([v, n]) => `${n} ${v}`).join(" · ");
+      set("receipts", R.count ? R.count.toLocaleString() : "none");
+      const paid = R.count ? `$${R.paid.toFixed(4)} paid${verdicts ? " · " + verdicts : ""}` : "";
+      set("receipt-detail", paid, paid);
+      if (!V.events) {
+        set("verified", "none");
+        set("verify-detail", "");
+      } else {
+        const checked = V.subqueries.size, of = Math.max(A.submitted, checked);
+        const tiers = [...V.tiers].map(([t, n]) => `${t} ${n}`).join(", ");
+        set("verified", `${Math.round((100 * checked) / Math.max(1, of))}%`, `${checked} of ${of} sub-queries checked`);
+        const detail = `${checked}/${of} sub-queries · ${V.ok} ok · ${V.rejected} rejected · ${tiers}`;
+        set("verify-detail", detail, detail);
+      }
     }
 
     _wireTransport() {
