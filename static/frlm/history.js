@@ -16,7 +16,10 @@
     const data = await (await fetch(div.dataset.src, { credentials: "same-origin" })).json();
     const palette = ["#4fb3ff", "#3fb950", "#d6a23a", "#a371f7", "#39c5cf", "#ff8b3d", "#f778ba", "#8b949e"];
     const traces = [];
-    Object.entries(data.workers).forEach(([name, s], i) => {
+    // Plotly reads a few HTML tags in its texts: a worker's id goes in as entities.
+    const esc = (t) => String(t).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+    Object.entries(data.workers).forEach(([raw, s], i) => {
+      const name = esc(raw);
       const color = palette[i % palette.length];
       const x = s.t_ms.map((t) => new Date(t));
       traces.push({ type: "scatter", mode: "lines+markers", name: name + " p50", x, y: s.p50_ms, line: { color, width: 1.5 }, marker: { size: 6 }, legendgroup: name });

@@ -13,6 +13,9 @@
     gold: "#e3b341", goldDim: "rgba(227,179,65,0.4)",
   };
   const num = (v) => (typeof v === "number" && isFinite(v) ? v : null);
+  // Plotly reads a few HTML tags in its texts (<b>, <a href>...): names that workers and
+  // venues chose go in as entities, so they show as written.
+  const esc = (t) => String(t).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
   const fmt$ = (v) => (v >= 100 ? v.toFixed(2) : v.toFixed(4));
   const STATUS_COLOR = { ok: C.ok, error: C.err, timeout: C.timeout, cancelled: C.cancelled, rejected: C.err };
 
@@ -279,7 +282,7 @@
           budgetText += `of $${fmt$(B.cap)} cap (${Math.round((100 * (settled + reserved)) / Math.max(B.cap, 1e-12))}%)`;
         } else budgetText += "no budget cap";
         if (B.refused) budgetText += ` · ${B.refused} refused`;
-        if (B.alerts.length) budgetText += " · alert: " + B.alerts.map((a) => `${a.scope || "?"} at ${Math.round(100 * (num(a.fraction) || 0))}%`).join(", ");
+        if (B.alerts.length) budgetText += " · alert: " + B.alerts.map((a) => `${esc(a.scope || "?")} at ${Math.round(100 * (num(a.fraction) || 0))}%`).join(", ");
       }
       this._draw("fill", data, layout({
         barmode: "stack", margin: { l: 48, r: 10, t: 4, b: 22 },
@@ -307,7 +310,7 @@
         if (!index.has(key)) {
           index.set(key, labels.length);
           const [kind, name] = key.includes(":") ? key.split(/:(.*)/s) : ["conductor", key];
-          labels.push(kind === "conductor" ? "conductor" : name);
+          labels.push(kind === "conductor" ? "conductor" : esc(name));
           colors.push(kind === "venue" ? C.amber : kind === "worker" ? C.ok : kind === "out" ? (name === "results back" ? C.teal : name === "receipts" ? C.gold : C.err) : C.purple);
         }
         return index.get(key);
@@ -331,6 +334,7 @@
 
     heat(A, xs, cx) {
       const names = [...A.workers.keys()].sort();
+      const shown = names.map(esc);
       const lat = [], err = [];
       for (const name of names) {
         const w = A.workers.get(name);
@@ -342,8 +346,8 @@
         return;
       }
       this._draw("heat", [
-        { type: "heatmap", x: xs, y: names, z: lat, colorscale: [[0, "#0e4429"], [0.5, "#d6a23a"], [1, "#f85149"]], zmin: 0, showscale: false, hoverongaps: false, xgap: 1, ygap: 1, hovertemplate: "%{y} at %{x}s: %{z:.0f} ms<extra>latency</extra>" },
-        { type: "heatmap", x: xs, y: names, z: err, yaxis: "y2", colorscale: [[0, "#161b22"], [1, "#f85149"]], zmin: 0, zmax: 1, showscale: false, hoverongaps: false, xgap: 1, ygap: 1, hovertemplate: "%{y} at %{x}s: %{z:.0%} errors<extra>error rate</extra>" },
+        { type: "heatmap", x: xs, y: shown, z: lat, colorscale: [[0, "#0e4429"], [0.5, "#d6a23a"], [1, "#f85149"]], zmin: 0, showscale: false, hoverongaps: false, xgap: 1, ygap: 1, hovertemplate: "%{y} at %{x}s: %{z:.0f} ms<extra>latency</extra>" },
+        { type: "heatmap", x: xs, y: shown, z: err, yaxis: "y2", colorscale: [[0, "#161b22"], [1, "#f85149"]], zmin: 0, zmax: 1, showscale: false, hoverongaps: false, xgap: 1, ygap: 1, hovertemplate: "%{y} at %{x}s: %{z:.0%} errors<extra>error rate</extra>" },
       ], layout({
         margin: { l: 64, r: 8, t: 14, b: 24 },
         xaxis: Object.assign({}, AXIS, { ticksuffix: " s" }),
@@ -375,14 +379,14 @@
         const span = Math.max(1, ws.length);
         const vy = 1 - (slot + span / 2) / total;
         const v = A.venues.get(vn) || { inflight: 0, ok: 0, failed: 0 };
-        nodes.push({ id: vn, x: 1, y: vy, color: v.inflight ? C.amber : C.idle, size: 14 + Math.min(20, v.inflight), text: vn, hover: `venue ${vn} · ${v.inflight} in flight · ${v.ok} ok · ${v.failed} failed` });
+        nodes.push({ id: vn, x: 1, y: vy, color: v.inflight ? C.amber : C.idle, size: 14 + Math.min(20, v.inflight), text: esc(vn), hover: `venue ${esc(vn)} · ${v.inflight} in flight · ${v.ok} ok · ${v.failed} failed` });
         ex.push(0, 1, null); ey.push(0.5, vy, null);
         ws.forEach((wn, j) => {
           const w = A.workers.get(wn);
           const wy = 1 - (slot + j + 0.5) / total;
           const recentErr = A.lastBin - w.lastErrBin <= 2;
           const color = recentErr ? C.err : w.inflight ? C.ok : C.idle;
-          nodes.push({ id: wn, x: 2, y: wy, color, size: 10 + Math.min(24, w.inflight * 3), text: wn, hover: `${wn} · ${w.inflight} in flight · ${w.calls} done · ${w.errors} errors` });
+          nodes.push({ id: wn, x: 2, y: wy, color, size: 10 + Math.min(24, w.inflight * 3), text: esc(wn), hover: `${esc(wn)} · ${w.inflight} in flight · ${w.calls} done · ${w.errors} errors` });
           ex.push(1, 2, null); ey.push(vy, wy, null);
         });
         slot += span;
