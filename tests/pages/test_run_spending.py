@@ -1,7 +1,10 @@
 """The run page's spending and trust figures: the fill view's budget against the run's cap
 (from Budget.* events), and the summary strip's receipts and verification share (from
 Receipt.Emit and Verify.* events). The events are made by hand and go the product's way:
-the real emitter, the stack's recorder, the page."""
+the real emitter, the stack's recorder, the page.
+
+(The file's name sorts after test_consumer.py on purpose: WebsocketCommunicator tests cannot
+run once a browser test has started Playwright's event loop on the thread.)"""
 
 from __future__ import annotations
 
