@@ -349,7 +349,7 @@
         { type: "heatmap", x: xs, y: shown, z: lat, colorscale: [[0, "#0e4429"], [0.5, "#d6a23a"], [1, "#f85149"]], zmin: 0, showscale: false, hoverongaps: false, xgap: 1, ygap: 1, hovertemplate: "%{y} at %{x}s: %{z:.0f} ms<extra>latency</extra>" },
         { type: "heatmap", x: xs, y: shown, z: err, yaxis: "y2", colorscale: [[0, "#161b22"], [1, "#f85149"]], zmin: 0, zmax: 1, showscale: false, hoverongaps: false, xgap: 1, ygap: 1, hovertemplate: "%{y} at %{x}s: %{z:.0%} errors<extra>error rate</extra>" },
       ], layout({
-        margin: { l: 64, r: 8, t: 14, b: 24 },
+        margin: { l: 86, r: 8, t: 14, b: 24 },
         xaxis: Object.assign({}, AXIS, { ticksuffix: " s" }),
         yaxis: Object.assign({}, AXIS, { domain: [0.54, 1] }),
         yaxis2: Object.assign({}, AXIS, { domain: [0, 0.46] }),
