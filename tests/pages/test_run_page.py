@@ -234,3 +234,36 @@ def test_it_shows_names_workers_chose_as_text_in_the_views(page, web, staff):
         assert page.locator(f"#view-{view} b, #view-{view} [font-weight=bold]").count() == 0
     texts = page.locator("#view-topology text").evaluate_all("es => es.map(e => e.textContent)")
     assert venue in texts
+
+
+def test_it_keeps_the_newest_spans_in_view_until_the_reader_scrolls_up(page, web, staff):
+    run = Run.objects.create(
+        question="a long fanout",
+        context_source="text",
+        context_path="/dev/null",
+        root_model={},
+        worker_model={},
+        owner=staff,
+        status="running",
+    )
+    page.goto(f"/runs/{run.id}")
+    page.wait_for_function("frlmMovie.ws && frlmMovie.ws.readyState === 1")
+    conductor = Emitter(get_redis(), run.id)
+    root = conductor.start("Run.Init")
+
+    def fan_out(n: int) -> None:
+        for i in range(n):
+            conductor.start("SubQuery.Submit", parent=root.span_id, venue="local", sq=i).end()
+
+    scroller = "document.querySelector('#waterfall .wf-scroll')"
+    at_end = f"(s => s.scrollHeight - s.scrollTop - s.clientHeight < 16)({scroller})"
+    fan_out(120)  # far more rows than the waterfall shows
+    wait_for(page, "frlmMovie.rows.length === 121", what="the spans on the waterfall")
+    wait_for(page, f"{scroller}.scrollTop > 0 && {at_end}", what="the waterfall at its end")
+    # The reader scrolls up to the run's start: new spans no longer move the view.
+    page.evaluate(f"{scroller}.scrollTop = 0")
+    fan_out(40)
+    wait_for(page, "frlmMovie.rows.length === 161", what="the new spans")
+    page.wait_for_timeout(300)
+    assert page.evaluate(f"{scroller}.scrollTop") == 0
+    root.end()
