@@ -396,6 +396,21 @@
       };
       if (d.parent_id) jump("↑ parent", d.parent_id);
       for (const link of d.links || []) jump("→ linked " + link.slice(0, 8), link);
+      // Put the movie's clock on this span's start or end (and so every view with it).
+      const seekTo = (label, act, t) => {
+        if (t == null) return;
+        const b = el("button", "linkish", label);
+        b.type = "button";
+        b.dataset.seek = act;
+        b.addEventListener("click", () => {
+          this.playing = false;
+          this.playBtn.classList.remove("on");
+          this.seek(t);
+        });
+        nav.append(b);
+      };
+      seekTo("⏱ clock to its start", "start", d.start_ms);
+      seekTo("⏱ clock to its end", "end", d.status !== "open" ? d.end_ms : null);
       const metrics = el("dl", "kv-grid");
       // Unset attributes (null) say nothing: they are left out.
       const add = (k, v) => { if (v == null || v === "") return; metrics.append(el("dt", null, k), el("dd", "mono", String(v))); };
@@ -425,6 +440,8 @@
         for (const ev of d.events.slice(0, 50)) {
           const li = el("li", null);
           li.append(el("span", "mono muted", "+" + FRLM.fmtMs(ev.t_ms - this.trace.t0)), el("span", "pill st-" + ev.status, ev.name), el("span", "small", Object.entries(ev.attrs || {}).map(([k, v]) => k + "=" + (typeof v === "object" ? JSON.stringify(v) : v)).join("  ")));
+          li.title = "put the clock on this event";
+          li.addEventListener("click", () => { this.playing = false; this.playBtn.classList.remove("on"); this.seek(ev.t_ms); });
           list.append(li);
         }
         parts.push(list);

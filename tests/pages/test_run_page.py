@@ -122,6 +122,15 @@ def test_it_plays_a_finished_run_back_with_the_scrubber(page, web):
     page.wait_for_selector("#detail-body .payload-text.prompt")
     assert "special magic number" in page.inner_text("#detail-body .payload-text.prompt")
     assert page.locator("#detail-body .payload-text.reply").count() == 1
+    # Jump to an event: the movie's clock goes to the span's start, then to its end.
+    span = page.evaluate("frlmMovie.trace.spans.get(frlmMovie.root.dataset.selected)")
+    page.click("#detail-body [data-seek=start]")
+    assert page.evaluate("frlmMovie.cursor") == span["t0"]
+    assert page.evaluate("frlmMovie.following") is False
+    started = page.evaluate("frlmMovie.rows.length")
+    page.click("#detail-body [data-seek=end]")
+    assert page.evaluate("frlmMovie.cursor") == span["t1"]
+    assert page.evaluate("frlmMovie.rows.length") >= started
     page.click("[data-act=start]")
     page.evaluate(
         """() => { const s = document.getElementById('scrubber');
