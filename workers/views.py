@@ -194,10 +194,10 @@ def worker_page(request: HttpRequest, worker_id: str) -> HttpResponse:
         for worker in venue["workers"]:
             if worker["name"] == worker_id:
                 found = worker
-    if found is None and registered is None:
-        raise Http404(f"no worker {worker_id!r}")
     if found is None:
-        assert registered is not None
+        if registered is None:
+            raise Http404(f"no worker {worker_id!r}")
+        # Registered, but neither announcing itself nor seen in the user's recent runs.
         found = _worker(worker_id, registered.venue.name, False, 0, {})
         found["label"] = registered.name
         _add_reputation(get_redis(), [found])
