@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 from django import forms
+from django.conf import settings
 
 from runs.policy import RANGES, Policy
 from runs.program_templates import PROGRAM_TEMPLATES
@@ -121,14 +122,14 @@ class RunForm(forms.Form):
         initial="sim",
         label="Root model",
     )
-    root_base_url = forms.URLField(required=False, label="Base URL", assume_scheme="https")
+    root_endpoint = forms.ChoiceField(required=False, label="Endpoint")
     root_model = forms.CharField(required=False, label="Model")
     worker_kind = forms.ChoiceField(
         choices=[("sim", "Simulated model"), ("openai", "OpenAI-compatible endpoint")],
         initial="sim",
         label="Worker model",
     )
-    worker_base_url = forms.URLField(required=False, label="Base URL", assume_scheme="https")
+    worker_endpoint = forms.ChoiceField(required=False, label="Endpoint")
     worker_model = forms.CharField(required=False, label="Model")
 
     venues = forms.MultipleChoiceField(
@@ -182,6 +183,10 @@ class RunForm(forms.Form):
             (name, f"{name} ({'online' if name in live else 'no live worker'})") for name in names
         ]
         self.fields["venues"].initial = [n for n in names if n in live] or names[:1]
+        # Configured endpoints only (settings.FRLM_ENDPOINTS), never a URL typed here.
+        endpoints = [(name, f"{name} ({url})") for name, url in settings.FRLM_ENDPOINTS.items()]
+        for role in ("root", "worker"):
+            self.fields[f"{role}_endpoint"].choices = endpoints
 
     def context_field(self) -> str:
         source = self.cleaned_data.get("context_source") if hasattr(self, "cleaned_data") else None
@@ -210,7 +215,15 @@ class RunForm(forms.Form):
                 "context_path", "only staff may read files on the server; upload the file"
             )
         for role in ("root", "worker"):
-            if data.get(f"{role}_kind") == "openai" and not data.get(f"{role}_model"):
+            if data.get(f"{role}_kind") != "openai":
+                continue
+            if not settings.FRLM_ENDPOINTS:
+                self.add_error(
+                    f"{role}_kind", "no endpoint is configured on this server (FRLM_ENDPOINTS)"
+                )
+            elif not data.get(f"{role}_endpoint") and f"{role}_endpoint" not in self.errors:
+                self.add_error(f"{role}_endpoint", "choose one of the configured endpoints")
+            if not data.get(f"{role}_model"):
                 self.add_error(f"{role}_model", "name the model the endpoint serves")
         return data
 
@@ -240,7 +253,7 @@ class RunForm(forms.Form):
         return model_spec(
             "openai",
             role=role,
-            base_url=data.get(f"{role}_base_url") or None,
+            base_url=settings.FRLM_ENDPOINTS[data[f"{role}_endpoint"]],
             model=data.get(f"{role}_model"),
         )
 

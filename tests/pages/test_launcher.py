@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+from django.test import Client
+
 from runs.models import Run
 from tests.helpers import finish
 from tests.pages.conftest import shot
@@ -94,3 +96,36 @@ def test_it_reads_an_uploaded_context(page, web, tmp_path):
     assert run.context_source == "text" and run.context_chars == len(notes.read_text())
     finish(run)
     assert run.status == "succeeded", run.error
+
+
+def test_it_offers_only_configured_endpoints(page, web, staff, settings):
+    """The conductor sends the server's API key to a run's endpoint: a user chooses among
+    the configured ones and cannot name a URL of their own."""
+    page.goto("/runs/new")
+    page.select_option("#id_root_kind", "openai")
+    assert page.locator("#id_root_endpoint").is_visible()
+    options = page.locator("#id_root_endpoint option").evaluate_all(
+        "os => os.map(o => o.value).filter(Boolean)"
+    )
+    assert options == list(settings.FRLM_ENDPOINTS)
+    assert page.locator("input[name=root_base_url], input[type=url]").count() == 0
+    # A forged choice, or a URL sent in place of one, is refused beside the field.
+    client = Client()
+    client.force_login(staff)
+    form = {
+        "question": "q",
+        "context_source": "task",
+        "task_name": "sniah",
+        "task_tokens": "20000",
+        "task_seed": "1",
+        "root_kind": "openai",
+        "root_endpoint": "http://attacker.example/v1",
+        "root_model": "gpt",
+        "worker_kind": "sim",
+        "venues": ["local"],
+    }
+    response = client.post("/runs/new", form)
+    assert response.status_code == 400
+    errors = response.context["form"].errors
+    assert "root_endpoint" in errors and "valid choice" in errors["root_endpoint"][0]
+    assert not Run.objects.exists()
