@@ -129,3 +129,31 @@ def test_it_offers_only_configured_endpoints(page, web, staff, settings):
     errors = response.context["form"].errors
     assert "root_endpoint" in errors and "valid choice" in errors["root_endpoint"][0]
     assert not Run.objects.exists()
+
+
+def test_it_takes_the_verification_tier_hedging_and_a_budget(page, web):
+    page.goto("/runs/new")
+    page.fill("#id_budget_usd", "-1")
+    page.click("#launch")
+    page.wait_for_selector("#field-budget_usd .field-errors")
+    assert "policy.budget_usd must be between 0.0 and 1000000.0" in page.inner_text(
+        "#field-budget_usd .field-errors"
+    )
+    assert not Run.objects.exists()
+
+    page.check("input[name=context_source][value=task]")
+    page.select_option("#id_task_name", "sniah")
+    page.fill("#id_task_tokens", "60000")
+    page.check("input[name=venues][value=local]")
+    page.check("input[name=venues][value=edge]")
+    page.select_option("#id_tier", "redundant")
+    page.select_option("#id_hedge", "off")
+    page.fill("#id_budget_usd", "0.5")
+    page.click("#launch")
+    page.wait_for_url(re.compile(r".*/runs/r[0-9a-f]+$"))
+    run = finish(Run.objects.get(id=page.url.rsplit("/", 1)[1]))
+    assert run.policy["tier"] == "redundant" and run.policy["hedge"] == "off"
+    assert run.policy["budget_usd"] == 0.5
+    assert run.status == "succeeded", run.error
+    assert run.accounts["verification"]["by_kind"].get("replica", 0) > 0
+    assert run.accounts["budget"]["run"]["cap"] == 0.5
