@@ -35,6 +35,7 @@ class RunAccountsFigures(TypedDict):
     """What Run.accounts holds when the run ends."""
 
     verification: dict[str, Any]
+    hedges: int  # duplicates sent for stragglers (not counted as verification)
     budget: budget.BudgetFill
     receipts: ReceiptSummary
     exhausted: str | None
@@ -251,7 +252,7 @@ class RunAccounts:
             summary["verdicts"][verdict] = summary["verdicts"].get(verdict, 0) + 1
             summary["head"] = attrs["hash"]
 
-    def figures(self, verification: dict[str, Any]) -> RunAccountsFigures:
+    def figures(self, verification: dict[str, Any], hedges: int) -> RunAccountsFigures:
         with self._lock:
             summary: ReceiptSummary = {
                 **self._receipts,
@@ -259,6 +260,7 @@ class RunAccounts:
             }
         return {
             "verification": verification,
+            "hedges": hedges,
             "budget": self.ledger.fill(top=5),
             "receipts": summary,
             "exhausted": self.exhausted,

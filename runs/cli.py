@@ -161,6 +161,8 @@ def _accounts_lines(accounts: dict[str, Any] | None) -> list[str]:
             f"({100 * run['settled'] / run['cap']:.0f}%)"
             + ("  reached: dispatching stopped" if accounts.get("exhausted") else "")
         )
+    if accounts.get("hedges"):
+        lines.append(f"hedged     {accounts['hedges']} stragglers sent to a second worker")
     r = accounts.get("receipts") or {}
     if r.get("count"):
         verdicts = ", ".join(f"{n} {k}" for k, n in sorted(r.get("verdicts", {}).items()))

@@ -164,7 +164,9 @@ class Conductor:
         if status in (Run.Status.SUCCEEDED, Run.Status.PARTIAL) and self.run.expected_answer:
             correct = answer_correct(self.run.task, self.run.expected_answer, answer)
         self.fanout.close()
-        figures = self.fanout.accounts.figures(dict(self.fanout.tally.figures()))
+        figures = self.fanout.accounts.figures(
+            dict(self.fanout.tally.figures()), self.fanout.hedged
+        )
         t = self.totals
         Run.objects.filter(id=self.run.id).update(
             status=status,

@@ -237,7 +237,8 @@ class Fanout:
         self.latency = LatencyWindows(policy.hedge)
         self._current: _Batch | None = None  # the batch being dispatched and judged
         self._deferred: dict[str, _Batch] = {}  # batches awaiting the REPL's own checks
-        self._hedges = 0  # hedges sent in the current dispatch
+        self._hedges = 0  # hedges made in the current dispatch
+        self.hedged = 0  # hedges sent in the run: extra work, but not verification
         self._hedge_limit = 0
         self.breakers = Breakers(client)
         self.weights = scheduler.Weights(
@@ -967,7 +968,7 @@ class Fanout:
             )
         elif flight.hedge and flight.twin is not None:
             twin = flight.twin
-            self.tally.add_extra("hedge")  # counted when it leaves: a queued one may be dropped
+            self.hedged += 1  # counted when it leaves: a queued one may be dropped
             self.emitter.instant(
                 "SubQuery.Hedge",
                 parent=flight.span.span_id,

@@ -24,7 +24,7 @@ concurrency = {concurrency}
 median_ms = {latency}
 spread = 0.0
 slow_share = {slow_share}
-slow_factor = 4.0
+slow_factor = {slow_factor}
 [faults]
 failure_rate = {failure_rate}
 lie_share = {lie_share}
@@ -45,6 +45,7 @@ class Swarm:
             "failure_rate": 0.0,
             "lie_share": 0.0,
             "leave": 0.0,
+            "slow_factor": 4.0,
             **profile,
         }
         path = tmp / f"{venue}.toml"
