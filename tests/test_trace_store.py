@@ -185,6 +185,27 @@ def test_it_stores_the_same_rows_whether_a_batch_is_parsed_at_once_or_event_by_e
     assert rows_a[3]["payload"] == "réponse «3» ✓" and "_payload" not in rows_a[3]["attrs"]
 
 
+def test_it_dead_letters_numbers_the_store_cannot_hold_and_goes_on(client):
+    emitter = Emitter(client, "rN")
+    base = emitter.build("Worker.Heartbeat", "instant")
+    for count in (1, 300):  # event by event, then a batch parsed at once
+        client.delete(DEAD_LETTER_STREAM)
+        good = [emitter.build("Worker.Heartbeat", "instant") for _ in range(count)]
+        bad = [
+            {**base, "event_id": "huge-ts", "ts": 2**64},
+            {**base, "event_id": "x", "depth": 2**31},
+        ]
+        emitter.send(bad + good)
+        recorder = Recorder(client)
+        recorder.ensure_group()
+
+        assert recorder.step() == count
+
+        dead = [json.loads(f[b"event"])["event_id"] for _, f in client.xrange(DEAD_LETTER_STREAM)]
+        assert dead == ["huge-ts", "x"]
+    assert len(store.read_events("rN")) == 301
+
+
 def test_it_stores_a_payload_once_across_batches_and_recorder_lives(client):
     emitter = Emitter(client, "rO")
     emitter.instant("Budget.Alert", payload="the same text")
