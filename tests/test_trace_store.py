@@ -222,6 +222,7 @@ def _odd_and_bad_events(emitter: Emitter) -> tuple[list[bytes], dict[str, str]]:
         "b-tokens-bool": (event("b-tokens-bool", tokens_out=True), "tokens_out must be"),
         "b-ms-text": (event("b-ms-text", ms="1.5"), "ms must be a number"),
         "b-run-number": (event("b-run-number", run_id=12), "run_id must be a non-empty"),
+        "b-run-path": (event("b-run-path", run_id="../etc"), "run_id must be 1 to 64 letters"),
         "b-span-empty": (event("b-span-empty", span_id=""), "span_id must be a non-empty"),
         "b-phase": (event("b-phase", phase="begin"), "phase 'begin' is not one of"),
         "b-status": (event("b-status", status=["ok"]), "status ['ok'] is not one of"),
@@ -301,7 +302,7 @@ def test_it_stores_the_same_rows_and_dead_letters_at_once_as_event_by_event(clie
     assert stored["o-big-ms"]["ms"] == 1e20
 
 
-def test_it_dead_letters_numbers_the_store_cannot_hold_and_goes_on(client):
+def test_it_dead_letters_what_the_store_cannot_hold_and_goes_on(client):
     emitter = Emitter(client, "rN")
     base = emitter.build("Worker.Heartbeat", "instant")
     for count in (1, 300):  # event by event, then a batch parsed at once
@@ -310,6 +311,7 @@ def test_it_dead_letters_numbers_the_store_cannot_hold_and_goes_on(client):
         bad = [
             {**base, "event_id": "huge-ts", "ts": 2**64},
             {**base, "event_id": "x", "depth": 2**31},
+            {**base, "event_id": "not-a-directory", "run_id": "a/b"},
         ]
         emitter.send(bad + good)
         recorder = Recorder(client)
@@ -318,7 +320,7 @@ def test_it_dead_letters_numbers_the_store_cannot_hold_and_goes_on(client):
         assert recorder.step() == count
 
         dead = [json.loads(f[b"event"])["event_id"] for _, f in client.xrange(DEAD_LETTER_STREAM)]
-        assert dead == ["huge-ts", "x"]
+        assert dead == ["huge-ts", "x", "not-a-directory"]
     assert len(store.read_events("rN")) == 301
 
 

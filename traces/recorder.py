@@ -29,7 +29,7 @@ import redis
 
 from traces import blobs, store
 from traces.emitter import DEAD_LETTER_STREAM, EVENTS_STREAM
-from traces.schema import ARROW_SCHEMA, NAMES, PHASES, STATUSES, Event, problems
+from traces.schema import ARROW_SCHEMA, NAMES, PHASES, RUN_ID, STATUSES, Event, problems
 
 log = logging.getLogger(__name__)
 
@@ -367,6 +367,7 @@ _INT32 = r"^(0|-?[1-9][0-9]{0,8})$"
 _FLOAT = r"^-?(0|[1-9][0-9]{0,17})(\.[0-9]+)?([eE][-+]?[0-9]{1,2})?$"
 _PLAIN_LIST = r'^\["[^"\\]*"(,"[^"\\]*")*\]$'  # strings without escapes: split on ","
 _REF = r'^"[0-9a-f]{64}"$'
+_RUN_ID = f'^"{RUN_ID.pattern}"$'
 _QUOTED = {
     field: pa.array(sorted(f'"{v}"' for v in values))
     for field, values in (("name", NAMES), ("phase", PHASES), ("status", STATUSES))
@@ -448,8 +449,8 @@ def _fits_columns(t: pa.Table, seq_text: pa.Array) -> pa.Array:
     def matches(column: str, pattern: str) -> pa.ChunkedArray:
         return pc.match_substring_regex(t[column], pattern)
 
-    checks = [pc.match_substring_regex(seq_text, _POSITIVE_INT64)]
-    for column in ("run_id", "event_id", "span_id"):
+    checks = [pc.match_substring_regex(seq_text, _POSITIVE_INT64), matches("run_id", _RUN_ID)]
+    for column in ("event_id", "span_id"):
         checks += [plain(column), pc.greater(pc.binary_length(t[column]), 2)]
     checks += [pc.is_in(t[column], value_set=values) for column, values in _QUOTED.items()]
     checks += [

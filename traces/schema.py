@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, TypedDict
 
 import pyarrow as pa
@@ -40,6 +41,8 @@ NAMES = frozenset(
         "Circuit.Close",
     }
 )
+# What a run's directory in the store may be named after (no path separators).
+RUN_ID = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 PHASES = frozenset({"start", "end", "instant", "progress"})
 STATUSES = frozenset({"ok", "error", "timeout", "cancelled", "rejected"})
 
@@ -122,6 +125,8 @@ def _fits(event: dict) -> bool:
         value = get(field)
         if type(value) is not str or not value:
             return False
+    if not RUN_ID.fullmatch(get("run_id")):
+        return False
     if not (_is_int(get("seq"), 1) and _is_int(get("ts"), 1)):
         return False
     if not _is_int(get("depth", 0), INT32_MIN, INT32_MAX):
@@ -160,6 +165,9 @@ def problems(event: Any) -> list[str]:
     for field in _REQUIRED_TEXT:
         if not isinstance(event.get(field), str) or not event.get(field):
             found.append(f"{field} must be a non-empty string")
+    run_id = event.get("run_id")
+    if isinstance(run_id, str) and run_id and not RUN_ID.fullmatch(run_id):
+        found.append("run_id must be 1 to 64 letters, digits or _.:- (it names a directory)")
     if not _one_of(event.get("name"), NAMES):
         found.append(f"name {event.get('name')!r} is not in the taxonomy")
     if not _one_of(event.get("phase"), PHASES):
