@@ -169,10 +169,11 @@ def test_it_stores_the_same_rows_whether_a_batch_is_parsed_at_once_or_event_by_e
         )
         for i in range(250)
     ]
-    fields = [(str(n + 1).encode(), json.dumps(e).encode()) for n, e in enumerate(events)]
+    seqs = [str(n + 1).encode() for n in range(len(events))]
+    raws = [json.dumps(e).encode() for e in events]
 
-    at_once, dead_at_once = _decode_batch(fields)
-    one_by_one, dead_one_by_one = _decode_slowly(fields)
+    at_once, dead_at_once = _decode_batch(seqs, raws)
+    one_by_one, dead_one_by_one = _decode_slowly(seqs, raws)
 
     assert dead_at_once == dead_one_by_one == []
     rows_a, rows_b = (
@@ -183,6 +184,172 @@ def test_it_stores_the_same_rows_whether_a_batch_is_parsed_at_once_or_event_by_e
         row["attrs"] = json.loads(row["attrs"])
     assert rows_a == rows_b
     assert rows_a[3]["payload"] == "réponse «3» ✓" and "_payload" not in rows_a[3]["attrs"]
+
+
+def _odd_and_bad_events(emitter: Emitter) -> tuple[list[bytes], dict[str, str]]:
+    """Entries of every shape the columnar parse leaves to the per-event check, and entries
+    that do not fit, with what their dead letter's reason must say (by event id)."""
+    base = dict(emitter.build("Worker.Heartbeat", "instant"))
+
+    def event(event_id: str, **fields: object) -> dict:
+        return {**base, "event_id": event_id, **fields}
+
+    def without(event_id: str, key: str) -> dict:
+        found = event(event_id)
+        del found[key]
+        return found
+
+    odd = [
+        event('o-"quoted"', span_id="s\\back", venue="tab\there"),
+        without("o-no-links", "links"),
+        without("o-no-depth", "depth"),
+        without("o-no-attrs", "attrs"),
+        event("o-null-payload", attrs={"_payload": None, "k": 1}),
+        event("o-nested-payload", attrs={"inner": {"_payload": 5}}),
+        event("o-big-ms", ms=10**20, cost=-0.0, bytes=0, tokens_out=-3),
+        event("o-link-escaped", links=['a"b', "c"]),
+        event("o-empty-link", links=[""]),
+        event("o-unicode", parent_id="père ✓", attrs={"t": "\u2028 ✓"}),
+    ]
+    bad = {
+        "b-ts-text": (event("b-ts-text", ts="12"), "ts must be"),
+        "b-ts-big": (event("b-ts-big", ts=2**70), "ts must be"),
+        "b-ts-float": (event("b-ts-float", ts=1.5e18), "ts must be"),
+        "b-depth-big": (event("b-depth-big", depth=2**40), "depth must be an integer"),
+        "b-depth-null": (event("b-depth-null", depth=None), "depth must be an integer"),
+        "b-bytes-float": (event("b-bytes-float", bytes=1.5), "bytes must be a whole number"),
+        "b-tokens-big": (event("b-tokens-big", tokens_in=2**64), "tokens_in must be"),
+        "b-tokens-bool": (event("b-tokens-bool", tokens_out=True), "tokens_out must be"),
+        "b-ms-text": (event("b-ms-text", ms="1.5"), "ms must be a number"),
+        "b-run-number": (event("b-run-number", run_id=12), "run_id must be a non-empty"),
+        "b-run-path": (event("b-run-path", run_id="../etc"), "run_id must be 1 to 64 letters"),
+        "b-span-empty": (event("b-span-empty", span_id=""), "span_id must be a non-empty"),
+        "b-phase": (event("b-phase", phase="begin"), "phase 'begin' is not one of"),
+        "b-status": (event("b-status", status=["ok"]), "status ['ok'] is not one of"),
+        "b-venue": (event("b-venue", venue=7), "venue must be a string or null"),
+        "b-links-null": (event("b-links-null", links=None), "links must be a list"),
+        "b-links-text": (event("b-links-text", links="a"), "links must be a list"),
+        "b-attrs-list": (event("b-attrs-list", attrs=[1]), "attrs must be a JSON object"),
+        "b-attrs-null": (event("b-attrs-null", attrs=None), "attrs must be a JSON object"),
+        "b-payload-number": (
+            event("b-payload-number", attrs={"_payload": 3}),
+            "attrs._payload (the payload text) must be a string",
+        ),
+        "b-payload-ref": (
+            event("b-payload-ref", attrs={"_payload": "x"}, payload_ref="ABC"),
+            "needs payload_ref",
+        ),
+    }
+    raws = [json.dumps(e).encode() for e in odd]
+    raws += [json.dumps(e).encode() for e, _ in bad.values()]
+    raws += [b"{not json", b'["an", "array"]', b"\xff\xfe not utf-8", b'{"run_id": "x"} extra']
+    return raws, {key: reason for key, (_, reason) in bad.items()}
+
+
+def test_it_stores_the_same_rows_and_dead_letters_at_once_as_event_by_event(client, caplog):
+    from traces.recorder import COLUMNAR_MIN, _decode_batch, _decode_slowly
+
+    emitter = Emitter(client, "rQ", venue="edge", worker_id="w-2")
+    odd_and_bad, reasons = _odd_and_bad_events(emitter)
+    common = [
+        json.dumps(
+            emitter.build(
+                "SubQuery.Submit",
+                "start",
+                parent="p",
+                links=["x", "y"] if i % 4 else None,
+                payload=f"prompt «{i}»" if i % 5 == 0 else None,
+                tokens_in=i,
+                cost=0.25,
+            )
+        ).encode()
+        for i in range(COLUMNAR_MIN)
+    ]
+    raws = common[:100] + odd_and_bad + common[100:]
+    seqs = [str(n + 1).encode() for n in range(len(raws))]
+    seqs[3] = b"not a seq"
+
+    at_once, dead_at_once = _decode_batch(seqs, raws)
+    one_by_one, dead_one_by_one = _decode_slowly(seqs, raws)
+
+    assert "event by event" not in caplog.text  # the batch was parsed at once
+    assert dead_at_once == dead_one_by_one
+    by_id = {}
+    for index, reason, raw in dead_at_once:
+        try:
+            by_id[json.loads(raw)["event_id"]] = reason
+        except (ValueError, TypeError, KeyError):
+            by_id[index] = reason
+    for event_id, expected in reasons.items():
+        assert expected in by_id[event_id], event_id
+    assert "seq must be" in by_id[json.loads(raws[3])["event_id"]]
+    assert len(dead_at_once) == len(reasons) + 4 + 1  # the bad, the four not events, the seq
+    rows_a, rows_b = (
+        t.set_column(t.schema.get_field_index("ts"), "ts", t["ts"].cast("int64")).to_pylist()
+        for t in (at_once, one_by_one)
+    )
+    for row in rows_a + rows_b:
+        row["attrs"] = json.loads(row["attrs"])
+    assert rows_a == rows_b
+    assert len(rows_a) == COLUMNAR_MIN - 1 + 10
+    stored = {row["event_id"]: row for row in rows_a}
+    assert stored['o-"quoted"']["span_id"] == "s\\back"
+    assert stored["o-link-escaped"]["links"] == ['a"b', "c"]
+    assert stored["o-empty-link"]["links"] == [""]
+    assert stored["o-no-links"]["links"] == [] and stored["o-no-depth"]["depth"] == 0
+    assert stored["o-null-payload"]["attrs"] == {"k": 1}
+    assert stored["o-nested-payload"]["attrs"] == {"inner": {"_payload": 5}}
+    assert stored["o-big-ms"]["ms"] == 1e20
+
+
+def test_it_dead_letters_what_the_store_cannot_hold_and_goes_on(client):
+    emitter = Emitter(client, "rN")
+    base = emitter.build("Worker.Heartbeat", "instant")
+    for count in (1, 300):  # event by event, then a batch parsed at once
+        client.delete(DEAD_LETTER_STREAM)
+        good = [emitter.build("Worker.Heartbeat", "instant") for _ in range(count)]
+        bad = [
+            {**base, "event_id": "huge-ts", "ts": 2**64},
+            {**base, "event_id": "x", "depth": 2**31},
+            {**base, "event_id": "not-a-directory", "run_id": "a/b"},
+        ]
+        emitter.send(bad + good)
+        recorder = Recorder(client)
+        recorder.ensure_group()
+
+        assert recorder.step() == count
+
+        dead = [json.loads(f[b"event"])["event_id"] for _, f in client.xrange(DEAD_LETTER_STREAM)]
+        assert dead == ["huge-ts", "x", "not-a-directory"]
+    assert len(store.read_events("rN")) == 301
+
+
+def test_it_stores_nothing_twice_after_dying_between_a_big_batch_and_its_ack(client, monkeypatch):
+    emitter = Emitter(client, "rG")
+    emitter.send(
+        [emitter.build("Worker.Heartbeat", "instant", payload=f"p{i % 7}") for i in range(500)]
+    )
+    dying = Recorder(client)
+    dying.ensure_group()
+
+    def killed(*args, **kwargs):
+        raise SystemExit("killed after the segment and the blobs were durable")
+
+    monkeypatch.setattr(dying.client, "pipeline", killed)
+    with pytest.raises(SystemExit):
+        dying.step()
+    monkeypatch.undo()
+    assert client.xpending(EVENTS_STREAM, GROUP)["pending"] == 500  # none acknowledged
+    emitter.send([emitter.build("Run.Done", "instant")])
+
+    restarted = Recorder(client)
+    assert restarted.recover() == 0  # all 500 are recognised as stored
+    assert restarted.step() == 1
+    events = store.read_events("rG")
+    assert [e["seq"] for e in events] == list(range(1, 502))
+    assert len({e["event_id"] for e in events}) == 501
+    assert blobs.blob_get(events[6]["payload_ref"]) == "p6"
+    assert client.xpending(EVENTS_STREAM, GROUP)["pending"] == 0
 
 
 def test_it_stores_a_payload_once_across_batches_and_recorder_lives(client):
@@ -272,3 +439,39 @@ def test_it_keeps_stream_entries_until_the_live_forwarder_has_read_them(client):
     assert [e["name"] for e in collected.events] == ["Budget.Alert", "Run.Done"]
     recorder.trim()
     assert client.xlen(EVENTS_STREAM) == 0
+
+
+def test_it_judges_randomly_damaged_events_at_once_as_event_by_event(client):
+    import random
+
+    from traces.recorder import _decode_batch, _decode_slowly
+
+    values = [None, 0, -1, 2**31, 2**63, 2**64, 1.5, 1e300, True, "", "12", 'a"b', "a\\b", "é"]
+    values += [[], ["a"], ["a", 1], [None], {}, {"_payload": "t"}, {"_payload": 1}, "0" * 64]
+    values += ["Run.Init", "start", "ok", 9223372036854775807, 9223372036854775808]
+    emitter = Emitter(client, "rR", venue="edge", worker_id="w")
+    rng = random.Random(7)
+    raws = []
+    for n in range(2000):
+        event = dict(emitter.build("SubQuery.Execute", "end", payload=f"p{n}", ms=1.0))
+        for _ in range(rng.choice([0, 1, 1, 2])):
+            key = rng.choice(list(event))
+            if rng.random() < 0.15:
+                del event[key]
+            else:
+                event[key] = rng.choice(values)
+        raws.append(json.dumps(event).encode())
+    seqs = [str(n + 1).encode() for n in range(len(raws))]
+
+    at_once, dead_at_once = _decode_batch(seqs, raws)
+    one_by_one, dead_one_by_one = _decode_slowly(seqs, raws)
+
+    assert dead_at_once == dead_one_by_one
+    assert 0 < len(dead_at_once) < len(raws)
+    rows_a, rows_b = (
+        t.set_column(t.schema.get_field_index("ts"), "ts", t["ts"].cast("int64")).to_pylist()
+        for t in (at_once, one_by_one)
+    )
+    for row in rows_a + rows_b:
+        row["attrs"] = json.loads(row["attrs"])
+    assert rows_a == rows_b

@@ -8,6 +8,7 @@ again on restart, and those already in a segment are recognised by event id and 
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -15,10 +16,12 @@ import socket
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -26,7 +29,7 @@ import redis
 
 from traces import blobs, store
 from traces.emitter import DEAD_LETTER_STREAM, EVENTS_STREAM
-from traces.schema import ARROW_SCHEMA, NAMES, PHASES, STATUSES, Event, problems
+from traces.schema import ARROW_SCHEMA, NAMES, PHASES, RUN_ID, STATUSES, Event, problems
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +108,7 @@ class Recorder:
         """1. take the lock, 2. store what an earlier life read but did not acknowledge,
         3. store new entries as they come until told to stop."""
         self.acquire()
+        quiet_collector()
         try:
             self.ensure_group()
             self.refresh()
@@ -170,7 +174,7 @@ class Recorder:
         durable, 4. acknowledge, dead-letter what did not fit, and trim what every reader
         of the stream is done with."""
         ids = [entry[0] for entry in entries]
-        table, dead = _decode_batch(_fields_of(entries))
+        table, dead = _decode_batch(*_fields_of(entries))
         self.blobs.notice_prune()
         staged: list[tuple[Path, Path]] = []
         stored = 0
@@ -231,6 +235,18 @@ class Recorder:
             self.client.xtrim(EVENTS_STREAM, minid=f"{floor[0]}-{floor[1]}", approximate=False)
 
 
+def quiet_collector() -> None:
+    """Tune the cycle collector for a process whose work is the recorder's loop. A batch's
+    stream reply is some 100,000 short-lived lists and tuples: at the default threshold
+    (700) the collector ran a hundred times a batch, and each full collection walked all of
+    Django and the libraries again (a quarter of the recorder's time, measured). What the
+    process loaded to start is frozen (never walked again), and a collection waits until
+    50,000 more objects are alive than were freed; a batch's objects are freed by then."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, *gc.get_threshold()[1:])
+
+
 def _dead_here(holder: Any) -> bool:
     """Whether a lock holder ("host:pid") is a process of this machine that no longer runs."""
     if isinstance(holder, bytes):
@@ -276,16 +292,27 @@ def _entry_fields(fields: Any) -> tuple[Any, Any]:
     return pairs.get(b"seq"), pairs.get(b"e")
 
 
-def _fields_of(entries: list[Any]) -> list[tuple[Any, Any]]:
-    """(seq, event JSON) per entry; the emitter's layout taken in bulk."""
-    flat = [entry[1] for entry in entries]
-    if all(type(f) is list and len(f) == 4 and f[0] == b"seq" and f[2] == b"e" for f in flat):
-        return [(f[1], f[3]) for f in flat]
-    return [_entry_fields(f) for f in flat]
+def _fields_of(entries: list[Any]) -> tuple[list[Any], list[Any]]:
+    """The seqs and the event JSON texts of a batch's entries. The emitter's layout is taken
+    in bulk, with no Python step per entry (what a loop costs is a good part of a batch)."""
+    flat = list(map(itemgetter(1), entries))
+    n = len(flat)
+    try:
+        if (
+            sum(map(len, flat)) == 4 * n
+            and list(map(itemgetter(0), flat)).count(b"seq") == n
+            and list(map(itemgetter(2), flat)).count(b"e") == n
+        ):
+            return list(map(itemgetter(1), flat)), list(map(itemgetter(3), flat))
+    except (TypeError, IndexError, KeyError):
+        pass  # entries of another layout (another producer): taken one by one
+    pairs = [_entry_fields(f) for f in flat]
+    return [seq for seq, _ in pairs], [raw for _, raw in pairs]
 
 
 def _decode(fields: dict) -> tuple[Event | None, str]:
-    """One entry, parsed and checked in Python: what tells a dead-lettered event's reason."""
+    """One entry, parsed and checked in Python: the reference for what is stored, and what
+    tells a dead-lettered event's reason."""
     seq, raw = _entry_fields(fields)
     if raw is None:
         return None, "entry has no event field 'e'"
@@ -304,167 +331,260 @@ def _decode(fields: dict) -> tuple[Event | None, str]:
     return event, ""
 
 
-# The batch parse: every field typed in one pass over each event's JSON, plus the JSON types
-# of the fields (json_transform alone turns 12 into "12" or "12" into 12, and a mismatch
-# into NULL; the types let the check below be as strict as schema.problems).
-_TYPED = json.dumps(
-    {
-        "run_id": "VARCHAR",
-        "event_id": "VARCHAR",
-        "span_id": "VARCHAR",
-        "parent_id": "VARCHAR",
-        "links": ["VARCHAR"],
-        "name": "VARCHAR",
-        "phase": "VARCHAR",
-        "ts": "BIGINT",
-        "status": "VARCHAR",
-        "venue": "VARCHAR",
-        "worker_id": "VARCHAR",
-        "depth": "INTEGER",
-        "ms": "DOUBLE",
-        "bytes": "BIGINT",
-        "tokens_in": "BIGINT",
-        "tokens_out": "BIGINT",
-        "cost": "DOUBLE",
-        "payload_ref": "VARCHAR",
-        "attrs": "JSON",
-    }
-)
-_REQUIRED = ("run_id", "event_id", "span_id", "name", "phase", "status")
-_NUMBERS = ("ms", "bytes", "tokens_in", "tokens_out", "cost")
-_OPTIONAL_TEXT = ("parent_id", "venue", "worker_id", "payload_ref")
-_TYPED_PATHS = [*_REQUIRED, "ts", "depth", *_NUMBERS, "links", "attrs", *_OPTIONAL_TEXT]
+# The batch parse. DuckDB parses each event once, into the JSON text of each field
+# (normalised by its parser: no spaces, non-ASCII unescaped, numbers in one form). Arrow's
+# compute kernels then check and convert those texts column by column, an order of magnitude
+# cheaper than the same checks as SQL expressions. An event whose texts have an unusual shape
+# (an escaped quote in an id, a missing `links`, a number out of range, not JSON at all) is
+# not judged here: it goes through _decode like a small batch, so the fast path only ever
+# accepts what _decode accepts, and stores what _decode would store.
+_JSON_FIELDS = [f.name for f in ARROW_SCHEMA if f.name != "seq"]
+_AS_JSON = json.dumps({name: "JSON" for name in _JSON_FIELDS})
+_PAYLOAD_KEY = '"_payload"'
 
 
-def _quoted(values: frozenset[str]) -> str:
-    return ", ".join(f"'{v}'" for v in sorted(values))
-
-
-def _fits_sql() -> str:
-    t = {name: f"t[{i + 1}]" for i, name in enumerate([*_TYPED_PATHS, "_payload"])}
-    checks = [f"{t[f]} = 'VARCHAR' AND length(j.{f}) > 0" for f in _REQUIRED]
-    checks += [
-        f"j.name IN ({_quoted(NAMES)})",
-        f"j.phase IN ({_quoted(PHASES)})",
-        f"j.status IN ({_quoted(STATUSES)})",
-        "seq >= 1",
-        f"{t['ts']} IN ('BIGINT', 'UBIGINT') AND j.ts > 0",
-        f"({t['depth']} IS NULL OR ({t['depth']} IN ('BIGINT', 'UBIGINT') "
-        "AND j.depth IS NOT NULL))",
-        f"({t['links']} IS NULL OR ({t['links']} = 'ARRAY' AND list_has_all(['VARCHAR'], lt)))",
-        f"({t['attrs']} IS NULL OR {t['attrs']} = 'OBJECT')",
-        f"({t['_payload']} IS NULL OR {t['_payload']} = 'NULL' OR ({t['_payload']} = 'VARCHAR'"
-        " AND regexp_full_match(coalesce(j.payload_ref, ''), '[0-9a-f]{64}')))",
-    ]
-    checks += [
-        f"({t[f]} IS NULL OR {t[f]} = 'NULL' OR ({t[f]} IN ('BIGINT', 'UBIGINT', 'DOUBLE') "
-        f"AND j.{f} IS NOT NULL))"
-        for f in _NUMBERS
-    ]
-    checks += [f"({t[f]} IS NULL OR {t[f]} IN ('NULL', 'VARCHAR'))" for f in _OPTIONAL_TEXT]
-    return "coalesce(" + "\n    AND ".join(checks) + ", false)"
-
-
-_PATHS = "[" + ", ".join(f"'$.{f}'" for f in _TYPED_PATHS) + ", '$.attrs._payload']"
-_BATCH_SQL = f"""
-WITH p AS (
-  SELECT i, seq, json_transform(e, '{_TYPED}') AS j, json_type(e, {_PATHS}) AS t,
-         json_type(e, '$.links[*]') AS lt
-  FROM batch
-)
-SELECT i, {_fits_sql()} AS ok,
-       j.run_id, seq, j.event_id, j.span_id, j.parent_id, coalesce(j.links, []) AS links,
-       j.name, j.phase, j.ts, j.status, j.venue, j.worker_id, coalesce(j.depth, 0) AS depth,
-       j.ms, j.bytes, j.tokens_in, j.tokens_out, j.cost, j.payload_ref,
-       CASE WHEN t[{len(_TYPED_PATHS) + 1}] IS NULL THEN coalesce(j.attrs::VARCHAR, '{{}}')
-            ELSE json_merge_patch(j.attrs, '{{"_payload":null}}')::VARCHAR END AS attrs,
-       json_extract_string(j.attrs, '$._payload') AS payload
-FROM p ORDER BY i
+def _parse_sql(guarded: bool) -> str:
+    parse = f"json_transform(e, '{_AS_JSON}')"
+    if guarded:  # a batch with text that is not JSON: parse the rest, leave that to _decode
+        parse = f"CASE WHEN json_valid(e) THEN {parse} END"
+    fields = ", ".join(f"j.{name}::VARCHAR AS {name}" for name in _JSON_FIELDS)
+    has_payload = f"contains(attrs, '{_PAYLOAD_KEY}')"
+    return f"""
+WITH p AS (SELECT i, {parse} AS j FROM batch), f AS (SELECT i, {fields} FROM p)
+SELECT *,
+  CASE WHEN {has_payload} THEN json_type(attrs, '$._payload') END AS payload_type,
+  CASE WHEN {has_payload} THEN json_extract_string(attrs, '$._payload') END AS payload,
+  CASE WHEN {has_payload} THEN json_merge_patch(attrs, '{{"_payload":null}}')::VARCHAR END
+    AS attrs_rest
+FROM f
 """  # noqa: S608 (built from constants only)
+
+
+_SQL = {guarded: _parse_sql(guarded) for guarded in (False, True)}
+_INT64 = r"^(0|-?[1-9][0-9]{0,17})$"  # 18 digits at most: never past int64
+_POSITIVE_INT64 = r"^([1-9][0-9]{0,17}|[1-8][0-9]{18})$"  # ts: 19 digits until 2255
+_INT32 = r"^(0|-?[1-9][0-9]{0,8})$"
+_FLOAT = r"^-?(0|[1-9][0-9]{0,17})(\.[0-9]+)?([eE][-+]?[0-9]{1,2})?$"
+_PLAIN_LIST = r'^\["[^"\\]*"(,"[^"\\]*")*\]$'  # strings without escapes: split on ","
+_REF = r'^"[0-9a-f]{64}"$'
+_RUN_ID = f'^"{RUN_ID.pattern}"$'
+_QUOTED = {
+    field: pa.array(sorted(f'"{v}"' for v in values))
+    for field, values in (("name", NAMES), ("phase", PHASES), ("status", STATUSES))
+}
 
 _PAYLOAD = pa.field("payload", pa.string())
 _STAGED_SCHEMA = ARROW_SCHEMA.append(_PAYLOAD)
 _local = threading.local()
 
-
 COLUMNAR_MIN = 200  # smaller batches (a quiet stream) parse faster event by event
 
 
 def _batch_connection() -> duckdb.DuckDBPyConnection:
-    """A connection with the batch query as a view over `batch` (parsed once, not per
-    batch: it is long). One thread: the machine's cores are the runs' first."""
+    """One thread: the machine's cores are the runs' first."""
     con = getattr(_local, "con", None)
     if con is None:
         con = _local.con = duckdb.connect(config={"threads": 1})
-        empty = pa.table({"i": pa.array([], pa.int64()), "seq": pa.array([], pa.int64())})
-        con.register("batch", empty.append_column("e", pa.array([], pa.string())))
-        con.execute(f"CREATE TEMP VIEW decoded AS {_BATCH_SQL}")
-        con.unregister("batch")
     return con
 
 
-def _decode_batch(fields: list[tuple[Any, Any]]) -> tuple[pa.Table, list[tuple[int, str, str]]]:
-    """A batch of (seq, event JSON) as one table in ARROW_SCHEMA order plus the payload
-    texts, and the entries that do not fit: (index, reason, raw text). Parsed column by
-    column in DuckDB; a batch DuckDB cannot take (text that is not JSON, not UTF-8) goes
-    event by event through _decode."""
-    if len(fields) < COLUMNAR_MIN:
-        return _decode_slowly(fields)
+Dead = tuple[int, str, str]  # index in the batch, reason, the entry's text
+
+
+def _decode_batch(seqs: list[Any], raws: list[Any]) -> tuple[pa.Table, list[Dead]]:
+    """A batch of seqs and event JSON texts as one table in _STAGED_SCHEMA order (the
+    payload texts last), and the entries that do not fit."""
+    if len(raws) < COLUMNAR_MIN:
+        return _decode_slowly(seqs, raws)
     try:
-        seqs = pa.array([_int_or_none(seq) for seq, _ in fields], pa.int64())
-        raws = pa.array([raw for _, raw in fields], pa.binary()).cast(pa.string())
-        batch = pa.table({"i": pa.array(range(len(fields)), pa.int64()), "seq": seqs, "e": raws})
-        con = _batch_connection()
-        con.register("batch", batch)
+        return _decode_at_once(seqs, raws)
+    except (duckdb.Error, pa.ArrowException, TypeError, ValueError, OverflowError):
+        log.exception("recorder: the columnar parse failed; this batch goes event by event")
+        return _decode_slowly(seqs, raws)
+
+
+def _decode_at_once(seqs: list[Any], raws: list[Any]) -> tuple[pa.Table, list[Dead]]:
+    n = len(raws)
+    texts = pa.array(raws, pa.binary())
+    try:
+        texts = texts.cast(pa.string())
+    except pa.ArrowInvalid:  # text that is not UTF-8: those entries are left to _decode
+        texts = pa.array([_utf8_or_none(raw) for raw in raws], pa.string())
+    index = pa.array(np.arange(n, dtype=np.int64))
+    con = _batch_connection()
+    con.register("batch", pa.table({"i": index, "e": texts}))
+    try:
         try:
-            result = con.sql("SELECT * FROM decoded").to_arrow_table()
-        finally:
-            con.unregister("batch")
-    except (duckdb.Error, pa.ArrowException, TypeError):
-        return _decode_slowly(fields)
-    ok = result.column("ok")
-    dead = [(i, _reason(fields[i]), _raw_text(fields[i][1])) for i in _false_at(ok)]
-    good = result.filter(ok).drop_columns(["i", "ok"])
-    columns = [good.column(f.name).cast(f.type) for f in _STAGED_SCHEMA]
-    return pa.Table.from_arrays(columns, schema=_STAGED_SCHEMA), dead
+            parsed = con.sql(_SQL[False]).to_arrow_table()
+        except duckdb.Error:
+            parsed = con.sql(_SQL[True]).to_arrow_table()
+    finally:
+        con.unregister("batch")
+    if parsed.num_rows != n or not pc.all(pc.equal(parsed["i"], index)).as_py():
+        raise ValueError("the parsed batch is not in the stream's order")
+    seq_text = pa.array(seqs, pa.binary()).cast(pa.string())
+    fits = _fits_columns(parsed, seq_text)
+
+    fit = fits.to_numpy(zero_copy_only=False)
+    if fit.all():
+        return _converted(parsed, seq_text), []
+    table = _converted(parsed.filter(fits), seq_text.filter(fits))
+    rest, kept, dead = _decode_each(seqs, raws, np.flatnonzero(~fit).tolist())
+    if rest.num_rows:  # back into the stream's order
+        order = np.argsort(np.concatenate([np.flatnonzero(fit), kept]), kind="stable")
+        table = pa.concat_tables([table, rest]).take(pa.array(order))
+    return table, dead
 
 
-def _decode_slowly(fields: list[tuple[Any, Any]]) -> tuple[pa.Table, list[tuple[int, str, str]]]:
+def _fits_columns(t: pa.Table, seq_text: pa.Array) -> pa.Array:
+    """Which parsed events have the common shape and fit the schema (schema.problems)."""
+
+    def plain(column: str) -> pa.ChunkedArray:  # a string without escapes
+        text = t[column]
+        return pc.and_(pc.starts_with(text, '"'), pc.invert(pc.match_substring(text, "\\")))
+
+    def absent_or(column: str, present: pa.ChunkedArray) -> pa.ChunkedArray:
+        return pc.or_kleene(pc.is_null(t[column]), present)
+
+    def matches(column: str, pattern: str) -> pa.ChunkedArray:
+        return pc.match_substring_regex(t[column], pattern)
+
+    checks = [pc.match_substring_regex(seq_text, _POSITIVE_INT64), matches("run_id", _RUN_ID)]
+    for column in ("event_id", "span_id"):
+        checks += [plain(column), pc.greater(pc.binary_length(t[column]), 2)]
+    checks += [pc.is_in(t[column], value_set=values) for column, values in _QUOTED.items()]
+    checks += [
+        matches("ts", _POSITIVE_INT64),
+        matches("depth", _INT32),
+        pc.or_(pc.equal(t["links"], "[]"), matches("links", _PLAIN_LIST)),
+        pc.starts_with(t["attrs"], "{"),
+    ]
+    checks += [absent_or(column, matches(column, _FLOAT)) for column in ("ms", "cost")]
+    checks += [
+        absent_or(column, matches(column, _INT64))
+        for column in ("bytes", "tokens_in", "tokens_out")
+    ]
+    checks += [
+        absent_or(column, plain(column))
+        for column in ("parent_id", "venue", "worker_id", "payload_ref")
+    ]
+    kind = t["payload_type"]
+    checks.append(
+        pc.or_kleene(
+            pc.or_kleene(pc.is_null(kind), pc.equal(kind, "NULL")),
+            pc.and_(pc.equal(kind, "VARCHAR"), matches("payload_ref", _REF)),
+        )
+    )
+    fits = checks[0]
+    for check in checks[1:]:
+        fits = pc.and_kleene(fits, check)
+    fits = pc.fill_null(fits, False)
+    return fits.combine_chunks() if isinstance(fits, pa.ChunkedArray) else fits
+
+
+def _converted(t: pa.Table, seq_text: pa.Array) -> pa.Table:
+    """Checked JSON texts as the store's columns."""
+
+    def unquoted(column: str) -> pa.ChunkedArray:
+        return pc.utf8_slice_codeunits(t[column], 1, -1)
+
+    columns = {
+        "run_id": unquoted("run_id"),
+        "seq": pc.cast(seq_text, pa.int64()),
+        "event_id": unquoted("event_id"),
+        "span_id": unquoted("span_id"),
+        "parent_id": unquoted("parent_id"),
+        "links": _links(t["links"]),
+        "name": unquoted("name"),
+        "phase": unquoted("phase"),
+        "ts": pc.cast(t["ts"], pa.int64()),
+        "status": unquoted("status"),
+        "venue": unquoted("venue"),
+        "worker_id": unquoted("worker_id"),
+        "depth": pc.cast(t["depth"], pa.int32()),
+        "ms": pc.cast(t["ms"], pa.float64()),
+        "bytes": pc.cast(t["bytes"], pa.int64()),
+        "tokens_in": pc.cast(t["tokens_in"], pa.int64()),
+        "tokens_out": pc.cast(t["tokens_out"], pa.int64()),
+        "cost": pc.cast(t["cost"], pa.float64()),
+        "payload_ref": unquoted("payload_ref"),
+        "attrs": pc.if_else(pc.is_null(t["payload_type"]), t["attrs"], t["attrs_rest"]),
+        "payload": t["payload"],
+    }
+    arrays = [pc.cast(columns[f.name], f.type) for f in _STAGED_SCHEMA]
+    return pa.Table.from_arrays(arrays, schema=_STAGED_SCHEMA)
+
+
+def _links(texts: pa.ChunkedArray) -> pa.Array:
+    """Checked lists of plain strings (`["a","b"]`, `[]`) as lists. An if_else with an empty
+    list would cost more than all the other columns together: "[]" becomes a null list
+    instead, whose offsets, read without its validity, are an empty list."""
+    texts = texts.combine_chunks()
+    inner = pc.if_else(pc.equal(texts, "[]"), None, pc.utf8_slice_codeunits(texts, 2, -2))
+    lists = pc.split_pattern(inner, '","')
+    offsets = lists.offsets.to_numpy()
+    null = lists.is_null().to_numpy(zero_copy_only=False)
+    if lists.offset or (offsets[1:] != offsets[:-1])[null].any():
+        raise ValueError("a null list holds values")  # the batch goes event by event
+    return pa.ListArray.from_arrays(lists.offsets, lists.values)
+
+
+def _decode_slowly(seqs: list[Any], raws: list[Any]) -> tuple[pa.Table, list[Dead]]:
+    table, _, dead = _decode_each(seqs, raws, range(len(raws)))
+    return table, dead
+
+
+def _decode_each(
+    seqs: list[Any], raws: list[Any], indices: Any
+) -> tuple[pa.Table, list[int], list[Dead]]:
+    """The entries at `indices`, event by event: their table, which of them it holds, and
+    the dead ones."""
     rows: list[dict[str, Any]] = []
-    dead: list[tuple[int, str, str]] = []
-    for index, (seq, raw) in enumerate(fields):
-        event, reason = _decode({b"seq": seq, b"e": raw})
+    kept: list[int] = []
+    dead: list[Dead] = []
+    for index in indices:
+        event, reason = _decode({b"seq": seqs[index], b"e": raws[index]})
         if event is None:
-            dead.append((index, reason, _raw_text(raw)))
+            dead.append((index, reason, _raw_text(raws[index])))
         else:
             rows.append(_row(event))
-    return pa.Table.from_pylist(rows, schema=_STAGED_SCHEMA), dead
+            kept.append(index)
+    try:
+        return pa.Table.from_pylist(rows, schema=_STAGED_SCHEMA), kept, dead
+    except (pa.ArrowException, OverflowError, UnicodeError, TypeError, ValueError):
+        pass
+    # One row the store cannot take (text that is not Unicode, say) must not stop the batch:
+    # that row alone is dead-lettered.
+    tables, still_kept = [], []
+    for row, index in zip(rows, kept, strict=True):
+        try:
+            tables.append(pa.Table.from_pylist([row], schema=_STAGED_SCHEMA))
+            still_kept.append(index)
+        except (pa.ArrowException, OverflowError, UnicodeError, TypeError, ValueError) as exc:
+            dead.append((index, f"the event does not fit the store: {exc}", _raw_text(raws[index])))
+    dead.sort()
+    table = pa.concat_tables(tables) if tables else _STAGED_SCHEMA.empty_table()
+    return table, still_kept, dead
 
 
 def _row(event: Event) -> dict[str, Any]:
-    row: dict[str, Any] = dict(event)
+    row: dict[str, Any] = {"links": [], "depth": 0, **event}  # the schema's defaults
+    for field in ("ms", "cost"):  # a whole number past int64 is still a float64
+        if type(row.get(field)) is int:
+            row[field] = float(row[field])
     attrs = dict(row.get("attrs") or {})
     row["payload"] = attrs.pop("_payload", None)
     row["attrs"] = json.dumps(attrs, separators=(",", ":"), default=str)
     return row
 
 
-def _int_or_none(value: Any) -> int | None:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def _false_at(mask: pa.ChunkedArray) -> list[int]:
-    if pc.all(mask).as_py():
-        return []
-    return [i for i, ok in enumerate(mask.to_pylist()) if not ok]
-
-
-def _reason(fields: tuple[Any, Any]) -> str:
-    _, reason = _decode({b"seq": fields[0], b"e": fields[1]})
-    return reason or "the event does not fit the schema"
+def _utf8_or_none(raw: Any) -> str | None:
+    if isinstance(raw, bytes):
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    return raw if isinstance(raw, str) else None
 
 
 def _raw_text(raw: Any) -> str:
@@ -490,10 +610,10 @@ def _stage_table(
     nothing is durable until the pack's sync and _commit."""
     payloads = events.column("payload")
     if payloads.null_count < len(payloads):
-        for ref, text in zip(
-            events.column("payload_ref").to_pylist(), payloads.to_pylist(), strict=True
-        ):
-            if text is not None and ref:
+        carried = pc.is_valid(payloads)
+        refs = pc.filter(events.column("payload_ref"), carried).to_pylist()
+        for ref, text in zip(refs, pc.filter(payloads, carried).to_pylist(), strict=True):
+            if ref:
                 writer.add(ref, text)
     table = events.drop_columns(["payload"])
     directory = store.run_dir(run_id)
@@ -501,8 +621,13 @@ def _stage_table(
     first_event = events.column("event_id")[0].as_py()
     final = directory / f"seg-{first_id}-{first_event}.parquet"
     tmp = directory / f".{final.name}.tmp"
-    pq.write_table(table, tmp, compression="zstd")
+    pq.write_table(table, tmp, compression="zstd", use_dictionary=_FEW_VALUES)
     return tmp, final
+
+
+# Columns with few distinct values: a dictionary pays there. Ids, times and attrs are
+# nearly all distinct, and a dictionary tried on them was a sixth of the write.
+_FEW_VALUES = ["run_id", "name", "phase", "status", "venue", "worker_id", "depth"]
 
 
 def _commit(staged: list[tuple[Path, Path]]) -> None:

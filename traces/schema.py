@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, TypedDict
 
 import pyarrow as pa
@@ -40,6 +41,8 @@ NAMES = frozenset(
         "Circuit.Close",
     }
 )
+# What a run's directory in the store may be named after (no path separators).
+RUN_ID = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 PHASES = frozenset({"start", "end", "instant", "progress"})
 STATUSES = frozenset({"ok", "error", "timeout", "cancelled", "rejected"})
 
@@ -93,13 +96,22 @@ ARROW_SCHEMA = pa.schema(
 )
 
 _REQUIRED_TEXT = ("run_id", "event_id", "span_id", "name", "phase", "status")
-_NUMBERS = ("ms", "bytes", "tokens_in", "tokens_out", "cost")
+_FLOATS = ("ms", "cost")
+_COUNTS = ("bytes", "tokens_in", "tokens_out")  # int64 columns: whole numbers only
 _OPTIONAL_TEXT = ("parent_id", "venue", "worker_id", "payload_ref")
 _REF_CHARS = frozenset("0123456789abcdef")
+# The store's column types: a value past them could not be written, and the recorder would
+# stop at that event on every restart instead of dead-lettering it.
+INT64_MAX = 2**63 - 1
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _is_int(value: Any, low: int = -INT64_MAX - 1, high: int = INT64_MAX) -> bool:
+    return type(value) is int and low <= value <= high
+
+
+def _one_of(value: Any, values: frozenset[str]) -> bool:
+    return type(value) is str and value in values  # a list would not even hash
 
 
 def _is_ref(value: Any) -> bool:
@@ -113,14 +125,21 @@ def _fits(event: dict) -> bool:
         value = get(field)
         if type(value) is not str or not value:
             return False
-    seq, ts, depth = get("seq"), get("ts"), get("depth", 0)
-    if type(seq) is not int or seq < 1 or type(ts) is not int or ts <= 0 or type(depth) is not int:
+    if not RUN_ID.fullmatch(get("run_id")):
+        return False
+    if not (_is_int(get("seq"), 1) and _is_int(get("ts"), 1)):
+        return False
+    if not _is_int(get("depth", 0), INT32_MIN, INT32_MAX):
         return False
     if get("name") not in NAMES or get("phase") not in PHASES or get("status") not in STATUSES:
         return False
-    for field in _NUMBERS:
+    for field in _FLOATS:
         value = get(field)
         if value is not None and type(value) not in (int, float):
+            return False
+    for field in _COUNTS:
+        value = get(field)
+        if value is not None and not _is_int(value):
             return False
     for field in _OPTIONAL_TEXT:
         value = get(field)
@@ -146,22 +165,29 @@ def problems(event: Any) -> list[str]:
     for field in _REQUIRED_TEXT:
         if not isinstance(event.get(field), str) or not event.get(field):
             found.append(f"{field} must be a non-empty string")
-    if event.get("name") not in NAMES:
+    run_id = event.get("run_id")
+    if isinstance(run_id, str) and run_id and not RUN_ID.fullmatch(run_id):
+        found.append("run_id must be 1 to 64 letters, digits or _.:- (it names a directory)")
+    if not _one_of(event.get("name"), NAMES):
         found.append(f"name {event.get('name')!r} is not in the taxonomy")
-    if event.get("phase") not in PHASES:
+    if not _one_of(event.get("phase"), PHASES):
         found.append(f"phase {event.get('phase')!r} is not one of {sorted(PHASES)}")
-    if event.get("status") not in STATUSES:
+    if not _one_of(event.get("status"), STATUSES):
         found.append(f"status {event.get('status')!r} is not one of {sorted(STATUSES)}")
-    if not _is_int(event.get("seq")) or event["seq"] < 1:
-        found.append("seq must be a positive integer")
-    if not _is_int(event.get("ts")) or event["ts"] <= 0:
-        found.append("ts must be nanoseconds since the epoch")
-    if not _is_int(event.get("depth", 0)):
-        found.append("depth must be an integer")
-    for field in _NUMBERS:
+    if not _is_int(event.get("seq"), 1):
+        found.append("seq must be a positive 64-bit integer")
+    if not _is_int(event.get("ts"), 1):
+        found.append("ts must be nanoseconds since the epoch (a positive 64-bit integer)")
+    if not _is_int(event.get("depth", 0), INT32_MIN, INT32_MAX):
+        found.append("depth must be an integer (32-bit)")
+    for field in _FLOATS:
         value = event.get(field)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
             found.append(f"{field} must be a number")
+    for field in _COUNTS:
+        value = event.get(field)
+        if value is not None and not _is_int(value):
+            found.append(f"{field} must be a whole number (64-bit)")
     for field in _OPTIONAL_TEXT:
         if event.get(field) is not None and not isinstance(event.get(field), str):
             found.append(f"{field} must be a string or null")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gc
 import json
-import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import Any, TypedDict
 import duckdb
 from django.conf import settings
 
-_RUN_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+from traces.schema import RUN_ID
 
 
 def events_dir() -> Path:
@@ -22,7 +21,7 @@ def events_dir() -> Path:
 
 
 def run_dir(run_id: str) -> Path:
-    if not _RUN_ID.match(run_id):
+    if not RUN_ID.fullmatch(run_id):
         raise ValueError(f"not a run id: {run_id!r}")
     return events_dir() / f"run_id={run_id}"
 
