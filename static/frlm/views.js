@@ -137,7 +137,7 @@
       } else if (name === "Receipt.Emit") {
         const receipt = (r[F.ATTRS] || {}).receipt || {}, R = A.receipts;
         R.count++;
-        R.paid += num(receipt.cost) || 0;
+        R.paid += num(receipt.paid) || 0;  // what the reply earned: nothing if judged wrong
         const verdict = String(receipt.verdict || "no verdict");
         R.verdicts.set(verdict, (R.verdicts.get(verdict) || 0) + 1);
         flow("worker:" + (r[F.WORKER] || receipt.worker || "?"), "out:receipts");
@@ -257,11 +257,19 @@
 
     fill(A) {
       const inflight = Math.max(0, A.submitted - A.ok - A.error - A.timeout - A.cancelled);
+      // In flight splits into running (a worker started it) and queued (sent to the venue,
+      // not started yet): the venue's queue depth.
+      const running = new Map();
+      for (const w of A.workers.values()) running.set(w.venue, (running.get(w.venue) || 0) + w.inflight);
+      const allRunning = Math.min(inflight, [...running.values()].reduce((a, b) => a + b, 0));
       const cats = ["all"];
-      const ok = [A.ok], failed = [A.error + A.timeout], cancelled = [A.cancelled], flying = [inflight];
+      const ok = [A.ok], failed = [A.error + A.timeout], cancelled = [A.cancelled];
+      const run = [allRunning], queued = [inflight - allRunning];
       for (const [name, v] of A.venues) {
         cats.push(name);
-        ok.push(v.ok); failed.push(v.failed); cancelled.push(v.cancelled); flying.push(v.inflight);
+        ok.push(v.ok); failed.push(v.failed); cancelled.push(v.cancelled);
+        const r = Math.min(v.inflight, running.get(name) || 0);
+        run.push(r); queued.push(v.inflight - r);
       }
       const bar = (name, xs, color) => ({ type: "bar", orientation: "h", name, y: cats, x: xs, marker: { color }, hovertemplate: "%{y}: %{x} " + name + "<extra></extra>" });
       // The budget on its own strip above the fanout, in dollars: settled, reserved and not
@@ -269,7 +277,10 @@
       const B = A.budget;
       const settled = B.settled, reserved = Math.max(0, B.committed - B.settled);
       const money = (name, x, color) => ({ type: "bar", orientation: "h", name, y: ["budget"], x: [x], xaxis: "x2", yaxis: "y2", marker: { color }, hovertemplate: name + " $%{x:.4f}<extra></extra>" });
-      const data = [bar("ok", ok, C.ok), bar("failed", failed, C.err), bar("cancelled", cancelled, C.cancelled), bar("in flight", flying, C.blue)];
+      const data = [
+        bar("ok", ok, C.ok), bar("failed", failed, C.err), bar("cancelled", cancelled, C.cancelled),
+        bar("running", run, C.blue), bar("queued", queued, C.purple),
+      ];
       // Two short lines above the strip (a view is a third of the page wide): amounts,
       // then the cap and what went wrong.
       let budgetText;

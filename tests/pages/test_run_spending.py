@@ -3,8 +3,7 @@
 Receipt.Emit and Verify.* events). The events are made by hand and go the product's way:
 the real emitter, the stack's recorder, the page.
 
-(The file's name sorts after test_consumer.py on purpose: WebsocketCommunicator tests cannot
-run once a browser test has started Playwright's event loop on the thread.)"""
+"""
 
 from __future__ import annotations
 
@@ -37,6 +36,7 @@ def receipt(run_id: str, span: str, worker: str, cost: float, verdict: str, seq:
     body = {
         "run": run_id,
         "span": span,
+        "attempt": f"{seq}.1",
         "worker": worker,
         "input_sha256": "0" * 64,
         "output_sha256": "1" * 64,
@@ -44,6 +44,8 @@ def receipt(run_id: str, span: str, worker: str, cost: float, verdict: str, seq:
         "tokens_out": 10,
         "price": {"per_1k_in": 1.0, "per_1k_out": 1.0},
         "cost": cost,
+        # As runs.receipts pays: the cost, unless the reply was judged wrong.
+        "paid": cost if verdict in ("accepted", "unverified", "validator") else 0.0,
         "verdict": verdict,
         "time": "2026-01-01T00:00:00Z",
         "prev": None,
@@ -170,7 +172,7 @@ def test_it_shows_budget_receipts_and_verification_at_the_movies_clock(page, web
     wait_for(page, "Number(document.getElementById('movie').dataset.viewsDrawn) >= 1")
     wait_for(page, "document.querySelector('[data-metric=receipts]').textContent === '3'")
     detail = page.inner_text("[data-metric=receipt-detail]")
-    assert "$0.3000 paid" in detail and "2 accepted" in detail
+    assert "$0.2000 paid" in detail and "2 accepted" in detail  # nothing for the third
     assert f"1 {HOSTILE_VERDICT}" in detail  # a verdict is text, never markup
     assert page.locator("#run-header script").count() == 0
     assert page.inner_text("[data-metric=verified]") == "50%"
@@ -214,3 +216,24 @@ def test_it_says_no_budget_cap_without_budget_events_or_without_a_cap(page, web,
     wait_for(page, "document.querySelector('#view-fill .annotation-text') !== null")
     fill = fill_texts(page)
     assert "$0.3000 settled + $0.1000 reserved" in fill and "no budget cap" in fill, fill
+
+
+def test_it_shows_each_venues_queue_apart_from_what_runs(page, web, staff):
+    """The fill view's queue depth: sent to a venue but not started by a worker yet."""
+    run = a_run(staff, "queues")
+    client = get_redis()
+    conductor = Emitter(client, run.id, venue="conductor")
+    root = conductor.start("Run.Init")
+    sent = [conductor.start("SubQuery.Submit", parent=root.span_id, venue="edge") for _ in range(3)]
+    Emitter(client, run.id, venue="edge", worker_id="w1").start(
+        "SubQuery.Execute", parent=sent[0].span_id
+    )
+    wait_until(lambda: store.event_count(run.id) >= 5, timeout=20, what="the run stored")
+    page.goto(f"/runs/{run.id}")
+    wait_for(page, "Number(document.getElementById('movie').dataset.viewsDrawn) >= 1")
+    bars = page.evaluate(
+        "Object.fromEntries(document.getElementById('view-fill').data"
+        ".filter(t => t.type === 'bar' && !t.xaxis).map(t => [t.name, [t.y, t.x]]))"
+    )
+    assert bars["running"] == [["all", "edge"], [1, 1]], bars
+    assert bars["queued"] == [["all", "edge"], [2, 2]], bars
