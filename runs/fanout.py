@@ -117,6 +117,7 @@ class _Flight:
     task_id: str = ""
     deadline: float = 0.0
     sent_at: float = 0.0
+    started_at: float = 0.0  # when its worker said it started (the latest attempt's if later)
     worker_id: str = ""  # who holds it: the assignee, or who took it from a shared queue
     assigned: str = ""  # the worker it was given to; "" when put on a venue's shared queue
     queue: str = ""
@@ -379,7 +380,7 @@ class Fanout:
         elif self.policy.routing == "round_robin":
             picks = self._pick_round_robin()
         else:
-            picks = self._pick_scheduled()
+            picks = self._pick_scheduled(flights)
         if not picks:
             if not flights and any(self._limit.values()):
                 # Workers are there but none may take it, and nothing in flight will free
@@ -399,8 +400,14 @@ class Fanout:
             for flight, job in ready:
                 self._publish(flight, job, producer)
 
-    def _pick_scheduled(self) -> list[tuple[_Flight, _Target]]:
-        """The scheduler's plan for the backlog (workers.scheduler.plan)."""
+    def _pick_scheduled(self, flights: dict[str, _Flight]) -> list[tuple[_Flight, _Target]]:
+        """The scheduler's plan for the backlog (workers.scheduler.plan), told which of this
+        run's jobs already run on each worker and for how long."""
+        now = time.time()
+        running: dict[str, list[float]] = {wid: [] for wid in self._workers}
+        for f in flights.values():
+            if f.assigned in running and f.started_at > f.sent_at:
+                running[f.assigned].append((now - f.started_at) * 1000)
         candidates = []
         price_in, price_out = TYPICAL_TOKENS
         for wid, w in self._workers.items():
@@ -425,6 +432,7 @@ class Fanout:
                     models=list(w.get("models") or []),
                     context_tokens=int(w.get("context_tokens") or 1 << 30),
                     allowed=self._allowed(w),
+                    running_ms=running[wid],
                 )
             )
         live = set(self._workers)
@@ -651,9 +659,11 @@ class Fanout:
             return
         if status == "started":
             flight.worker_id = wid
+            flight.started_at = time.time()
             return
         self._release(flight, flights)
-        ms = (time.time() - flight.sent_at) * 1000
+        # How long it ran, not how long it queued: the scheduler adds the queue itself.
+        ms = (time.time() - max(flight.sent_at, flight.started_at)) * 1000
         if status == "ok":
             self._observe(flight, True, latency_ms=ms)
             self.totals.add_tokens(
