@@ -9,7 +9,7 @@ reputation, latency, load and price; "shared" puts it on the venue's queue for a
 worker (what Celery does by itself); "round_robin" deals jobs to workers in turn.
 
 Dispatch is credit-based: a worker (or, for a shared queue, a venue) is given as many jobs
-as it has slots, plus a small margin that hides the refill round trip, and each reply frees
+as it has slots, plus a margin that hides the refill round trip, and each reply frees
 a credit for the next job. Queues stay short, so a slow or busy worker takes less work
 instead of holding the batch's tail, and every decision is made with current figures.
 
@@ -43,9 +43,12 @@ from workers.signing import result_verify
 LIVENESS_EVERY_S = 1.0
 # Jobs published per pipelined round trip: the first wave leaves before the batch is built.
 DISPATCH_FLUSH = 8
-# Jobs queued at a venue beyond its slots, as a fraction of them: enough that a worker
-# finishing a job finds the next one waiting, few enough that queues stay short.
-QUEUE_MARGIN = 0.25
+# Jobs queued at a venue beyond its slots, as a fraction of them: one per slot, because a
+# batch's replies come in clumps (its sub-queries start together and take alike), so every
+# slot needs its next job waiting while the refill is on its way. The scheduler still
+# queues a job only where it would finish soonest, and an untrusted worker reserves no more
+# than its prefetch of one per slot.
+QUEUE_MARGIN = 1.0
 NO_VENUE = "no live worker on any of the run's venues"
 # How long a batch waits for a worker to come back when every one has left.
 NO_WORKER_GRACE_S = 15.0
