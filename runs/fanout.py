@@ -19,6 +19,7 @@ breakers, which the next decisions read."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import time
@@ -440,7 +441,10 @@ class Fanout:
             )
         live = set(self._workers)
         needs = []
-        for flight in self._backlog:
+        # The plan looks no deeper than this (scheduler.plan), and a pump runs per reply.
+        depth = scheduler.PLAN_ROUNDS * sum(c.credit for c in candidates)
+        backlog = list(itertools.islice(self._backlog, depth))
+        for flight in backlog:
             avoid = flight.tried & live
             needs.append(
                 scheduler.Need(
@@ -451,7 +455,6 @@ class Fanout:
                     avoid=frozenset(avoid if avoid != live else ()),
                 )
             )
-        backlog = list(self._backlog)
         return [
             (
                 backlog[a["index"]],

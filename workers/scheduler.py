@@ -147,7 +147,10 @@ def plan(
 ) -> list[Assignment]:
     """The jobs of the backlog (`needs`, in order) that should be sent now, and where."""
     eligible = [c for c in candidates if c.allowed]
-    if not eligible or not needs:
+    # Every reply frees a credit and asks for a plan: most plans have one or two jobs to
+    # place, so planning stops as soon as no credit is left.
+    credits = sum(max(0, c.free) for c in eligible)
+    if not credits or not needs:
         return []
     known = sorted(c.latency_ms for c in eligible if c.latency_ms)
     prior = known[len(known) // 2] if known else DEFAULT_LATENCY_MS
@@ -168,6 +171,8 @@ def plan(
     depth = PLAN_ROUNDS * sum(c.credit for c in eligible)
     out: list[Assignment] = []
     for index, need in enumerate(needs[:depth]):
+        if len(out) >= credits:
+            break
         if weights.explore and rng.random() < weights.explore:
             open_ = [c for c in eligible if _fits(c, need) and queues[c.worker_id].open]
             if open_:
