@@ -7,6 +7,12 @@ measures the floor of this harness: the same requests sent straight to the simul
 model server from W threads, with no FRLM, Celery or tracing at all.
 
     .venv/bin/python bench/fanout.py [--n 256] [--latency-ms 200] [--slots 32]
+                                     [--trusted local|local,edge|none]
+
+By default the venues are set up as the product sets them up: `local` trusted (its worker
+prefetches FRLM_WORKER_PREFETCH jobs per slot), `edge` untrusted (one job per slot, as
+issue 5 asks). `--trusted` changes that, to tell the cost of the untrusted set-up apart;
+the output says which set-up was measured.
 """
 
 from __future__ import annotations
@@ -92,7 +98,13 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=32, help="split over two venues")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--skip-sequential", action="store_true")
+    parser.add_argument(
+        "--trusted",
+        default="local",
+        help="comma-separated venues to trust (default: local, the product's default); none",
+    )
     args = parser.parse_args()
+    trusted = {v for v in args.trusted.split(",") if v and v != "none"}
 
     sim = {"latency_ms": args.latency_ms, "spread": 0}
     half = args.slots // 2
@@ -101,7 +113,7 @@ def main() -> None:
         VenueSpec("edge", args.slots - half, sim, "bench-edge"),
     ]
     ideal = math.ceil(args.n / args.slots) * args.latency_ms / 1000
-    with private_stack(venues):
+    with private_stack(venues, trusted=trusted):
         names = [v.name for v in venues]
         harness_floor(args.slots * 2, args.slots, args.latency_ms)
         floor = min(harness_floor(args.n, args.slots, args.latency_ms) for _ in range(2))
@@ -114,6 +126,16 @@ def main() -> None:
         f"fanout benchmark: {args.n} sub-queries, {args.latency_ms:.0f} ms simulated latency, "
         f"{args.slots} worker slots over 2 venues"
     )
+    from django.conf import settings
+
+    for venue in venues:
+        prefetch = settings.FRLM_WORKER_PREFETCH if venue.name in trusted else 1
+        print(
+            f"  venue {venue.name:<6} {venue.concurrency} slots, "
+            f"{'trusted' if venue.name in trusted else 'untrusted'}: its worker prefetches "
+            f"{prefetch} job(s) per slot"
+            + ("" if args.trusted == "local" else "   (set-up changed by --trusted)")
+        )
     print(f"  ideal ceil(N/W)*L          {ideal:8.3f} s")
     print(f"  harness floor (no FRLM)    {floor:8.3f} s   {floor / ideal:5.3f}x ideal")
     for i, (t, failed) in enumerate(batches, 1):
