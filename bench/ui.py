@@ -2,8 +2,14 @@
 
 interactive      from navigation to the run page of a 10,000-span run being drawn (waterfall
                  and the five views) and answering input (target < 1.5 s)
-live latency     from an event's emission to its arrival in the page (the socket message
-                 handled on the page's main thread) at 2,000 events/s (target p95 < 100 ms)
+live latency     from an event's emission to its appearance in the page at 2,000 events/s
+                 (target p95 < 100 ms): the waterfall frame that draws the event's span,
+                 scrolled into view, has been painted. The page follows the newest spans (the
+                 waterfall kept scrolled to its end, as a user watching the run does), so
+                 every event's row is on screen when drawn; an event drawn off screen (rows
+                 arriving faster than a screenful per frame) is counted apart. Also shown:
+                 arrival (the socket message handled), which is cheaper than appearance and
+                 is not the target
 
 The events go the product's whole way: the emitter, the Redis stream, the live forwarder
 (traces.forwarder, apart from the recorder that stores them), traces.live, the Redis channel
@@ -99,7 +105,11 @@ def emit_live(client, run_id: str, rate: int, seconds: float) -> tuple[int, floa
     emission; returns (events sent, seconds taken)."""
     emitter = Emitter(client, run_id, venue="local", worker_id="w0-0")
     per_tick = max(2, rate // 100)
+    # The sub-queries' parent, open for the whole emission, as a REPL cell of a real run is
+    # (a span whose parent the page has not seen is not drawn). Not counted.
     parent = uuid.uuid4().hex[:16]
+    emitter.send([Emitter(client, run_id).build("Repl.Exec", "start", span_id=parent, cell=1)])
+    time.sleep(0.5)
     sent, started = 0, time.perf_counter()
     while time.perf_counter() - started < seconds:
         batch = []
@@ -148,6 +158,68 @@ class ChannelTap:
         self.stopping.set()
         self.thread.join(timeout=5)
         return self.latencies
+
+
+# In the page: each event's arrival (the socket message handled) and its appearance (the
+# first painted waterfall frame that draws it on screen). The waterfall is kept scrolled to
+# its end before each draw, as a user following the newest spans keeps it. A task posted
+# from the frame's drawing runs once the frame has been painted.
+WATCH_JS = """(views) => {
+    const M = frlmMovie, W = M.wf, F = FRLM.F;
+    const w = window.__watch = { arrival: [], appearance: [], offScreen: 0 };
+    if (!views) M.views.render = () => true;
+    M.listeners.push((rows, now) => { for (const r of rows) w.arrival.push(now - r[F.T]); });
+    let seen = M.trace.events.length, pending = [];
+    const painted = new MessageChannel();
+    painted.port1.onmessage = () => {
+        const now = Date.now();
+        for (const t of pending) w.appearance.push(now - t);
+        pending = [];
+    };
+    const draw = W._draw.bind(W);
+    W._draw = function () {
+        const h = W.scroll.clientHeight, rowH = W.opts.rowH;
+        W.spacer.style.height = Math.max(0, W.rows.length * rowH - h) + "px";
+        W.scroll.scrollTop = W.scroll.scrollHeight;
+        draw();
+        const k = W.view.k;
+        if (k <= seen) return;
+        const first = Math.floor(W.scroll.scrollTop / rowH);
+        const last = Math.min(W.rows.length, first + Math.ceil(h / rowH));
+        const shown = new Set();
+        for (let r = first; r < last; r++) shown.add(W.rows[r].id);
+        const ev = M.trace.events;
+        for (let i = seen; i < k; i++) {
+            const e = ev[i];
+            if (shown.has(e[F.PHASE] === "instant" ? e[F.PARENT] : e[F.SPAN])) pending.push(e[F.T]);
+            else w.offScreen++;
+        }
+        seen = k;
+        painted.port2.postMessage(0);
+    };
+}"""
+
+
+def watch_live(page, run_id: str, emit, *, views: bool = True) -> dict:
+    """Open the live run's page, emit, and collect each event's arrival and appearance."""
+    page.goto(f"/runs/{run_id}")
+    page.wait_for_function("frlmMovie.ws && frlmMovie.ws.readyState === 1")
+    page.evaluate(WATCH_JS, views)
+    sent, elapsed = emit()
+    deadline = time.monotonic() + 30
+    counted = "window.__watch.appearance.length + window.__watch.offScreen"
+    while page.evaluate(counted) < sent and time.monotonic() < deadline:
+        time.sleep(0.2)
+    watch = page.evaluate("window.__watch")
+    return {
+        "sent": sent,
+        "elapsed": elapsed,
+        "got": page.evaluate("frlmMovie.trace.events.length"),
+        "arrival": sorted(watch["arrival"]),
+        "appearance": sorted(watch["appearance"]),
+        "off_screen": watch["offScreen"],
+        "timings": page.evaluate("frlmMovie.views.timings"),
+    }
 
 
 def main() -> None:
@@ -241,40 +313,19 @@ def main() -> None:
 
             # --- live latency at `rate` events/s ---------------------------------------
             live = new_run("running")
-            page.goto(f"/runs/{live.id}")
-            page.wait_for_function("frlmMovie.ws && frlmMovie.ws.readyState === 1")
-            page.evaluate(
-                """() => { window.__lat = [];
-                    frlmMovie.listeners.push((rows, now) => {
-                        for (const r of rows) window.__lat.push(now - r[5]);
-                    }); }"""
-            )
             tap = ChannelTap(live.id)
-            sent, elapsed = emit_live(redis_client, live.id, args.rate, args.seconds)
-            deadline = time.monotonic() + 30
-            while page.evaluate("window.__lat.length") < sent and time.monotonic() < deadline:
-                time.sleep(0.2)
-            lat = sorted(page.evaluate("window.__lat"))
-            got = page.evaluate("frlmMovie.trace.events.length")
-            timings = page.evaluate("frlmMovie.views.timings")
-            layer_lat = sorted(tap.stop())
-
-            # The same with the five views not drawn: what drawing them costs the socket.
-            bare = new_run("running")
-            page.goto(f"/runs/{bare.id}")
-            page.wait_for_function("frlmMovie.ws && frlmMovie.ws.readyState === 1")
-            page.evaluate(
-                """() => { window.__lat = [];
-                    frlmMovie.views.render = () => true;
-                    frlmMovie.listeners.push((rows, now) => {
-                        for (const r of rows) window.__lat.push(now - r[5]);
-                    }); }"""
+            full = watch_live(
+                page, live.id, lambda: emit_live(redis_client, live.id, args.rate, args.seconds)
             )
-            bare_sent, _ = emit_live(redis_client, bare.id, args.rate, args.seconds)
-            deadline = time.monotonic() + 30
-            while page.evaluate("window.__lat.length") < bare_sent and time.monotonic() < deadline:
-                time.sleep(0.2)
-            bare_lat = sorted(page.evaluate("window.__lat"))
+            layer_lat = sorted(tap.stop())
+            # The same with the five views not drawn: what drawing them costs.
+            bare = new_run("running")
+            no_views = watch_live(
+                page,
+                bare.id,
+                lambda: emit_live(redis_client, bare.id, args.rate, args.seconds),
+                views=False,
+            )
             browser.close()
 
     def q(values: list[float], p: float) -> float:
@@ -292,22 +343,25 @@ def main() -> None:
     )
     print(f"  waterfall scroll            {scroll_fps:5.0f} frames/s")
     print(
-        f"live: {sent:,} events at {sent / elapsed:,.0f}/s for {elapsed:.1f} s; "
-        f"{got:,} reached the page"
+        f"live: {full['sent']:,} events at {full['sent'] / full['elapsed']:,.0f}/s for "
+        f"{full['elapsed']:.1f} s; {full['got']:,} reached the page, "
+        f"{len(full['appearance']):,} appeared on screen ({full['off_screen']:,} drawn off screen)"
     )
     for label, values in (
-        ("emission -> page", lat),
-        ("  ... views not drawn", bare_lat),
+        ("emission -> appearance", full["appearance"]),
+        ("  ... views not drawn", no_views["appearance"]),
+        ("emission -> arrival", full["arrival"]),
+        ("  ... views not drawn", no_views["arrival"]),
         ("emission -> channel layer", layer_lat),
     ):
         print(
             f"  {label:26} p50 {q(values, 0.5):6.1f} ms   p95 {q(values, 0.95):6.1f} ms"
             f"   p99 {q(values, 0.99):6.1f} ms   max {q(values, 1.0):6.1f} ms"
         )
-    print("  target: emission -> page p95 < 100 ms")
+    print("  target: emission -> appearance p95 < 100 ms")
     print(
         "  the views' last live render, ms: "
-        + ", ".join(f"{name} {ms:.0f}" for name, ms in timings.items())
+        + ", ".join(f"{name} {ms:.0f}" for name, ms in full["timings"].items())
     )
 
 

@@ -182,6 +182,7 @@ def costs() -> None:
         issued.append(
             chain.issue(
                 span=f"sq{i}",
+                attempt=f"{i}.1",
                 worker="w1",
                 input_sha256="a" * 64,
                 output_sha256="b" * 64,

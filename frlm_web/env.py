@@ -35,3 +35,17 @@ def envlist(name: str, default: list[str]) -> list[str]:
     if value is None or value == "":
         return default
     return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def envmap(name: str, default: dict[str, str]) -> dict[str, str]:
+    """`key=value` pairs separated by commas."""
+    items = envlist(name, [])
+    if not items:
+        return default
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ValueError(f"{name}: expected key=value pairs separated by commas, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out

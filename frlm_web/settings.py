@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from frlm_web.env import envbool, envfloat, envint, envlist, envstr
+from frlm_web.env import envbool, envfloat, envint, envlist, envmap, envstr
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 # Everything the product writes at run time (database, traces, blobs, logs, pids).
@@ -139,6 +139,10 @@ FRLM_SIM_URL = envstr("FRLM_SIM_URL", f"http://{FRLM_SIM_HOST}:{FRLM_SIM_PORT}/v
 
 # A real OpenAI-compatible endpoint, used when a run names one (--root-model openai).
 FRLM_OPENAI_BASE_URL = envstr("FRLM_OPENAI_BASE_URL", "https://api.openai.com/v1")
+# The endpoints a run launched from the web may use, `name=url` pairs separated by commas.
+# Only these: the conductor sends the server's API key to the endpoint, so a user must
+# never be able to name a URL of their own.
+FRLM_ENDPOINTS = envmap("FRLM_ENDPOINTS", {"openai": FRLM_OPENAI_BASE_URL})
 FRLM_MODEL_TIMEOUT_S = envfloat("FRLM_MODEL_TIMEOUT_S", 120.0)
 FRLM_MODEL_RETRIES = envint("FRLM_MODEL_RETRIES", 3)
 

@@ -21,6 +21,7 @@ urlpatterns = [
     path("venues", worker_views.venues_page, name="venues"),
     path("venues/panel", worker_views.venues_panel, name="venues-panel"),
     path("venues/history", worker_views.venues_history, name="venues-history"),
+    path("workers/<str:worker_id>", worker_views.worker_page, name="worker"),
     path("api/runs/<str:run_id>/events", trace_views.run_events, access, name="api-events"),
     path(
         "api/runs/<str:run_id>/spans/<str:span_id>",

@@ -191,7 +191,8 @@ class BudgetLedger:
         return [
             ("run", self.run_id, self.caps.run),
             ("provider", provider, self.caps.providers.get(provider)),
-            ("subquery", subquery, self.caps.subquery),
+            # A root turn (subquery "") is the conductor's own, not a sub-query's.
+            ("subquery", subquery, self.caps.subquery if subquery else None),
         ]
 
     def _account(self, scope: Scope, key: str) -> _Account:
@@ -372,7 +373,9 @@ class BudgetLedger:
                 self._figures("provider", name, self.caps.providers.get(name), acc)
                 for name, acc in sorted(self._providers.items())
             ]
-            busiest = sorted(self._subqueries.items(), key=lambda kv: -kv[1].committed)[:top]
+            busiest = sorted(
+                ((k, a) for k, a in self._subqueries.items() if k), key=lambda kv: -kv[1].committed
+            )[:top]
             return {
                 "run": self._figures("run", self.run_id, self.caps.run, self._run),
                 "providers": providers,

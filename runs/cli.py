@@ -88,7 +88,7 @@ def summarise(run: Run) -> dict[str, Any]:
         "correct": run.correct,
         "score": (
             round(answer_score(run.task, run.expected_answer, run.answer), 4)
-            if run.expected_answer and run.status == Run.Status.SUCCEEDED
+            if run.expected_answer and run.status in (Run.Status.SUCCEEDED, Run.Status.PARTIAL)
             else None
         ),
         "error": run.error or None,
@@ -106,6 +106,7 @@ def summarise(run: Run) -> dict[str, Any]:
         "isolation": run.isolation,
         "replay_of": run.replay_of_id,
         "replay_turn": run.replay_turn,
+        "accounts": run.accounts or None,
     }
 
 
@@ -131,6 +132,7 @@ def format_summary(s: dict[str, Any]) -> str:
         f"models     root {s['root_model']}, workers {s['worker_model']} "
         f"on {', '.join(s['venues'])}"
     )
+    lines.extend(_accounts_lines(s.get("accounts")))
     if s.get("replay_of"):
         turn = s["replay_turn"]
         how = "all of it" if turn is None else f"root turns 1-{turn}, live after"
@@ -138,3 +140,32 @@ def format_summary(s: dict[str, Any]) -> str:
     lines.append(f"sandbox    {s['isolation'] or '-'}")
     lines.append(f"trace      python manage.py frlm_trace {s['run_id']}")
     return "\n".join(lines)
+
+
+def _accounts_lines(accounts: dict[str, Any] | None) -> list[str]:
+    """Verification share, budget and receipts, where the run has them."""
+    if not accounts:
+        return []
+    lines = []
+    v = accounts.get("verification") or {}
+    if v.get("extra"):
+        kinds = ", ".join(f"{n} {k}" for k, n in sorted(v.get("by_kind", {}).items()))
+        lines.append(
+            f"verify     {v['extra']} extra sub-queries ({kinds}): {100 * v['share']:.1f}% of "
+            f"all, {100 * v['overhead']:.1f}% over the {v['primary']} asked"
+        )
+    run = (accounts.get("budget") or {}).get("run") or {}
+    if run.get("cap"):
+        lines.append(
+            f"budget     ${run['settled']:.4f} of ${run['cap']:.4f} "
+            f"({100 * run['settled'] / run['cap']:.0f}%)"
+            + ("  reached: dispatching stopped" if accounts.get("exhausted") else "")
+        )
+    r = accounts.get("receipts") or {}
+    if r.get("count"):
+        verdicts = ", ".join(f"{n} {k}" for k, n in sorted(r.get("verdicts", {}).items()))
+        lines.append(
+            f"receipts   {r['count']} ({verdicts}), paid ${r['paid']:.4f} of "
+            f"${r['cost']:.4f} claimed; check: frlm_receipts verify"
+        )
+    return lines

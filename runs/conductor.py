@@ -9,6 +9,7 @@ import os
 import re
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,9 @@ from django.conf import settings
 from django.utils import timezone
 
 from frlm_web.redis_client import get_redis
-from runs import folding, fragindex, prompts
+from runs import folding, fragindex, prompts, verify
+from runs.accounts import price_of
+from runs.budget import BudgetRefused
 from runs.context import ContextError, PreparedContext, check_path, context_prepare
 from runs.fanout import Fanout, FanoutAbort, LimitExceeded, Totals
 from runs.models import Run
@@ -111,6 +114,8 @@ class Conductor:
         try:
             context = self.prepare_context()
             answer = self.rlm(self.run.question, context, depth=0, parent=run_span.span_id)
+            if self.fanout.accounts.exhausted:
+                status, error = Run.Status.PARTIAL, self.partial_reason(answered=True)
         except RunAbort as exc:
             status, error = exc.status, str(exc)
         except Exception as exc:  # the run must end with a reason, whatever broke
@@ -134,10 +139,32 @@ class Conductor:
         Run.objects.filter(id=self.run.id).update(context_chars=prepared.chars)
         return RlmContext(prepared.path, prepared.chars, prepared.index_path, prepared.sha256)
 
+    def partial_reason(self, *, answered: bool) -> str:
+        """Why the run ended at its budget, and what its answer rests on."""
+        t = self.totals
+        refused = self.fanout.accounts.ledger.fill(top=0)["refused"]
+        rests = (
+            f"the answer rests on the {t.subqueries - t.subqueries_failed} sub-queries that "
+            "returned"
+            if answered
+            else "the program gave no answer before it"
+        )
+        return (
+            f"budget cap reached: {self.fanout.accounts.exhausted} ({refused} dispatches "
+            f"refused); {rests}. Raise policy.budget_usd to go further"
+        )
+
+    def check_budget(self) -> None:
+        """At the run's budget cap no further root turn is taken."""
+        if self.fanout.accounts.exhausted:
+            raise RunAbort(self.partial_reason(answered=False), status=Run.Status.PARTIAL)
+
     def finish(self, status: str, answer: str, error: str, wall_ms: float, run_span: Any) -> None:
         correct = None
-        if status == Run.Status.SUCCEEDED and self.run.expected_answer:
+        if status in (Run.Status.SUCCEEDED, Run.Status.PARTIAL) and self.run.expected_answer:
             correct = answer_correct(self.run.task, self.run.expected_answer, answer)
+        self.fanout.close()
+        figures = self.fanout.accounts.figures(dict(self.fanout.tally.figures()))
         t = self.totals
         Run.objects.filter(id=self.run.id).update(
             status=status,
@@ -152,10 +179,14 @@ class Conductor:
             tokens_in=t.tokens_in,
             tokens_out=t.tokens_out,
             cost=t.cost,
+            accounts=figures,
         )
         self.phase = status
         self.report()
-        span_status = {"succeeded": "ok", "cancelled": "cancelled"}.get(status, "error")
+        # A run stopped at its budget did what its policy said: cancelled, not an error.
+        span_status = {"succeeded": "ok", "cancelled": "cancelled", "partial": "cancelled"}.get(
+            status, "error"
+        )
         self.emitter.instant(
             "Run.Done",
             parent=run_span.span_id,
@@ -169,6 +200,8 @@ class Conductor:
             tokens_in=t.tokens_in,
             tokens_out=t.tokens_out,
             cost=t.cost,
+            run_status=status,
+            accounts=figures,
         )
         run_span.end(
             span_status,
@@ -251,6 +284,7 @@ class Conductor:
                     outputs.append(prompts.output_message(cells, cell_text(result)))
                     if result.final is not None:
                         return result.final
+                    self.check_budget()
                     if result.error:
                         errors += 1
                         if errors > self.policy.max_errors:
@@ -338,14 +372,38 @@ class Conductor:
         if depth == 0 and self.run.replay_turn is not None and turn == self.run.replay_turn + 1:
             self.go_live(turn)
         self.report()
+        accounts_ = self.fanout.accounts
+        model = self.root_model.model or self.root_model.kind
+        try:
+            reservation = accounts_.reserve(
+                subquery="",
+                provider=model,
+                worker_id="conductor",
+                tokens_in=folding.tokens_of(messages),
+                price=price_of({}, model),
+                parent=parent,
+                depth=depth,
+            )
+        except BudgetRefused:
+            raise RunAbort(self.partial_reason(answered=False), status=Run.Status.PARTIAL) from None
         span = self.emitter.start(
             "Run.Decode", parent=parent, depth=depth, turn=turn, model=self.root_model.label
         )
+        accounts_.reserved(reservation, parent=span.span_id, depth=depth)
         try:
             reply = chat(self.root_model, messages)
         except ModelError as exc:
+            accounts_.release(reservation, parent=span.span_id, depth=depth)
             span.end("error", error=str(exc))
             raise RunAbort(f"the root model failed: {exc}") from exc
+        accounts_.settle(
+            reservation,
+            tokens_in=reply.tokens_in,
+            tokens_out=reply.tokens_out,
+            cost=reply.cost,
+            parent=span.span_id,
+            depth=depth,
+        )
         self.totals.add_tokens(reply.tokens_in, reply.tokens_out, reply.cost)
         span.end(
             "ok",
@@ -431,15 +489,20 @@ class Conductor:
         cannot go on (no workers, cancelled) is aborted after the cell returns."""
         try:
             tier = kwargs.get("tier")
+            check = objective_check(kwargs.get("validate"))
             if name == "llm_query":
                 prompt = self.checked_prompt(kwargs.get("prompt"))
-                return self.subqueries([prompt], depth, parent, tier)[0]
+                return self.subqueries([prompt], depth, parent, tier, check)[0]
             if name == "llm_query_batched":
                 prompts_ = kwargs.get("prompts")
                 if not isinstance(prompts_, list):
                     raise SandboxCallError("llm_query_batched takes a list of prompt strings")
                 prompts_ = [self.checked_prompt(p) for p in prompts_]
-                return self.subqueries(prompts_, depth, parent, tier)
+                if kwargs.get("check") == "function":
+                    return self.checked_by_repl(prompts_, depth, parent, tier)
+                return self.subqueries(prompts_, depth, parent, tier, check)
+            if name == "objective_verdicts":
+                return self.objective_verdicts(kwargs)
             if name == "select_fragments":
                 return self.select_fragments(kwargs, context, depth=depth, parent=parent)
             if name == "rlm_query":
@@ -521,17 +584,57 @@ class Conductor:
         return selection["fragments"]
 
     def subqueries(
-        self, prompts_: list[str], depth: int, parent: str, tier: Any = None
+        self,
+        prompts_: list[str],
+        depth: int,
+        parent: str,
+        tier: Any = None,
+        check: Callable[[str], verify.CheckVerdict] | None = None,
     ) -> list[str]:
         if not prompts_:
             return []
-        outcomes = self.fanout.run_batch(prompts_, depth=depth, parent=parent, tier=tier)
+        outcomes = self.fanout.run_batch(
+            prompts_, depth=depth, parent=parent, tier=tier, check=check
+        )
+        return self.replies(outcomes)
+
+    def replies(self, outcomes: list[Any]) -> list[str]:
         failed = [o for o in outcomes if o.status == "error"]
         if failed and len(failed) == len(outcomes):
             raise FanoutAbort(
                 f"every sub-query of a batch of {len(outcomes)} failed; first: {failed[0].error}"
             )
         return [o.reply() for o in outcomes]
+
+    def checked_by_repl(
+        self, prompts_: list[str], depth: int, parent: str, tier: Any
+    ) -> dict[str, Any]:
+        """A batch whose replies the REPL checks with its own function (validate=f): the
+        replies go back with a handle; objective_verdicts takes the function's verdicts."""
+        if not prompts_:
+            return {"handle": "", "replies": [], "ok": []}
+        outcomes = self.fanout.run_batch(
+            prompts_, depth=depth, parent=parent, tier=tier, defer_check=True
+        )
+        return {
+            "handle": self.fanout.last_handle,
+            "replies": self.replies(outcomes),
+            "ok": [pos for pos, o in enumerate(outcomes) if o.status == "ok"],
+        }
+
+    def objective_verdicts(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """One round of the REPL's verdicts: [[position, passed, reason], ...]."""
+        handle, raw = kwargs.get("handle"), kwargs.get("verdicts")
+        if not isinstance(handle, str) or not isinstance(raw, list):
+            raise SandboxCallError("objective_verdicts takes a handle and a list of verdicts")
+        verdicts: dict[int, verify.CheckVerdict] = {}
+        for item in raw:
+            if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], int)):
+                raise SandboxCallError("each verdict is [position, passed, reason]")
+            pos, passed, reason = item
+            verdicts[pos] = verify.CheckVerdict(bool(passed), "function", str(reason)[:500])
+        outcomes, again = self.fanout.apply_verdicts(handle, verdicts)
+        return {"replies": self.replies(outcomes), "recheck": again}
 
     def child_rlm(
         self, prompt: str, child_context: Any, *, depth: int, parent: str, context: RlmContext
@@ -588,6 +691,17 @@ class Conductor:
                 self.fragment_paths.discard(str(sub.path.resolve()) if sub is not context else "")
         span.end("ok", payload=answer)
         return answer
+
+
+def objective_check(validate: Any) -> Callable[[str], verify.CheckVerdict] | None:
+    """The conductor's check for validate= (a JSON schema or a regex), or None without
+    one; a bad schema or pattern is the program's error, said to the REPL."""
+    if validate is None:
+        return None
+    try:
+        return verify.objective_check(validate)
+    except ValueError as exc:
+        raise SandboxCallError(str(exc)) from exc
 
 
 def prose_of(reply: str) -> str:

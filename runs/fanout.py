@@ -15,11 +15,19 @@ instead of holding the batch's tail, and every decision is made with current fig
 
 Every result is checked before it counts: it must come from the worker the job was given to
 and carry that worker's signature. Outcomes feed the workers' reputations and circuit
-breakers, which the next decisions read."""
+breakers, which the next decisions read.
+
+Trust and money (runs.accounts): each dispatch reserves its estimated cost against the
+run's budget caps before it leaves and settles on return; at the run's cap nothing more is
+sent. A straggler past its venue's latency quantile is hedged on another worker once no
+fresh work waits. Replies are then judged as the tier asks (objective checks, redundant
+agreement, a validator's signed attestation) and each gets a countersigned receipt, paid
+only when it was not judged wrong."""
 
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import random
 import time
@@ -30,10 +38,12 @@ from typing import Any
 
 import redis
 
-from runs import verify
+from runs import accounts, attest, verify
+from runs.budget import BudgetRefused, Reservation
+from runs.hedging import LatencyWindows
 from runs.policy import CHOICES, Policy
-from traces.emitter import Emitter, Span
-from workers import scheduler, venues
+from traces.emitter import Emitter, Span, sha256_text
+from workers import fragments, scheduler, venues
 from workers.backends import ModelSpec
 from workers.circuit import Breakers, Step
 from workers.jobs import Job, Result, cancelled_key, decode_result, results_stream
@@ -69,10 +79,21 @@ class LimitExceeded(Exception):
     """A REPL call asked for more than the policy allows; the REPL code sees the message."""
 
 
+# Tiers a REPL call may name: the run's policy tiers, and "objective" (a call's own check).
+CALL_TIERS = (*CHOICES["tier"], "objective")
+# A batch hedges at most this share of its sub-queries: hedges are for the tail.
+HEDGE_SHARE = 0.1
+# A straggler runs this much past the quantile: latencies with no spread do not hedge on jitter.
+HEDGE_SLACK = 1.1
+# A worker whose validation record (its Beta mean) is below this has been caught recently:
+# the high-trust tier re-runs all of its answers until the record mends.
+SUSPECT_BELOW = 0.5
+
+
 @dataclass
 class Outcome:
     index: int
-    status: str = "pending"  # ok | error | timeout | cancelled | unresolved
+    status: str = "pending"  # ok | error | timeout | cancelled | unresolved | rejected | budget
     text: str = ""
     error: str = ""
     venue: str = ""
@@ -121,16 +142,42 @@ class _Flight:
     task_id: str = ""
     deadline: float = 0.0
     sent_at: float = 0.0
-    started_at: float = 0.0  # when its worker said it started (the latest attempt's if later)
+    started_at: float = 0.0  # when its worker said it started (0: still queued)
     worker_id: str = ""  # who holds it: the assignee, or who took it from a shared queue
     assigned: str = ""  # the worker it was given to; "" when put on a venue's shared queue
     queue: str = ""
     slot: str = ""  # whose credit it uses: a worker id, or "venue:<name>"
     retry_reason: str = ""
     tried: set[str] = field(default_factory=set)  # worker ids and venue names
-    replica_of: int = -1  # a redundant tier's copy: the position of the sub-query it copies
+    replica_of: int = -1  # a copy's: the position in its batch of the sub-query it copies
     venues: frozenset[str] = frozenset()  # where it may run; empty: the run's answer venues
     original: int = 0  # a copy's: the number of the sub-query it copies
+    kind: str = ""  # "" an answer; a copy made to judge one: replica, recheck, validator
+    judged: _Flight | None = None  # a validator's: the reply it re-runs
+    reservation: Reservation | None = None  # its budget reservation while it is out
+    result: Result | None = None  # the signed reply, kept for its receipt
+    verdict: str = "unverified"  # what its reply was judged (runs.receipts verdicts)
+    twin: _Flight | None = None  # a hedge and the attempt it hedges, while both may answer
+    hedge: bool = False  # this attempt is a hedge of its twin
+
+
+@dataclass
+class _Batch:
+    """One REPL call's sub-queries while they are judged: who holds each position's reply
+    now (the answer, or the recheck that replaced it), which workers failed its check, and
+    every reply that came back, for its receipt once its verdict is known."""
+
+    flights: list[_Flight]
+    tier: str
+    depth: int
+    parent: str | None
+    judging: bool  # verdicts come after the replies: receipts wait for them
+    holders: dict[int, _Flight] = field(default_factory=dict)
+    failed: dict[int, set[str]] = field(default_factory=dict)
+    replied: list[_Flight] = field(default_factory=list)
+
+    def holder(self, pos: int) -> _Flight:
+        return self.holders.get(pos, self.flights[pos])
 
 
 @dataclass(frozen=True)
@@ -173,6 +220,7 @@ class Fanout:
         self.last_id = "0-0"
         self.counter = 0
         self.batches = 0
+        self.last_handle = ""  # the latest batch left for the REPL to check (defer_check)
         self._inflight: dict[str, int] = {}  # this run's unsettled jobs per credit slot
         self._limit: dict[str, int] = {}  # slots plus margin, per live venue
         self._live: dict[str, set[str]] = {}  # presence names per venue
@@ -189,6 +237,12 @@ class Fanout:
         self.rng = random.Random(run_id)
         self.ledger = Ledger(client)
         self.tally = verify.VerificationTally()
+        self.accounts = accounts.RunAccounts(run_id, policy, emitter)
+        self.latency = LatencyWindows(policy.hedge)
+        self._current: _Batch | None = None  # the batch being dispatched and judged
+        self._deferred: dict[str, _Batch] = {}  # batches awaiting the REPL's own checks
+        self._hedges = 0  # hedges sent in the current dispatch
+        self._hedge_limit = 0
         self.breakers = Breakers(client)
         self.weights = scheduler.Weights(
             latency=policy.weight_latency,
@@ -214,27 +268,98 @@ class Fanout:
             )
 
     def run_batch(
-        self, prompts: list[str], *, depth: int, parent: str | None, tier: Any = None
+        self,
+        prompts: list[str],
+        *,
+        depth: int,
+        parent: str | None,
+        tier: Any = None,
+        check: Callable[[str], verify.CheckVerdict] | None = None,
+        defer_check: bool = False,
     ) -> list[Outcome]:
         """1. check the limits, 2. send as many jobs as the workers have credit for,
         3. collect replies, sending the rest as credit frees, until all are settled, the
-        quorum is met or the deadline passes, 4. verify them as the tier asks."""
+        quorum is met or the deadline passes, 4. judge them: `check` (an objective check),
+        then the tier. With `defer_check` the REPL checks the replies itself: the batch
+        waits under `self.last_handle` for its verdicts (apply_verdicts)."""
         tier = tier or self.policy.tier
-        if tier not in CHOICES["tier"]:
-            raise LimitExceeded(f"tier={tier!r}: choose one of {', '.join(CHOICES['tier'])}")
+        if tier not in CALL_TIERS:
+            raise LimitExceeded(f"tier={tier!r}: choose one of {', '.join(CALL_TIERS)}")
+        if tier == "objective":
+            if check is None and not defer_check:
+                raise LimitExceeded(
+                    "tier='objective' needs a check: validate=<JSON schema dict>, <regex str> "
+                    "or <function of the reply returning True when it is acceptable>"
+                )
+            tier = "best_effort"
         self.check_limits(len(prompts))
         self.totals.calls += len(prompts)
         self._refresh_venues(force=True)
+        if tier == "high_trust":
+            self._validator_venues()  # refuses the call when no validator is live
         self._parent, self._depth = parent, depth
         self.batches += 1
-        batch = [_Flight(Outcome(i), p) for i, p in enumerate(prompts)]
-        self._dispatch(batch)
-        self.tally.add_primary(len(batch))
-        if tier == "redundant":
-            self._verify_redundant(batch)
+        state = _Batch(
+            [_Flight(Outcome(i), p) for i, p in enumerate(prompts)],
+            tier,
+            depth,
+            parent,
+            judging=tier != "best_effort" or check is not None or defer_check,
+        )
+        self._current = state
+        self._dispatch(state.flights)
+        self.tally.add_primary(len(state.flights))
+        if check is not None:
+            verdicts = self._check_all(state, check, range(len(state.flights)))
+            while verdicts:
+                verdicts = self._check_all(state, check, self._objective_round(state, verdicts))
+        if defer_check:
+            self.last_handle = f"b{self.batches}"
+            self._deferred[self.last_handle] = state
+        else:
+            self._finish_batch(state)
+        return [flight.outcome for flight in state.flights]
+
+    def apply_verdicts(
+        self, handle: str, verdicts: dict[int, verify.CheckVerdict]
+    ) -> tuple[list[Outcome], list[int]]:
+        """The REPL's own check of a deferred batch's replies (by position): the failed ones
+        go to other workers while attempts remain. Returns the batch's outcomes and the
+        positions with new replies, to check again; when there are none, the batch is
+        judged by its tier and closed."""
+        state = self._deferred.get(handle)
+        if state is None:
+            raise LimitExceeded(f"no batch {handle!r} is waiting for verdicts")
+        known = {p for p in verdicts if 0 <= p < len(state.flights)}
+        if known != set(verdicts):
+            raise LimitExceeded("verdicts name positions that are not in the batch")
+        self._current, self._parent, self._depth = state, state.parent, state.depth
+        again = self._objective_round(state, verdicts)
+        if not again:
+            del self._deferred[handle]
+            self._finish_batch(state)
+        return [flight.outcome for flight in state.flights], again
+
+    def close(self) -> None:
+        """At the run's end: replies of batches whose REPL check never came back (the cell
+        failed before it) are paid for as they stand, unverified, so no work goes unreceipted."""
         with self.emitter.batch():
+            for state in self._deferred.values():
+                for flight in state.replied:
+                    self._pay(flight)
+        self._deferred.clear()
+
+    def _finish_batch(self, state: _Batch) -> None:
+        """Judge the replies as the tier asks, then pay for each one by its verdict."""
+        if state.tier == "redundant":
+            self._verify_redundant(state)
+        elif state.tier == "high_trust":
+            self._verify_high_trust(state)
+        with self.emitter.batch():
+            for flight in state.replied:
+                self._pay(flight)
             self._flush_observations()
-        return [flight.outcome for flight in batch]
+        state.replied.clear()
 
     def _dispatch(self, batch: list[_Flight]) -> None:
         for flight in batch:
@@ -243,12 +368,29 @@ class Fanout:
         self._backlog = deque(batch)
         flights: dict[str, _Flight] = {}
         self.totals.subqueries += len(batch)
+        self._hedges = 0
+        self._hedge_limit = max(1, math.floor(HEDGE_SHARE * len(batch)))
         self._pump(flights)
         self.on_progress()
         self._collect(batch, flights)
 
     # --- verification ----------------------------------------------------------------
-    def _verify_redundant(self, batch: list[_Flight]) -> None:
+    def _copy(self, state: _Batch, pos: int, kind: str, avoid: set[str]) -> _Flight:
+        """A copy of position `pos`'s sub-query, made to judge its reply; it runs on none
+        of the workers in `avoid`."""
+        holder = state.holder(pos)
+        copy = _Flight(
+            Outcome(0),
+            holder.prompt,
+            replica_of=pos,
+            venues=self.verify_venues,
+            original=state.flights[pos].outcome.index,
+            kind=kind,
+        )
+        copy.tried = set(avoid)
+        return copy
+
+    def _verify_redundant(self, state: _Batch) -> None:
         """Copies of each answered sub-query go to other workers, in rounds, until its
         answer is accepted or it is unresolved. An answer from a worker past the trust gate
         is copied only now and then (verify.should_replicate)."""
@@ -258,35 +400,30 @@ class Fanout:
             max_replicas=self.policy.max_replicas,
             rule=verify.AgreementRule(mode=self.policy.agree_mode),
         )
-        replies: dict[int, list[verify.Reply]] = {}
-        sent: dict[int, int] = {}
+        replies: dict[int, list[tuple[verify.Reply, _Flight]]] = {}
+        sent: dict[int, int] = {}  # copies sent, answered or not: the limit counts them all
         todo: list[int] = []
-        for pos, flight in enumerate(batch):
+        for pos, flight in enumerate(state.flights):
             if flight.outcome.status != "ok":
                 continue
-            replies[pos] = [self._reply(flight)]
+            holder = state.holder(pos)
+            replies[pos] = [(self._reply(holder), holder)]
             sent[pos] = 1
-            trust = self.ledger.get(flight.outcome.worker_id).consecutive_valid
+            trust = self.ledger.get(holder.outcome.worker_id).consecutive_valid
             if policy.agree > 1 and verify.should_replicate(trust, self.rng):
                 todo.append(pos)
         while todo:
             copies: list[_Flight] = []
             for pos in todo:
                 going: set[str] = set()  # workers the copies going out now may not share
-                decision = verify.redundant_decide(replies[pos], policy)
+                judged = [reply for reply, _ in replies[pos]]
+                decision = verify.redundant_decide(judged, policy)
                 if decision.outcome != "more" or sent[pos] >= policy.max_replicas:
-                    self._judge(batch[pos], decision, replies[pos])
+                    self._judge(state.flights[pos], decision, replies[pos])
                     continue
                 for _ in range(min(decision.dispatch, policy.max_replicas - sent[pos])):
-                    copy = _Flight(
-                        Outcome(0),
-                        batch[pos].prompt,
-                        replica_of=pos,
-                        venues=self.verify_venues,
-                        original=batch[pos].outcome.index,
-                    )
                     # Distinct workers: those that answered, and the copies going out now.
-                    copy.tried = set(decision.avoid_workers) | going
+                    copy = self._copy(state, pos, "replica", set(decision.avoid_workers) | going)
                     going |= copy.tried
                     copies.append(copy)
                     sent[pos] += 1
@@ -296,7 +433,7 @@ class Fanout:
             self._dispatch(copies)
             for copy in copies:
                 if copy.outcome.status == "ok":
-                    replies[copy.replica_of].append(self._reply(copy))
+                    replies[copy.replica_of].append((self._reply(copy), copy))
             todo = sorted({c.replica_of for c in copies})
 
     def _reply(self, flight: _Flight) -> verify.Reply:
@@ -308,7 +445,10 @@ class Fanout:
         )
 
     def _judge(
-        self, flight: _Flight, decision: verify.Decision, replies: list[verify.Reply]
+        self,
+        flight: _Flight,
+        decision: verify.Decision,
+        replies: list[tuple[verify.Reply, _Flight]],
     ) -> None:
         """Record the verdict on the sub-query's span, teach reputation who was right, and
         make the accepted answer (or the lack of one) the sub-query's outcome."""
@@ -333,8 +473,14 @@ class Fanout:
             sq=flight.outcome.index,
             **attrs,
         )
-        for worker_id, right in verify.judgements(decision).items():
-            self.ledger.observe(Observation(worker_id, agreement=right))
+        right = verify.judgements(decision)
+        for worker_id, ok in right.items():
+            self.ledger.observe(Observation(worker_id, agreement=ok))
+        for reply, replier in replies:
+            if decision.outcome != "accept":
+                replier.verdict = "unresolved"
+            elif reply.worker_id in right:
+                replier.verdict = "accepted" if right[reply.worker_id] else "rejected"
         if decision.outcome == "accept":
             flight.outcome.text = decision.text or ""
         else:
@@ -343,6 +489,230 @@ class Fanout:
                 f"{len(replies)} workers never agreed ({decision.reason}); no answer is guessed"
             )
             self.totals.subqueries_failed += 1
+
+    def _check_all(
+        self, state: _Batch, check: Callable[[str], verify.CheckVerdict], positions: Any
+    ) -> dict[int, verify.CheckVerdict]:
+        """The conductor's own check (a JSON schema, a regex) of the replies at `positions`."""
+        return {
+            pos: check(state.holder(pos).outcome.text)
+            for pos in positions
+            if state.holder(pos).outcome.status == "ok"
+        }
+
+    def _objective_round(
+        self, state: _Batch, verdicts: dict[int, verify.CheckVerdict]
+    ) -> list[int]:
+        """Record one round of objective verdicts (Verify.Objective, reputation, the reply's
+        verdict); send each failed sub-query to a worker that has not failed it, while
+        attempts remain, else reject it. Returns the positions that got a new reply."""
+        retry: list[_Flight] = []
+        for pos, verdict in sorted(verdicts.items()):
+            flight, holder = state.flights[pos], state.holder(pos)
+            if holder.outcome.status != "ok":
+                continue
+            worker = holder.outcome.worker_id
+            self.emitter.instant(
+                "Verify.Objective",
+                parent=flight.span.span_id,
+                depth=state.depth,
+                status="ok" if verdict.ok else "rejected",
+                links=[holder.span.span_id],
+                worker_id=worker or None,
+                venue=holder.outcome.venue or None,
+                sq=flight.outcome.index,
+                **verdict.attrs(),
+            )
+            if worker:
+                self.ledger.observe(Observation(worker, validation=verdict.ok))
+            holder.verdict = "accepted" if verdict.ok else "rejected"
+            if verdict.ok:
+                continue
+            failed = state.failed.setdefault(pos, set())
+            failed.add(worker)
+            if len(failed) <= self.policy.max_retries:
+                retry.append(self._copy(state, pos, "recheck", failed))
+                continue
+            flight.outcome.status = "rejected"
+            flight.outcome.error = (
+                f"failed its check on {len(failed)} worker(s); last: {verdict.reason}"
+            )
+            self.totals.subqueries_failed += 1
+        if not retry:
+            return []
+        self.tally.add_extra("recheck", len(retry))
+        self._dispatch(retry)
+        again = []
+        for copy in retry:
+            outcome = state.flights[copy.replica_of].outcome
+            if copy.outcome.status == "ok":
+                state.holders[copy.replica_of] = copy
+                _adopt(outcome, copy.outcome)
+                again.append(copy.replica_of)
+            else:
+                outcome.status = "rejected"
+                outcome.error = (
+                    f"failed its check, and the retry got no reply: {copy.outcome.error}"
+                )
+                self.totals.subqueries_failed += 1
+        return again
+
+    def _validator_venues(self) -> frozenset[str]:
+        """The venues whose live workers may validate (trusted ones among those watched);
+        refuses the call when there is none."""
+        trusted = frozenset(w["venue"] for w in self._workers.values() if w.get("trusted"))
+        if not trusted:
+            raise LimitExceeded(
+                "tier='high_trust' needs a live worker on a trusted venue to validate with; "
+                f"none of {', '.join(self.venue_names)} has one: add a trusted venue (e.g. "
+                "local) to the run's venues or to policy.verify_venues, or mark one trusted "
+                "in the admin"
+            )
+        return trusted
+
+    def _verify_high_trust(self, state: _Batch) -> None:
+        """A validator re-runs a sample of the answers: often those only workers below the
+        trust gate vouch for, rarely the others (verify.should_validate); each re-run comes
+        back with the validator's signed attestation (Verify.Attest). A divergence takes
+        the validator's answer and counts against the worker."""
+        venues_ = self._validator_venues()
+        copies: list[_Flight] = []
+        for pos, flight in enumerate(state.flights):
+            holder = state.holder(pos)
+            if flight.outcome.status != "ok" or holder.outcome.status != "ok":
+                continue
+            worker = holder.outcome.worker_id
+            trusted = bool(self._workers.get(worker, {}).get("trusted"))
+            record = self.ledger.get(worker)
+            passed = record.mean("validation")
+            if not verify.should_validate(
+                [verify.TRUST_AFTER if trusted else record.consecutive_valid],
+                self.rng,
+                untrusted_rate=self.policy.validate_rate,
+                trusted_rate=self.policy.validate_trusted_rate,
+                suspect=not trusted and passed is not None and passed < SUSPECT_BELOW,
+            ):
+                continue
+            copy = self._copy(state, pos, "validator", {worker})
+            copy.venues, copy.judged = venues_, holder
+            copies.append(copy)
+        if not copies:
+            return
+        self.tally.add_extra("validator", len(copies))
+        self._dispatch(copies)
+        for copy in copies:
+            self._attest(state.flights[copy.replica_of], copy)
+
+    def _attest(self, flight: _Flight, copy: _Flight) -> None:
+        """Check a validator's attestation of `copy.judged` and act on its verdict."""
+        judged = copy.judged
+        assert judged is not None
+        worker, validator = judged.outcome.worker_id, copy.outcome.worker_id
+        links = [judged.span.span_id] + ([copy.span.span_id] if copy.span else [])
+        base = {"parent": flight.span.span_id, "depth": self._depth, "links": links}
+        if copy.outcome.status != "ok" or copy.result is None:
+            self.emitter.instant(
+                "Verify.Attest",
+                **base,
+                status="error",
+                tier="high_trust",
+                worker_id=worker or None,
+                reason=f"the validator gave no answer: {copy.outcome.error or copy.outcome.status}",
+            )
+            return
+        signed, problem = self._attestation(flight, judged, copy)
+        if problem is not None:
+            from workers.services import worker_strike
+
+            self.emitter.instant(
+                "Verify.Attest",
+                **base,
+                status="rejected",
+                tier="high_trust",
+                worker_id=validator or None,
+                reason=f"attestation refused: {problem}",
+            )
+            worker_strike(validator, f"bad attestation: {problem}")
+            copy.verdict = "rejected"
+            return
+        assert signed is not None
+        agreed = signed["attestation"]["verdict"] == "agree"
+        self.emitter.instant(
+            "Verify.Attest",
+            **base,
+            status="ok" if agreed else "rejected",
+            worker_id=worker or None,
+            sq=flight.outcome.index,
+            attrs={"tier": "high_trust", **signed},
+        )
+        self.ledger.observe(Observation(worker, validation=agreed))
+        judged.verdict = "accepted" if agreed else "rejected"
+        copy.verdict = "validator"
+        if not agreed:
+            # The validator is trusted: its answer stands instead of the diverging one.
+            _adopt(flight.outcome, copy.outcome)
+
+    def _attestation(
+        self, flight: _Flight, judged: _Flight, copy: _Flight
+    ) -> tuple[attest.SignedAttestation | None, str | None]:
+        """The validator's signed attestation, and what is wrong with it (None when it is
+        sound: signed with the validator's registered key, about this very reply)."""
+        assert copy.result is not None
+        try:
+            signed = json.loads(copy.result.get("attestation") or "null")
+        except ValueError:
+            return None, "not JSON"
+        if not isinstance(signed, dict):
+            return None, "the validator sent none"
+        key = self._public_key(copy.outcome.worker_id)
+        problem = attest.attestation_problem(signed, validator_key=key)  # type: ignore[arg-type]
+        if problem is not None:
+            return None, problem
+        att = signed["attestation"]
+        expected = {
+            "run": self.run_id,
+            "subquery": flight.span.span_id,
+            "span": judged.span.span_id,
+            "worker": judged.outcome.worker_id,
+            "validator": copy.outcome.worker_id,
+            "input_sha256": sha256_text(judged.prompt),
+            "worker_output_sha256": sha256_text(judged.outcome.text),
+            "validator_output_sha256": sha256_text(copy.outcome.text),
+        }
+        wrong = [k for k, v in expected.items() if att.get(k) != v]
+        if wrong:
+            return None, f"it is not about this reply ({', '.join(wrong)} differ)"
+        return signed, None  # type: ignore[return-value]
+
+    def _pay(self, flight: _Flight) -> None:
+        """The receipt of a reply by its verdict (runs.accounts.RunAccounts.receipt)."""
+        result = flight.result
+        if result is None or flight.span is None:
+            return
+        # Whose signed reply it is: the outcome may since name a recheck's or a validator's.
+        wid = str(result.get("worker_id", ""))
+        key = self._keys.get(wid)
+        if key is None:
+            return
+        worker = self._workers.get(wid, {})
+        model = self.worker_model.model or ""
+        self.accounts.receipt(
+            accounts.Payee(
+                span=flight.span.span_id,
+                attempt=str(result.get("sq_id", "")),
+                worker_id=wid,
+                worker_key=key,
+                prompt=flight.prompt,
+                text=str(result.get("text", "")),
+                tokens_in=int(result.get("tokens_in", 0)),
+                tokens_out=int(result.get("tokens_out", 0)),
+                cost=float(result.get("cost") or 0.0),
+                price=accounts.price_of(worker, accounts.provider_of(worker, model)),
+                sig=str(result.get("sig", "")),
+            ),
+            flight.verdict,
+            depth=self._depth,
+        )
 
     # --- dispatch --------------------------------------------------------------------
     def _refresh_venues(self, *, force: bool = False) -> None:
@@ -369,6 +739,13 @@ class Fanout:
                 f"with `python manage.py frlm_worker --venue {self.venue_names[0]}` or `make up`"
             )
 
+    def _capped(self, worker: venues.LiveWorker) -> bool:
+        """Whether the worker's provider has reached its budget cap in this run."""
+        if not self.accounts.capped_providers:
+            return False
+        provider = accounts.provider_of(worker, self.worker_model.model or "")
+        return provider in self.accounts.capped_providers
+
     def _allowed(self, worker: venues.LiveWorker) -> bool:
         return self.breakers.allows(f"worker:{worker['worker_id']}") and self.breakers.allows(
             f"venue:{worker['venue']}"
@@ -390,19 +767,54 @@ class Fanout:
                 # Workers are there but none may take it, and nothing in flight will free
                 # a credit: waiting would wait forever. (With no worker at all, the batch
                 # waits a while for one to come back: see _collect.)
-                self._settle_backlog("error", self._unroutable())
+                capped = self.accounts.capped_providers
+                self._settle_backlog("budget" if capped else "error", self._unroutable())
             return
         taken = {id(flight) for flight, _ in picks}
         self._backlog = deque(f for f in self._backlog if id(f) not in taken)
         ready: list[tuple[_Flight, Job]] = []
         with self.emitter.batch():
             for flight, target in picks:
+                reservation = self._reserve(flight, target)
+                if reservation is None:
+                    continue
                 ready.append((flight, self._prepare(flight, target, flights)))
+                flight.reservation = reservation
+                self.accounts.reserved(reservation, parent=flight.span.span_id, depth=self._depth)
         from frlm_web.celery import app
 
         with app.producer_or_acquire() as producer, producer.batch(max_size=DISPATCH_FLUSH):
             for flight, job in ready:
                 self._publish(flight, job, producer)
+
+    def _reserve(self, flight: _Flight, target: _Target) -> Reservation | None:
+        """Reserve the attempt's estimated cost before it leaves. When a cap refuses: the
+        run's stops all dispatching (this flight and the backlog end as `budget`), a
+        provider's sends the flight back to be routed to another provider, a sub-query's
+        ends that sub-query."""
+        worker = self._workers.get(target.worker_id, {})
+        provider = accounts.provider_of(worker, self.worker_model.model or "")
+        try:
+            return self.accounts.reserve(
+                # Copies count against the sub-query they copy: the cap is per question.
+                subquery=str(flight.original or flight.outcome.index),
+                provider=provider,
+                worker_id=target.worker_id,
+                tokens_in=fragments.prompt_tokens(flight.prompt),
+                price=accounts.price_of(worker, provider),
+                parent=flight.span.span_id if flight.span else self._parent,
+                depth=self._depth,
+            )
+        except BudgetRefused as refused:
+            reason = refused.attrs["reason"]
+            if refused.scope == "provider":
+                self._backlog.appendleft(flight)
+            elif refused.scope == "subquery":
+                self._settle(flight, "budget", error=reason)
+            else:
+                self._settle(flight, "budget", error=reason)
+                self._settle_backlog("budget", reason)
+            return None
 
     def _pick_scheduled(self, flights: dict[str, _Flight]) -> list[tuple[_Flight, _Target]]:
         """The scheduler's plan for the backlog (workers.scheduler.plan), told which of this
@@ -435,7 +847,7 @@ class Fanout:
                     reputation=rep.score,
                     models=list(w.get("models") or []),
                     context_tokens=int(w.get("context_tokens") or 1 << 30),
-                    allowed=self._allowed(w),
+                    allowed=self._allowed(w) and not self._capped(w),
                     running_ms=running[wid],
                 )
             )
@@ -472,7 +884,9 @@ class Fanout:
     def _pick_round_robin(self) -> list[tuple[_Flight, _Target]]:
         """Each job to the next worker in turn, whatever its speed: the baseline a scheduler
         is measured against."""
-        order = sorted(w for w, info in self._workers.items() if self._allowed(info))
+        order = sorted(
+            w for w, info in self._workers.items() if self._allowed(info) and not self._capped(info)
+        )
         if not order:
             return []
         picks = []
@@ -510,6 +924,12 @@ class Fanout:
 
     def _unroutable(self) -> str:
         """Why no live worker can take the backlog, in words a user can act on."""
+        if self.accounts.capped_providers:
+            return (
+                "every live worker's provider has reached its budget cap ("
+                f"{', '.join(sorted(self.accounts.capped_providers))}); raise "
+                "policy.provider_budgets or add workers of another provider"
+            )
         if not self._workers and self.policy.routing != "shared":
             return (
                 f"no registered worker is live on {', '.join(self.venue_names)}: start one with "
@@ -556,6 +976,25 @@ class Fanout:
                 route=target.how,
                 routing=target.routing,
                 replica_of=flight.original or None,
+                copy=flight.kind or None,
+            )
+        elif flight.hedge and flight.twin is not None:
+            twin = flight.twin
+            self.tally.add_extra("hedge")  # counted when it leaves: a queued one may be dropped
+            self.emitter.instant(
+                "SubQuery.Hedge",
+                parent=flight.span.span_id,
+                depth=self._depth,
+                status="ok",
+                **where,
+                hedged_worker=twin.worker_id or None,
+                hedged_venue=twin.venue,
+                after_ms=round((flight.sent_at - twin.started_at) * 1000, 1),
+                threshold_ms=self.latency.threshold_ms(twin.venue),
+                quantile=self.policy.hedge,
+                route=target.how,
+                routing=target.routing,
+                attempt=flight.outcome.attempts,
             )
         else:
             self.emitter.instant(
@@ -579,7 +1018,25 @@ class Fanout:
             "depth": self._depth,
             "timeout_s": self.policy.subquery_timeout_s,
             "attempt": flight.outcome.attempts,
+            **({"validate": self._validate_order(flight)} if flight.judged else {}),
         }
+
+    def _validate_order(self, flight: _Flight) -> dict[str, Any]:
+        """What a validator needs to attest to the reply it re-runs."""
+        judged = flight.judged
+        assert judged is not None and judged.span is not None
+        return {
+            "subquery": self._span_of(flight.replica_of, flight),
+            "span": judged.span.span_id,
+            "worker": judged.outcome.worker_id,
+            "output": judged.outcome.text,
+            "mode": self.policy.agree_mode,
+        }
+
+    def _span_of(self, pos: int, flight: _Flight) -> str:
+        state = self._current
+        assert state is not None and state.flights[pos].span is not None, flight
+        return state.flights[pos].span.span_id
 
     def _open_span(self, flight: _Flight, **attrs: object) -> Span:
         flight.span = self.emitter.start(
@@ -628,6 +1085,7 @@ class Fanout:
                         self._on_result(decode_result(fields), flights)
                 self._check_deadlines(flights)
                 self._check_lost_workers(flights)
+                self._hedge_stragglers(flights)
                 settled = sum(1 for f in batch if f.outcome.status != "pending")
                 if (flights or self._backlog) and settled >= need:
                     self._cancel_rest(flights, f"quorum of {need}/{len(batch)} reached")
@@ -667,21 +1125,24 @@ class Fanout:
             flight.worker_id = wid
             flight.started_at = time.time()
             return
-        self._release(flight, flights)
+        self._release(flight, flights, spent=result if status == "ok" else None)
         # How long it ran, not how long it queued: the scheduler adds the queue itself.
         ms = (time.time() - max(flight.sent_at, flight.started_at)) * 1000
         if status == "ok":
             self._observe(flight, True, latency_ms=ms)
+            if flight.started_at:
+                self.latency.add(flight.venue, (time.time() - flight.started_at) * 1000)
             self.totals.add_tokens(
                 result.get("tokens_in", 0), result.get("tokens_out", 0), result.get("cost")
             )
             self._settle(flight, "ok", result=result)
+            self._drop_twin(flight, flights)
         elif status == "error":
             self._observe(flight, False)
-            self._retry_or_settle(flight, "error", result.get("error", "failed"))
+            self._retry_or_settle(flight, "error", result.get("error", "failed"), flights)
         else:
             self._retry_or_settle(
-                flight, "error", "the worker dropped the job as expired or cancelled"
+                flight, "error", "the worker dropped the job as expired or cancelled", flights
             )
 
     def _check_sender(self, flight: _Flight, wid: str) -> str | None:
@@ -776,6 +1237,7 @@ class Fanout:
                 flight,
                 "timeout",
                 f"no reply within {self.policy.subquery_timeout_s} s (policy.subquery_timeout_s)",
+                flights,
             )
 
     def _check_lost_workers(self, flights: dict[str, _Flight]) -> None:
@@ -797,7 +1259,7 @@ class Fanout:
             # are left alone, and reputation learns of it as an unfinished job.
             if flight.worker_id:
                 self.ledger.observe(Observation(flight.worker_id, completion=False))
-            self._retry_or_settle(flight, "error", reason)
+            self._retry_or_settle(flight, "error", reason, flights)
 
     def _worker_lost(self, wid: str, venue: str) -> None:
         """Say once per run that a worker holding its work left without a word."""
@@ -816,16 +1278,114 @@ class Fanout:
             marked=worker_mark_lost(wid),
         )
 
-    def _release(self, flight: _Flight, flights: dict[str, _Flight]) -> None:
+    def _release(
+        self, flight: _Flight, flights: dict[str, _Flight], *, spent: Result | None = None
+    ) -> None:
+        """The attempt is no longer out: free its credit and close its reservation, settled
+        at what the reply cost, or released when nothing came of it."""
         flights.pop(flight.sq_id, None)
         self._inflight[flight.slot] = max(0, self._inflight.get(flight.slot, 1) - 1)
+        reservation, flight.reservation = flight.reservation, None
+        if reservation is None:
+            return
+        where = {"parent": flight.span.span_id if flight.span else None, "depth": self._depth}
+        if spent is None:
+            self.accounts.release(reservation, **where)
+        else:
+            self.accounts.settle(
+                reservation,
+                tokens_in=int(spent.get("tokens_in", 0)),
+                tokens_out=int(spent.get("tokens_out", 0)),
+                cost=spent.get("cost"),
+                **where,
+            )
+
+    # --- hedging ---------------------------------------------------------------------
+    def _hedge_stragglers(self, flights: dict[str, _Flight]) -> None:
+        """Once no fresh work waits (a free slot is better spent on it), a sub-query that
+        has run past its venue's latency quantile gets a twin on another worker: whichever
+        answers first wins, the other is cancelled (_drop_twin). Running time counts from
+        the worker's start: a job waiting in a queue is not a slow worker's."""
+        if self.latency.quantile is None or self._hedges >= self._hedge_limit:
+            return
+        if any(not f.hedge for f in self._backlog):
+            return
+        now = time.time()
+        for flight in sorted(flights.values(), key=lambda f: f.sent_at):
+            if self._hedges >= self._hedge_limit:
+                return
+            if flight.twin is not None or flight.hedge or flight.outcome.status != "pending":
+                continue
+            threshold = self.latency.threshold_ms(flight.venue)
+            if (
+                threshold is None
+                or not flight.started_at
+                or (now - flight.started_at) * 1000 <= threshold * HEDGE_SLACK
+            ):
+                continue
+            hedge = _Flight(
+                flight.outcome,
+                flight.prompt,
+                span=flight.span,
+                replica_of=flight.replica_of,
+                venues=flight.venues,
+                original=flight.original,
+                kind=flight.kind,
+                judged=flight.judged,
+                tried=set(flight.tried),
+                twin=flight,
+                hedge=True,
+            )
+            flight.twin = hedge
+            self._hedges += 1
+            self._backlog.appendleft(hedge)
+
+    def _twin_alive(self, flight: _Flight, flights: dict[str, _Flight]) -> bool:
+        """Whether this attempt's twin may still answer for it (it is out or queued)."""
+        twin = flight.twin
+        if twin is None:
+            return False
+        return flights.get(twin.sq_id) is twin or any(f is twin for f in self._backlog)
+
+    def _drop_twin(self, flight: _Flight, flights: dict[str, _Flight]) -> None:
+        """The sub-query is settled: its twin, if still out, is cancelled; if still queued
+        here, forgotten."""
+        twin, flight.twin = flight.twin, None
+        if twin is None:
+            return
+        twin.twin = None
+        if any(f is twin for f in self._backlog):
+            self._backlog = deque(f for f in self._backlog if f is not twin)
+            return
+        if flights.get(twin.sq_id) is not twin:
+            return
+        winner = "hedge" if flight.hedge else "original attempt"
+        self.emitter.instant(
+            "SubQuery.Cancel",
+            parent=twin.span.span_id if twin.span else None,
+            depth=self._depth,
+            status="cancelled",
+            reason=f"hedged: the {winner} {flight.sq_id} answered first",
+            sq_id=twin.sq_id,
+            venue=twin.venue,
+            worker_id=twin.worker_id or None,
+        )
+        self._abandon(twin, flights)
 
     def _abandon(self, flight: _Flight, flights: dict[str, _Flight]) -> None:
         self._release(flight, flights)
         self._revoke([flight])
 
-    def _retry_or_settle(self, flight: _Flight, status: str, reason: str) -> None:
-        """Another attempt, on another venue where one has credit, while attempts remain."""
+    def _retry_or_settle(
+        self, flight: _Flight, status: str, reason: str, flights: dict[str, _Flight] | None = None
+    ) -> None:
+        """Another attempt, on another venue where one has credit, while attempts remain
+        (none when a hedge twin may still answer for it)."""
+        if flights is not None and self._twin_alive(flight, flights):
+            assert flight.twin is not None
+            flight.twin.twin = None
+            flight.twin = None
+            return
         if flight.outcome.attempts <= self.policy.max_retries:
             flight.retry_reason = reason
             self._backlog.appendleft(flight)
@@ -833,7 +1393,8 @@ class Fanout:
         self._settle(flight, status, error=reason)
 
     def _cancel_rest(self, flights: dict[str, _Flight], reason: str) -> None:
-        for flight in flights.values():
+        gone = list(flights.values())
+        for flight in gone:
             self.emitter.instant(
                 "SubQuery.Cancel",
                 parent=flight.span.span_id,
@@ -843,16 +1404,18 @@ class Fanout:
                 sq_id=flight.sq_id,
                 venue=flight.venue,
             )
-            self._settle(flight, "cancelled", error=f"cancelled: {reason}")
-        self._revoke(list(flights.values()))
-        for flight in flights.values():
-            self._inflight[flight.slot] = max(0, self._inflight.get(flight.slot, 1) - 1)
-        flights.clear()
+            if flight.outcome.status == "pending":  # a hedge's twin settles it only once
+                self._settle(flight, "cancelled", error=f"cancelled: {reason}")
+        self._revoke(gone)
+        for flight in gone:
+            self._release(flight, flights)
         self._settle_backlog("cancelled", f"cancelled before it was sent: {reason}")
 
     def _settle_backlog(self, status: str, reason: str) -> None:
         while self._backlog:
-            self._settle(self._backlog.popleft(), status, error=reason)
+            flight = self._backlog.popleft()
+            if flight.outcome.status == "pending":  # a queued hedge's twin may have settled it
+                self._settle(flight, status, error=reason)
 
     def _revoke(self, gone: list[_Flight]) -> None:
         """Workers skip cancelled jobs they have not started; Celery drops queued ones."""
@@ -881,6 +1444,16 @@ class Fanout:
         self.totals.settled += 1
         if status != "ok":
             self.totals.subqueries_failed += 1
+        elif result is not None:
+            # The reply is paid for through the attempt it answers for: a winning hedge's
+            # through the attempt it hedged, which the tier's verdicts name.
+            owner = flight.twin if flight.hedge and flight.twin is not None else flight
+            owner.result = result
+            state = self._current
+            if state is not None and state.judging:
+                state.replied.append(owner)
+            else:
+                self._pay(owner)
         span = flight.span or self._open_span(flight)  # never sent: its span opens and ends
         self.emitter.instant(
             "SubQuery.Return",
@@ -903,3 +1476,13 @@ class Fanout:
             attempts=outcome.attempts,
             error=error or None,
         )
+
+
+def _adopt(outcome: Outcome, source: Outcome) -> None:
+    """Make `source`'s reply the answer of `outcome`'s sub-query (a recheck or a validator
+    replaced it)."""
+    outcome.status = "ok"
+    outcome.text = source.text
+    outcome.error = ""
+    outcome.venue = source.venue
+    outcome.worker_id = source.worker_id

@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 from django import forms
+from django.conf import settings
 
 from runs.policy import RANGES, Policy
 from runs.program_templates import PROGRAM_TEMPLATES
@@ -26,6 +27,9 @@ POLICY_FIELDS: dict[str, str] = {
     "max_depth": "Max depth",
     "max_turns": "Max turns",
     "routing": "Routing",
+    "tier": "Verification",
+    "hedge": "Hedge stragglers",
+    "budget_usd": "Budget (USD)",
 }
 _POLICY_PROBLEM = re.compile(r"^policy\.(\w+) ")
 
@@ -118,14 +122,14 @@ class RunForm(forms.Form):
         initial="sim",
         label="Root model",
     )
-    root_base_url = forms.URLField(required=False, label="Base URL", assume_scheme="https")
+    root_endpoint = forms.ChoiceField(required=False, label="Endpoint")
     root_model = forms.CharField(required=False, label="Model")
     worker_kind = forms.ChoiceField(
         choices=[("sim", "Simulated model"), ("openai", "OpenAI-compatible endpoint")],
         initial="sim",
         label="Worker model",
     )
-    worker_base_url = forms.URLField(required=False, label="Base URL", assume_scheme="https")
+    worker_endpoint = forms.ChoiceField(required=False, label="Endpoint")
     worker_model = forms.CharField(required=False, label="Model")
 
     venues = forms.MultipleChoiceField(
@@ -148,6 +152,27 @@ class RunForm(forms.Form):
         ],
         help_text="Where each sub-query runs; the trace records every choice.",
     )
+    tier = forms.ChoiceField(
+        label=POLICY_FIELDS["tier"],
+        required=False,
+        initial="best_effort",
+        choices=[
+            ("best_effort", "Best effort: take each reply"),
+            ("redundant", "Redundant: distinct workers must agree"),
+            ("high_trust", "High trust: a trusted validator re-runs a sample and signs"),
+        ],
+        help_text="How replies from workers nobody vouches for are checked.",
+    )
+    hedge = forms.ChoiceField(
+        label=POLICY_FIELDS["hedge"],
+        required=False,
+        initial="p95",
+        choices=[(q, f"past the venue's {q} latency") for q in ("p90", "p95", "p99")]
+        + [("off", "never")],
+        help_text="A straggling sub-query gets a twin on another worker; the first wins.",
+    )
+    budget_usd = _policy_field("budget_usd", POLICY_FIELDS["budget_usd"])
+    budget_usd.help_text = "Dollars for the whole run, root turns included; 0: no cap."
 
     def __init__(self, *args: Any, user: Any = None, live: set[str] | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -158,6 +183,10 @@ class RunForm(forms.Form):
             (name, f"{name} ({'online' if name in live else 'no live worker'})") for name in names
         ]
         self.fields["venues"].initial = [n for n in names if n in live] or names[:1]
+        # Configured endpoints only (settings.FRLM_ENDPOINTS), never a URL typed here.
+        endpoints = [(name, f"{name} ({url})") for name, url in settings.FRLM_ENDPOINTS.items()]
+        for role in ("root", "worker"):
+            self.fields[f"{role}_endpoint"].choices = endpoints
 
     def context_field(self) -> str:
         source = self.cleaned_data.get("context_source") if hasattr(self, "cleaned_data") else None
@@ -186,7 +215,15 @@ class RunForm(forms.Form):
                 "context_path", "only staff may read files on the server; upload the file"
             )
         for role in ("root", "worker"):
-            if data.get(f"{role}_kind") == "openai" and not data.get(f"{role}_model"):
+            if data.get(f"{role}_kind") != "openai":
+                continue
+            if not settings.FRLM_ENDPOINTS:
+                self.add_error(
+                    f"{role}_kind", "no endpoint is configured on this server (FRLM_ENDPOINTS)"
+                )
+            elif not data.get(f"{role}_endpoint") and f"{role}_endpoint" not in self.errors:
+                self.add_error(f"{role}_endpoint", "choose one of the configured endpoints")
+            if not data.get(f"{role}_model"):
                 self.add_error(f"{role}_model", "name the model the endpoint serves")
         return data
 
@@ -216,7 +253,7 @@ class RunForm(forms.Form):
         return model_spec(
             "openai",
             role=role,
-            base_url=data.get(f"{role}_base_url") or None,
+            base_url=settings.FRLM_ENDPOINTS[data[f"{role}_endpoint"]],
             model=data.get(f"{role}_model"),
         )
 

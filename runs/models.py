@@ -20,6 +20,8 @@ class Run(models.Model):
         SUCCEEDED = "succeeded"
         FAILED = "failed"
         CANCELLED = "cancelled"
+        # Ended early at its budget cap: the answer rests on the sub-queries that were paid for.
+        PARTIAL = "partial"
 
     class Source(models.TextChoices):
         TEXT = "text", "text"
@@ -73,6 +75,9 @@ class Run(models.Model):
     tokens_out = models.BigIntegerField(default=0)
     cost = models.FloatField(default=0.0)
     wall_ms = models.FloatField(null=True, blank=True)
+    # What trust and money figures the run ended with (RunAccounts): the verification share,
+    # the budget against its caps, and the receipts' summary.
+    accounts = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["-created"]
@@ -82,4 +87,9 @@ class Run(models.Model):
 
     @property
     def done(self) -> bool:
-        return self.status in {self.Status.SUCCEEDED, self.Status.FAILED, self.Status.CANCELLED}
+        return self.status in {
+            self.Status.SUCCEEDED,
+            self.Status.FAILED,
+            self.Status.CANCELLED,
+            self.Status.PARTIAL,
+        }

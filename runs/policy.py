@@ -40,7 +40,9 @@ class Policy:
     # Verification: "best_effort" takes each reply as it comes; "redundant" sends copies to
     # distinct workers and accepts an answer when `agree` of them give it (workers past the
     # trust gate are copied only now and then), adding copies up to `max_replicas`, else
-    # the sub-query is unresolved. llm_query(..., tier=...) overrides it per call.
+    # the sub-query is unresolved; "high_trust" has a validator (a worker of a trusted
+    # venue) re-run a sample of the answers and sign an attestation of what it found.
+    # llm_query(..., tier=...) overrides it per call; validate=... adds objective checks.
     tier: str = "best_effort"
     replicas: int = 2
     agree: int = 2
@@ -50,6 +52,20 @@ class Policy:
     # a trusted datacenter pod checking an edge swarm's answers; the answers themselves
     # then run on the run's other venues. Empty: copies go anywhere.
     verify_venues: str = ""
+    # The high-trust tier's sample: the share of answers a validator re-runs when only
+    # workers that have not passed the trust gate vouch for them, and when one that has does.
+    validate_rate: float = 0.5
+    validate_trusted_rate: float = 0.02
+    # Hedging: a sub-query still running past this quantile of its venue's latency (in this
+    # run) gets a duplicate on another worker once no fresh work is waiting; the first
+    # acceptable reply wins and the other is cancelled. "off" never hedges.
+    hedge: str = "p95"
+    # Budgets in dollars (0: no cap): the whole run (root turns and sub-queries), each
+    # sub-query over its attempts and copies, and per provider (model name=dollars, comma
+    # separated). At the run's cap nothing more is dispatched and the run ends "partial".
+    budget_usd: float = 0.0
+    subquery_budget_usd: float = 0.0
+    provider_budgets: str = ""
     fold_tokens: int = 60_000  # conversation size (tokens) past which older turns are folded
 
     def to_dict(self) -> dict[str, Any]:
@@ -68,9 +84,7 @@ class Policy:
                 continue
             if key in TEXTS:
                 if not isinstance(raw, str) or not TEXTS[key].fullmatch(raw.strip()):
-                    problems.append(
-                        f"policy.{key} must be venue names separated by commas, got {raw!r}"
-                    )
+                    problems.append(f"policy.{key} must be {TEXT_HINTS[key]}, got {raw!r}")
                 else:
                     values[key] = raw.strip()
                 continue
@@ -108,11 +122,20 @@ class Policy:
 
 
 _VENUE = r"[a-z][a-z0-9_-]{0,31}"
-TEXTS: dict[str, re.Pattern[str]] = {"verify_venues": re.compile(rf"(?:{_VENUE}(?:,{_VENUE})*)?")}
+_PROVIDER_CAP = r"[A-Za-z0-9_.:/@-]{1,100}=\d+(?:\.\d+)?"
+TEXTS: dict[str, re.Pattern[str]] = {
+    "verify_venues": re.compile(rf"(?:{_VENUE}(?:,{_VENUE})*)?"),
+    "provider_budgets": re.compile(rf"(?:{_PROVIDER_CAP}(?:,{_PROVIDER_CAP})*)?"),
+}
+TEXT_HINTS = {
+    "verify_venues": "venue names separated by commas",
+    "provider_budgets": "MODEL=DOLLARS pairs separated by commas, e.g. gpt-4.1-mini=2.5",
+}
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "routing": ("score", "shared", "round_robin"),
-    "tier": ("best_effort", "redundant"),
+    "tier": ("best_effort", "redundant", "high_trust"),
+    "hedge": ("off", "p90", "p95", "p99"),
     "agree_mode": ("exact", "numeric", "similar"),
 }
 
@@ -140,7 +163,17 @@ RANGES: dict[str, tuple[float, float]] = {
     "agree": (1, 9),
     "max_replicas": (1, 15),
     "fold_tokens": (500, 10_000_000),
+    "validate_rate": (0.0, 1.0),
+    "validate_trusted_rate": (0.0, 1.0),
+    "budget_usd": (0.0, 1_000_000.0),
+    "subquery_budget_usd": (0.0, 1_000_000.0),
 }
+
+
+def provider_caps(text: str) -> dict[str, float]:
+    """policy.provider_budgets as {model name: dollars}."""
+    pairs = (item.rpartition("=") for item in text.split(",") if item)
+    return {name: float(value) for name, _, value in pairs}
 
 
 def parse_assignments(items: list[str]) -> dict[str, str]:

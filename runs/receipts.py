@@ -1,11 +1,16 @@
-"""Receipts: one per settled sub-query, chained per run, signed by the worker that did the
-work and countersigned by the conductor, so spending can be audited after the fact.
+"""Receipts: one per settled reply, chained per run, signed by the worker that did the work
+and countersigned by the conductor, so spending can be audited after the fact.
 
 A receipt is canonical JSON (workers.keys.canonical). Its hash is the sha256 of that JSON;
 each receipt names the previous receipt's hash (`prev`, null for the first) and its place
 (`seq`, from 1), so removing, reordering or editing one breaks the chain where it happened.
-The worker signs the receipt; the conductor signs {"hash", "worker_sig"}, binding its word
-to the worker's. The chain's hash is its last receipt's hash.
+
+The worker's signature is the one it put on its result when it sent it: over the result
+claim (workers.signing.result_claim) that the receipt's run, attempt, worker, output sha256
+and tokens rebuild. The worker cannot sign more than that: the verdict, the payment and
+the chain are decided after its reply, by the conductor, which signs {"hash", "worker_sig"},
+binding its word on the whole receipt to the worker's word on the work. The chain's hash
+is its last receipt's hash.
 
 Receipts live in the run's trace as `Receipt.Emit` instant events whose attrs are
 ReceiptAttrs; `frlm_receipts verify RUN_ID` checks them (receipts_verify)."""
@@ -27,6 +32,7 @@ from runs.attest import utc_now
 from traces import store
 from workers import keys
 from workers.models import Worker
+from workers.signing import ResultClaim
 
 RECEIPT_EVENT = "Receipt.Emit"
 
@@ -39,13 +45,15 @@ class ReceiptPrice(TypedDict):
 class Receipt(TypedDict):
     run: str
     span: str  # the settled sub-query's span
+    attempt: str  # the attempt whose result the worker signed ("<sub-query>.<attempt>")
     worker: str
     input_sha256: str
     output_sha256: str
     tokens_in: int
     tokens_out: int
     price: ReceiptPrice
-    cost: float
+    cost: float  # what the work cost at the worker's price
+    paid: float  # what is paid for it: the cost when the reply was not judged wrong, else 0
     verdict: str  # how the reply was judged: accepted, unverified, rejected, unresolved, ...
     time: str  # ISO 8601, UTC
     prev: str | None  # the previous receipt's hash in this run; None for the first
@@ -66,6 +74,7 @@ class ReceiptAttrs(TypedDict):
 _RECEIPT_TYPES: dict[str, tuple[type, ...]] = {
     "run": (str,),
     "span": (str,),
+    "attempt": (str,),
     "worker": (str,),
     "input_sha256": (str,),
     "output_sha256": (str,),
@@ -73,6 +82,7 @@ _RECEIPT_TYPES: dict[str, tuple[type, ...]] = {
     "tokens_out": (int,),
     "price": (dict,),
     "cost": (int, float),
+    "paid": (int, float),
     "verdict": (str,),
     "time": (str,),
     "prev": (str, type(None)),
@@ -90,17 +100,43 @@ def countersigned(hash_: str, worker_sig: str) -> dict[str, str]:
     return {"hash": hash_, "worker_sig": worker_sig}
 
 
+# Verdicts under which a reply is paid for: it was not judged wrong.
+PAID_VERDICTS = frozenset({"accepted", "unverified", "validator"})
+
+
+def receipt_claim(receipt: Receipt) -> ResultClaim:
+    """The result claim the worker signed, rebuilt from the receipt: a receipt whose work
+    figures differ from what the worker sent no longer carries its signature."""
+    return {
+        "run_id": receipt["run"],
+        "sq_id": receipt["attempt"],
+        "worker_id": receipt["worker"],
+        "status": "ok",
+        "text_sha256": receipt["output_sha256"],
+        "tokens_in": receipt["tokens_in"],
+        "tokens_out": receipt["tokens_out"],
+    }
+
+
 def receipt_worker_sign(receipt: Receipt, key: Ed25519PrivateKey) -> str:
-    """The worker's signature over a receipt (made where the worker's key is)."""
-    return keys.sign(key, receipt)
+    """The signature a worker holding `key` put on the result this receipt pays for (what
+    workers.signing.result_sign made when it sent it): for tests and simulations."""
+    return keys.sign(key, receipt_claim(receipt))
 
 
 def receipt_attrs(
-    receipt: Receipt, *, worker_sig: str, worker_key: str, conductor_key: Ed25519PrivateKey
+    receipt: Receipt,
+    *,
+    worker_sig: str,
+    worker_key: str,
+    conductor_key: Ed25519PrivateKey,
+    worker_sig_checked: bool = False,
 ) -> ReceiptAttrs:
     """The Receipt.Emit attrs of a worker-signed receipt, countersigned by the conductor.
-    Refuses a worker signature that does not verify: the conductor must not vouch for it."""
-    if not keys.verify(worker_key, receipt, worker_sig):
+    Refuses a worker signature that does not verify: the conductor must not vouch for it.
+    `worker_sig_checked` says the caller has verified this signature over this very claim
+    already (the fanout does when the result arrives), which spares a second check."""
+    if not worker_sig_checked and not keys.verify(worker_key, receipt_claim(receipt), worker_sig):
         raise ValueError(
             f"the worker signature on the receipt of span {receipt['span']} does not verify "
             f"with worker {receipt['worker']}'s key; not countersigned"
@@ -150,6 +186,7 @@ class ReceiptChain:
         self,
         *,
         span: str,
+        attempt: str,
         worker: str,
         input_sha256: str,
         output_sha256: str,
@@ -163,9 +200,11 @@ class ReceiptChain:
         worker_key: str,
         conductor_key: Ed25519PrivateKey,
         time: str | None = None,
+        worker_sig_checked: bool = False,
     ) -> ReceiptAttrs:
-        """The next receipt, signed by `worker_sign` (the worker's signature over it) and
-        countersigned: the attrs of its Receipt.Emit event."""
+        """The next receipt, with `worker_sign`'s signature (the worker's over its result
+        claim) countersigned: the attrs of its Receipt.Emit event. The reply is paid for
+        (paid = cost) unless its verdict says it was wrong."""
         # Plain ints and finite floats only: a numpy number or a Decimal would reach the
         # trace as text (the emitter's default=str) and no longer hash to what was signed.
         figures = {
@@ -182,6 +221,7 @@ class ReceiptChain:
             receipt: Receipt = {
                 "run": self.run_id,
                 "span": span,
+                "attempt": attempt,
                 "worker": worker,
                 "input_sha256": input_sha256,
                 "output_sha256": output_sha256,
@@ -189,6 +229,7 @@ class ReceiptChain:
                 "tokens_out": int(figures["tokens_out"]),
                 "price": {"per_1k_in": figures["price_in"], "per_1k_out": figures["price_out"]},
                 "cost": figures["cost"],
+                "paid": figures["cost"] if verdict in PAID_VERDICTS else 0.0,
                 "verdict": verdict,
                 "time": time or utc_now(),
                 "prev": self.head,
@@ -199,6 +240,7 @@ class ReceiptChain:
                 worker_sig=worker_sign(receipt),
                 worker_key=worker_key,
                 conductor_key=conductor_key,
+                worker_sig_checked=worker_sig_checked,
             )
             self.head = attrs["hash"]
             self.seq += 1
@@ -251,8 +293,9 @@ def _malformed(attrs: Any) -> str | None:
         return "receipt fields " + ", ".join(
             [f"{n} missing or of the wrong type" for n in wrong] + [f"{n} unknown" for n in extra]
         )
-    if isinstance(receipt["cost"], float) and not math.isfinite(receipt["cost"]):
-        return "receipt cost is not a finite number"
+    for name in ("cost", "paid"):
+        if isinstance(receipt[name], float) and not math.isfinite(receipt[name]):
+            return f"receipt {name} is not a finite number"
     return None
 
 
@@ -345,10 +388,11 @@ def _link_problem(
             "unregistered worker key",
             f"signed with a key that is not worker {receipt['worker']}'s registered key",
         )
-    if not keys.verify(attrs["worker_key"], receipt, attrs["worker_sig"]):
+    if not keys.verify(attrs["worker_key"], receipt_claim(receipt), attrs["worker_sig"]):
         return (
             "bad worker signature",
-            f"worker {receipt['worker']}'s signature does not verify over this receipt",
+            f"worker {receipt['worker']}'s signature does not cover this receipt's work "
+            "(attempt, output sha256, tokens)",
         )
     if conductor_key is not None and attrs["conductor_key"] != conductor_key:
         return (

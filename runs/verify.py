@@ -475,13 +475,18 @@ def should_validate(
     *,
     untrusted_rate: float = 0.5,
     trusted_rate: float = 0.02,
+    suspect: bool = False,
 ) -> bool:
     """Whether a validator should re-run an accepted answer (the high-trust tier's sample),
     given the consecutive-valid counts of the workers whose word it rests on. Colluding
     liars agree with each other, so an answer vouched for only by workers that have not
-    passed the trust gate is sampled often; one a trusted worker vouches for, rarely."""
+    passed the trust gate is sampled often; one a trusted worker vouches for, rarely.
+    A `suspect` answer (a validator has recently caught one of its workers) is always
+    re-run: a caught liar's word is worth nothing until its record mends."""
     if not (0.0 <= untrusted_rate <= 1.0 and 0.0 <= trusted_rate <= 1.0):
         raise ValueError("sampling rates are fractions between 0 and 1")
+    if suspect:
+        return True
     trusted = any(count >= TRUST_AFTER for count in agreeing_counts)
     return rng.random() < (trusted_rate if trusted else untrusted_rate)
 

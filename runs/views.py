@@ -70,11 +70,15 @@ def _run_rows(request: HttpRequest, period: str) -> list[dict[str, Any]]:
         .order_by("-created")[:RUNS_SHOWN]
     )
     client = get_redis()
+    now = timezone.now()
     rows = []
     for run in runs:
         progress = read_progress(client, run.id) if not run.done else {}
+        wall_ms = run.wall_ms
+        if not run.done and run.started is not None:  # so far: the table is polled
+            wall_ms = (now - run.started).total_seconds() * 1000
         rows.append(
-            {"run": run, "progress": progress, "live": not run.done, "wall": fmt_ms(run.wall_ms)}
+            {"run": run, "progress": progress, "live": not run.done, "wall": fmt_ms(wall_ms)}
         )
     return rows
 

@@ -7,12 +7,15 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from django.conf import settings
 
 from frlm_web.stack import Stack, VenueSpec
+
+if TYPE_CHECKING:
+    from tests.swarm import Swarm
 
 TEST_VENUES = [
     VenueSpec("local", concurrency=8, sim={"latency_ms": 20}, worker_name="local-t1"),
@@ -105,3 +108,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             "django_db"
         ):
             item.add_marker(pytest.mark.django_db(transaction=True))
+
+
+@pytest.fixture
+def swarm_factory(venues, tmp_path, subprocess_env):
+    """Start simulated swarms (tests.swarm.Swarm) for one test; they stop after it."""
+    started: list[Swarm] = []
+
+    def start(venue: str, workers: int, **profile) -> Swarm:
+        from tests.swarm import Swarm
+
+        swarm = Swarm(tmp_path, subprocess_env, venue, workers, **profile)
+        started.append(swarm)
+        swarm.wait_up()
+        return swarm
+
+    yield start
+    for swarm in started:
+        swarm.stop()

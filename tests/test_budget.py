@@ -168,3 +168,15 @@ def test_it_rejects_bad_caps_and_estimates():
         Caps(run=-1)
     with pytest.raises(ValueError, match="0 or more"):
         reserve(BudgetLedger("r1", Caps()), tokens_in=-5)
+
+
+def test_it_holds_a_root_turn_to_the_run_cap_but_not_to_the_sub_query_cap():
+    ledger = BudgetLedger("r1", Caps(run=0.5, subquery=0.1))
+    root = reserve(ledger, subquery="")  # $0.20, above the sub-query cap
+    ledger.settle(root.id, tokens_in=100, tokens_out=50)
+    with pytest.raises(BudgetRefused) as refused:
+        reserve(ledger, subquery="sq1")
+    assert refused.value.scope == "subquery"
+    fill = ledger.fill()
+    assert fill["run"]["settled"] == pytest.approx(0.2)
+    assert "" not in [s["key"] for s in fill["subqueries"]]  # root turns are not sub-queries

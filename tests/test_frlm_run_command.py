@@ -168,3 +168,21 @@ def test_it_fails_the_run_when_the_endpoint_answers_garbage(venues, subprocess_e
     result = json.loads(done.stdout)
     assert result["status"] == "failed"
     assert "the root model failed" in result["error"]
+
+
+def test_it_prints_what_verification_and_receipts_cost_and_a_budget_stop(venues, subprocess_env):
+    args = ("--task", "sniah", "--tokens", "200000", "--seed", "3", "--venues", "local,edge")
+    done = frlm_run(subprocess_env, *args, "--policy", "tier=redundant")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "match: yes" in out
+    assert "verify     " in out and "replica" in out and "% of all" in out
+    assert "receipts   " in out and "accepted" in out and "frlm_receipts verify" in out
+
+    stopped = frlm_run(subprocess_env, *args, "--policy", "budget_usd=0.004", "--json")
+    assert stopped.returncode == 1  # not succeeded
+    result = json.loads(stopped.stdout)
+    assert result["status"] == "partial"
+    assert result["error"].startswith("budget cap reached")
+    assert result["accounts"]["budget"]["run"]["cap"] == 0.004
+    assert result["accounts"]["budget"]["run"]["settled"] <= 0.004

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from runs.policy import Policy, PolicyError, parse_assignments
+from runs.policy import Policy, PolicyError, parse_assignments, provider_caps
 
 
 def test_it_defaults_when_nothing_is_given():
@@ -36,3 +36,22 @@ def test_it_parses_assignments():
     }
     with pytest.raises(PolicyError, match="KEY=VALUE"):
         parse_assignments(["quorum"])
+
+
+def test_it_takes_the_trust_and_budget_settings_and_says_what_a_bad_one_needs():
+    policy = Policy.from_dict(
+        {
+            "tier": "high_trust",
+            "hedge": "p99",
+            "budget_usd": "2.5",
+            "provider_budgets": "gpt-4.1-mini=1.5,frlm-sim-worker=0.2",
+        }
+    )
+    assert (policy.tier, policy.hedge, policy.budget_usd) == ("high_trust", "p99", 2.5)
+    assert provider_caps(policy.provider_budgets) == {"gpt-4.1-mini": 1.5, "frlm-sim-worker": 0.2}
+    with pytest.raises(PolicyError) as caught:
+        Policy.from_dict({"hedge": "p50", "provider_budgets": "gpt=lots", "budget_usd": -1})
+    message = str(caught.value)
+    assert "policy.hedge must be one of off, p90, p95, p99" in message
+    assert "policy.provider_budgets must be MODEL=DOLLARS pairs" in message
+    assert "policy.budget_usd must be between 0.0 and 1000000.0" in message

@@ -50,6 +50,7 @@ def issue(run_id: str, n: int, chain: ReceiptChain | None = None) -> list[dict]:
         made.append(
             chain.issue(
                 span=f"sq{i}",
+                attempt=f"{i + 1}.1",
                 worker=worker,
                 input_sha256=sha256_text(f"prompt {i}"),
                 output_sha256=sha256_text(f"reply {i}"),
@@ -250,6 +251,7 @@ def test_it_does_not_countersign_or_advance_on_a_bad_worker_signature(settings, 
     with pytest.raises(ValueError, match="does not verify"):
         chain.issue(
             span="sq0",
+            attempt="1.1",
             worker="w1",
             input_sha256="a" * 64,
             output_sha256="b" * 64,
@@ -273,6 +275,7 @@ def test_it_issues_plain_numbers_and_refuses_impossible_ones(settings, tmp_path)
     key = WORKER_KEYS["w1"]
     common = {
         "span": "sq0",
+        "attempt": "1.1",
         "worker": "w1",
         "input_sha256": "a" * 64,
         "output_sha256": "b" * 64,
@@ -297,3 +300,34 @@ def test_it_reports_a_malformed_receipt_instead_of_crashing():
     assert report["ok"] is False
     assert report["broken"]["problem"] == "malformed"
     assert "lacks worker_sig" in report["broken"]["detail"]
+
+
+def test_it_pays_only_replies_not_judged_wrong_and_the_payment_is_countersigned(client):
+    chain = ReceiptChain("rPay")
+    made = issue("rPay", 2, chain)
+    assert made[0]["receipt"]["paid"] == made[0]["receipt"]["cost"]
+    key = WORKER_KEYS["w1"]
+    rejected = chain.issue(
+        span="sq9",
+        attempt="9.1",
+        worker="w1",
+        input_sha256="a" * 64,
+        output_sha256="b" * 64,
+        tokens_in=5,
+        tokens_out=5,
+        price_in=0.001,
+        price_out=0.002,
+        cost=0.5,
+        verdict="rejected",
+        worker_sign=lambda receipt: receipt_worker_sign(receipt, key),
+        worker_key=keys.public_b64(key),
+        conductor_key=conductor_key(),
+    )
+    assert rejected["receipt"]["paid"] == 0.0
+    # Paying a rejected reply after the fact is not the worker's claim to change, but the
+    # conductor's countersignature no longer covers it.
+    forged = copy.deepcopy([*made, rejected])
+    forged[2]["receipt"]["paid"] = 0.5
+    forged[2]["hash"] = receipt_hash(forged[2]["receipt"])
+    write(client, "rPay", forged)
+    assert "receipt 3 of 3 (seq 3, span sq9, worker w1): bad countersignature" in verify("rPay")

@@ -27,7 +27,7 @@ from runs.sandbox.lazytext import LazyText
 from runs.taskgen import make_task
 from workers.fragments import fill
 from workers.sim import ROOT_MODEL, WORKER_MODEL, ChatMessage
-from workers.sim.profile import Profile, decide, parse_profile
+from workers.sim.profile import Profile, ProfileError, decide, parse_profile
 from workers.sim.reader import answer_prompt
 from workers.sim.root import root_reply
 from workers.sim.server import SimServer, base_url, serving
@@ -456,3 +456,14 @@ def test_it_runs_as_a_command_and_stops_cleanly_on_sigterm() -> None:
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_it_makes_colluding_liars_tell_the_same_lie_and_independent_ones_not():
+    messages: list[ChatMessage] = [{"role": "user", "content": "Where?\nStation 1 is north."}]
+    colluders = [Profile(lie_rate=1.0, collude=1.0, seed=s) for s in (1, 2, 3)]
+    loners = [Profile(lie_rate=1.0, seed=s) for s in (1, 2, 3)]
+    shared = {decide(p, WORKER_MODEL, messages).lie_seed for p in colluders}
+    apart = {decide(p, WORKER_MODEL, messages).lie_seed for p in loners}
+    assert len(shared) == 1 and len(apart) == 3
+    with pytest.raises(ProfileError, match="collude"):
+        parse_profile({"collude": 2})

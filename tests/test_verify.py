@@ -272,6 +272,8 @@ def test_it_samples_answers_of_untrusted_workers_for_validation_more_often():
     assert not any(should_validate([50], rng, trusted_rate=0.0) for _ in range(1000))
     with pytest.raises(ValueError, match="fractions between 0 and 1"):
         should_validate([1], rng, untrusted_rate=2)
+    # A worker a validator caught is re-run every time, whatever its count.
+    assert all(should_validate([50], rng, trusted_rate=0.0, suspect=True) for _ in range(100))
 
 
 def test_it_tallies_the_share_of_extra_sub_queries_per_run():

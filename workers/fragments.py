@@ -45,6 +45,25 @@ def refs(prompt: str) -> list[FragmentRef]:
     return found
 
 
+def prompt_tokens(prompt: str) -> int:
+    """Roughly the tokens a worker model will read: the prompt's own text plus the text of
+    the fragments its markers stand for (about four characters a token). A malformed
+    marker counts as the text it is; the conductor refuses it elsewhere."""
+    if "<<frlm:fragment" not in prompt:
+        return len(prompt) // 4
+    chars = 0
+    rest = len(prompt)
+    for match in MARKER.finditer(prompt):
+        rest -= len(match.group(0))
+        try:
+            start, end = parse_ref(match.group(1))["chars"]
+        except FragmentError:
+            rest += len(match.group(0))
+            continue
+        chars += end - start
+    return (rest + chars) // 4
+
+
 def parse_ref(raw: str) -> FragmentRef:
     try:
         data: Any = json.loads(raw)

@@ -4,7 +4,7 @@ the run; the conductor reads it and never waits on Celery's result backend."""
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 
 class Job(TypedDict):
@@ -17,6 +17,9 @@ class Job(TypedDict):
     depth: int
     timeout_s: float
     attempt: int  # 1 for the first try of a sub-query
+    # A validator's job (the high-trust tier): the reply to re-run and attest to, with
+    # subquery, span, worker, output and mode (the agreement rule).
+    validate: NotRequired[dict[str, Any]]
 
 
 class Result(TypedDict, total=False):
@@ -32,6 +35,7 @@ class Result(TypedDict, total=False):
     venue: str
     worker_id: str
     sig: str  # the worker's signature of workers.signing.result_claim (final results)
+    attestation: str  # a validator's: JSON of runs.attest.SignedAttestation
 
 
 RESULT_FIELDS_INT = ("tokens_in", "tokens_out")

@@ -41,6 +41,7 @@ class SwarmProfile:
     lie_share: float = 0.0
     lie_rate: float = 0.0
     lie_after_s: float = 0.0  # liars are honest this long after starting (0: from the start)
+    collude: float = 0.0  # share of lies that are the liars' shared lie (identical answers)
     leave_every_s: float = 0.0
     away_s: float = 5.0
     kill_share: float = 0.5
@@ -62,6 +63,7 @@ _LAYOUT: dict[str, tuple[str | None, float, float]] = {
     "lie_share": ("faults", 0, 1),
     "lie_rate": ("faults", 0, 1),
     "lie_after_s": ("faults", 0, 86_400),
+    "collude": ("faults", 0, 1),
     "leave_every_s": ("churn", 0, 86_400),
     "away_s": ("churn", 0, 86_400),
     "kill_share": ("churn", 0, 1),
@@ -152,6 +154,7 @@ def devices(profile: SwarmProfile, venue: str, count: int, seed: int) -> list[De
                     "straggler_factor": profile.straggler_factor,
                     "failure_rate": profile.failure_rate,
                     "lie_rate": profile.lie_rate if i in liars else 0.0,
+                    **({"collude": profile.collude} if i in liars and profile.collude else {}),
                     "seed": seed * 1000 + i,
                     **(
                         {"lie_after_s": profile.lie_after_s}

@@ -109,6 +109,20 @@ def subquery_execute(job: Job) -> None:
         "ms": reply.ms,
         "cost": reply.cost,
     }
+    if job.get("validate"):
+        try:
+            result["attestation"] = _attest(job, worker_id or "", reply.text)
+        except ValueError as exc:
+            error = f"cannot attest: {exc}"
+            _finish(
+                emitter,
+                span,
+                stream,
+                {**base, "status": "error", "error": error},
+                "error",
+                error=error,
+            )
+            return
     _finish(
         emitter,
         span,
@@ -133,6 +147,30 @@ def _served(spec: ModelSpec) -> ModelSpec:
         return spec
     own = json.loads(raw)
     return ModelSpec(own["kind"], own["model"] or spec.model, own["base_url"], spec.sim)
+
+
+def _attest(job: Job, worker_id: str, text: str) -> str:
+    """This worker's signed attestation (runs.attest) of the reply it was asked to check:
+    whether its own answer to the same prompt agrees with it."""
+    from runs.attest import attestation_build, attestation_sign
+    from runs.verify import AgreementRule
+
+    key = signing.process_key()
+    if key is None:
+        raise ValueError("this worker has no registered key to sign with")
+    order = job["validate"]
+    attestation = attestation_build(
+        run_id=job["run_id"],
+        span_id=order["span"],
+        subquery_id=order["subquery"],
+        worker_id=order["worker"],
+        validator_id=worker_id,
+        prompt=job["prompt"],
+        worker_output=order["output"],
+        validator_output=text,
+        rule=AgreementRule(mode=order.get("mode", "exact")),
+    )
+    return json.dumps(attestation_sign(attestation, key), separators=(",", ":"))
 
 
 def _signed(result: Result) -> Result:

@@ -10,7 +10,7 @@ from typing import Any, TypedDict
 
 from django.contrib.auth.decorators import login_required
 from django.core.cache import cache
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
@@ -19,6 +19,7 @@ from frlm_web.redis_client import get_redis
 from runs.models import Run
 from runs.views import visible_runs
 from traces.views import api_view, recent_executions, worker_activity, worker_history
+from workers import reputation
 from workers.models import Venue, Worker
 from workers.venues import live_workers, queued
 
@@ -43,6 +44,8 @@ class WorkerHealth(TypedDict):
     p50_ms: float | None
     p95_ms: float | None
     last_ms: float | None
+    reputation: float | None  # the scheduler's score in (0, 1]; None before any evidence
+    reputation_detail: dict[str, float | int | None] | None
 
 
 class VenueHealth(TypedDict):
@@ -95,6 +98,7 @@ def venue_health(recent: list[str], running: list[str]) -> list[VenueHealth]:
                 worker = _worker(name, venue.name, False, 0, activity)
                 worker["label"] = labels.get(name, name)
                 workers.append(worker)
+        _add_reputation(client, workers)
         slots = sum(w["slots"] for w in workers)
         inflight = sum(w["inflight"] for w in workers)
         out.append(
@@ -110,6 +114,17 @@ def venue_health(recent: list[str], running: list[str]) -> list[VenueHealth]:
             }
         )
     return out
+
+
+def _add_reputation(client: Any, workers: list[WorkerHealth]) -> None:
+    """Each worker's reputation from the ledger in Redis (one round trip), where the ledger
+    has seen it work: a score of 1 before any evidence says nothing, so it is left out."""
+    reps = reputation.load(client, [w["name"] for w in workers])
+    for worker in workers:
+        rep = reps.get(worker["name"])
+        if rep is not None and (rep.samples or rep.strikes):
+            worker["reputation"] = round(rep.score, 3)
+            worker["reputation_detail"] = rep.as_dict()
 
 
 def _worker(
@@ -132,6 +147,8 @@ def _worker(
         "p50_ms": figures.get("p50_ms"),
         "p95_ms": figures.get("p95_ms"),
         "last_ms": figures.get("last_ms"),
+        "reputation": None,
+        "reputation_detail": None,
     }
 
 
@@ -161,13 +178,51 @@ def venues_page(request: HttpRequest) -> HttpResponse:
     return render(request, "workers/venues.html", ctx)
 
 
+WORKER_RECENT = 100  # sub-queries listed on a worker's page
+
+
+@login_required
+@require_GET
+def worker_page(request: HttpRequest, worker_id: str) -> HttpResponse:
+    """One worker: who it is (registration, presence, reputation), its recent sub-queries
+    in the runs the user may see, and its latency and error history. Workers are shared
+    infrastructure: any signed-in user sees a worker, never runs that are not theirs."""
+    recent, running = _recent(request)
+    registered = Worker.objects.select_related("venue").filter(id=worker_id).first()
+    found: WorkerHealth | None = None
+    for venue in venue_health(recent, running):
+        for worker in venue["workers"]:
+            if worker["name"] == worker_id:
+                found = worker
+    if found is None:
+        if registered is None:
+            raise Http404(f"no worker {worker_id!r}")
+        # Registered, but neither announcing itself nor seen in the user's recent runs.
+        found = _worker(worker_id, registered.venue.name, False, 0, {})
+        found["label"] = registered.name
+        _add_reputation(get_redis(), [found])
+    executions = recent_executions(recent, per_worker=WORKER_RECENT).get(worker_id, [])
+    ctx = {
+        "worker": found,
+        "registered": registered,
+        "recent": executions,
+        "runs_read": len(recent),
+        "window_h": int(WINDOW.total_seconds() // 3600),
+    }
+    return render(request, "workers/worker.html", ctx)
+
+
 @api_view
 def venues_history(request: HttpRequest) -> JsonResponse:
-    """Latency (p50, p95) and error rate per worker over time, for the venue page's chart."""
+    """Latency (p50, p95) and error rate per worker over time, for the venue page's chart
+    (and one worker's page, with `?worker=<id>`)."""
     recent, _ = _recent(request)
     rows = _cached("history", recent, lambda: worker_history(recent, bucket_s=_bucket_s(recent)))
+    only = request.GET.get("worker")
     series: dict[str, dict[str, list]] = {}
     for row in rows:
+        if only and row["worker_id"] != only:
+            continue
         s = series.setdefault(
             row["worker_id"],
             {"t_ms": [], "p50_ms": [], "p95_ms": [], "error_rate": [], "calls": []},

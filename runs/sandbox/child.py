@@ -123,6 +123,8 @@ class Repl:
 
     def llm_query(self, prompt: str | lazytext.Fragment, **kw: Any) -> Any:
         prompt = as_prompt("llm_query(prompt)", prompt)
+        if callable(kw.get("validate")):
+            return self.checked_batch([prompt], kw)[0]
         return self.call_host("llm_query", {"prompt": prompt, **kw})
 
     def llm_query_batched(self, prompts: list[str | lazytext.Fragment], **kw: Any) -> Any:
@@ -134,7 +136,22 @@ class Repl:
             as_prompt(f"llm_query_batched(prompts) needs a list of str, but prompts[{index}]", p)
             for index, p in enumerate(prompts)
         ]
+        if callable(kw.get("validate")):
+            return self.checked_batch(prompts, kw)
         return self.call_host("llm_query_batched", {"prompts": prompts, **kw})
+
+    def checked_batch(self, prompts: list[str], kw: dict[str, Any]) -> list[str]:
+        """validate=<function>: the function judges each reply here, in the REPL; a reply
+        it refuses (returns falsy or raises) goes to another worker while attempts remain,
+        and the new reply is judged again. What still fails comes back as a marker."""
+        check = kw.pop("validate")
+        sent = self.call_host("llm_query_batched", {"prompts": prompts, **kw, "check": "function"})
+        handle, replies, todo = sent["handle"], sent["replies"], sent["ok"]
+        while todo:
+            verdicts = [[pos, *run_check(check, replies[pos])] for pos in todo]
+            answer = self.call_host("objective_verdicts", {"handle": handle, "verdicts": verdicts})
+            replies, todo = answer["replies"], answer["recheck"]
+        return replies
 
     def rlm_query(self, prompt: str | lazytext.Fragment, context: Any = None, **kw: Any) -> Any:
         prompt = as_prompt("rlm_query(prompt)", prompt)
@@ -241,6 +258,17 @@ class Repl:
             "final": self.final,
             "cpu_s": cpu_seconds(),
         }
+
+
+def run_check(check: Any, reply: str) -> tuple[bool, str]:
+    """A validate= function's verdict on one reply: (passed, why not)."""
+    try:
+        value = check(reply)
+        if value:
+            return True, ""
+        return False, f"the check returned {safe_str(value)[:200]}"
+    except Exception as exc:  # the check is the program's code: any failure is a verdict
+        return False, f"the check raised {type(exc).__name__}: {safe_str(exc)[:200]}"
 
 
 def as_prompt(where: str, value: Any) -> str:

@@ -36,7 +36,9 @@ logger = logging.getLogger(__name__)
 CHILD_SCRIPT = Path(__file__).resolve().with_name("child.py")
 # The only project code the REPL sees: the child and the two stdlib-only modules it imports.
 CHILD_MODULES = tuple(CHILD_SCRIPT.with_name(name) for name in ("lazytext.py", "patterns.py"))
-REPL_CALLS = frozenset({"llm_query", "llm_query_batched", "rlm_query", "select_fragments"})
+REPL_CALLS = frozenset(
+    {"llm_query", "llm_query_batched", "rlm_query", "select_fragments", "objective_verdicts"}
+)
 ISOLATION_CHOICES = ("auto", "bwrap", "none")
 
 # Mirrors child.MAX_MESSAGE_BYTES; bounds what a misbehaving REPL can make the host buffer.

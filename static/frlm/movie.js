@@ -11,6 +11,7 @@
   const FRLM = global.FRLM;
   const F = FRLM.F;
   const VIEW_INTERVAL_MS = 300;
+  const LIVE_VIEWS_MIN_MS = 1000;
   const LIVE_VIEWS_MAX_MS = 2500;
 
   function el(tag, cls, text) {
@@ -63,6 +64,8 @@
       this.wfInfo = document.getElementById("wf-info");
       this.playBtn = root.querySelector("[data-act=play]");
       this._wireTransport();
+      // The header is swapped in anew when the run ends: its summary is filled again.
+      document.body.addEventListener("htmx:afterSwap", () => this.updateTrust());
       this.turnsTimer = null;
     }
 
@@ -225,12 +228,13 @@
         }
         this.viewsDirty = true;
       }
-      this.frame(false);
+      this.frame(false, true);
       global.requestAnimationFrame((t) => this.tick(t));
     }
 
-    /** Draw at the cursor: the waterfall now, the views when due (or `force`). */
-    frame(force) {
+    /** Draw at the cursor: the waterfall now, the views when due (or `force`).
+        `inFrame`: called from an animation frame, where the waterfall is drawn at once. */
+    frame(force, inFrame) {
       const T = this.trace;
       const end = this.endTime();
       const t = this.cursorTime();
@@ -240,21 +244,21 @@
       if (!force && idle && !this.viewsDirty) return;
       const rowsChanged = k !== this.lastK || T.version !== this.lastVersion || force;
       const now = performance.now();
-      // Following a live run, the waterfall is redrawn at most 30 times a second when
-      // events come, and 10 times when only the open spans grow: the page shares the
-      // machine with everything else, and software rasterising is not free.
-      if (!force && this.live && this.following && !this.playing) {
-        const since = now - (this.lastWfDraw || 0);
-        if (since < (rowsChanged ? 33 : 100)) return;
+      // Following a live run, the waterfall is redrawn in the frame after events come (that
+      // is when a user sees them: the target is 100 ms from emission), and 10 times a second
+      // when only the open spans grow.
+      if (!force && this.live && this.following && !this.playing && !rowsChanged) {
+        if (now - (this.lastWfDraw || 0) < 100) return;
       }
       this.lastWfDraw = now;
       this.lastK = k;
       this.lastVersion = T.version;
       if (rowsChanged) this.rows = T.rows(k, this.collapsed);
       const cursorMark = this.following && !this.live ? null : t;
+      this.wf.follow = this.live && this.following;
       this.wf.set(this.rows || [], {
         tStart: T.t0, tEnd: Math.max(end, T.t0 + 1), cursor: cursorMark, k, events: T.events, origin: T.t0,
-      });
+      }, inFrame);
       const extent = Math.max(1, end - T.t0);
       if (!T.empty) {
         this.scrubber.max = Math.ceil(extent);
@@ -262,11 +266,11 @@
         this.setText(this.clock, ((t - T.t0) / 1000).toFixed(3) + " s / " + (extent / 1000).toFixed(3) + " s");
       }
       // Views are redrawn at most every VIEW_INTERVAL_MS, and spaced further on a big run:
-      // while live, drawing them takes about a sixteenth of the page's time (so the
-      // socket's messages rarely wait behind a chart), but they are never older than
-      // LIVE_VIEWS_MAX_MS.
+      // while live, drawing them takes about a twentieth of the page's time (so fewer than
+      // one event in twenty waits behind a chart before it shows), but they are never older
+      // than LIVE_VIEWS_MAX_MS.
       const interval = this.live
-        ? Math.min(LIVE_VIEWS_MAX_MS, Math.max(2 * VIEW_INTERVAL_MS, 16 * this.views.cost))
+        ? Math.min(LIVE_VIEWS_MAX_MS, Math.max(LIVE_VIEWS_MIN_MS, 20 * this.views.cost))
         : Math.max(VIEW_INTERVAL_MS, 4 * this.views.cost);
       if (this.viewsDirty && (force || now - this.lastViews > interval)) {
         this.viewsDirty = false;
@@ -291,6 +295,7 @@
     }
 
     updateHeader() {
+      this.updateTrust();
       if (!this.live) return;
       const T = this.trace.totals;
       const set = (key, text) => this.setText(document.querySelector(`[data-metric=${key}]`), text);
@@ -299,6 +304,34 @@
       set("tokens", `${T.tin.toLocaleString()} / ${T.tout.toLocaleString()}`);
       set("cost", "$" + T.cost.toFixed(4));
       set("wall", ((this.endTime() - this.trace.t0) / 1000).toFixed(1) + " s");
+    }
+
+    /** Receipts (count, paid, verdicts) and verification (share of sub-queries checked,
+        outcomes, tiers) at the cursor, from the views' last aggregation: live and in
+        playback alike. Whatever a worker or conductor wrote goes in as text. */
+    updateTrust() {
+      const A = this.views.A;
+      if (!A) return;
+      const set = (key, text, title) => {
+        const e = document.querySelector(`[data-metric=${key}]`);
+        this.setText(e, text);
+        if (e && title != null && e.title !== title) e.title = title;
+      };
+      const R = A.receipts, V = A.verify;
+      const verdicts = [...R.verdicts].map(([v, n]) => `${n} ${v}`).join(" · ");
+      set("receipts", R.count ? R.count.toLocaleString() : "none");
+      const paid = R.count ? `$${R.paid.toFixed(4)} paid${verdicts ? " · " + verdicts : ""}` : "";
+      set("receipt-detail", paid, paid);
+      if (!V.events) {
+        set("verified", "none");
+        set("verify-detail", "");
+      } else {
+        const checked = V.subqueries.size, of = Math.max(A.submitted, checked);
+        const tiers = [...V.tiers].map(([t, n]) => `${t} ${n}`).join(", ");
+        set("verified", `${Math.round((100 * checked) / Math.max(1, of))}%`, `${checked} of ${of} sub-queries checked`);
+        const detail = `${checked}/${of} sub-queries · ${V.ok} ok · ${V.rejected} rejected · ${tiers}`;
+        set("verify-detail", detail, detail);
+      }
     }
 
     _wireTransport() {
@@ -363,6 +396,21 @@
       };
       if (d.parent_id) jump("↑ parent", d.parent_id);
       for (const link of d.links || []) jump("→ linked " + link.slice(0, 8), link);
+      // Put the movie's clock on this span's start or end (and so every view with it).
+      const seekTo = (label, act, t) => {
+        if (t == null) return;
+        const b = el("button", "linkish", label);
+        b.type = "button";
+        b.dataset.seek = act;
+        b.addEventListener("click", () => {
+          this.playing = false;
+          this.playBtn.classList.remove("on");
+          this.seek(t);
+        });
+        nav.append(b);
+      };
+      seekTo("⏱ clock to its start", "start", d.start_ms);
+      seekTo("⏱ clock to its end", "end", d.status !== "open" ? d.end_ms : null);
       const metrics = el("dl", "kv-grid");
       // Unset attributes (null) say nothing: they are left out.
       const add = (k, v) => { if (v == null || v === "") return; metrics.append(el("dt", null, k), el("dd", "mono", String(v))); };
@@ -392,6 +440,8 @@
         for (const ev of d.events.slice(0, 50)) {
           const li = el("li", null);
           li.append(el("span", "mono muted", "+" + FRLM.fmtMs(ev.t_ms - this.trace.t0)), el("span", "pill st-" + ev.status, ev.name), el("span", "small", Object.entries(ev.attrs || {}).map(([k, v]) => k + "=" + (typeof v === "object" ? JSON.stringify(v) : v)).join("  ")));
+          li.title = "put the clock on this event";
+          li.addEventListener("click", () => { this.playing = false; this.playBtn.classList.remove("on"); this.seek(ev.t_ms); });
           list.append(li);
         }
         parts.push(list);

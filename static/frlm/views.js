@@ -10,7 +10,13 @@
     fg: "#c9d1d9", muted: "#7d8896", grid: "#1d242d", ok: "#3fb950", err: "#f85149",
     timeout: "#ff8b3d", cancelled: "#6e7681", blue: "#4fb3ff", amber: "#d6a23a",
     purple: "#a371f7", teal: "#39c5cf", idle: "#30475e", cursor: "#ffd33d",
+    gold: "#e3b341", goldDim: "rgba(227,179,65,0.4)",
   };
+  const num = (v) => (typeof v === "number" && isFinite(v) ? v : null);
+  // Plotly reads a few HTML tags in its texts (<b>, <a href>...): names that workers and
+  // venues chose go in as entities, so they show as written.
+  const esc = (t) => String(t).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+  const fmt$ = (v) => (v >= 100 ? v.toFixed(2) : v.toFixed(4));
   const STATUS_COLOR = { ok: C.ok, error: C.err, timeout: C.timeout, cancelled: C.cancelled, rejected: C.err };
 
   const hasWebGL = (function () {
@@ -47,6 +53,11 @@
       submitVenue: new Map(), // submit span -> venue it went to
       executed: new Set(),  // submit spans with an Execute started
       lastBin: 0,
+      // Spending and trust, read from the attrs of Budget.*, Receipt.Emit and Verify.*
+      // events by name (whatever else those attrs carry is left alone).
+      budget: { events: 0, cap: null, committed: 0, settled: 0, refused: 0, alerts: [] },
+      receipts: { count: 0, paid: 0, verdicts: new Map() },
+      verify: { events: 0, ok: 0, rejected: 0, tiers: new Map(), subqueries: new Set() },
     };
     const venue = (name) => {
       let v = A.venues.get(name);
@@ -115,6 +126,27 @@
       } else if (name === "Run.Decode" && phase === "end") {
         A.tin += r[F.TIN] || 0; A.tout += r[F.TOUT] || 0; A.cost += r[F.COST] || 0;
         A.tokens[b] += (r[F.TIN] || 0) + (r[F.TOUT] || 0);
+      } else if (name.startsWith("Budget.")) {
+        const a = r[F.ATTRS] || {}, B = A.budget;
+        B.events++;
+        if (num(a.run_cap) != null) B.cap = a.run_cap;
+        if (num(a.run_committed) != null) B.committed = a.run_committed;
+        if (num(a.run_settled) != null) B.settled = a.run_settled;
+        if (name === "Budget.Reserve" && a.ok === false) { B.refused++; B.lastRefusal = a.reason || a.refused_by || "refused"; }
+        if (name === "Budget.Alert") B.alerts.push(a);
+      } else if (name === "Receipt.Emit") {
+        const receipt = (r[F.ATTRS] || {}).receipt || {}, R = A.receipts;
+        R.count++;
+        R.paid += num(receipt.cost) || 0;
+        const verdict = String(receipt.verdict || "no verdict");
+        R.verdicts.set(verdict, (R.verdicts.get(verdict) || 0) + 1);
+        flow("worker:" + (r[F.WORKER] || receipt.worker || "?"), "out:receipts");
+      } else if (name.startsWith("Verify.")) {
+        const V = A.verify, tier = String((r[F.ATTRS] || {}).tier || name.slice(7).toLowerCase());
+        V.events++;
+        if (r[F.STATUS] === "ok") V.ok++; else V.rejected++;
+        V.tiers.set(tier, (V.tiers.get(tier) || 0) + 1);
+        if (r[F.PARENT]) V.subqueries.add(r[F.PARENT]);
       }
     }
     return A;
@@ -156,15 +188,17 @@
     }
 
     /** Draw the five views at event index k. The aggregation runs now; each view is then
-        drawn in a task of its own, so socket messages and input are handled between them
-        (five Plotly draws in one go block the page for a fifth of a second on a big run).
-        `cost` is what the last full render took, for the caller to space renders by. */
+        drawn in an animation frame of its own, so socket messages and input are handled
+        between them and each frame paints one chart, not five (five Plotly draws and their
+        paint in one go block the page for a fifth of a second on a big run). `cost` is
+        what the last full render took, for the caller to space renders by. */
     render(trace, k, cursorT, extent, state) {
       if (!global.Plotly) return false;
       if (this.busy) { this.again = [trace, k, cursorT, extent, state]; return true; }
       this.busy = true;
       const started = performance.now();
       const A = aggregate(trace, k, extent);
+      this.A = A;  // the run's figures at k, for the page's summary strip (same clock)
       const xs = [];
       for (let i = 0; i < A.nb; i++) xs.push((i * A.binMs) / 1000);
       const cx = cursorT != null ? (cursorT - trace.t0) / 1000 : null;
@@ -189,9 +223,9 @@
         try { step[1](); } catch (err) { console.error("view " + step[0] + ":", err); }
         this.timings[step[0]] = performance.now() - t;
         spent += this.timings[step[0]];
-        setTimeout(next, 0);
+        global.requestAnimationFrame(next);
       };
-      setTimeout(next, 0);
+      global.requestAnimationFrame(next);
       return true;
     }
 
@@ -210,9 +244,10 @@
         { type: LINE, mode: "lines", name: "dispatched", x: xs, y: A.dispatch.map((v) => v * perS), line: { color: C.amber, width: 1.5 }, hovertemplate: "%{y:.1f}/s dispatched<extra></extra>" },
         { type: LINE, mode: "lines", name: "completed", x: xs, y: A.done.map((v) => v * perS), line: { color: C.ok, width: 1.5 }, hovertemplate: "%{y:.1f}/s completed<extra></extra>" },
         { type: LINE, mode: "lines", name: "failed / cancelled", x: xs, y: A.failed.map((v) => v * perS), line: { color: C.err, width: 1 }, hovertemplate: "%{y:.1f}/s failed or cancelled<extra></extra>" },
-        { type: "bar", name: "tokens", x: xs, y: A.tokens.map((v) => v * perS), yaxis: "y2", marker: { color: "rgba(79,179,255,0.28)" }, hovertemplate: "%{y:.0f} tokens/s<extra></extra>" },
+        // A filled step line, not bars: one SVG path instead of a rectangle per bin.
+        { type: LINE, mode: "lines", name: "tokens", x: xs, y: A.tokens.map((v) => v * perS), yaxis: "y2", line: { color: "rgba(79,179,255,0.5)", width: 0.5, shape: "hv" }, fill: "tozeroy", fillcolor: "rgba(79,179,255,0.22)", hovertemplate: "%{y:.0f} tokens/s<extra></extra>" },
       ], layout({
-        margin: { l: 40, r: 46, t: 6, b: 24 }, bargap: 0,
+        margin: { l: 40, r: 46, t: 6, b: 24 },
         xaxis: Object.assign({}, AXIS, { ticksuffix: " s" }),
         yaxis: Object.assign({}, AXIS, { title: { text: "per s", font: { size: 9 } }, rangemode: "tozero" }),
         yaxis2: Object.assign({}, AXIS, { overlaying: "y", side: "right", showgrid: false, rangemode: "tozero", title: { text: "tokens/s", font: { size: 9 } } }),
@@ -229,17 +264,43 @@
         ok.push(v.ok); failed.push(v.failed); cancelled.push(v.cancelled); flying.push(v.inflight);
       }
       const bar = (name, xs, color) => ({ type: "bar", orientation: "h", name, y: cats, x: xs, marker: { color }, hovertemplate: "%{y}: %{x} " + name + "<extra></extra>" });
-      this._draw("fill", [
-        bar("ok", ok, C.ok), bar("failed", failed, C.err), bar("cancelled", cancelled, C.cancelled), bar("in flight", flying, C.blue),
-      ], layout({
-        barmode: "stack", margin: { l: 48, r: 10, t: 16, b: 22 },
-        annotations: [{
-          text: `${A.ok + A.error + A.timeout + A.cancelled}/${A.submitted} settled · tokens ${(A.tin + A.tout).toLocaleString()} · cost $${A.cost.toFixed(4)}`,
-          xref: "paper", yref: "paper", x: 1, y: 1, xanchor: "right", yanchor: "bottom", showarrow: false,
-          font: { size: 10, color: "#e3b341" },
-        }],
+      // The budget on its own strip above the fanout, in dollars: settled, reserved and not
+      // yet settled, and what is left of the run's cap.
+      const B = A.budget;
+      const settled = B.settled, reserved = Math.max(0, B.committed - B.settled);
+      const money = (name, x, color) => ({ type: "bar", orientation: "h", name, y: ["budget"], x: [x], xaxis: "x2", yaxis: "y2", marker: { color }, hovertemplate: name + " $%{x:.4f}<extra></extra>" });
+      const data = [bar("ok", ok, C.ok), bar("failed", failed, C.err), bar("cancelled", cancelled, C.cancelled), bar("in flight", flying, C.blue)];
+      // Two short lines above the strip (a view is a third of the page wide): amounts,
+      // then the cap and what went wrong.
+      let budgetText;
+      if (!B.events) budgetText = "no budget cap";
+      else {
+        data.push(money("settled", settled, C.gold), money("reserved", reserved, C.goldDim));
+        budgetText = `$${fmt$(settled)} settled + $${fmt$(reserved)} reserved<br>`;
+        if (B.cap != null) {
+          data.push(money("left of the cap", Math.max(0, B.cap - settled - reserved), C.idle));
+          budgetText += `of $${fmt$(B.cap)} cap (${Math.round((100 * (settled + reserved)) / Math.max(B.cap, 1e-12))}%)`;
+        } else budgetText += "no budget cap";
+        if (B.refused) budgetText += ` · ${B.refused} refused`;
+        if (B.alerts.length) budgetText += " · alert: " + B.alerts.map((a) => `${esc(a.scope || "?")} at ${Math.round(100 * (num(a.fraction) || 0))}%`).join(", ");
+      }
+      this._draw("fill", data, layout({
+        barmode: "stack", margin: { l: 48, r: 10, t: 4, b: 22 },
+        annotations: [
+          {
+            text: budgetText, xref: "paper", yref: "paper", x: 0, y: 1, xanchor: "left", yanchor: "top", align: "left", showarrow: false,
+            font: { size: 10, color: B.alerts.length || B.refused ? C.err : B.events ? C.gold : C.muted },
+          },
+          {
+            text: `${A.ok + A.error + A.timeout + A.cancelled}/${A.submitted} settled · tokens ${(A.tin + A.tout).toLocaleString()} · cost $${A.cost.toFixed(4)}`,
+            xref: "paper", yref: "paper", x: 1, y: 0.57, xanchor: "right", yanchor: "bottom", showarrow: false,
+            font: { size: 10, color: C.fg },
+          },
+        ],
         xaxis: Object.assign({}, AXIS, { rangemode: "tozero" }),
-        yaxis: Object.assign({}, AXIS, { autorange: "reversed" }),
+        yaxis: Object.assign({}, AXIS, { autorange: "reversed", domain: [0, 0.55] }),
+        xaxis2: Object.assign({}, AXIS, { anchor: "y2", rangemode: "tozero", tickprefix: "$", visible: B.events > 0, range: B.cap != null ? [0, B.cap] : undefined }),
+        yaxis2: Object.assign({}, AXIS, { domain: [0.7, 0.8], visible: B.events > 0 }),
       }));
     }
 
@@ -249,8 +310,8 @@
         if (!index.has(key)) {
           index.set(key, labels.length);
           const [kind, name] = key.includes(":") ? key.split(/:(.*)/s) : ["conductor", key];
-          labels.push(kind === "conductor" ? "conductor" : name);
-          colors.push(kind === "venue" ? C.amber : kind === "worker" ? C.ok : kind === "out" ? (name === "results back" ? C.teal : C.err) : C.purple);
+          labels.push(kind === "conductor" ? "conductor" : esc(name));
+          colors.push(kind === "venue" ? C.amber : kind === "worker" ? C.ok : kind === "out" ? (name === "results back" ? C.teal : name === "receipts" ? C.gold : C.err) : C.purple);
         }
         return index.get(key);
       };
@@ -258,7 +319,7 @@
       for (const [key, count] of A.flows) {
         const [a, b] = key.split("\u0000");
         source.push(node(a)); target.push(node(b)); value.push(count);
-        lcolor.push(b.startsWith("out:") && b !== "out:results back" ? "rgba(248,81,73,0.35)" : b === "out:results back" ? "rgba(57,197,207,0.30)" : "rgba(139,148,158,0.25)");
+        lcolor.push(b === "out:receipts" ? "rgba(227,179,65,0.30)" : b.startsWith("out:") && b !== "out:results back" ? "rgba(248,81,73,0.35)" : b === "out:results back" ? "rgba(57,197,207,0.30)" : "rgba(139,148,158,0.25)");
       }
       if (!value.length) {
         this._draw("flow", [], layout({ xaxis: { visible: false }, yaxis: { visible: false }, annotations: [waiting("no sub-queries yet")] }));
@@ -273,6 +334,7 @@
 
     heat(A, xs, cx) {
       const names = [...A.workers.keys()].sort();
+      const shown = names.map(esc);
       const lat = [], err = [];
       for (const name of names) {
         const w = A.workers.get(name);
@@ -284,10 +346,10 @@
         return;
       }
       this._draw("heat", [
-        { type: "heatmap", x: xs, y: names, z: lat, colorscale: [[0, "#0e4429"], [0.5, "#d6a23a"], [1, "#f85149"]], zmin: 0, showscale: false, hoverongaps: false, xgap: 1, ygap: 1, hovertemplate: "%{y} at %{x}s: %{z:.0f} ms<extra>latency</extra>" },
-        { type: "heatmap", x: xs, y: names, z: err, yaxis: "y2", colorscale: [[0, "#161b22"], [1, "#f85149"]], zmin: 0, zmax: 1, showscale: false, hoverongaps: false, xgap: 1, ygap: 1, hovertemplate: "%{y} at %{x}s: %{z:.0%} errors<extra>error rate</extra>" },
+        { type: "heatmap", x: xs, y: shown, z: lat, colorscale: [[0, "#0e4429"], [0.5, "#d6a23a"], [1, "#f85149"]], zmin: 0, showscale: false, hoverongaps: false, xgap: 1, ygap: 1, hovertemplate: "%{y} at %{x}s: %{z:.0f} ms<extra>latency</extra>" },
+        { type: "heatmap", x: xs, y: shown, z: err, yaxis: "y2", colorscale: [[0, "#161b22"], [1, "#f85149"]], zmin: 0, zmax: 1, showscale: false, hoverongaps: false, xgap: 1, ygap: 1, hovertemplate: "%{y} at %{x}s: %{z:.0%} errors<extra>error rate</extra>" },
       ], layout({
-        margin: { l: 64, r: 8, t: 14, b: 24 },
+        margin: { l: 86, r: 8, t: 14, b: 24 },
         xaxis: Object.assign({}, AXIS, { ticksuffix: " s" }),
         yaxis: Object.assign({}, AXIS, { domain: [0.54, 1] }),
         yaxis2: Object.assign({}, AXIS, { domain: [0, 0.46] }),
@@ -317,14 +379,14 @@
         const span = Math.max(1, ws.length);
         const vy = 1 - (slot + span / 2) / total;
         const v = A.venues.get(vn) || { inflight: 0, ok: 0, failed: 0 };
-        nodes.push({ id: vn, x: 1, y: vy, color: v.inflight ? C.amber : C.idle, size: 14 + Math.min(20, v.inflight), text: vn, hover: `venue ${vn} · ${v.inflight} in flight · ${v.ok} ok · ${v.failed} failed` });
+        nodes.push({ id: vn, x: 1, y: vy, color: v.inflight ? C.amber : C.idle, size: 14 + Math.min(20, v.inflight), text: esc(vn), hover: `venue ${esc(vn)} · ${v.inflight} in flight · ${v.ok} ok · ${v.failed} failed` });
         ex.push(0, 1, null); ey.push(0.5, vy, null);
         ws.forEach((wn, j) => {
           const w = A.workers.get(wn);
           const wy = 1 - (slot + j + 0.5) / total;
           const recentErr = A.lastBin - w.lastErrBin <= 2;
           const color = recentErr ? C.err : w.inflight ? C.ok : C.idle;
-          nodes.push({ id: wn, x: 2, y: wy, color, size: 10 + Math.min(24, w.inflight * 3), text: wn, hover: `${wn} · ${w.inflight} in flight · ${w.calls} done · ${w.errors} errors` });
+          nodes.push({ id: wn, x: 2, y: wy, color, size: 10 + Math.min(24, w.inflight * 3), text: esc(wn), hover: `${esc(wn)} · ${w.inflight} in flight · ${w.calls} done · ${w.errors} errors` });
           ex.push(1, 2, null); ey.push(vy, wy, null);
         });
         slot += span;

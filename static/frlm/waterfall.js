@@ -64,7 +64,9 @@
       this.selected = null;
       this.highlight = null;  // a predicate: spans to ring (the diff's divergence)
       this.zoom = null;       // [tStart, tEnd] chosen by the user, or null to fit
-      this.scroll.addEventListener("scroll", () => this.draw(), { passive: true });
+      this.follow = false;    // keep the last rows in view while they grow (a live run)
+      // A scroll this waterfall made itself (following the end) has been drawn already.
+      this.scroll.addEventListener("scroll", () => { if (this.scroll.scrollTop !== this._drawnTop) this.draw(); }, { passive: true });
       this.canvas.addEventListener("mousemove", (e) => this._hover(e));
       this.canvas.addEventListener("mouseleave", () => { this.tip.hidden = true; });
       this.canvas.addEventListener("click", (e) => this._click(e));
@@ -73,11 +75,13 @@
       new ResizeObserver(() => this.draw()).observe(this.scroll);
     }
 
-    /** rows: spans in display order; view: {tStart, tEnd, cursor (time or null), k} */
-    set(rows, view) {
+    /** rows: spans in display order; view: {tStart, tEnd, cursor (time or null), k}.
+        `now`: the caller is inside an animation frame, so draw in it rather than the next
+        (a frame later is 16 ms more before a live event shows). */
+    set(rows, view, now) {
       this.rows = rows;
       this.view = Object.assign(this.view, view);
-      this.draw();
+      if (now) this._draw(); else this.draw();
     }
 
     _range() {
@@ -142,10 +146,17 @@
       // rows in view: the canvas sticks to the top of the scroller; the spacer under it
       // makes up the rest of the rows' height.
       const spacerH = Math.max(0, this.rows.length * rowH - h) + "px";
-      if (this.spacer.style.height !== spacerH) this.spacer.style.height = spacerH;
+      // Following the end: a reader scrolled to the last row keeps seeing the newest rows
+      // as a live run adds them (as a log tail does); scrolling up stops following.
+      const atEnd = this.follow && this.scroll.scrollTop + h >= this.scroll.scrollHeight - rowH;
+      if (this.spacer.style.height !== spacerH) {
+        this.spacer.style.height = spacerH;
+        if (atEnd) this.scroll.scrollTop = this.scroll.scrollHeight;
+      }
       const ctx = this._sizeCanvas(this.canvas, w, h);
       ctx.clearRect(0, 0, w, h);
       const top = this.scroll.scrollTop;
+      this._drawnTop = top;
       const firstRow = Math.floor(top / rowH);
       const last = Math.min(this.rows.length, firstRow + Math.ceil(h / rowH) + 1);
       ctx.font = "11px system-ui, -apple-system, Segoe UI, sans-serif";

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import signal
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -24,6 +25,14 @@ from traces.emitter import Emitter
 from traces.recorder import _write_segment
 
 pytestmark = [pytest.mark.stack]
+
+
+def run_async(go) -> None:
+    """Run a test's coroutine function in a thread of its own: once a browser test has run
+    in this session, Playwright's sync API holds an event loop in the main thread, where
+    async_to_sync refuses to run."""
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(async_to_sync(go)).result()
 
 
 def cookie_for(user) -> bytes:
@@ -69,7 +78,7 @@ def test_it_closes_an_anonymous_socket_with_4401(stack, transactional_db):
         assert connected
         assert (await ws.receive_output(timeout=5)) == {"type": "websocket.close", "code": 4401}
 
-    async_to_sync(go)()
+    run_async(go)
 
 
 def test_it_closes_the_socket_of_a_user_who_may_not_see_the_run_with_4403(stack, transactional_db):
@@ -87,7 +96,7 @@ def test_it_closes_the_socket_of_a_user_who_may_not_see_the_run_with_4403(stack,
         assert (await ws.receive_json_from(timeout=5)) == {"type": "caught_up", "last_seq": 0}
         await ws.disconnect()
 
-    async_to_sync(go)()
+    run_async(go)
 
 
 def test_it_sends_the_catch_up_then_each_live_event_once(venues):
@@ -114,7 +123,7 @@ def test_it_sends_the_catch_up_then_each_live_event_once(venues):
         assert await ws.receive_nothing(timeout=0.5)
         await ws.disconnect()
 
-    async_to_sync(go)()
+    run_async(go)
 
 
 def test_it_fills_a_gap_in_the_live_batches_from_the_store(stack, transactional_db):
@@ -154,7 +163,7 @@ def test_it_fills_a_gap_in_the_live_batches_from_the_store(stack, transactional_
         assert [e[0] for e in events] == [5, 6]
         await ws.disconnect()
 
-    async_to_sync(go)()
+    run_async(go)
 
 
 def test_it_forwards_what_is_emitted_and_the_recorder_stores_it(stack, transactional_db):
@@ -178,7 +187,7 @@ def test_it_forwards_what_is_emitted_and_the_recorder_stores_it(stack, transacti
         assert all(e[14] and "secret" not in json.dumps(e) for e in events)
         await ws.disconnect()
 
-    async_to_sync(go)()
+    run_async(go)
     wait_until(lambda: store.event_count(run.id) == 30, what="the events to be stored")
 
 
@@ -203,7 +212,7 @@ def test_it_sends_events_live_before_the_recorder_stores_them(stack, transaction
         await ws.disconnect()
 
     try:
-        async_to_sync(go)()
+        run_async(go)
     finally:
         stack.restart("recorder")
     wait_until(lambda: store.event_count(run.id) == 20, what="the events to be stored")
@@ -247,4 +256,4 @@ def test_it_holds_live_events_past_a_gap_until_the_store_has_it(stack, transacti
         assert await ws.receive_nothing(timeout=0.3)  # never twice
         await ws.disconnect()
 
-    async_to_sync(go)()
+    run_async(go)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+from django.test import Client
+
 from runs.models import Run
 from tests.helpers import finish
 from tests.pages.conftest import shot
@@ -94,3 +96,64 @@ def test_it_reads_an_uploaded_context(page, web, tmp_path):
     assert run.context_source == "text" and run.context_chars == len(notes.read_text())
     finish(run)
     assert run.status == "succeeded", run.error
+
+
+def test_it_offers_only_configured_endpoints(page, web, staff, settings):
+    """The conductor sends the server's API key to a run's endpoint: a user chooses among
+    the configured ones and cannot name a URL of their own."""
+    page.goto("/runs/new")
+    page.select_option("#id_root_kind", "openai")
+    assert page.locator("#id_root_endpoint").is_visible()
+    options = page.locator("#id_root_endpoint option").evaluate_all(
+        "os => os.map(o => o.value).filter(Boolean)"
+    )
+    assert options == list(settings.FRLM_ENDPOINTS)
+    assert page.locator("input[name=root_base_url], input[type=url]").count() == 0
+    # A forged choice, or a URL sent in place of one, is refused beside the field.
+    client = Client()
+    client.force_login(staff)
+    form = {
+        "question": "q",
+        "context_source": "task",
+        "task_name": "sniah",
+        "task_tokens": "20000",
+        "task_seed": "1",
+        "root_kind": "openai",
+        "root_endpoint": "http://attacker.example/v1",
+        "root_model": "gpt",
+        "worker_kind": "sim",
+        "venues": ["local"],
+    }
+    response = client.post("/runs/new", form)
+    assert response.status_code == 400
+    errors = response.context["form"].errors
+    assert "root_endpoint" in errors and "valid choice" in errors["root_endpoint"][0]
+    assert not Run.objects.exists()
+
+
+def test_it_takes_the_verification_tier_hedging_and_a_budget(page, web):
+    page.goto("/runs/new")
+    page.fill("#id_budget_usd", "-1")
+    page.click("#launch")
+    page.wait_for_selector("#field-budget_usd .field-errors")
+    assert "policy.budget_usd must be between 0.0 and 1000000.0" in page.inner_text(
+        "#field-budget_usd .field-errors"
+    )
+    assert not Run.objects.exists()
+
+    page.check("input[name=context_source][value=task]")
+    page.select_option("#id_task_name", "sniah")
+    page.fill("#id_task_tokens", "60000")
+    page.check("input[name=venues][value=local]")
+    page.check("input[name=venues][value=edge]")
+    page.select_option("#id_tier", "redundant")
+    page.select_option("#id_hedge", "off")
+    page.fill("#id_budget_usd", "0.5")
+    page.click("#launch")
+    page.wait_for_url(re.compile(r".*/runs/r[0-9a-f]+$"))
+    run = finish(Run.objects.get(id=page.url.rsplit("/", 1)[1]))
+    assert run.policy["tier"] == "redundant" and run.policy["hedge"] == "off"
+    assert run.policy["budget_usd"] == 0.5
+    assert run.status == "succeeded", run.error
+    assert run.accounts["verification"]["by_kind"].get("replica", 0) > 0
+    assert run.accounts["budget"]["run"]["cap"] == 0.5

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from django.test import Client
 
+from frlm_web.redis_client import get_redis
 from runs.models import Run
+from tests.conftest import wait_until
 from tests.helpers import finish, launch, scripted, trace
 from tests.pages.conftest import make_user, shot
 from tests.pages.helpers import SLOW_WORKERS, plot_updates, slow_question, wait_for
 from traces import store
+from traces.emitter import Emitter
 
 
 def test_it_shows_a_live_run_as_it_happens(page, web):
@@ -119,6 +122,15 @@ def test_it_plays_a_finished_run_back_with_the_scrubber(page, web):
     page.wait_for_selector("#detail-body .payload-text.prompt")
     assert "special magic number" in page.inner_text("#detail-body .payload-text.prompt")
     assert page.locator("#detail-body .payload-text.reply").count() == 1
+    # Jump to an event: the movie's clock goes to the span's start, then to its end.
+    span = page.evaluate("frlmMovie.trace.spans.get(frlmMovie.root.dataset.selected)")
+    page.click("#detail-body [data-seek=start]")
+    assert page.evaluate("frlmMovie.cursor") == span["t0"]
+    assert page.evaluate("frlmMovie.following") is False
+    started = page.evaluate("frlmMovie.rows.length")
+    page.click("#detail-body [data-seek=end]")
+    assert page.evaluate("frlmMovie.cursor") == span["t1"]
+    assert page.evaluate("frlmMovie.rows.length") >= started
     page.click("[data-act=start]")
     page.evaluate(
         """() => { const s = document.getElementById('scrubber');
@@ -197,3 +209,70 @@ def test_it_hides_a_run_from_a_user_who_may_not_see_it(browser, web, venues):
     )
     assert code == 4403
     context.close()
+
+
+def test_it_shows_names_workers_chose_as_text_in_the_views(page, web, staff):
+    """Plotly reads some HTML in its texts (<b>, <a href>): a worker's or venue's name
+    must show as written there too."""
+    worker, venue = "<b>w9</b>", "<i>edge</i>"
+    run = Run.objects.create(
+        question="names",
+        context_source="text",
+        context_path="/dev/null",
+        root_model={},
+        worker_model={},
+        owner=staff,
+        status="succeeded",
+    )
+    client = get_redis()
+    conductor = Emitter(client, run.id)
+    with conductor.span("Run.Init") as root:
+        with conductor.span("SubQuery.Submit", parent=root.span_id, venue=venue) as sq:
+            with Emitter(client, run.id, venue=venue, worker_id=worker).span(
+                "SubQuery.Execute", parent=sq.span_id
+            ):
+                pass
+        conductor.instant("Run.Done", parent=root.span_id)
+    wait_until(lambda: store.event_count(run.id) >= 7, timeout=20, what="the run stored")
+    page.goto(f"/runs/{run.id}")
+    page.wait_for_selector("#movie[data-ready='1']")
+    wait_for(page, "Number(document.getElementById('movie').dataset.viewsDrawn) >= 1")
+    for view in ("flow", "topology", "heat"):
+        texts = page.locator(f"#view-{view} text").evaluate_all("es => es.map(e => e.textContent)")
+        assert any(worker in t for t in texts), (view, texts)
+        assert page.locator(f"#view-{view} b, #view-{view} [font-weight=bold]").count() == 0
+    texts = page.locator("#view-topology text").evaluate_all("es => es.map(e => e.textContent)")
+    assert venue in texts
+
+
+def test_it_keeps_the_newest_spans_in_view_until_the_reader_scrolls_up(page, web, staff):
+    run = Run.objects.create(
+        question="a long fanout",
+        context_source="text",
+        context_path="/dev/null",
+        root_model={},
+        worker_model={},
+        owner=staff,
+        status="running",
+    )
+    page.goto(f"/runs/{run.id}")
+    page.wait_for_function("frlmMovie.ws && frlmMovie.ws.readyState === 1")
+    conductor = Emitter(get_redis(), run.id)
+    root = conductor.start("Run.Init")
+
+    def fan_out(n: int) -> None:
+        for i in range(n):
+            conductor.start("SubQuery.Submit", parent=root.span_id, venue="local", sq=i).end()
+
+    scroller = "document.querySelector('#waterfall .wf-scroll')"
+    at_end = f"(s => s.scrollHeight - s.scrollTop - s.clientHeight < 16)({scroller})"
+    fan_out(120)  # far more rows than the waterfall shows
+    wait_for(page, "frlmMovie.rows.length === 121", what="the spans on the waterfall")
+    wait_for(page, f"{scroller}.scrollTop > 0 && {at_end}", what="the waterfall at its end")
+    # The reader scrolls up to the run's start: new spans no longer move the view.
+    page.evaluate(f"{scroller}.scrollTop = 0")
+    fan_out(40)
+    wait_for(page, "frlmMovie.rows.length === 161", what="the new spans")
+    page.wait_for_timeout(300)
+    assert page.evaluate(f"{scroller}.scrollTop") == 0
+    root.end()

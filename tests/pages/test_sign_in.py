@@ -19,6 +19,7 @@ PAGES = [
     "/venues",
     "/venues/panel",
     "/runs/rabc123/header",
+    "/workers/wabc123",
 ]
 APIS = [
     "/api/runs/rabc123/events",

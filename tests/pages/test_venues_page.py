@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+import json
+
+from django.test import Client
+
 from tests.conftest import TEST_VENUES
 from tests.helpers import finish, launch, scripted, stack_worker_ids, trace
-from tests.pages.conftest import shot
-from tests.pages.helpers import SLOW_WORKERS, slow_question
+from tests.pages.conftest import make_user, shot
+from tests.pages.helpers import SLOW_WORKERS, slow_question, wait_for
 
 
 def test_it_lists_runs_live_and_finished_with_totals_and_health(page, web):
@@ -19,6 +23,11 @@ def test_it_lists_runs_live_and_finished_with_totals_and_health(page, web):
     row = page.locator(f"tr[data-run={live.id}]")
     assert "is-live" in row.get_attribute("class")
     assert row.locator(".dot").count() == 1
+    # Its wall time so far, and it grows while the table is polled.
+    wall = row.locator("td.wall").inner_text()
+    assert wall.split()[0][0].isdigit(), wall
+    cell = f"document.querySelector('tr[data-run={live.id}] td.wall').innerText"
+    wait_for(page, f"{cell} !== {json.dumps(wall)}", what="the live run's wall time to grow")
     assert page.locator(f"tr[data-run={failed.id}] .st-failed").count() == 1
     assert page.locator(f"tr[data-run={done.id}] .ok").count() == 1  # the answer checks out
     assert page.inner_text(".totals .stat:nth-child(1) .v") == "3"
@@ -47,3 +56,48 @@ def test_it_shows_each_workers_recent_subqueries_and_history(page, web):
         assert card.locator(f"a[href='/runs/{run.id}']").count() >= 1
     assert page.locator("#history .main-svg").count() >= 1
     shot(page, "08-venues")
+
+
+def test_it_shows_one_workers_page_with_reputation_recent_subqueries_and_history(page, web):
+    run = finish(launch(task="sniah", tokens=100_000, seed=4))
+    assert run.status == "succeeded", run.error
+    events = trace(run)
+    mine = [e for e in events if e["name"] == "SubQuery.Execute" and e["phase"] == "end"]
+    worker = mine[0]["worker_id"]
+    calls = sum(1 for e in mine if e["worker_id"] == worker)
+    # The dashboard's health panel: the worker's reputation (the ledger has seen it work)
+    # and a link to its page.
+    page.goto("/")
+    page.wait_for_selector(f"#health tr[data-worker='{worker}']")
+    rep = page.inner_text(f"#health tr[data-worker='{worker}'] td.rep")
+    assert 0 < float(rep) <= 1, rep
+    page.click(f"#health tr[data-worker='{worker}'] a")
+    page.wait_for_url(f"{web}/workers/{worker}")
+    assert page.inner_text("#worker-state") == "online"
+    assert 0 < float(page.inner_text("#worker-reputation .v")) <= 1
+    assert "completion" in page.inner_text("#worker-reputation")
+    rows = page.locator("#worker-recent tbody tr")
+    assert rows.count() == min(calls, 100)
+    assert page.locator(f"#worker-recent a[href='/runs/{run.id}']").count() == min(calls, 100)
+    page.wait_for_selector("#history[data-ready='1'] .main-svg")
+    # Its history chart has this worker's series only.
+    names = page.evaluate("document.getElementById('history').data.map(t => t.name)")
+    assert names and all(name.startswith(worker) for name in names), names
+    shot(page, "10-worker")
+
+
+def test_it_shows_a_worker_only_the_runs_a_user_may_see(web, venues):
+    owner, other = make_user("carol"), make_user("dave")
+    run = finish(launch(task="sniah", tokens=100_000, seed=4))
+    run.owner = owner
+    run.save(update_fields=["owner"])
+    worker = next(
+        e["worker_id"] for e in trace(run) if e["name"] == "SubQuery.Execute" and e["worker_id"]
+    )
+    as_owner, as_other = Client(), Client()
+    as_owner.force_login(owner)
+    as_other.force_login(other)
+    assert run.id in as_owner.get(f"/workers/{worker}").content.decode()
+    page = as_other.get(f"/workers/{worker}")
+    assert page.status_code == 200 and run.id not in page.content.decode()
+    assert as_other.get("/workers/wnosuchworker").status_code == 404

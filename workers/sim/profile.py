@@ -32,6 +32,7 @@ class SimFields(TypedDict, total=False):
     straggler_factor: float
     failure_rate: float  # probability of an HTTP 500
     lie_rate: float  # probability that a worker reply is plausible but wrong
+    collude: float  # probability that a lie is the colluders' shared one (same prompt, same lie)
     seed: int
     attempt: int  # mixed into the RNG seed so that a retry is an independent draw
 
@@ -48,6 +49,7 @@ class Profile:
     straggler_factor: float = 10.0
     failure_rate: float = 0.0
     lie_rate: float = 0.0
+    collude: float = 0.0
     seed: int = 0
     attempt: int = 0
 
@@ -61,7 +63,7 @@ class Decision:
     lie_seed: int  # seeds the RNG that makes up a lie, so the lie is reproducible too
 
 
-_RATES = ("straggler_rate", "failure_rate", "lie_rate")
+_RATES = ("straggler_rate", "failure_rate", "lie_rate", "collude")
 _NON_NEGATIVE = ("latency_ms", "spread")
 _INTEGERS = ("seed", "attempt")
 
@@ -124,6 +126,12 @@ def decide(profile: Profile, model: str, messages: Sequence[ChatMessage]) -> Dec
     spread_draw = rng.gauss(0.0, 1.0)
     lie_draw = rng.random()
     lie_seed = rng.getrandbits(32)
+    collude_draw = rng.random()
+    if collude_draw < profile.collude:
+        # Colluders agree on their lie: it depends on the question alone, not on who lies.
+        question = messages[-1]["content"] if messages else ""
+        digest = hashlib.sha256(f"collude:{question}".encode("utf-8", "replace")).digest()
+        lie_seed = int.from_bytes(digest[:4], "big")
 
     straggler = straggler_draw < profile.straggler_rate
     delay_ms = profile.latency_ms * math.exp(profile.spread * spread_draw)

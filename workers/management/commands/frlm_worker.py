@@ -23,6 +23,7 @@ SIM_KEYS = (
     "failure_rate",
     "lie_rate",
     "lie_after_s",
+    "collude",
     "seed",
 )
 
@@ -89,6 +90,12 @@ class Command(BaseCommand):
             default=None,
             help="answer honestly for this many seconds after starting, then lie",
         )
+        sim.add_argument(
+            "--sim-collude",
+            type=float,
+            default=None,
+            help="share of lies that are the liars' shared lie: colluders give identical answers",
+        )
         sim.add_argument("--sim-seed", type=int, default=None)
 
     def handle(self, *args, **options) -> None:
@@ -151,7 +158,7 @@ class Command(BaseCommand):
         profile = {
             key: options[f"sim_{key}"] for key in SIM_KEYS if options.get(f"sim_{key}") is not None
         }
-        for key in ("straggler_rate", "failure_rate", "lie_rate"):
+        for key in ("straggler_rate", "failure_rate", "lie_rate", "collude"):
             if not 0 <= profile.get(key, 0) <= 1:
                 raise CommandError(f"--sim-{key.replace('_', '-')} is a probability, 0 to 1")
         if profile:
