@@ -24,12 +24,16 @@ from frlm_web.stack import Stack, VenueSpec  # noqa: E402
 
 
 @contextmanager
-def private_stack(venues: list[VenueSpec]) -> Iterator[Stack]:
+def private_stack(venues: list[VenueSpec], *, trusted: set[str] | None = None) -> Iterator[Stack]:
+    """`trusted`: the venues to trust, when not the product's default (only `local`)."""
     call_command("migrate", verbosity=0)
     from workers.models import Venue, venue_defaults
 
     for venue in venues:
-        Venue.objects.get_or_create(name=venue.name, defaults=venue_defaults(venue.name))
+        defaults = venue_defaults(venue.name)
+        if trusted is not None:
+            defaults["trusted"] = venue.name in trusted
+        Venue.objects.get_or_create(name=venue.name, defaults=defaults)
     env = {
         "DJANGO_SETTINGS_MODULE": "frlm_web.settings",
         "FRLM_DB_PATH": str(settings.DATABASES["default"]["NAME"]),

@@ -7,20 +7,28 @@ measures the floor of this harness: the same requests sent straight to the simul
 model server from W threads, with no FRLM, Celery or tracing at all.
 
     .venv/bin/python bench/fanout.py [--n 256] [--latency-ms 200] [--slots 32]
+                                     [--trusted local|local,edge|none]
+
+By default the venues are set up as the product sets them up: `local` trusted (its worker
+prefetches FRLM_WORKER_PREFETCH jobs per slot), `edge` untrusted (one job per slot, as
+issue 5 asks). `--trusted` changes that, to tell the cost of the untrusted set-up apart;
+the output says which set-up was measured.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import queue
 import threading
 import time
+from pathlib import Path
 
 import httpx
 from _stack import private_stack, run_to_end
 
-from frlm_web.stack import VenueSpec
+from frlm_web.stack import Stack, VenueSpec
 
 
 def timed_program(n: int, *, sequential: bool) -> str:
@@ -36,7 +44,7 @@ def timed_program(n: int, *, sequential: bool) -> str:
     )
 
 
-def measure(n: int, venues: list[str], *, sequential: bool) -> tuple[float, int]:
+def measure(n: int, venues: list[str], *, sequential: bool) -> tuple[float, int, str]:
     run = run_to_end(
         timed_program(n, sequential=sequential),
         venues=venues,
@@ -50,7 +58,38 @@ def measure(n: int, venues: list[str], *, sequential: bool) -> tuple[float, int]
     if run.status != "succeeded":
         raise SystemExit(f"benchmark run failed: {run.error}")
     elapsed, failed = run.answer.split()
-    return float(elapsed), int(failed)
+    return float(elapsed), int(failed), str(run.id)
+
+
+def stack_cpu_s(stack: Stack) -> float:
+    """CPU seconds used so far by the stack's processes and their children (Linux /proc):
+    what the run costs whatever else the machine is doing."""
+    groups = {proc.popen.pid for proc in stack.procs.values() if proc.popen is not None}
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the process ended meanwhile
+        if int(fields[2]) in groups:  # its process group: each stack process leads one
+            total += (int(fields[11]) + int(fields[12])) / ticks
+    return total
+
+
+def split(run_id: str, n: int) -> list[tuple[int, float]]:
+    """Sub-queries and median execution ms per worker, from the run's stored trace: alike
+    workers should take equal shares, or the batch waits for the busier one."""
+    from traces.store import worker_figures
+
+    deadline = time.monotonic() + 15
+    rows = []
+    while time.monotonic() < deadline:
+        rows = worker_figures(run_id)
+        if sum(r["calls"] for r in rows) >= n:
+            break
+        time.sleep(0.2)  # the recorder stores the run's last events
+    return [(r["calls"], r["p50_ms"] or 0.0) for r in rows]
 
 
 def harness_floor(n: int, slots: int, latency_ms: float) -> float:
@@ -92,7 +131,13 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=32, help="split over two venues")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--skip-sequential", action="store_true")
+    parser.add_argument(
+        "--trusted",
+        default="local",
+        help="comma-separated venues to trust (default: local, the product's default); none",
+    )
     args = parser.parse_args()
+    trusted = {v for v in args.trusted.split(",") if v and v != "none"}
 
     sim = {"latency_ms": args.latency_ms, "spread": 0}
     half = args.slots // 2
@@ -101,31 +146,49 @@ def main() -> None:
         VenueSpec("edge", args.slots - half, sim, "bench-edge"),
     ]
     ideal = math.ceil(args.n / args.slots) * args.latency_ms / 1000
-    with private_stack(venues):
+    with private_stack(venues, trusted=trusted) as stack:
         names = [v.name for v in venues]
         harness_floor(args.slots * 2, args.slots, args.latency_ms)
         floor = min(harness_floor(args.n, args.slots, args.latency_ms) for _ in range(2))
         measure(args.slots, names, sequential=False)  # warm connections and workers
-        batches = [measure(args.n, names, sequential=False) for _ in range(args.repeat)]
+        batches = []
+        for _ in range(args.repeat):
+            before = stack_cpu_s(stack)
+            t, failed, run_id = measure(args.n, names, sequential=False)
+            cpu = stack_cpu_s(stack) - before
+            batches.append((t, failed, cpu, split(run_id, args.n)))
         sequential = None if args.skip_sequential else measure(args.n, names, sequential=True)
 
-    best = min(t for t, _ in batches)
+    best = min(t for t, *_ in batches)
     print(
         f"fanout benchmark: {args.n} sub-queries, {args.latency_ms:.0f} ms simulated latency, "
         f"{args.slots} worker slots over 2 venues"
     )
+    from django.conf import settings
+
+    for venue in venues:
+        prefetch = settings.FRLM_WORKER_PREFETCH if venue.name in trusted else 1
+        print(
+            f"  venue {venue.name:<6} {venue.concurrency} slots, "
+            f"{'trusted' if venue.name in trusted else 'untrusted'}: its worker prefetches "
+            f"{prefetch} job(s) per slot"
+            + ("" if args.trusted == "local" else "   (set-up changed by --trusted)")
+        )
     print(f"  ideal ceil(N/W)*L          {ideal:8.3f} s")
     print(f"  harness floor (no FRLM)    {floor:8.3f} s   {floor / ideal:5.3f}x ideal")
-    for i, (t, failed) in enumerate(batches, 1):
+    for i, (t, failed, cpu, shares) in enumerate(batches, 1):
         print(
             f"  FRLM fanout, try {i}        {t:8.3f} s   {t / ideal:5.3f}x ideal   failed {failed}"
+            f"   per worker {'/'.join(str(c) for c, _ in shares)} sub-queries, "
+            f"exec p50 {'/'.join(f'{ms:.0f}' for _, ms in shares)} ms"
+            f"   stack CPU {cpu * 1000 / args.n:.1f} ms per sub-query"
         )
     print(
         f"  FRLM fanout, best          {best:8.3f} s   {best / ideal:5.3f}x ideal   "
         f"{best / floor:5.3f}x floor   (target <= 1.10x ideal)"
     )
     if sequential is not None:
-        t, failed = sequential
+        t, failed, _ = sequential
         print(
             f"  one at a time (RLM)        {t:8.3f} s   {t / ideal:5.2f}x ideal   "
             f"fanout is {t / best:5.1f}x faster   failed {failed}"

@@ -9,7 +9,7 @@ reputation, latency, load and price; "shared" puts it on the venue's queue for a
 worker (what Celery does by itself); "round_robin" deals jobs to workers in turn.
 
 Dispatch is credit-based: a worker (or, for a shared queue, a venue) is given as many jobs
-as it has slots, plus a small margin that hides the refill round trip, and each reply frees
+as it has slots, plus a margin that hides the refill round trip, and each reply frees
 a credit for the next job. Queues stay short, so a slow or busy worker takes less work
 instead of holding the batch's tail, and every decision is made with current figures.
 
@@ -26,6 +26,7 @@ only when it was not judged wrong."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
@@ -53,9 +54,12 @@ from workers.signing import result_verify
 LIVENESS_EVERY_S = 1.0
 # Jobs published per pipelined round trip: the first wave leaves before the batch is built.
 DISPATCH_FLUSH = 8
-# Jobs queued at a venue beyond its slots, as a fraction of them: enough that a worker
-# finishing a job finds the next one waiting, few enough that queues stay short.
-QUEUE_MARGIN = 0.25
+# Jobs queued at a venue beyond its slots, as a fraction of them: one per slot, because a
+# batch's replies come in clumps (its sub-queries start together and take alike), so every
+# slot needs its next job waiting while the refill is on its way. The scheduler still
+# queues a job only where it would finish soonest, and an untrusted worker reserves no more
+# than its prefetch of one per slot.
+QUEUE_MARGIN = 1.0
 NO_VENUE = "no live worker on any of the run's venues"
 # How long a batch waits for a worker to come back when every one has left.
 NO_WORKER_GRACE_S = 15.0
@@ -758,7 +762,7 @@ class Fanout:
         elif self.policy.routing == "round_robin":
             picks = self._pick_round_robin()
         else:
-            picks = self._pick_scheduled()
+            picks = self._pick_scheduled(flights)
         if not picks:
             if not flights and any(self._limit.values()):
                 # Workers are there but none may take it, and nothing in flight will free
@@ -813,8 +817,14 @@ class Fanout:
                 self._settle_backlog("budget", reason)
             return None
 
-    def _pick_scheduled(self) -> list[tuple[_Flight, _Target]]:
-        """The scheduler's plan for the backlog (workers.scheduler.plan)."""
+    def _pick_scheduled(self, flights: dict[str, _Flight]) -> list[tuple[_Flight, _Target]]:
+        """The scheduler's plan for the backlog (workers.scheduler.plan), told which of this
+        run's jobs already run on each worker and for how long."""
+        now = time.time()
+        running: dict[str, list[float]] = {wid: [] for wid in self._workers}
+        for f in flights.values():
+            if f.assigned in running and f.started_at > f.sent_at:
+                running[f.assigned].append((now - f.started_at) * 1000)
         candidates = []
         price_in, price_out = TYPICAL_TOKENS
         for wid, w in self._workers.items():
@@ -839,11 +849,15 @@ class Fanout:
                     models=list(w.get("models") or []),
                     context_tokens=int(w.get("context_tokens") or 1 << 30),
                     allowed=self._allowed(w) and not self._capped(w),
+                    running_ms=running[wid],
                 )
             )
         live = set(self._workers)
         needs = []
-        for flight in self._backlog:
+        # The plan looks no deeper than this (scheduler.plan), and a pump runs per reply.
+        depth = scheduler.PLAN_ROUNDS * sum(c.credit for c in candidates)
+        backlog = list(itertools.islice(self._backlog, depth))
+        for flight in backlog:
             avoid = flight.tried & live
             needs.append(
                 scheduler.Need(
@@ -854,7 +868,6 @@ class Fanout:
                     avoid=frozenset(avoid if avoid != live else ()),
                 )
             )
-        backlog = list(self._backlog)
         return [
             (
                 backlog[a["index"]],
@@ -1114,7 +1127,8 @@ class Fanout:
             flight.started_at = time.time()
             return
         self._release(flight, flights, spent=result if status == "ok" else None)
-        ms = (time.time() - flight.sent_at) * 1000
+        # How long it ran, not how long it queued: the scheduler adds the queue itself.
+        ms = (time.time() - max(flight.sent_at, flight.started_at)) * 1000
         if status == "ok":
             self._observe(flight, True, latency_ms=ms)
             if flight.started_at:

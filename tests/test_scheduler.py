@@ -85,3 +85,18 @@ def test_it_explores_about_the_share_the_policy_asks() -> None:
     out = plan(workers, [Need()] * 400, Weights(explore=0.25), random.Random(3))
     explored = sum(1 for a in out if a["route"]["how"] == "explore")
     assert 60 <= explored <= 140
+
+
+def test_it_keeps_the_tail_for_the_worker_whose_slots_free_first() -> None:
+    """Two alike workers at a batch's tail: `ahead` has just started a new round on every
+    slot; `behind` is about to finish its round and has one job queued. The last job goes
+    to `behind`'s next free slot (waiting for its credit), not a round later on `ahead`."""
+    ahead, behind = fleet(fast=2, slow=0)
+    ahead.inflight, ahead.running_ms = 4, [5.0] * 4
+    behind.inflight, behind.running_ms = 5, [180.0] * 4  # credit 5: none free
+    assert plan([ahead, behind], [Need()], NO_EXPLORE, random.Random(1)) == []
+    behind.inflight = 4  # its queued job started: a credit is free
+    behind.running_ms = [180.0] * 3 + [0.0]
+    out = plan([ahead, behind], [Need()], NO_EXPLORE, random.Random(1))
+    assert [a["worker_id"] for a in out] == [behind.worker_id]
+    assert out[0]["route"]["eta_ms"] == 220.0  # a slot free in 20 ms, then 200 ms of work

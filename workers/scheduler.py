@@ -7,6 +7,12 @@ best worker has no free credit waits at the conductor for it, instead of going t
 worker now; a slow worker gets work only when the fast ones are so far behind that it would
 finish sooner. A little exploration keeps the estimates of unused workers honest.
 
+Where the fanout says which of its jobs already run on a worker and for how long, the
+plan follows that worker's slots one by one (when each frees, which job it takes next)
+instead of a fluid average. That matters at a batch's tail: a worker slightly ahead of
+the others would otherwise be handed one more round than its share, and the batch would
+wait a whole sub-query for its last slot while the others stand idle.
+
 Pure functions over plain data: the fanout gathers the inputs, this decides, the trace
 records the decision and its inputs."""
 
@@ -37,6 +43,9 @@ class Candidate:
     models: list[str] = field(default_factory=list)  # [] serves any
     context_tokens: int = 1 << 30
     allowed: bool = True  # its circuit breakers let work through
+    # How long each of this fanout's jobs known to have started there has run, in ms;
+    # the rest of `inflight` waits in its queue. None: unknown (planned as a fluid).
+    running_ms: list[float] | None = None
 
     @property
     def free(self) -> int:
@@ -92,6 +101,44 @@ def _eta(c: Candidate, ahead: int, latency: float) -> float:
     return latency * (1 + waiting / max(1, c.concurrency))
 
 
+class _Queue:
+    """A candidate's queue as the plan fills it: when the next job sent there would end."""
+
+    def __init__(self, c: Candidate, latency: float, factor: float) -> None:
+        self.c = c
+        self.latency = latency  # expected ms of one job there
+        self.factor = factor  # the same, weighed by load, price and reputation
+        self.ahead = c.inflight
+        self.sending = 0
+        self.slots: list[float] | None = None  # ms from now until each slot is free
+        if c.running_ms is not None:
+            running = sorted(max(0.0, latency - ran) for ran in c.running_ms)
+            self.slots = running[: c.concurrency] + [0.0] * max(0, c.concurrency - len(running))
+            heapq.heapify(self.slots)
+            for _ in range(max(0, c.inflight - len(running))):  # queued: they start first
+                heapq.heapreplace(self.slots, self.slots[0] + latency)
+
+    def eta_ms(self) -> float:
+        if self.slots is None:
+            return _eta(self.c, self.ahead, self.latency)
+        return self.slots[0] + self.latency
+
+    def score(self) -> float:
+        if self.slots is None:
+            return _eta(self.c, self.ahead, self.factor)
+        return self.eta_ms() * self.factor / self.latency
+
+    def add(self) -> None:
+        """One more job queued there (planned, sent or waiting for its credit)."""
+        self.ahead += 1
+        if self.slots is not None:
+            heapq.heapreplace(self.slots, self.slots[0] + self.latency)
+
+    @property
+    def open(self) -> bool:
+        return self.c.free - self.sending > 0
+
+
 def plan(
     candidates: list[Candidate],
     needs: list[Need],
@@ -100,7 +147,10 @@ def plan(
 ) -> list[Assignment]:
     """The jobs of the backlog (`needs`, in order) that should be sent now, and where."""
     eligible = [c for c in candidates if c.allowed]
-    if not eligible or not needs:
+    # Every reply frees a credit and asks for a plan: most plans have one or two jobs to
+    # place, so planning stops as soon as no credit is left.
+    credits = sum(max(0, c.free) for c in eligible)
+    if not credits or not needs:
         return []
     known = sorted(c.latency_ms for c in eligible if c.latency_ms)
     prior = known[len(known) // 2] if known else DEFAULT_LATENCY_MS
@@ -113,43 +163,44 @@ def plan(
         return base / max(c.reputation, 1e-3) ** weights.reputation
 
     good = [c for c in eligible if c.reputation >= weights.min_reputation]
-    factors = {c.worker_id: factor(c) for c in eligible}
-    ahead = {c.worker_id: c.inflight for c in eligible}
-    sending = {c.worker_id: 0 for c in eligible}
-    heap = [(_eta(c, ahead[c.worker_id], factors[c.worker_id]), i) for i, c in enumerate(good)]
+    queues = {c.worker_id: _Queue(c, c.latency_ms or prior, factor(c)) for c in eligible}
+    # Ties go to the worker with the fewest jobs ahead: alike workers take a batch's first
+    # jobs in turn, so each starts its first wave as soon as the batch is sent.
+    heap = [(queues[c.worker_id].score(), c.inflight, i) for i, c in enumerate(good)]
     heapq.heapify(heap)
     depth = PLAN_ROUNDS * sum(c.credit for c in eligible)
     out: list[Assignment] = []
     for index, need in enumerate(needs[:depth]):
+        if len(out) >= credits:
+            break
         if weights.explore and rng.random() < weights.explore:
-            open_ = [c for c in eligible if _fits(c, need) and c.free - sending[c.worker_id] > 0]
+            open_ = [c for c in eligible if _fits(c, need) and queues[c.worker_id].open]
             if open_:
-                pick = rng.choice(open_)
-                sending[pick.worker_id] += 1
-                ahead[pick.worker_id] += 1
-                out.append(_assign(index, pick, "explore", ahead, factors, None, prior))
+                pick = queues[rng.choice(open_).worker_id]
+                out.append(_assign(index, pick, "explore", None))
+                pick.add()
+                pick.sending += 1
                 continue
         at, runner_up = _pop_best(heap, good, need)
         if at is None:
             # Only workers below the reputation gate (or that failed it) can take it.
-            fits = sorted(
-                (c for c in eligible if _fits(c, need)), key=lambda c: factors[c.worker_id]
-            )
+            fits = sorted((c for c in eligible if _fits(c, need)), key=lambda c: factor(c))
             if not fits:
                 continue
-            chosen = fits[0]
-            if chosen.free - sending[chosen.worker_id] <= 0:
+            chosen = queues[fits[0].worker_id]
+            if not chosen.open:
                 continue
-            ahead[chosen.worker_id] += 1
+            assignment = _assign(index, chosen, "score", runner_up)
+            chosen.add()
         else:
-            chosen = good[at]
-            ahead[chosen.worker_id] += 1
-            eta = _eta(chosen, ahead[chosen.worker_id], factors[chosen.worker_id])
-            heapq.heappush(heap, (eta, at))
-            if chosen.free - sending[chosen.worker_id] <= 0:
+            chosen = queues[good[at].worker_id]
+            assignment = _assign(index, chosen, "score", runner_up)
+            chosen.add()
+            heapq.heappush(heap, (chosen.score(), chosen.ahead, at))
+            if not chosen.open:
                 continue  # its best worker is busy: the job waits for it at the conductor
-        sending[chosen.worker_id] += 1
-        out.append(_assign(index, chosen, "score", ahead, factors, runner_up, prior))
+        chosen.sending += 1
+        out.append(assignment)
     return out
 
 
@@ -162,40 +213,34 @@ def _fits(c: Candidate, need: Need) -> bool:
 
 
 def _pop_best(
-    heap: list[tuple[float, int]], good: list[Candidate], need: Need
+    heap: list[tuple[float, int, int]], good: list[Candidate], need: Need
 ) -> tuple[int | None, tuple[str, float] | None]:
     """The best worker the job fits (its index in `good`), taken off the heap; and the next
     best, for the record."""
-    skipped: list[tuple[float, int]] = []
+    skipped: list[tuple[float, int, int]] = []
     chosen: int | None = None
     while heap:
         entry = heapq.heappop(heap)
-        if _fits(good[entry[1]], need):
-            chosen = entry[1]
+        if _fits(good[entry[-1]], need):
+            chosen = entry[-1]
             break
         skipped.append(entry)
     nxt = heap[0] if heap else (skipped[0] if skipped else None)
-    runner_up = (good[nxt[1]].worker_id, nxt[0]) if nxt else None
+    runner_up = (good[nxt[-1]].worker_id, nxt[0]) if nxt else None
     for entry in skipped:
         heapq.heappush(heap, entry)
     return chosen, runner_up
 
 
-def _assign(
-    index: int,
-    c: Candidate,
-    how: str,
-    ahead: dict[str, int],
-    factors: dict[str, float],
-    runner_up: tuple[str, float] | None,
-    prior: float,
-) -> Assignment:
+def _assign(index: int, q: _Queue, how: str, runner_up: tuple[str, float] | None) -> Assignment:
+    """The decision for the job about to be queued on `q`, with the inputs behind it."""
+    c = q.c
     route: Route = {
         "worker": c.worker_id,
         "venue": c.venue,
         "how": how,
-        "eta_ms": round(_eta(c, ahead[c.worker_id] - 1, c.latency_ms or prior), 1),
-        "score": round(_eta(c, ahead[c.worker_id] - 1, factors[c.worker_id]), 1),
+        "eta_ms": round(q.eta_ms(), 1),
+        "score": round(q.score(), 1),
         "reputation": round(c.reputation, 3),
         "load": round(c.load, 3),
         "price": c.price,

@@ -3,7 +3,9 @@ library's threading HTTP server, so the project's real `openai` client talks to 
 
 One thread per connection (HTTP/1.1 keep-alive); a request's simulated latency is a sleep
 in its own thread, so a hundred slow requests in flight cost a hundred idle threads and
-no CPU.
+no CPU. The latency runs from the moment the request arrived, with the reply made while
+it runs, as a real model's latency includes reading the request: otherwise the server's
+own work, which queues when many replies fall due at once, comes on top of it.
 """
 
 from __future__ import annotations
@@ -142,13 +144,15 @@ def model_cards() -> list[ModelCard]:
 
 
 def complete(
-    body: object, defaults: Profile, *, retry_count: int = 0
+    body: object, defaults: Profile, *, retry_count: int = 0, arrived: float | None = None
 ) -> tuple[ChatCompletion, Decision]:
-    """Check a chat-completions body, sleep its latency and produce the reply. A client's
-    own retry (the openai client counts them in a header) is an independent draw.
+    """Check a chat-completions body, produce the reply and sleep what is left of its
+    latency since the request `arrived` (time.monotonic(); default now). A client's own
+    retry (the openai client counts them in a header) is an independent draw.
 
     Raises RequestError for what a client got wrong and for a simulated failure.
     """
+    arrived = time.monotonic() if arrived is None else arrived
     request = _check_body(body)
     model, messages = request["model"], _messages(request["messages"])
     try:
@@ -158,12 +162,15 @@ def complete(
     if retry_count:
         profile = dataclasses.replace(profile, attempt=profile.attempt + retry_count)
     decision = decide(profile, model, messages)
-    if decision.delay_s > 0:
-        time.sleep(decision.delay_s)
-    if decision.fail:
+    completion = (
+        None if decision.fail else _completion(model, messages, _reply(model, messages, decision))
+    )
+    left = decision.delay_s - (time.monotonic() - arrived)
+    if left > 0:
+        time.sleep(left)
+    if completion is None:
         raise RequestError(HTTPStatus.INTERNAL_SERVER_ERROR, SIMULATED_FAILURE, "server_error")
-    content = _reply(model, messages, decision)
-    return _completion(model, messages, content), decision
+    return completion, decision
 
 
 def _check_body(body: object) -> dict[str, Any]:
@@ -286,6 +293,12 @@ class _Handler(BaseHTTPRequestHandler):
                 return
         self._send_error(RequestError(HTTPStatus.NOT_FOUND, f"no route for GET {path}"))
 
+    def parse_request(self) -> bool:
+        # Called once the request line is read (not while an idle keep-alive connection
+        # waits for it): the request's latency starts here, before its headers are parsed.
+        self.arrived = time.monotonic()
+        return super().parse_request()
+
     def do_POST(self) -> None:
         path = self._path()
         try:
@@ -293,7 +306,7 @@ class _Handler(BaseHTTPRequestHandler):
             if path != "/v1/chat/completions":
                 raise RequestError(HTTPStatus.NOT_FOUND, f"no route for POST {path}")
             completion, decision = complete(
-                body, self.server.defaults, retry_count=self._retry_count()
+                body, self.server.defaults, retry_count=self._retry_count(), arrived=self.arrived
             )
         except RequestError as exc:
             self._send_error(exc)
