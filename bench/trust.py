@@ -10,9 +10,9 @@ from nothing):
 2. the same swarm with colluding liars (all give the same wrong answer to a question):
    under the redundant tier alone (agreement cannot catch them), then under the high-trust
    tier, where a trusted validator re-runs a sample chosen by who vouches for the answer;
-3. a swarm where 5% of the workers are ten times slower: the wall time of a batch with
-   hedging against without, each over a cold scheduler (no latency known yet), as a ratio
-   of the same batch on a swarm with no slow worker (target at most 1.2x with hedging).
+3. a swarm where 5% of the workers are ten times slower: the wall time of its first batch
+   (nothing knows yet which workers are slow) with hedging against without, as a ratio of
+   the same batch on a swarm with no slow worker (target at most 1.2x with hedging).
 
     .venv/bin/python bench/trust.py [--workers 10] [--rounds 8] [--batch 100]
         [--hedge-workers 20] [--repeat 3] [--skip verification|hedging]
@@ -31,6 +31,8 @@ from _stack import private_stack, run_to_end
 from frlm_web import presence
 from frlm_web.redis_client import get_redis
 
+# A fresh swarm's processes still start up for a few seconds after they register.
+SETTLE_S = 5.0
 PROMPT = "Where is station {r}-{i}?\nStation {r}-{i} is north of the river."
 
 
@@ -140,8 +142,10 @@ def verification(args: argparse.Namespace, directory: Path, collude: bool) -> di
 
 
 def hedging(args: argparse.Namespace, directory: Path) -> dict[str, list[float]]:
-    """Cold batches (reputations and latency estimates cleared before each) on a swarm with
-    no slow worker, then on one where 5% are ten times slower, with and without hedging."""
+    """The first batch of a freshly started swarm, when nothing knows yet which workers
+    are slow (afterwards they report their own latency and the scheduler routes around
+    them): on a swarm with no slow worker, then on one where 5% are ten times slower, with
+    and without hedging. Each try starts its own stack."""
     from frlm_web.stack import VenueSpec
 
     n = args.hedge_workers
@@ -153,23 +157,14 @@ def hedging(args: argparse.Namespace, directory: Path) -> dict[str, list[float]]
     walls: dict[str, list[float]] = {"even": [], "slow, hedging off": [], "slow, hedging p95": []}
     cases = [("even", even, "off"), ("slow, hedging off", slow, "off")]
     cases.append(("slow, hedging p95", slow, "p95"))
-    for label, profile, hedge in cases:
-        with private_stack([VenueSpec("edge", swarm=str(profile), workers=n)]):
-            wait_for_workers("edge", n)
-            one_batch(0, n, ["edge"], {"hedge": hedge})  # connections and processes warm
-            for r in range(1, args.repeat + 1):
-                forget_reputations()
+    for r in range(args.repeat):
+        for label, profile, hedge in cases:
+            with private_stack([VenueSpec("edge", swarm=str(profile), workers=n)]):
+                wait_for_workers("edge", n)
+                time.sleep(SETTLE_S)  # the processes finish starting up before the batch
                 row = one_batch(r, batch, ["edge"], {"hedge": hedge, "explore": 0.0})
                 walls[label].append(row["wall"])
     return walls
-
-
-def forget_reputations() -> None:
-    """A cold scheduler: no worker's latency or reputation known yet."""
-    client = get_redis()
-    keys = list(client.scan_iter("frlm:rep:*"))
-    if keys:
-        client.delete(*keys)
 
 
 def rates(t: dict[str, float]) -> str:
@@ -222,7 +217,7 @@ def main() -> None:
         base = medians["even"]
         print(
             f"hedging: {8 * args.hedge_workers} sub-queries on {args.hedge_workers} workers x 2 "
-            "slots (100 ms), cold scheduler each time; 5% of workers 10x slower"
+            "slots (100 ms), a fresh swarm's first batch each time; 5% of workers 10x slower"
         )
         for label, values in walls.items():
             tries = ", ".join(f"{v:.3f}" for v in values)

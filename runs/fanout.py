@@ -990,7 +990,9 @@ class Fanout:
                 **where,
                 hedged_worker=twin.worker_id or None,
                 hedged_venue=twin.venue,
-                after_ms=round((flight.sent_at - twin.started_at) * 1000, 1),
+                # How long the hedged attempt had run, or waited queued behind a straggler.
+                after_ms=round((flight.sent_at - (twin.started_at or twin.sent_at)) * 1000, 1),
+                queued=not twin.started_at or None,
                 threshold_ms=self.latency.threshold_ms(twin.venue),
                 quantile=self.policy.hedge,
                 route=target.how,
@@ -1306,23 +1308,30 @@ class Fanout:
         """Once no fresh work waits (a free slot is better spent on it), a sub-query that
         has run past its venue's latency quantile gets a twin on another worker: whichever
         answers first wins, the other is cancelled (_drop_twin). Running time counts from
-        the worker's start: a job waiting in a queue is not a slow worker's."""
+        the worker's start: a job waiting in a queue is not a straggler by itself, but one
+        queued on a worker whose running job straggles waits on that straggler, and is
+        hedged with it."""
         if self.latency.quantile is None or self._hedges >= self._hedge_limit:
             return
         if any(not f.hedge for f in self._backlog):
             return
         now = time.time()
-        for flight in sorted(flights.values(), key=lambda f: f.sent_at):
+        straggling: list[_Flight] = []
+        slow_workers: set[str] = set()
+        for flight in flights.values():
+            threshold = self.latency.threshold_ms(flight.venue)
+            if (
+                threshold is not None
+                and flight.started_at
+                and (now - flight.started_at) * 1000 > threshold * HEDGE_SLACK
+            ):
+                straggling.append(flight)
+                slow_workers.add(flight.worker_id)
+        behind = [f for f in flights.values() if not f.started_at and f.assigned in slow_workers]
+        for flight in sorted(straggling, key=lambda f: f.started_at) + behind:
             if self._hedges >= self._hedge_limit:
                 return
             if flight.twin is not None or flight.hedge or flight.outcome.status != "pending":
-                continue
-            threshold = self.latency.threshold_ms(flight.venue)
-            if (
-                threshold is None
-                or not flight.started_at
-                or (now - flight.started_at) * 1000 <= threshold * HEDGE_SLACK
-            ):
                 continue
             hedge = _Flight(
                 flight.outcome,

@@ -4,11 +4,12 @@ so the stack's recorder does not compete) and real Parquet files."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import redis
 
-from traces import blobs, store
+from traces import blobs, live, store
 from traces.emitter import DEAD_LETTER_STREAM, EVENTS_STREAM, Emitter
 from traces.recorder import GROUP, Recorder, RecorderBusy, _decode, _write_segment
 
@@ -425,6 +426,7 @@ def test_it_keeps_stream_entries_until_the_live_forwarder_has_read_them(client):
     forwarder = Forwarder(client, publisher=collected, block_ms=10)
     forwarder.start_at_end()
     forwarder.heartbeat()
+    live.watch(client, "rF")  # a page has the run open
     emitter = Emitter(client, "rF")
     emitter.instant("Budget.Alert", payload="secret")
     client.xadd(EVENTS_STREAM, {"seq": 2, "e": json.dumps({"run_id": "rF", "name": "Nope"})})
@@ -439,6 +441,27 @@ def test_it_keeps_stream_entries_until_the_live_forwarder_has_read_them(client):
     assert [e["name"] for e in collected.events] == ["Budget.Alert", "Run.Done"]
     recorder.trim()
     assert client.xlen(EVENTS_STREAM) == 0
+
+
+def test_it_forwards_only_runs_a_page_watches_and_stores_every_run(client):
+    from traces.forwarder import Forwarder
+
+    collected = Collected()
+    forwarder = Forwarder(client, publisher=collected, block_ms=10)
+    forwarder.start_at_end()
+    forwarder.heartbeat()
+    live.watch(client, "rSeen")
+    live.watch(client, "rGone", now=time.time() - live.WATCH_TTL_S - 1)  # a page long closed
+    for run in ("rSeen", "rAlone", "rGone"):
+        Emitter(client, run).instant("Run.Done")
+    recorder = Recorder(client)
+    recorder.ensure_group()
+    assert recorder.step() == 3  # the store takes every run
+
+    assert forwarder.step() == 1
+    assert [e["run_id"] for e in collected.events] == ["rSeen"]
+    recorder.trim()
+    assert client.xlen(EVENTS_STREAM) == 0  # passed over is read all the same
 
 
 def test_it_judges_randomly_damaged_events_at_once_as_event_by_event(client):

@@ -175,6 +175,8 @@ def test_it_hedges_a_straggler_and_cancels_the_slower_twin(swarm_factory):
     # always onto another worker.
     assert slow & {e["attrs"]["hedged_worker"] for e in hedges}
     assert all(e["worker_id"] != e["attrs"]["hedged_worker"] for e in hedges)
+    # Jobs queued on the slow worker wait on its straggling ones: they are hedged too.
+    assert any(e["attrs"].get("queued") for e in hedges), [e["attrs"] for e in hedges]
     assert all(e["attrs"]["threshold_ms"] > 0 and e["attrs"]["quantile"] == "p95" for e in hedges)
     cancels = [e for e in named(events, "SubQuery.Cancel") if "hedged" in e["attrs"]["reason"]]
     assert len(cancels) == len(hedges)

@@ -24,6 +24,7 @@ from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from frlm_web.redis_client import get_redis
 from traces import live
 
 CATCH_UP_CHUNK = 5000  # events per message of a catch-up
@@ -47,6 +48,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         self.lock = asyncio.Lock()
         self.filler: asyncio.Task[None] | None = None
         self.settler: asyncio.Task[None] | None = None
+        self.watcher: asyncio.Task[None] | None = None
 
     async def connect(self) -> None:
         # Accept first so the page learns why it is closed (a refused handshake is 1006).
@@ -61,6 +63,9 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             return
         self.run_id = run_id
         self.group = live.group_name(run_id)
+        # Watched before joining: the forwarder publishes only runs some page watches.
+        await self._watch()
+        self.watcher = asyncio.create_task(self._keep_watching())
         # Join before reading the store: an event stored before the join is in the
         # catch-up, one published after it arrives live (and duplicates are dropped). One
         # published before the join but stored after the catch-up is read by _settle.
@@ -71,7 +76,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             self.settler = asyncio.create_task(self._settle())
 
     async def disconnect(self, code: int) -> None:
-        for task in (self.filler, self.settler):
+        for task in (self.filler, self.settler, self.watcher):
             if task is not None:
                 task.cancel()
         if self.group is not None:
@@ -169,6 +174,15 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         while self.held and self.last_seq + 1 < newest:
             self.last_seq += 1
             await self._send_held(catch_up=True)
+
+    async def _watch(self) -> None:
+        await sync_to_async(live.watch, thread_sensitive=False)(get_redis(), self.run_id)
+
+    async def _keep_watching(self) -> None:
+        """Renew this page's watch of its run while the socket is open."""
+        while True:
+            await asyncio.sleep(live.WATCH_TTL_S / 3)
+            await self._watch()
 
     async def _stored_after(self, after_seq: int) -> list[list[Any]]:
         return await sync_to_async(live.stored_wire, thread_sensitive=False)(self.run_id, after_seq)

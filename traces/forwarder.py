@@ -86,6 +86,13 @@ class Forwarder:
             noack=True,
         )
         entries = reply[0][1] if reply else []
+        if entries:
+            # Only runs a page watches: parsing and publishing the rest would be work for
+            # nobody, and a page that comes later reads what it missed from the store.
+            wanted = live.watched(self.client)
+            entries = [
+                (i, f) for i, f in entries if f.get(b"run", b"") in wanted or b"run" not in f
+            ]
         events = [e for e in (_event(fields) for _, fields in entries) if e is not None]
         if events:
             self.publisher.forward(events)

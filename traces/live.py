@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any, TypedDict
@@ -46,6 +47,28 @@ WIRE_FIELDS = (
     "attrs",
     "links",
 )
+
+
+# Runs some page is watching: a sorted set of run ids scored by when the watch lapses.
+# A run page's socket announces its run (watch) and renews it while open; the forwarder
+# passes over events of runs nobody watches (a page that joins later reads the store).
+WATCHED_KEY = "frlm:live:watched"
+WATCH_TTL_S = 30.0
+
+
+def watch(client: Any, run_id: str, now: float | None = None) -> None:
+    """Announce (or renew) that a page watches `run_id`, and forget lapsed watches."""
+    now = time.time() if now is None else now
+    pipe = client.pipeline(transaction=False)
+    pipe.zadd(WATCHED_KEY, {run_id: now + WATCH_TTL_S})
+    pipe.zremrangebyscore(WATCHED_KEY, "-inf", now)
+    pipe.execute()
+
+
+def watched(client: Any, now: float | None = None) -> set[bytes]:
+    """The run ids (as bytes, like stream fields) some page watches now."""
+    now = time.time() if now is None else now
+    return set(client.zrangebyscore(WATCHED_KEY, now, "+inf"))
 
 
 class EventsMessage(TypedDict):

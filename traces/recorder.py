@@ -124,6 +124,9 @@ class Recorder:
         finally:
             self.blobs.close()
             self.release()
+            # Frozen objects are not collected at exit either: DuckDB's bindings would
+            # report its live objects as leaks.
+            gc.unfreeze()
 
     # --- work ------------------------------------------------------------------------
     def recover(self) -> int:
@@ -283,10 +286,10 @@ def _after(entry_id: str) -> tuple[int, int]:
 
 def _entry_fields(fields: Any) -> tuple[Any, Any]:
     """(seq, event JSON) of a stream entry: a dict from redis-py's parser, or the flat
-    [b"seq", seq, b"e", json] list the raw reader returns."""
+    [b"seq", seq, b"e", json(, b"run", run id)] list the raw reader returns."""
     if isinstance(fields, dict):
         return fields.get(b"seq", fields.get("seq")), fields.get(b"e", fields.get("e"))
-    if len(fields) == 4 and fields[0] == b"seq" and fields[2] == b"e":
+    if len(fields) in (4, 6) and fields[0] == b"seq" and fields[2] == b"e":
         return fields[1], fields[3]
     pairs = dict(zip(fields[::2], fields[1::2], strict=True))
     return pairs.get(b"seq"), pairs.get(b"e")
@@ -298,8 +301,11 @@ def _fields_of(entries: list[Any]) -> tuple[list[Any], list[Any]]:
     flat = list(map(itemgetter(1), entries))
     n = len(flat)
     try:
+        # The emitter's layout: seq, event, and (since it names the run) the run id.
+        width = len(flat[0]) if flat else 4
         if (
-            sum(map(len, flat)) == 4 * n
+            width in (4, 6)
+            and sum(map(len, flat)) == width * n
             and list(map(itemgetter(0), flat)).count(b"seq") == n
             and list(map(itemgetter(2), flat)).count(b"e") == n
         ):
