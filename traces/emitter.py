@@ -23,12 +23,10 @@ EVENTS_STREAM = "frlm:events"
 DEAD_LETTER_STREAM = "frlm:events:dead"
 
 # KEYS[1] = the stream; ARGV = run_id, event json, run_id, event json, ...
-# The run id rides beside the event so a reader can pass over runs it has no use for
-# without parsing them (the live forwarder skips runs no page watches).
 _APPEND = """
 for i = 1, #ARGV, 2 do
   local seq = redis.call('INCR', 'frlm:seq:' .. ARGV[i])
-  redis.call('XADD', KEYS[1], '*', 'seq', seq, 'e', ARGV[i + 1], 'run', ARGV[i])
+  redis.call('XADD', KEYS[1], '*', 'seq', seq, 'e', ARGV[i + 1])
 end
 return #ARGV / 2
 """

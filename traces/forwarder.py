@@ -89,15 +89,26 @@ class Forwarder:
         if entries:
             # Only runs a page watches: parsing and publishing the rest would be work for
             # nobody, and a page that comes later reads what it missed from the store.
-            wanted = live.watched(self.client)
-            entries = [
-                (i, f) for i, f in entries if f.get(b"run", b"") in wanted or b"run" not in f
-            ]
+            keep = live.watched(self.client) | {None}  # None: not the emitter's layout
+            entries = [(i, f) for i, f in entries if _run_of(f.get(b"e")) in keep]
         events = [e for e in (_event(fields) for _, fields in entries) if e is not None]
         if events:
             self.publisher.forward(events)
             self.forwarded += len(events)
         return len(events)
+
+
+_RUN_PREFIX = b'{"run_id":"'
+
+
+def _run_of(raw: Any) -> bytes | None:
+    """The run id of an event's JSON, read off its first bytes without parsing it (the
+    emitter writes run_id first); None when it is not there (then the event is parsed)."""
+    if isinstance(raw, bytes) and raw.startswith(_RUN_PREFIX):
+        end = raw.find(b'"', len(_RUN_PREFIX))
+        if end > 0:
+            return raw[len(_RUN_PREFIX) : end]
+    return None
 
 
 def _event(fields: dict[bytes, Any]) -> dict[str, Any] | None:

@@ -39,6 +39,10 @@ LIVE_HEARTBEAT_KEY = "frlm:forwarder:alive"
 LIVE_LAG_MAX = 1_000_000  # entries a forwarder may be behind before it holds nothing back
 LOCK_KEY = "frlm:recorder:lock"
 HEARTBEAT_KEY = "frlm:recorder:alive"
+# A trickle of events (a read of fewer than GATHER_BELOW) is gathered this long before it
+# is stored (see Recorder._gather); a backlog is stored at once.
+GATHER_S = 0.1
+GATHER_BELOW = 1000
 
 
 class RecorderBusy(RuntimeError):
@@ -53,6 +57,7 @@ class Recorder:
         consumer: str = "recorder",
         batch_max: int = 20000,
         block_ms: int = 50,
+        gather_s: float = GATHER_S,
     ) -> None:
         self.client = client
         # The same connections, without redis-py's reply parsing of XREADGROUP: a dict
@@ -62,6 +67,7 @@ class Recorder:
         self.consumer = consumer
         self.batch_max = batch_max
         self.block_ms = block_ms
+        self.gather_s = gather_s
         self.blobs = blobs.PackWriter()
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="frlm-recorder-read")
         self._next: Future[list[Any]] | None = None
@@ -144,12 +150,31 @@ class Recorder:
         if self._next is not None:
             entries, self._next = self._next.result(), None
         else:
-            entries = self._read(">", block_ms=self.block_ms)
+            entries = self._gather()
         if not entries:
             return 0
         if len(entries) >= self.batch_max:
             self._next = self._reader.submit(self._read, ">")
         return self.store_entries(entries)
+
+    def _gather(self) -> list[Any]:
+        """What the stream holds, or the first entries to come, then what else comes within
+        gather_s: a batch costs a parse, a segment and an fsync whatever its size, and
+        events trickling in during a run would otherwise be stored a few at a time (pages
+        see them live from the forwarder meanwhile)."""
+        entries = self._read(">", block_ms=self.block_ms)
+        if len(entries) >= GATHER_BELOW:
+            return entries
+        deadline = time.monotonic() + self.gather_s
+        while entries and len(entries) < self.batch_max:
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                break
+            more = self._read(">", block_ms=left_ms)
+            if not more:
+                break
+            entries += more
+        return entries
 
     def drain(self) -> None:
         """Store a batch read ahead, so that stopping leaves nothing read but unstored."""
@@ -286,10 +311,10 @@ def _after(entry_id: str) -> tuple[int, int]:
 
 def _entry_fields(fields: Any) -> tuple[Any, Any]:
     """(seq, event JSON) of a stream entry: a dict from redis-py's parser, or the flat
-    [b"seq", seq, b"e", json(, b"run", run id)] list the raw reader returns."""
+    [b"seq", seq, b"e", json] list the raw reader returns."""
     if isinstance(fields, dict):
         return fields.get(b"seq", fields.get("seq")), fields.get(b"e", fields.get("e"))
-    if len(fields) in (4, 6) and fields[0] == b"seq" and fields[2] == b"e":
+    if len(fields) == 4 and fields[0] == b"seq" and fields[2] == b"e":
         return fields[1], fields[3]
     pairs = dict(zip(fields[::2], fields[1::2], strict=True))
     return pairs.get(b"seq"), pairs.get(b"e")
@@ -301,11 +326,8 @@ def _fields_of(entries: list[Any]) -> tuple[list[Any], list[Any]]:
     flat = list(map(itemgetter(1), entries))
     n = len(flat)
     try:
-        # The emitter's layout: seq, event, and (since it names the run) the run id.
-        width = len(flat[0]) if flat else 4
         if (
-            width in (4, 6)
-            and sum(map(len, flat)) == width * n
+            sum(map(len, flat)) == 4 * n
             and list(map(itemgetter(0), flat)).count(b"seq") == n
             and list(map(itemgetter(2), flat)).count(b"e") == n
         ):
