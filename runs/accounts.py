@@ -97,7 +97,9 @@ class RunAccounts:
         self.capped_providers: set[str] = set()  # providers whose cap refused a dispatch
         self.exhausted: str | None = None  # why the run's cap stopped dispatching
         self._lock = threading.Lock()
-        self._tokens_out = (DEFAULT_TOKENS_OUT, 0)  # running mean of reply tokens, count
+        # Running mean of reply tokens and its count, for root turns ("") and sub-queries
+        # apart: a root model writes programs, a worker short answers.
+        self._tokens_out = {True: (DEFAULT_TOKENS_OUT, 0), False: (DEFAULT_TOKENS_OUT, 0)}
         self._receipts: ReceiptSummary = {
             "count": 0,
             "paid": 0.0,
@@ -107,8 +109,8 @@ class RunAccounts:
         }
 
     # --- the budget -----------------------------------------------------------------------
-    def tokens_out_estimate(self) -> int:
-        return max(1, round(self._tokens_out[0]))
+    def tokens_out_estimate(self, *, root: bool = False) -> int:
+        return max(1, round(self._tokens_out[root][0]))
 
     def reserve(
         self,
@@ -134,7 +136,7 @@ class RunAccounts:
                 provider=provider,
                 worker_id=worker_id,
                 tokens_in=tokens_in,
-                tokens_out=self.tokens_out_estimate(),
+                tokens_out=self.tokens_out_estimate(root=not subquery),
                 price=price,
             )
         except BudgetRefused as refused:
@@ -193,8 +195,9 @@ class RunAccounts:
             reservation.id, tokens_in=tokens_in, tokens_out=tokens_out, cost=cost
         )
         with self._lock:
-            mean, n = self._tokens_out
-            self._tokens_out = (mean + (tokens_out - mean) / (n + 1), n + 1)
+            root = not reservation.subquery
+            mean, n = self._tokens_out[root]
+            self._tokens_out[root] = (mean + (tokens_out - mean) / (n + 1), n + 1)
         if not self.announce:
             return
         self.emitter.instant(

@@ -62,16 +62,18 @@ def stack(django_db_setup, django_db_blocker) -> Iterator[Stack]:
 @pytest.fixture
 def venues(stack: Stack, transactional_db) -> list[str]:
     """The stack's venues as rows (a transactional test empties the tables after itself)."""
-    from workers.models import Venue, Worker
+    from workers.models import Venue, Worker, venue_defaults
 
+    # As registration makes them: `local` is trusted (its workers may validate others).
     for venue in stack.venues:
-        Venue.objects.get_or_create(name=venue.name)
+        Venue.objects.get_or_create(name=venue.name, defaults=venue_defaults(venue.name))
     # The stack's workers outlive each test's emptied tables: put their registrations back,
     # or the conductor could not check their signatures.
     rows = []
     for row in getattr(stack, "worker_rows", []):
         row = {**row, "token_id": None}
-        venue, _ = Venue.objects.get_or_create(name=row.pop("venue_name"))
+        name = row.pop("venue_name")
+        venue, _ = Venue.objects.get_or_create(name=name, defaults=venue_defaults(name))
         row.pop("venue_id")
         rows.append(Worker(**row, venue=venue))
     Worker.objects.bulk_create(rows, ignore_conflicts=True)

@@ -57,6 +57,9 @@
       // events by name (whatever else those attrs carry is left alone).
       budget: { events: 0, cap: null, committed: 0, settled: 0, refused: 0, alerts: [] },
       receipts: { count: 0, paid: 0, verdicts: new Map() },
+      // Model calls answered from a cache: a replay's cassette (spans marked replayed) and
+      // whatever Memory.CacheHit / CacheMiss a backend reports.
+      cache: { hits: 0, misses: 0 },
       verify: { events: 0, ok: 0, rejected: 0, tiers: new Map(), subqueries: new Set() },
     };
     const venue = (name) => {
@@ -121,9 +124,15 @@
           w.latN[b]++;
           A.tin += r[F.TIN] || 0; A.tout += r[F.TOUT] || 0; A.cost += r[F.COST] || 0;
           A.tokens[b] += (r[F.TIN] || 0) + (r[F.TOUT] || 0);
+          if ((r[F.ATTRS] || {}).replayed) A.cache.hits++;
           flow("worker:" + wn, "out:" + (st === "ok" ? "results back" : st));
         }
+      } else if (name === "Memory.CacheHit") {
+        A.cache.hits++;
+      } else if (name === "Memory.CacheMiss") {
+        A.cache.misses++;
       } else if (name === "Run.Decode" && phase === "end") {
+        if ((r[F.ATTRS] || {}).replayed) A.cache.hits++;
         A.tin += r[F.TIN] || 0; A.tout += r[F.TOUT] || 0; A.cost += r[F.COST] || 0;
         A.tokens[b] += (r[F.TIN] || 0) + (r[F.TOUT] || 0);
       } else if (name.startsWith("Budget.")) {
@@ -303,7 +312,8 @@
             font: { size: 10, color: B.alerts.length || B.refused ? C.err : B.events ? C.gold : C.muted },
           },
           {
-            text: `${A.ok + A.error + A.timeout + A.cancelled}/${A.submitted} settled · tokens ${(A.tin + A.tout).toLocaleString()} · cost $${A.cost.toFixed(4)}`,
+            text: `${A.ok + A.error + A.timeout + A.cancelled}/${A.submitted} settled · tokens ${(A.tin + A.tout).toLocaleString()} · cost $${A.cost.toFixed(4)}`
+              + (A.cache.hits + A.cache.misses ? `<br>cache ${A.cache.hits} hit${A.cache.hits === 1 ? "" : "s"}, ${A.cache.misses} miss${A.cache.misses === 1 ? "" : "es"}` : ""),
             xref: "paper", yref: "paper", x: 1, y: 0.57, xanchor: "right", yanchor: "bottom", showarrow: false,
             font: { size: 10, color: C.fg },
           },

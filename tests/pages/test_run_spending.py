@@ -237,3 +237,27 @@ def test_it_shows_each_venues_queue_apart_from_what_runs(page, web, staff):
     )
     assert bars["running"] == [["all", "edge"], [1, 1]], bars
     assert bars["queued"] == [["all", "edge"], [2, 2]], bars
+
+
+def test_it_counts_model_calls_answered_from_a_cache(page, web, staff):
+    """A replay's cassette answers model calls (spans marked replayed), and a backend may
+    report its own cache: the fill view counts both."""
+    run = a_run(staff, "cache")
+    client = get_redis()
+    conductor = Emitter(client, run.id, venue="conductor")
+    worker = Emitter(client, run.id, venue="edge", worker_id="w1")
+    with conductor.span("Run.Init") as root:
+        with conductor.span("Run.Decode", parent=root.span_id) as turn:
+            turn.end(tokens_in=10, tokens_out=5, replayed=True)
+        with conductor.span("SubQuery.Submit", parent=root.span_id, venue="edge") as sq:
+            with worker.span("SubQuery.Execute", parent=sq.span_id) as ex:
+                ex.end(tokens_in=10, tokens_out=5, replayed=True)
+            worker.instant("Memory.CacheMiss", parent=sq.span_id)
+    wait_until(lambda: store.event_count(run.id) >= 9, timeout=20, what="the run stored")
+    page.goto(f"/runs/{run.id}")
+    wait_for(page, "document.querySelector('#view-fill .annotation-text') !== null")
+    wait_for(
+        page,
+        "[...document.querySelectorAll('#view-fill .annotation-text')]"
+        ".some(e => e.textContent.includes('cache 2 hits, 1 miss'))",
+    )
