@@ -201,12 +201,21 @@ def spending(run) -> tuple[float, float]:
     return root, work
 
 
+# Long prompts (about 1,000 tokens each): what the work costs outweighs the reply-length
+# guess in each dispatch's reservation, as in real runs.
+LONG_PROMPTS = PROMPTS.replace("(i, i)", "(i, i) + ' The weather was mild.' * 180")
+
+
+def long_batch(n: int) -> str:
+    return scripted(
+        f"rs = llm_query_batched({LONG_PROMPTS.replace('%d)]', f'{n})]', 1)})\nFINAL(repr(rs))"
+    )
+
+
 def test_it_stops_at_the_run_budget_and_ends_with_a_partial_answer(swarm_factory):
     swarm_factory("budgetrun", 2, latency=20, concurrency=4)
-    # Long prompts (about 1,000 tokens each): the work, not the root turn, is what costs.
-    long_prompts = PROMPTS.replace("(i, i)", "(i, i) + ' The weather was mild.' * 180")
     question = scripted(
-        f"rs = llm_query_batched({long_prompts.replace('%d)]', '120)]', 1)})\n"
+        f"rs = llm_query_batched({LONG_PROMPTS.replace('%d)]', '120)]', 1)})\n"
         "FINAL('%d answered' % sum(not r.startswith('[frlm:') for r in rs))"
     )
     full = finish(launch(question=question, venues=["budgetrun"]))
@@ -244,11 +253,11 @@ def test_it_holds_each_sub_query_and_each_provider_to_its_cap(swarm_factory):
     assert all(
         r.startswith("[frlm:budget]") and "budget cap of sub-query" in r for r in replies(tiny)
     )
-    full = finish(launch(question=program(40), venues=["budgetcaps"]))
+    full = finish(launch(question=long_batch(40), venues=["budgetcaps"]))
     _root, work = spending(full)
     capped = finish(
         launch(
-            question=program(40),
+            question=long_batch(40),
             venues=["budgetcaps"],
             policy={"provider_budgets": f"frlm-sim-worker={work / 2:.8f}"},
         )
