@@ -165,7 +165,8 @@ def test_it_hedges_a_straggler_and_cancels_the_slower_twin(swarm_factory):
         if w["label"] in {d.name for d in swarm.devices if d.slow}
     }
     policy = {"explore": 0, "hedge": "p95", "subquery_timeout_s": 30}
-    run = finish(launch(question=program(24), venues=["hedgeedge"], policy=policy))
+    # 48: a batch hedges at most a tenth of itself, and the slow worker may hold four.
+    run = finish(launch(question=program(48), venues=["hedgeedge"], policy=policy))
     assert run.status == "succeeded", run.error
     assert all(r.startswith("Station") for r in replies(run))
     events = trace(run)
@@ -175,14 +176,17 @@ def test_it_hedges_a_straggler_and_cancels_the_slower_twin(swarm_factory):
     # always onto another worker.
     assert slow & {e["attrs"]["hedged_worker"] for e in hedges}
     assert all(e["worker_id"] != e["attrs"]["hedged_worker"] for e in hedges)
-    # Jobs queued on the slow worker wait on its straggling ones: they are hedged too.
-    assert any(e["attrs"].get("queued") for e in hedges), [e["attrs"] for e in hedges]
+    # Jobs queued on the slow worker (more than its two slots) wait on its straggling ones:
+    # they are hedged too.
+    held = [e for e in named(events, "SubQuery.Submit", "start") if e["worker_id"] in slow]
+    if len(held) > 2:
+        assert any(e["attrs"].get("queued") for e in hedges), [e["attrs"] for e in hedges]
     assert all(e["attrs"]["threshold_ms"] > 0 and e["attrs"]["quantile"] == "p95" for e in hedges)
     cancels = [e for e in named(events, "SubQuery.Cancel") if "hedged" in e["attrs"]["reason"]]
     assert len(cancels) == len(hedges)
     # Each hedged sub-query was answered once: one Return, one settled span.
     returns = [e for e in named(events, "SubQuery.Return") if e["status"] == "ok"]
-    assert len(returns) == 24
+    assert len(returns) == 48
     assert run.accounts["hedges"] == len(hedges)
     assert "hedge" not in run.accounts["verification"]["by_kind"]  # not verification
 
