@@ -159,6 +159,7 @@ class _Flight:
     verdict: str = "unverified"  # what its reply was judged (runs.receipts verdicts)
     twin: _Flight | None = None  # a hedge and the attempt it hedges, while both may answer
     hedge: bool = False  # this attempt is a hedge of its twin
+    roll: float | None = None  # its exploration draw (scheduler.Need.roll), made once
 
 
 @dataclass
@@ -859,6 +860,8 @@ class Fanout:
         backlog = list(itertools.islice(self._backlog, depth))
         for flight in backlog:
             avoid = flight.tried & live
+            if flight.roll is None:
+                flight.roll = self.rng.random()
             needs.append(
                 scheduler.Need(
                     tokens=len(flight.prompt) // 4,
@@ -866,6 +869,7 @@ class Fanout:
                     venues=flight.venues or self.answer_venues,
                     # A job every live worker has failed may try one of them again.
                     avoid=frozenset(avoid if avoid != live else ()),
+                    roll=flight.roll,
                 )
             )
         return [

@@ -87,6 +87,23 @@ def test_it_explores_about_the_share_the_policy_asks() -> None:
     assert 60 <= explored <= 140
 
 
+def test_a_job_waiting_through_many_plans_is_explored_by_its_own_draw_only() -> None:
+    """A job held at the conductor for its busy best worker is planned again after every
+    reply. Its exploration draw is made once: were it redrawn per plan, nearly every waiting
+    job would end up explored (and liars, kept off by reputation, would get its work)."""
+    workers = fleet(fast=2, slow=0)
+    workers[0].inflight = workers[0].credit  # the best worker is busy
+    workers[1].reputation = 0.1  # the other is below the reputation gate
+    weights = Weights(explore=0.05)
+    rng = random.Random(5)
+    kept = [plan(workers, [Need(roll=0.5)] * 4, weights, rng) for _ in range(200)]
+    assert all(out == [] for out in kept)  # 200 plans, the jobs still wait for the best
+    drawn = [plan(workers, [Need()] * 4, weights, rng) for _ in range(200)]
+    assert sum(len(out) for out in drawn) > 20  # the old way: ~5% of 800 draws explored
+    explored = plan(workers, [Need(roll=0.01)], weights, rng)
+    assert [a["route"]["how"] for a in explored] == ["explore"]
+
+
 def test_it_keeps_the_tail_for_the_worker_whose_slots_free_first() -> None:
     """Two alike workers at a batch's tail: `ahead` has just started a new round on every
     slot; `behind` is about to finish its round and has one job queued. The last job goes

@@ -5,7 +5,8 @@ The backlog is planned as a whole, earliest-finish-time first: each job goes, in
 the worker that would finish it first given the jobs already ahead of it there. A job whose
 best worker has no free credit waits at the conductor for it, instead of going to a slow
 worker now; a slow worker gets work only when the fast ones are so far behind that it would
-finish sooner. A little exploration keeps the estimates of unused workers honest.
+finish sooner. A little exploration keeps the estimates of unused workers honest: each job
+is explored or not once, by its own draw, however many plans it waits through.
 
 Where the fanout says which of its jobs already run on a worker and for how long, the
 plan follows that worker's slots one by one (when each frees, which job it takes next)
@@ -70,6 +71,10 @@ class Need:
     model: str = ""
     avoid: frozenset[str] = frozenset()  # workers that already failed it
     venues: frozenset[str] = frozenset()  # where it may run; empty: anywhere
+    # The job's own draw in [0, 1) for exploration, made once when it joined the backlog:
+    # a job that waits for a busy worker is planned again after every reply, and a fresh
+    # draw each time would explore nearly every waiting job. None: draw now.
+    roll: float | None = None
 
 
 class Route(TypedDict, total=False):
@@ -173,7 +178,8 @@ def plan(
     for index, need in enumerate(needs[:depth]):
         if len(out) >= credits:
             break
-        if weights.explore and rng.random() < weights.explore:
+        roll = rng.random() if need.roll is None else need.roll
+        if weights.explore and roll < weights.explore:
             open_ = [c for c in eligible if _fits(c, need) and queues[c.worker_id].open]
             if open_:
                 pick = queues[rng.choice(open_).worker_id]
