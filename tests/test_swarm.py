@@ -14,7 +14,7 @@ from tests.conftest import wait_until
 from tests.helpers import finish, launch, named, scripted, trace
 from traces import store
 from workers.jobs import encode_result, results_stream
-from workers.reputation import load, strikes_key
+from workers.reputation import Ledger, Observation, load, strikes_key
 from workers.swarm import ProfileFileError, SwarmProfile, devices, profile_load
 
 
@@ -65,6 +65,9 @@ def test_it_routes_away_from_slow_workers_and_records_why(swarm_factory) -> None
     assert len(submits) == 96
     routes = [e["attrs"]["routing"] for e in submits]
     assert all({"worker", "eta_ms", "reputation", "load", "price"} <= set(r) for r in routes)
+    # Each job is explored or not once (policy explore 5%: about 5 of 96), however many
+    # plans it waits through for a busy worker; redrawn per plan, a third were explored.
+    assert sum(r["how"] == "explore" for r in routes) <= 14, routes
     by_worker = {}
     for e in submits:
         by_worker[e["worker_id"]] = by_worker.get(e["worker_id"], 0) + 1
@@ -72,6 +75,24 @@ def test_it_routes_away_from_slow_workers_and_records_why(swarm_factory) -> None
     # The slow device runs at a quarter of the speed: it should get well under its quarter.
     slow_share = sum(by_worker.get(w, 0) for w in slow) / 96
     assert slow_share < 0.2, (slow, by_worker)
+
+
+def test_a_worker_below_the_reputation_gate_gets_only_explored_work(swarm_factory) -> None:
+    """While the good workers are busy, the jobs waiting for them are planned again after
+    every reply; the gated worker stands idle beside them. Each job's exploration draw is
+    made once, so it gets about the policy's 5% (redrawn per plan, it got a third)."""
+    swarm = swarm_factory("swarmgate", 3, latency=40)
+    gated = swarm.live()[0]["worker_id"]
+    ledger = Ledger(get_redis())
+    for _ in range(30):
+        ledger.observe(Observation(gated, completion=True, agreement=False))
+    ledger.flush()
+    run = finish(launch(question=batch(120), venues=["swarmgate"]))
+    assert run.status == "succeeded", run.error
+    submits = named(trace(run), "SubQuery.Submit", "start")
+    on_gated = [e for e in submits if e["worker_id"] == gated]
+    assert len(on_gated) <= 14, len(on_gated)  # 5% of 120 is 6
+    assert all(e["attrs"]["routing"]["how"] == "explore" for e in on_gated)
 
 
 def test_it_finishes_the_work_of_a_killed_worker_elsewhere(swarm_factory) -> None:
