@@ -464,6 +464,36 @@ def test_it_forwards_only_runs_a_page_watches_and_stores_every_run(client):
     assert client.xlen(EVENTS_STREAM) == 0  # passed over is read all the same
 
 
+def test_with_no_page_watching_the_forwarder_reads_nothing_and_holds_nothing_back(client):
+    from traces.forwarder import Forwarder
+
+    collected = Collected()
+    forwarder = Forwarder(client, publisher=collected, block_ms=10)
+    forwarder.start_at_end()
+    forwarder.heartbeat()
+    for n in range(50):
+        Emitter(client, "rNobody").instant("Memory.CacheHit", payload=f"line {n}")
+    recorder = Recorder(client)
+    recorder.ensure_group()
+    assert recorder.step() == 50
+
+    assert forwarder.step() == 0
+    assert collected.events == []
+    live_group = next(
+        g for g in client.xinfo_groups(EVENTS_STREAM) if g["name"] in (b"live", "live")
+    )
+    assert (
+        live_group["last-delivered-id"] == client.xinfo_stream(EVENTS_STREAM)["last-generated-id"]
+    )
+    recorder.trim()
+    assert client.xlen(EVENTS_STREAM) == 0
+    # A page opens the run: what is emitted from then on is forwarded.
+    live.watch(client, "rNobody")
+    Emitter(client, "rNobody").instant("Run.Done")
+    assert forwarder.step() == 1
+    assert [e["name"] for e in collected.events] == ["Run.Done"]
+
+
 def test_it_judges_randomly_damaged_events_at_once_as_event_by_event(client):
     import random
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import redis
 
+from frlm_web.redis_client import LuaScript
 from traces.schema import Event
 
 EVENTS_STREAM = "frlm:events"
@@ -30,6 +31,7 @@ for i = 1, #ARGV, 2 do
 end
 return #ARGV / 2
 """
+_APPEND_SCRIPT = LuaScript(_APPEND)
 
 
 def new_id() -> str:
@@ -102,7 +104,6 @@ class Emitter:
         self.run_id = run_id
         self.venue = venue
         self.worker_id = worker_id
-        self._append = client.register_script(_APPEND)
         self._held: list[Event] | None = None
         # Off only to measure what tracing costs (bench/): a run without events has no trace.
         self.enabled = os.environ.get("FRLM_TRACE_EVENTS", "1") != "0"
@@ -164,7 +165,9 @@ class Emitter:
         for event in events:
             args.append(event["run_id"])
             args.append(json.dumps(event, separators=(",", ":"), default=str))
-        self._append(keys=[EVENTS_STREAM], args=args, client=pipe)
+        _APPEND_SCRIPT(
+            keys=[EVENTS_STREAM], args=args, client=self.client if pipe is None else pipe
+        )
 
     @contextmanager
     def batch(self, pipe: redis.client.Pipeline | None = None) -> Iterator[None]:

@@ -30,6 +30,7 @@ from traces.schema import problems
 log = logging.getLogger(__name__)
 
 HEARTBEAT_KEY = LIVE_HEARTBEAT_KEY  # the recorder keeps entries for a forwarder that beats
+IDLE_POLL_S = 0.05  # how soon a page that starts watching gets live events again
 
 
 class Forwarder:
@@ -77,6 +78,15 @@ class Forwarder:
             self.client.delete(HEARTBEAT_KEY)
 
     def step(self) -> int:
+        """Forward what came since the last step for the runs pages watch. With no page
+        watching, pass over it unread (the group moves to the stream's end): reading
+        every event of a busy fanout only to drop it cost as much CPU as recording it.
+        What a page misses while it starts watching, it reads from the store."""
+        keep = live.watched(self.client)
+        if not keep:
+            self.client.xgroup_setid(EVENTS_STREAM, LIVE_GROUP, id="$")
+            time.sleep(min(IDLE_POLL_S, self.block_ms / 1000))
+            return 0
         reply = self.client.xreadgroup(
             LIVE_GROUP,
             self.consumer,
@@ -89,7 +99,7 @@ class Forwarder:
         if entries:
             # Only runs a page watches: parsing and publishing the rest would be work for
             # nobody, and a page that comes later reads what it missed from the store.
-            keep = live.watched(self.client) | {None}  # None: not the emitter's layout
+            keep.add(None)  # not the emitter's layout: parsed, then judged
             entries = [(i, f) for i, f in entries if _run_of(f.get(b"e")) in keep]
         events = [e for e in (_event(fields) for _, fields in entries) if e is not None]
         if events:

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import redis
 from django.conf import settings
 
+from frlm_web.redis_client import LuaScript
+
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 
 # KEYS[1]: the breaker. ARGV: event (check|probe|success|failure), now, failures to open,
@@ -59,6 +61,7 @@ end
 redis.call('EXPIRE', key, 86400)
 return {state, transition, left}
 """
+_STEP_SCRIPT = LuaScript(_STEP)
 
 
 def circuit_key(scope: str) -> str:
@@ -86,7 +89,6 @@ class Breakers:
         probes: int | None = None,
     ) -> None:
         self.client = client
-        self._script = client.register_script(_STEP)
         self.failures = failures or settings.FRLM_CIRCUIT_FAILURES
         self.cooldown_s = cooldown_s if cooldown_s is not None else settings.FRLM_CIRCUIT_COOLDOWN_S
         self.probes = probes or settings.FRLM_CIRCUIT_PROBES
@@ -121,7 +123,7 @@ class Breakers:
         pending, self._pending = self._pending, []
         pipe = self.client.pipeline(transaction=False)
         for scope, event in pending:
-            self._script(
+            _STEP_SCRIPT(
                 keys=[circuit_key(scope)],
                 args=[event, repr(now), self.failures, self.cooldown_s, self.probes],
                 client=pipe,

@@ -10,6 +10,8 @@ from typing import Literal
 
 import redis
 
+from frlm_web.redis_client import LuaScript
+
 Signal = Literal["completion", "agreement", "validation"]
 SIGNALS: tuple[Signal, ...] = ("completion", "agreement", "validation")
 
@@ -57,6 +59,7 @@ if lat ~= '' then
 end
 return redis.call('HGETALL', key)
 """
+_OBSERVE_SCRIPT = LuaScript(_OBSERVE)
 
 
 def rep_key(worker_id: str) -> str:
@@ -172,7 +175,6 @@ class Ledger:
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
-        self._script = client.register_script(_OBSERVE)
         self._pending: list[Observation] = []
         self.known: dict[str, Reputation] = {}
 
@@ -189,7 +191,7 @@ class Ledger:
         pending, self._pending = self._pending, []
         pipe = self.client.pipeline(transaction=False)
         for obs in pending:
-            self._script(
+            _OBSERVE_SCRIPT(
                 keys=[rep_key(obs.worker_id)],
                 args=[
                     DECAY,
