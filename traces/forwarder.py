@@ -82,8 +82,7 @@ class Forwarder:
         watching, pass over it unread (the group moves to the stream's end): reading
         every event of a busy fanout only to drop it cost as much CPU as recording it.
         What a page misses while it starts watching, it reads from the store."""
-        keep = live.watched(self.client)
-        if not keep:
+        if not live.watched(self.client):
             self.client.xgroup_setid(EVENTS_STREAM, LIVE_GROUP, id="$")
             time.sleep(min(IDLE_POLL_S, self.block_ms / 1000))
             return 0
@@ -99,7 +98,9 @@ class Forwarder:
         if entries:
             # Only runs a page watches: parsing and publishing the rest would be work for
             # nobody, and a page that comes later reads what it missed from the store.
-            keep.add(None)  # not the emitter's layout: parsed, then judged
+            # Asked again after the read: a page that started watching while it blocked
+            # must get what came meanwhile.
+            keep = live.watched(self.client) | {None}  # None: not the emitter's layout
             entries = [(i, f) for i, f in entries if _run_of(f.get(b"e")) in keep]
         events = [e for e in (_event(fields) for _, fields in entries) if e is not None]
         if events:
