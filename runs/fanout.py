@@ -60,6 +60,12 @@ DISPATCH_FLUSH = 8
 # queues a job only where it would finish soonest, and an untrusted worker reserves no more
 # than its prefetch of one per slot.
 QUEUE_MARGIN = 1.0
+# While work waits to be sent, a reply is not waited for: every worker has a job queued
+# behind each running one. Replies then come in clumps (a wave of alike sub-queries ends
+# together), and handling them one read at a time costs a whole pass (deadlines, hedging,
+# a plan, a publish) per read, on the CPU the workers need at that very moment to start
+# their next jobs. So the first reply of a clump waits this long for the rest of it.
+GATHER_S = 0.02
 NO_VENUE = "no live worker on any of the run's venues"
 # How long a batch waits for a worker to come back when every one has left.
 NO_WORKER_GRACE_S = 15.0
@@ -1085,6 +1091,12 @@ class Fanout:
             wake = min([f.deadline for f in flights.values()] + [batch_deadline])
             block_ms = int(max(1, min(200, (wake - now) * 1000)))
             reply = self.client.xread({self.stream: self.last_id}, count=1000, block=block_ms)
+            if reply and self._backlog and GATHER_S:
+                time.sleep(GATHER_S)
+                after = reply[0][1][-1][0]
+                more = self.client.xread({self.stream: after}, count=1000)
+                if more:
+                    reply[0][1].extend(more[0][1])
             with self.emitter.batch():
                 for _, entries in reply or []:
                     for entry_id, fields in entries:
