@@ -11,6 +11,10 @@ WINDOW = 256
 # Fewer replies than this say too little about a venue to call anything a straggler.
 MIN_SAMPLES = 8
 QUANTILES = {"p90": 0.90, "p95": 0.95, "p99": 0.99}
+# No sub-query straggles in less than this: a twin costs a dispatch and a reply read, and a
+# venue answering in a few ms (a cassette replay, a cache) would otherwise hedge every
+# scheduling hiccup of a loaded machine. A model's tail is far longer than this.
+FLOOR_MS = 100.0
 
 
 class LatencyWindows:
@@ -26,7 +30,8 @@ class LatencyWindows:
         self._cache.pop(venue, None)
 
     def threshold_ms(self, venue: str) -> float | None:
-        """The venue's latency quantile, or None while hedging is off or samples are few."""
+        """The venue's latency quantile (at least FLOOR_MS), or None while hedging is off or
+        samples are few."""
         if self.quantile is None:
             return None
         if venue not in self._cache:
@@ -35,5 +40,5 @@ class LatencyWindows:
                 return None
             # Nearest rank: the smallest sample at or above the quantile.
             rank = max(0, math.ceil(self.quantile * len(samples)) - 1)
-            self._cache[venue] = samples[rank]
+            self._cache[venue] = max(samples[rank], FLOOR_MS)
         return self._cache[venue]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runs.hedging import MIN_SAMPLES, LatencyWindows
+from runs.hedging import FLOOR_MS, MIN_SAMPLES, LatencyWindows
 from workers.fragments import MARKER_TEXT, prompt_tokens
 
 
@@ -19,12 +19,21 @@ def test_it_says_nothing_until_a_venue_has_enough_replies():
 def test_it_takes_the_quantile_of_each_venue_by_nearest_rank():
     windows = LatencyWindows("p90")
     for ms in range(1, 101):
-        windows.add("edge", float(ms))
-        windows.add("dc", float(ms) / 10)
-    assert windows.threshold_ms("edge") == 90.0
-    assert windows.threshold_ms("dc") == 9.0
-    windows.add("edge", 1000.0)  # the newest reply counts at once
-    assert windows.threshold_ms("edge") == 91.0
+        windows.add("edge", float(ms) * 10)
+        windows.add("dc", float(ms) * 2)
+    assert windows.threshold_ms("edge") == 900.0
+    assert windows.threshold_ms("dc") == 180.0
+    windows.add("edge", 10_000.0)  # the newest reply counts at once
+    assert windows.threshold_ms("edge") == 910.0
+
+
+def test_a_venue_answering_in_a_few_ms_does_not_hedge_on_jitter():
+    # A cassette replay answers in milliseconds: a hiccup of a loaded machine is not a
+    # straggler worth a twin.
+    windows = LatencyWindows("p95")
+    for _ in range(50):
+        windows.add("replayed", 4.0)
+    assert windows.threshold_ms("replayed") == FLOOR_MS
 
 
 def test_it_never_hedges_when_off():
