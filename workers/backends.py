@@ -165,20 +165,20 @@ def chat(
         timeout or settings.FRLM_MODEL_TIMEOUT_S,
         settings.FRLM_MODEL_RETRIES if retries is None else retries,
     )
-    extra: dict[str, Any] = {}
+    body: dict[str, Any] = {"model": spec.model, "messages": messages}
     if spec.kind == "sim" and spec.sim:
-        extra["extra_body"] = {"sim": spec.sim}
+        body["sim"] = spec.sim
     if max_tokens:
-        extra["max_tokens"] = max_tokens
+        body["max_tokens"] = max_tokens
     started = time.perf_counter()
     try:
-        # The raw response skips building pydantic models (about 1.5 ms of CPU per call,
-        # which a fanout of thousands of sub-queries feels); the client still does the
-        # request, its retries with backoff and its error mapping.
-        raw = client.chat.completions.with_raw_response.create(
-            model=spec.model, messages=messages, **extra
-        )
-        response = raw.http_response.json()
+        # The client's own verb for an endpoint by path (its README's "undocumented
+        # requests"): it still does the request, the API key, retries with backoff and
+        # the error mapping, but skips validating the body against the SDK's types and
+        # building pydantic models of the reply (together about 0.4 ms of CPU per call,
+        # which a fanout of thousands of sub-queries feels).
+        http = client.post("/chat/completions", body=body, cast_to=httpx.Response)
+        response = http.json()
     except openai.APIConnectionError as exc:
         hint = (
             "start it with `python manage.py frlm_simserver`"
@@ -228,11 +228,3 @@ def _result(spec: ModelSpec, response: Any, ms: float) -> ChatResult:
     return ChatResult(
         text, tokens_in, tokens_out, cost_of(spec.model, tokens_in, tokens_out), ms, spec.model
     )
-
-
-def warm_up() -> None:
-    """Import what the first call would import lazily (the openai client's resources take
-    about a second of CPU), so a fresh worker's first wave of sub-queries does not stall
-    behind the import lock. No request is made."""
-    client = openai.OpenAI(api_key="warm-up", base_url="http://127.0.0.1:9/v1")
-    _ = client.chat.completions.with_raw_response

@@ -8,21 +8,14 @@ import os
 import time
 
 from celery import shared_task
-from celery.signals import worker_ready
 
 from frlm_web.redis_client import get_redis
 from traces.emitter import Emitter, Span
-from workers import backends, fragments, signing, venues
+from workers import fragments, signing, venues
 from workers.backends import ModelError, ModelSpec, chat
 from workers.jobs import Job, Result, cancelled_key, encode_result, results_stream
 
 log = logging.getLogger(__name__)
-
-
-@worker_ready.connect
-def _warm_up(**_: object) -> None:
-    if venues.this_worker() is not None:
-        backends.warm_up()
 
 
 _STARTED = time.monotonic()
