@@ -353,6 +353,33 @@ def test_it_stores_nothing_twice_after_dying_between_a_big_batch_and_its_ack(cli
     assert client.xpending(EVENTS_STREAM, GROUP)["pending"] == 0
 
 
+def test_it_stores_a_trickle_of_events_as_one_batch_reading_twice(client):
+    """Events of a fanout arrive a few at a time: the recorder gathers what comes within
+    its window into one batch, and does not wake for each arrival."""
+    import threading
+
+    emitter = Emitter(client, "rT")
+    recorder = Recorder(client, gather_s=0.5)
+    recorder.ensure_group()
+    reads = []
+    read = recorder._read
+    recorder._read = lambda *a, **k: reads.append(a) or read(*a, **k)
+
+    def trickle() -> None:
+        for i in range(10):
+            time.sleep(0.005)
+            Emitter(client, "rT").instant("Env.LoadFragment", chars=i)
+
+    emitter.instant("Env.LoadFragment", chars=-1)
+    thread = threading.Thread(target=trickle)
+    thread.start()
+    stored = recorder.step()
+    thread.join()
+    assert stored == 11
+    assert len(reads) == 2
+    assert [e["attrs"]["chars"] for e in store.read_events("rT")] == list(range(-1, 10))
+
+
 def test_it_stores_a_payload_once_across_batches_and_recorder_lives(client):
     emitter = Emitter(client, "rO")
     emitter.instant("Budget.Alert", payload="the same text")

@@ -1,0 +1,121 @@
+"""workers.backends.chat over real HTTP on loopback: what it sends through the openai
+client, and the message a user gets for each way an endpoint can answer wrongly."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from workers.backends import ModelError, ModelSpec, chat
+from workers.sim.server import base_url, serving
+
+Reply = tuple[int, bytes]
+MESSAGES = [{"role": "user", "content": "What is 2 + 2?"}]
+
+
+@contextmanager
+def endpoint(answer: Callable[[dict[str, Any]], Reply]) -> Iterator[tuple[str, list[dict]]]:
+    """A one-route OpenAI-like server on 127.0.0.1: `answer` turns each request (its path,
+    headers and JSON body) into a status and body. Yields its base URL and the requests
+    seen."""
+    seen: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+            length = int(self.headers.get("Content-Length") or 0)
+            request = {
+                "path": self.path,
+                "headers": {k.lower(): v for k, v in self.headers.items()},
+                "body": json.loads(self.rfile.read(length) or b"null"),
+            }
+            seen.append(request)
+            status, body = answer(request)
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def completion(text: str) -> bytes:
+    return json.dumps(
+        {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "model": "m",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}}],
+            "usage": {"prompt_tokens": 7, "completion_tokens": 1},
+        }
+    ).encode()
+
+
+def test_it_posts_a_chat_completion_with_the_key_and_reads_the_reply(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FRLM_API_KEY", "sk-test-key")
+    with endpoint(lambda _: (200, completion("4"))) as (url, seen):
+        reply = chat(ModelSpec("openai", "m", url), MESSAGES, max_tokens=5, retries=0)
+    assert (reply.text, reply.tokens_in, reply.tokens_out) == ("4", 7, 1)
+    assert reply.request_hash and reply.ms > 0
+    (request,) = seen
+    assert request["path"] == "/v1/chat/completions"
+    assert request["headers"]["authorization"] == "Bearer sk-test-key"
+    assert request["body"] == {"model": "m", "messages": MESSAGES, "max_tokens": 5}
+
+
+def test_the_simulated_model_gets_its_profile_in_the_body() -> None:
+    with endpoint(lambda _: (200, completion("x"))) as (url, seen):
+        chat(ModelSpec("sim", "frlm-sim-worker", url, {"latency_ms": 5}), MESSAGES, retries=0)
+    assert seen[0]["body"]["sim"] == {"latency_ms": 5}
+
+
+def test_an_http_error_names_the_status_and_the_endpoints_message() -> None:
+    with serving() as server:
+        url = base_url(server)
+        with pytest.raises(ModelError) as caught:
+            chat(ModelSpec("openai", "no-such-model", url), MESSAGES, retries=0)
+    message = str(caught.value)
+    assert f"the model endpoint {url} answered HTTP 404 for no-such-model" in message
+    assert "does not exist on the FRLM simulated model server" in message
+
+
+def test_a_server_error_is_retried_with_the_clients_backoff() -> None:
+    answers = iter([(500, b'{"error": {"message": "busy"}}'), (200, completion("ok"))])
+    with endpoint(lambda _: next(answers)) as (url, seen):
+        reply = chat(ModelSpec("openai", "m", url), MESSAGES, retries=1)
+    assert reply.text == "ok"
+    assert len(seen) == 2
+    assert seen[1]["headers"]["x-stainless-retry-count"] == "1"
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        (b"<html>not json</html>", "answered garbage"),
+        (b'{"object": "list", "data": []}', "is not a chat completion"),
+        (json.dumps({"choices": [{"message": {"content": None}}]}).encode(), "no text content"),
+    ],
+)
+def test_a_reply_that_is_not_a_chat_completion_is_a_clear_error(body: bytes, says: str) -> None:
+    with endpoint(lambda _: (200, body)) as (url, _):
+        with pytest.raises(ModelError, match=says) as caught:
+            chat(ModelSpec("openai", "m", url), MESSAGES, retries=0)
+    assert url in str(caught.value)
