@@ -19,8 +19,8 @@ class CelerySettings(Mapping[str, Any]):
     Celery looks settings up for every message it sends or receives. Handed Django's
     settings object itself (config_from_object("django.conf:settings", namespace=...)),
     each lookup of a setting left at Celery's default fails on it twice, raising and
-    catching an AttributeError each time: a sixth of the conductor's CPU per sub-query
-    went there. A plain mapping answers the same at dictionary speed."""
+    catching an AttributeError each time. A plain mapping answers the same at dictionary
+    speed: sending a sub-query took 225 us of CPU that way, 185 us this way."""
 
     PREFIX = "CELERY_"
 
