@@ -4,6 +4,7 @@ so the stack's recorder does not compete) and real Parquet files."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -356,14 +357,17 @@ def test_it_stores_nothing_twice_after_dying_between_a_big_batch_and_its_ack(cli
 def test_it_stores_a_trickle_of_events_as_one_batch_reading_twice(client):
     """Events of a fanout arrive a few at a time: the recorder gathers what comes within
     its window into one batch, and does not wake for each arrival."""
-    import threading
-
     emitter = Emitter(client, "rT")
     recorder = Recorder(client, gather_s=0.5)
     recorder.ensure_group()
     reads = []
     read = recorder._read
-    recorder._read = lambda *a, **k: reads.append(a) or read(*a, **k)
+
+    def counted(*args, **kwargs):
+        reads.append(args)
+        return read(*args, **kwargs)
+
+    recorder._read = counted
 
     def trickle() -> None:
         for i in range(10):
