@@ -3,6 +3,11 @@ read its trace."""
 
 from __future__ import annotations
 
+import json
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from django.db import transaction
@@ -90,3 +95,44 @@ def named(
     events: list[dict[str, Any]], name: str, phase: str | None = None
 ) -> list[dict[str, Any]]:
     return [e for e in events if e["name"] == name and (phase is None or e["phase"] == phase)]
+
+
+@contextmanager
+def endpoint(
+    answer: Callable[[dict[str, Any]], tuple[int, bytes]],
+) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """A one-route OpenAI-like server on 127.0.0.1: `answer` turns each POST (its path,
+    headers and JSON body, None when not JSON) into a status and body. Yields its base URL
+    and the requests seen."""
+    seen: list[dict[str, Any]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            try:
+                body = json.loads(raw or b"null")
+            except ValueError:
+                body = None
+            request = {
+                "path": self.path,
+                "headers": {k.lower(): v for k, v in self.headers.items()},
+                "body": body,
+            }
+            seen.append(request)
+            status, reply = answer(request)
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1", seen
+    finally:
+        server.shutdown()
+        server.server_close()

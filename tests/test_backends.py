@@ -4,55 +4,14 @@ client, and the message a user gets for each way an endpoint can answer wrongly.
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 import pytest
 
+from tests.helpers import endpoint
 from workers.backends import ModelError, ModelSpec, chat
 from workers.sim.server import base_url, serving
 
-Reply = tuple[int, bytes]
 MESSAGES = [{"role": "user", "content": "What is 2 + 2?"}]
-
-
-@contextmanager
-def endpoint(answer: Callable[[dict[str, Any]], Reply]) -> Iterator[tuple[str, list[dict]]]:
-    """A one-route OpenAI-like server on 127.0.0.1: `answer` turns each request (its path,
-    headers and JSON body) into a status and body. Yields its base URL and the requests
-    seen."""
-    seen: list[dict] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
-            length = int(self.headers.get("Content-Length") or 0)
-            request = {
-                "path": self.path,
-                "headers": {k.lower(): v for k, v in self.headers.items()},
-                "body": json.loads(self.rfile.read(length) or b"null"),
-            }
-            seen.append(request)
-            status, body = answer(request)
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *_: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1", seen
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def completion(text: str) -> bytes:

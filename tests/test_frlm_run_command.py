@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import http.server
 import json
 import subprocess
 import sys
-import threading
 
 import pytest
 
 from frlm_web.stack import free_port
 from runs.models import Run
-from tests.helpers import named, trace
+from tests.helpers import endpoint, named, trace
 
 pytestmark = [pytest.mark.stack]
 
@@ -132,24 +130,8 @@ def test_it_fails_the_run_when_the_model_endpoint_is_down(venues, subprocess_env
     assert named(events, "Run.Decode", "end")[0]["status"] == "error"
 
 
-class GarbageHandler(http.server.BaseHTTPRequestHandler):
-    def do_POST(self) -> None:  # noqa: N802
-        body = b"<html>this is not an API</html>"
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args) -> None:
-        pass
-
-
 def test_it_fails_the_run_when_the_endpoint_answers_garbage(venues, subprocess_env):
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), GarbageHandler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    with endpoint(lambda _: (200, b"<html>this is not an API</html>")) as (url, _):
         done = frlm_run(
             subprocess_env,
             "--question",
@@ -162,8 +144,6 @@ def test_it_fails_the_run_when_the_endpoint_answers_garbage(venues, subprocess_e
             url,
             "--json",
         )
-    finally:
-        server.shutdown()
     assert done.returncode == 1
     result = json.loads(done.stdout)
     assert result["status"] == "failed"
