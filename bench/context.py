@@ -188,8 +188,8 @@ def bench_memory(stack: Stack, names: list[str], gigabytes: float, work: Path) -
 def bench_index(work: Path, sizes: list[int]) -> None:
     from django.conf import settings
 
-    from runs import fragindex
-    from runs.context import context_prepare
+    from runs.engine import fragindex
+    from runs.engine.context import context_prepare
     from runs.taskgen import make_task
 
     print("\n2. select_fragments: BM25 index build (subprocess) and query latency")

@@ -1,4 +1,4 @@
-"""Verification policy, simulated: runs.verify's redundant tier, adaptive replication gate
+"""Verification policy, simulated: runs.trust.verify's redundant tier, adaptive replication gate
 and validator sampling over a simulated swarm where a share of the workers lie, with no
 processes, queues or models (the real swarm's bench, bench/trust.py of issue 6, needs the
 fanout wired to these modules). Then the cost of each trust operation a fanout will call
@@ -25,9 +25,9 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "frlm_web.settings_isolated")
 django.setup()
 
-from runs.budget import BudgetLedger, Caps, Price  # noqa: E402
-from runs.receipts import ReceiptChain, chain_verify, receipt_worker_sign  # noqa: E402
-from runs.verify import (  # noqa: E402
+from runs.trust.budget import Budget, Caps, Price  # noqa: E402
+from runs.trust.receipts import ReceiptChain, chain_verify, receipt_worker_sign  # noqa: E402
+from runs.trust.verify import (  # noqa: E402
     RedundancyPolicy,
     Reply,
     VerificationTally,
@@ -47,7 +47,7 @@ class Scenario:
     collude: bool  # liars give the same wrong answer
     routing: str  # "uniform" or "reputation"
     # Validator sampling: "" none, "all" a fixed share of accepted answers (--validate),
-    # "gate" runs.verify.should_validate (often when only untrusted workers vouch).
+    # "gate" runs.trust.verify.should_validate (often when only untrusted workers vouch).
     sampling: str = ""
 
 
@@ -157,11 +157,11 @@ def per_op_us(fn, n: int) -> float:
 
 
 def costs() -> None:
-    ledger = BudgetLedger("bench", Caps(run=1e9, subquery=1.0, providers={"sim": 1e9}))
+    budget = Budget("bench", Caps(run=1e9, subquery=1.0, providers={"sim": 1e9}))
     price = Price(0.00015, 0.0006)
 
     def reserve_settle(i: int) -> None:
-        held = ledger.reserve(
+        held = budget.reserve(
             subquery=f"sq{i}",
             provider="sim",
             worker_id="w1",
@@ -169,7 +169,7 @@ def costs() -> None:
             tokens_out=80,
             price=price,
         )
-        ledger.settle(held.id, tokens_in=790, tokens_out=75)
+        budget.settle(held.id, tokens_in=790, tokens_out=75)
 
     policy = RedundancyPolicy(replicas=3, agree=2, max_replicas=5)
     three = [Reply(f"w{k}", "edge", t) for k, t in enumerate(["42", "41", " 42"])]

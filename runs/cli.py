@@ -10,9 +10,9 @@ from typing import Any
 from django.core.management.base import CommandError
 
 from frlm_web.redis_client import get_redis
+from runs.engine.progress import read_progress
 from runs.models import Run
 from runs.orphans import conductor_gone, runs_fail_orphaned
-from runs.progress import read_progress
 from runs.services import run_cancel
 from runs.taskgen import answer_score
 

@@ -1,5 +1,5 @@
 """The run launcher's form and the what-if replay form. Forms parse what the browser sent;
-every rule about what makes a run valid lives in runs.services and runs.policy, and their
+every rule about what makes a run valid lives in runs.services and runs.engine.policy, and their
 errors are put back beside the fields they concern."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 from django import forms
 from django.conf import settings
 
-from runs.policy import RANGES, Policy
+from runs.engine.policy import RANGES, Policy
 from runs.program_templates import PROGRAM_TEMPLATES
 from runs.services import ContextSpec, RunInputError
 from runs.taskgen import MAX_TOKENS, MIN_TOKENS, TASKS

@@ -8,11 +8,11 @@ from typing import Any
 from django.db import transaction
 
 from frlm_web.redis_client import get_redis
-from runs import context as ctx
+from runs.engine import context as ctx
+from runs.engine.policy import Policy, PolicyError
+from runs.engine.progress import request_cancel
 from runs.models import Run
-from runs.policy import Policy, PolicyError
 from runs.program_templates import program_question
-from runs.progress import request_cancel
 from runs.taskgen import make_task
 from traces import store
 from workers.backends import ModelSpec, cassette_spec

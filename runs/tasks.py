@@ -8,7 +8,7 @@ from celery import shared_task
 from celery.signals import worker_ready
 from django.utils import timezone
 
-from runs.conductor import Conductor, conductor_name
+from runs.engine.conductor import Conductor, conductor_name
 from runs.models import Run
 from runs.orphans import runs_fail_orphaned
 

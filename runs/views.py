@@ -19,10 +19,10 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from frlm_web.redis_client import get_redis
+from runs.engine.progress import read_progress
 from runs.forms import POLICY_FIELDS, ReplayForm, RunForm, place_errors
 from runs.models import Run
 from runs.program_templates import PROGRAM_TEMPLATES
-from runs.progress import read_progress
 from runs.services import RunInputError, run_cancel, run_create, run_launch, run_replay
 from traces.diff import TraceDiffError, run_diff
 from workers.models import Venue

@@ -4,15 +4,15 @@ model server, the recorder, a conductor, venue workers) shared by the session.""
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 from django.conf import settings
 
 from frlm_web.stack import Stack, VenueSpec
+from tests.helpers import wait_until  # noqa: F401  (tests import it from here too)
 
 if TYPE_CHECKING:
     from tests.swarm import Swarm
@@ -78,18 +78,6 @@ def venues(stack: Stack, transactional_db) -> list[str]:
         rows.append(Worker(**row, venue=venue))
     Worker.objects.bulk_create(rows, ignore_conflicts=True)
     return [v.name for v in stack.venues]
-
-
-def wait_until(
-    check: Callable[[], Any], timeout: float = 30.0, every: float = 0.1, what: str = "condition"
-) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,9 +15,20 @@ from django.db import transaction
 
 from runs.models import Run
 from runs.services import ContextSpec, run_create, run_launch
-from tests.conftest import wait_until
 from traces import store
 from workers.backends import ModelSpec, model_spec
+
+
+def wait_until(
+    check: Callable[[], Any], timeout: float = 30.0, every: float = 0.1, what: str = "condition"
+) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def scripted(*cells: str) -> str:

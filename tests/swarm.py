@@ -12,7 +12,7 @@ from pathlib import Path
 from django.conf import settings
 
 from frlm_web.redis_client import get_redis
-from tests.conftest import wait_until
+from tests.helpers import wait_until
 from workers.models import Venue
 from workers.swarm import devices, profile_load
 from workers.venues import live_workers

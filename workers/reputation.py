@@ -169,7 +169,7 @@ def _arg(value: bool | None) -> str:
     return "" if value is None else ("1" if value else "0")
 
 
-class Ledger:
+class Reputations:
     """Records observations in Redis, batched into one round trip per flush, and keeps
     each worker's latest reputation for the scheduler."""
 

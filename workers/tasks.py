@@ -143,10 +143,10 @@ def _served(spec: ModelSpec) -> ModelSpec:
 
 
 def _attest(job: Job, worker_id: str, text: str) -> str:
-    """This worker's signed attestation (runs.attest) of the reply it was asked to check:
+    """This worker's signed attestation (runs.trust.attest) of the reply it was asked to check:
     whether its own answer to the same prompt agrees with it."""
-    from runs.attest import attestation_build, attestation_sign
-    from runs.verify import AgreementRule
+    from runs.trust.attest import attestation_build, attestation_sign
+    from runs.trust.verify import AgreementRule
 
     key = signing.process_key()
     if key is None:

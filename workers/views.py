@@ -117,7 +117,7 @@ def venue_health(recent: list[str], running: list[str]) -> list[VenueHealth]:
 
 
 def _add_reputation(client: Any, workers: list[WorkerHealth]) -> None:
-    """Each worker's reputation from the ledger in Redis (one round trip), where the ledger
+    """Each worker's reputation from Redis (workers.reputation, one round trip), where it
     has seen it work: a score of 1 before any evidence says nothing, so it is left out."""
     reps = reputation.load(client, [w["name"] for w in workers])
     for worker in workers:

@@ -10,10 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from django.contrib.auth import get_user_model
-from django.test import Client
 
 from frlm_web.stack import Stack, free_port, web_proc
+from tests.pages.helpers import SHOTS, make_user, session_cookie
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -25,8 +24,6 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-SHOTS = Path(os.environ.get("FRLM_SHOTS_DIR", "/tmp/frlm-shots"))
-PASSWORD = "correct horse battery staple"
 
 
 @pytest.fixture(scope="package")
@@ -62,21 +59,6 @@ def browser(web: str) -> Iterator[object]:
         os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
 
 
-def make_user(username: str, *, staff: bool = False):
-    user = get_user_model().objects.create_user(username, password=PASSWORD, is_staff=staff)
-    return user
-
-
-def session_cookie(user, web: str) -> dict[str, str]:
-    client = Client()
-    client.force_login(user)
-    return {
-        "name": "sessionid",
-        "value": client.cookies["sessionid"].value,
-        "url": web,
-    }
-
-
 @pytest.fixture
 def staff(venues, browser) -> object:
     """A staff user (like `make demo`'s demo user): sees every run."""
@@ -105,9 +87,3 @@ def anonymous(browser, web: str) -> Iterator[object]:
     pg.set_default_timeout(15_000)
     yield pg
     context.close()
-
-
-def shot(page, name: str) -> Path:
-    path = SHOTS / f"{name}.png"
-    page.screenshot(path=str(path), full_page=True)
-    return path

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
-from tests.conftest import wait_until
-from tests.helpers import scripted
+from django.contrib.auth import get_user_model
+from django.test import Client
+
+from tests.helpers import scripted, wait_until
+
+SHOTS = Path(os.environ.get("FRLM_SHOTS_DIR", "/tmp/frlm-shots"))
+PASSWORD = "correct horse battery staple"
 
 # A run that stays live for several seconds: an open REPL cell, a fanout batch whose
 # workers take a while, then the answer.
@@ -39,3 +46,24 @@ def wait_for(page: Any, expression: str, timeout: float = 30.0, what: str = "") 
     return wait_until(
         lambda: page.evaluate(expression), timeout=timeout, every=0.1, what=what or expression
     )
+
+
+def make_user(username: str, *, staff: bool = False):
+    user = get_user_model().objects.create_user(username, password=PASSWORD, is_staff=staff)
+    return user
+
+
+def session_cookie(user, web: str) -> dict[str, str]:
+    client = Client()
+    client.force_login(user)
+    return {
+        "name": "sessionid",
+        "value": client.cookies["sessionid"].value,
+        "url": web,
+    }
+
+
+def shot(page, name: str) -> Path:
+    path = SHOTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path

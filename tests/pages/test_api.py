@@ -8,7 +8,7 @@ from django.test import Client
 from runs.models import Run
 from runs.services import run_launch, run_replay
 from tests.helpers import finish, launch, scripted, stack_worker_ids, trace
-from tests.pages.conftest import make_user
+from tests.pages.helpers import make_user
 from traces.live import WIRE_FIELDS
 
 

@@ -18,8 +18,7 @@ from django.test import Client
 from frlm_web.asgi import application
 from frlm_web.redis_client import get_redis
 from runs.models import Run
-from tests.conftest import wait_until
-from tests.helpers import finish, launch, scripted, trace
+from tests.helpers import finish, launch, scripted, trace, wait_until
 from traces import live, store
 from traces.emitter import Emitter
 from traces.recorder import _write_segment

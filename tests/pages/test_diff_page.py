@@ -6,8 +6,7 @@ import re
 
 from runs.models import Run
 from tests.helpers import finish, launch, scripted, trace
-from tests.pages.conftest import shot
-from tests.pages.helpers import wait_for
+from tests.pages.helpers import shot, wait_for
 
 BATCH = (
     "rs = llm_query_batched(['q %d' % i for i in range(20)])\n"

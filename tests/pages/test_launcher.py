@@ -9,8 +9,7 @@ from django.test import Client
 
 from runs.models import Run
 from tests.helpers import finish
-from tests.pages.conftest import shot
-from tests.pages.helpers import plot_updates, wait_for
+from tests.pages.helpers import plot_updates, shot, wait_for
 
 
 def test_it_launches_a_generated_task_and_opens_its_page(page, web):

@@ -7,10 +7,8 @@ from django.test import Client
 
 from frlm_web.redis_client import get_redis
 from runs.models import Run
-from tests.conftest import wait_until
-from tests.helpers import finish, launch, scripted, trace
-from tests.pages.conftest import make_user, shot
-from tests.pages.helpers import SLOW_WORKERS, plot_updates, slow_question, wait_for
+from tests.helpers import finish, launch, scripted, trace, wait_until
+from tests.pages.helpers import SLOW_WORKERS, make_user, plot_updates, shot, slow_question, wait_for
 from traces import store
 from traces.emitter import Emitter
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from frlm_web.redis_client import get_redis
 from runs.models import Run
-from tests.conftest import wait_until
-from tests.pages.conftest import shot
-from tests.pages.helpers import wait_for
+from tests.helpers import wait_until
+from tests.pages.helpers import shot, wait_for
 from traces import store
 from traces.emitter import Emitter
 
@@ -32,7 +31,7 @@ def a_run(owner, question: str) -> Run:
 
 
 def receipt(run_id: str, span: str, worker: str, cost: float, verdict: str, seq: int) -> dict:
-    """The attrs of a Receipt.Emit event, shaped as runs.receipts.ReceiptAttrs."""
+    """The attrs of a Receipt.Emit event, shaped as runs.trust.receipts.ReceiptAttrs."""
     body = {
         "run": run_id,
         "span": span,
@@ -44,7 +43,7 @@ def receipt(run_id: str, span: str, worker: str, cost: float, verdict: str, seq:
         "tokens_out": 10,
         "price": {"per_1k_in": 1.0, "per_1k_out": 1.0},
         "cost": cost,
-        # As runs.receipts pays: the cost, unless the reply was judged wrong.
+        # As runs.trust.receipts pays: the cost, unless the reply was judged wrong.
         "paid": cost if verdict in ("accepted", "unverified", "validator") else 0.0,
         "verdict": verdict,
         "time": "2026-01-01T00:00:00Z",

@@ -7,7 +7,7 @@ import urllib.error
 import urllib.request
 
 from runs.models import Run
-from tests.pages.conftest import PASSWORD, make_user, shot
+from tests.pages.helpers import PASSWORD, make_user, shot
 
 PAGES = [
     "/",

@@ -9,8 +9,7 @@ from django.test import Client
 
 from tests.conftest import TEST_VENUES
 from tests.helpers import finish, launch, scripted, stack_worker_ids, trace
-from tests.pages.conftest import make_user, shot
-from tests.pages.helpers import SLOW_WORKERS, slow_question, wait_for
+from tests.pages.helpers import SLOW_WORKERS, make_user, shot, slow_question, wait_for
 
 
 def test_it_lists_runs_live_and_finished_with_totals_and_health(page, web):
@@ -65,7 +64,7 @@ def test_it_shows_one_workers_page_with_reputation_recent_subqueries_and_history
     mine = [e for e in events if e["name"] == "SubQuery.Execute" and e["phase"] == "end"]
     worker = mine[0]["worker_id"]
     calls = sum(1 for e in mine if e["worker_id"] == worker)
-    # The dashboard's health panel: the worker's reputation (the ledger has seen it work)
+    # The dashboard's health panel: the worker's reputation (its reputation has seen it work)
     # and a link to its page.
     page.goto("/")
     page.wait_for_selector(f"#health tr[data-worker='{worker}']")

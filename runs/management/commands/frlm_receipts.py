@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from runs.receipts import format_report, receipts_verify
+from runs.trust.receipts import format_report, receipts_verify
 from workers import keys
 
 

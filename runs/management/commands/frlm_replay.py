@@ -7,8 +7,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from runs.cli import format_summary, summarise, wait_for
+from runs.engine.policy import PolicyError, parse_assignments
 from runs.models import Run
-from runs.policy import PolicyError, parse_assignments
 from runs.services import RunInputError, run_launch, run_replay
 from workers.backends import model_spec
 

@@ -9,9 +9,9 @@ from django.core.management.base import BaseCommand, CommandError
 from frlm_web import presence
 from frlm_web.redis_client import get_redis, redis_available
 from runs.cli import format_summary, summarise, wait_for
+from runs.engine.policy import PolicyError, parse_assignments
 from runs.models import Run
 from runs.orphans import CONDUCTOR_GROUP
-from runs.policy import PolicyError, parse_assignments
 from runs.program_templates import PROGRAM_TEMPLATES
 from runs.services import ContextSpec, RunInputError, run_cancel, run_create, run_launch
 from runs.taskgen import TASKS

@@ -3,8 +3,8 @@ its estimated cost first (Budget.Reserve), settles what it cost on return (Budge
 raises Budget.Alert at 80% of a cap, and every reply whose verdict is known gets a receipt
 in the run's chain (Receipt.Emit), paid only when it was not judged wrong.
 
-runs.budget and runs.receipts are plain objects; this module is where their figures become
-trace events, so the fanout and the conductor say "reserve", "settle", "receipt" and
+runs.trust.budget and runs.trust.receipts are plain objects; this module is where their
+figures become trace events, so the fanout and the conductor say "reserve", "settle", "receipt" and
 nothing more."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
-from runs import budget, receipts
-from runs.budget import BudgetLedger, BudgetRefused, Caps, Price
-from runs.policy import Policy, provider_caps
+from runs.engine.policy import Policy, provider_caps
+from runs.trust import budget, receipts
+from runs.trust.budget import Budget, BudgetRefused, Caps, Price
 from traces.emitter import Emitter, sha256_text
 from workers.pricing import price_table
 
@@ -74,13 +74,13 @@ def price_of(worker: dict[str, Any], model: str) -> Price:
 
 
 class RunAccounts:
-    """One run's budget ledger and receipt chain, emitting as they move. Safe for the
-    conductor's threads (the ledger and the chain lock themselves; the tallies here too)."""
+    """One run's budget and receipt chain, emitting as they move. Safe for the
+    conductor's threads (the budget and the chain lock themselves; the tallies here too)."""
 
     def __init__(self, run_id: str, policy: Policy, emitter: Emitter) -> None:
         self.run_id = run_id
         self.emitter = emitter
-        self.ledger = BudgetLedger(
+        self.budget = Budget(
             run_id,
             Caps(
                 run=policy.budget_usd or None,
@@ -89,7 +89,7 @@ class RunAccounts:
             ),
         )
         self.chain = receipts.ReceiptChain(run_id)
-        # Budget events only where a cap makes them worth reading: without one the ledger
+        # Budget events only where a cap makes them worth reading: without one the budget
         # still keeps the figures (Run.accounts), at no cost to the trace.
         self.announce = bool(
             policy.budget_usd or policy.subquery_budget_usd or policy.provider_budgets
@@ -131,7 +131,7 @@ class RunAccounts:
         if self.exhausted:
             raise BudgetRefused(self._refusal(subquery, provider, worker_id), "run", self.run_id, 0)
         try:
-            return self.ledger.reserve(
+            return self.budget.reserve(
                 subquery=subquery,
                 provider=provider,
                 worker_id=worker_id,
@@ -168,8 +168,8 @@ class RunAccounts:
             "ok": False,
             "refused_by": "run",
             "reason": self.exhausted,
-            "run_committed": self.ledger.fill(top=0)["run"]["committed"],
-            "run_cap": self.ledger.caps.run,
+            "run_committed": self.budget.fill(top=0)["run"]["committed"],
+            "run_cap": self.budget.caps.run,
         }
 
     def reserved(self, reservation: budget.Reservation, *, parent: str | None, depth: int) -> None:
@@ -191,7 +191,7 @@ class RunAccounts:
         parent: str | None,
         depth: int,
     ) -> None:
-        settlement = self.ledger.settle(
+        settlement = self.budget.settle(
             reservation.id, tokens_in=tokens_in, tokens_out=tokens_out, cost=cost
         )
         with self._lock:
@@ -206,7 +206,7 @@ class RunAccounts:
         self._alerts(settlement.alerts, parent, depth)
 
     def release(self, reservation: budget.Reservation, *, parent: str | None, depth: int) -> None:
-        settlement = self.ledger.release(reservation.id)
+        settlement = self.budget.release(reservation.id)
         if not self.announce:
             return
         self.emitter.instant(
@@ -264,7 +264,7 @@ class RunAccounts:
         return {
             "verification": verification,
             "hedges": hedges,
-            "budget": self.ledger.fill(top=5),
+            "budget": self.budget.fill(top=5),
             "receipts": summary,
             "exhausted": self.exhausted,
         }

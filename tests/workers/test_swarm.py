@@ -10,11 +10,10 @@ import signal
 import pytest
 
 from frlm_web.redis_client import get_redis
-from tests.conftest import wait_until
-from tests.helpers import finish, launch, named, scripted, trace
+from tests.helpers import finish, launch, named, scripted, trace, wait_until
 from traces import store
 from workers.jobs import encode_result, results_stream
-from workers.reputation import Ledger, Observation, load, strikes_key
+from workers.reputation import Reputations, Observation, load, strikes_key
 from workers.swarm import ProfileFileError, SwarmProfile, devices, profile_load
 
 
@@ -83,10 +82,10 @@ def test_a_worker_below_the_reputation_gate_gets_only_explored_work(swarm_factor
     made once, so it gets about the policy's 5% (redrawn per plan, it got a third)."""
     swarm = swarm_factory("swarmgate", 3, latency=40)
     gated = swarm.live()[0]["worker_id"]
-    ledger = Ledger(get_redis())
+    reputations = Reputations(get_redis())
     for _ in range(30):
-        ledger.observe(Observation(gated, completion=True, agreement=False))
-    ledger.flush()
+        reputations.observe(Observation(gated, completion=True, agreement=False))
+    reputations.flush()
     run = finish(launch(question=batch(120), venues=["swarmgate"]))
     assert run.status == "succeeded", run.error
     submits = named(trace(run), "SubQuery.Submit", "start")
@@ -233,7 +232,7 @@ def test_it_checks_edge_answers_on_the_venue_the_run_names_for_it(swarm_factory)
 
 
 def test_it_refuses_a_bad_verify_venue_list() -> None:
-    from runs.policy import Policy, PolicyError
+    from runs.engine.policy import Policy, PolicyError
 
     with pytest.raises(PolicyError, match="policy.verify_venues must be venue names"):
         Policy.from_dict({"verify_venues": "dc; rm -rf"})

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runs.policy import Policy
+from runs.engine.policy import Policy
 
 SYSTEM = """You answer a question about a context that is far too large to read at once.
 You work in a Python REPL where the context is the variable `context`. It behaves like a str (len,

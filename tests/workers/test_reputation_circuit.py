@@ -8,7 +8,7 @@ import pytest
 
 from frlm_web.redis_client import get_redis
 from workers.circuit import CLOSED, HALF_OPEN, OPEN, Breakers
-from workers.reputation import Ledger, Observation, load
+from workers.reputation import Reputations, Observation, load
 
 
 @pytest.fixture
@@ -22,11 +22,11 @@ def fresh() -> str:
 
 def test_it_trusts_a_new_worker_until_evidence_says_otherwise(client) -> None:
     wid = fresh()
-    ledger = Ledger(client)
-    assert ledger.get(wid).score == 1.0
+    reputations = Reputations(client)
+    assert reputations.get(wid).score == 1.0
     for _ in range(5):
-        ledger.observe(Observation(wid, completion=True, agreement=False, latency_ms=100))
-    ledger.flush()
+        reputations.observe(Observation(wid, completion=True, agreement=False, latency_ms=100))
+    reputations.flush()
     rep = load(client, [wid])[wid]
     assert rep.score < 0.2
     assert rep.consecutive_valid == 0
@@ -35,30 +35,30 @@ def test_it_trusts_a_new_worker_until_evidence_says_otherwise(client) -> None:
 
 def test_it_counts_consecutive_valid_results_and_resets_on_one_invalid(client) -> None:
     wid = fresh()
-    ledger = Ledger(client)
+    reputations = Reputations(client)
     for _ in range(12):
-        ledger.observe(Observation(wid, validation=True))
-    assert ledger.flush()[-1].consecutive_valid == 12
-    ledger.observe(Observation(wid, validation=False))
-    assert ledger.flush()[-1].consecutive_valid == 0
+        reputations.observe(Observation(wid, validation=True))
+    assert reputations.flush()[-1].consecutive_valid == 12
+    reputations.observe(Observation(wid, validation=False))
+    assert reputations.flush()[-1].consecutive_valid == 0
 
 
 def test_it_forgets_old_evidence(client) -> None:
     wid = fresh()
-    ledger = Ledger(client)
+    reputations = Reputations(client)
     for _ in range(50):
-        ledger.observe(Observation(wid, agreement=False))
-    ledger.flush()
-    low = ledger.get(wid).score
+        reputations.observe(Observation(wid, agreement=False))
+    reputations.flush()
+    low = reputations.get(wid).score
     for _ in range(150):
-        ledger.observe(Observation(wid, agreement=True))
-    ledger.flush()
-    assert low < 0.05 and ledger.get(wid).score > 0.9
+        reputations.observe(Observation(wid, agreement=True))
+    reputations.flush()
+    assert low < 0.05 and reputations.get(wid).score > 0.9
 
 
 def test_it_follows_latency_with_an_ewma_shared_by_every_ledger(client) -> None:
     wid = fresh()
-    one, two = Ledger(client), Ledger(client)
+    one, two = Reputations(client), Reputations(client)
     one.observe(Observation(wid, completion=True, latency_ms=100))
     one.flush()
     two.observe(Observation(wid, completion=True, latency_ms=600))

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from runs.policy import Policy, PolicyError, parse_assignments, provider_caps
+from runs.engine.policy import Policy, PolicyError, parse_assignments, provider_caps
 
 
 def test_it_defaults_when_nothing_is_given():

@@ -19,7 +19,7 @@ from django.conf import settings
 from frlm_web import presence
 from frlm_web.redis_client import get_redis
 from frlm_web.stack import Proc, Stack, free_port, web_proc
-from tests.conftest import wait_until
+from tests.helpers import wait_until
 from workers.backends import model_spec
 from workers.jobs import Job, decode_result, results_stream
 from workers.models import Venue, Worker

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from runs.attest import attestation_build, attestation_problem, attestation_sign
-from runs.verify import (
+from runs.trust.attest import attestation_build, attestation_problem, attestation_sign
+from runs.trust.verify import (
     AgreementRule,
     Assignment,
     RedundancyPolicy,

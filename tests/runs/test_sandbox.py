@@ -13,7 +13,7 @@ import pytest
 
 from runs.sandbox import Sandbox, SandboxCallError, SandboxError, SandboxLimits
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 
 MakeSandbox = Callable[..., Sandbox]

@@ -12,7 +12,7 @@ from typing import Literal, TypedDict
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from runs.verify import AgreementRule, agree
+from runs.trust.verify import AgreementRule, agree
 from traces.emitter import sha256_text
 from workers import keys
 

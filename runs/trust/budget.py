@@ -1,9 +1,9 @@
-"""A run's spending ledger: caps per run, per sub-query and per provider (a model endpoint
+"""A run's budget: caps per run, per sub-query and per provider (a model endpoint
 with its price table); every dispatch reserves its estimated cost first and settles its
 actual cost on return.
 
 Nothing here emits: each call returns the attrs of the event the caller emits
-(Budget.Reserve, Budget.Settle, Budget.Alert), so the ledger stays a plain object a fanout,
+(Budget.Reserve, Budget.Settle, Budget.Alert), so the budget stays a plain object a fanout,
 a bench or a test can drive. One lock makes it safe for the threads of one conductor."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Literal, TypedDict
 from workers.pricing import cost_at
 
 Scope = Literal["run", "provider", "subquery"]
-# The share of a cap at which the ledger raises its one alert for that cap.
+# The share of a cap at which the budget raises its one alert for that cap.
 ALERT_AT = 0.8
 # Costs are sums of floats: a reservation that fills a cap exactly must not be refused
 # for a rounding error.
@@ -164,7 +164,7 @@ class _Account:
         return self.reserved + self.settled
 
 
-class BudgetLedger:
+class Budget:
     """The spending of one run. Caps hold on committed money (settled plus reserved), so
     sub-queries in flight count before they return, and the 80% alert watches the same
     figure the caps refuse on."""

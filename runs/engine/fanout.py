@@ -17,7 +17,7 @@ Every result is checked before it counts: it must come from the worker the job w
 and carry that worker's signature. Outcomes feed the workers' reputations and circuit
 breakers, which the next decisions read.
 
-Trust and money (runs.accounts): each dispatch reserves its estimated cost against the
+Trust and money (runs.trust.accounts): each dispatch reserves its estimated cost against the
 run's budget caps before it leaves and settles on return; at the run's cap nothing more is
 sent. A straggler past its venue's latency quantile is hedged on another worker once no
 fresh work waits. Replies are then judged as the tier asks (objective checks, redundant
@@ -38,16 +38,16 @@ from typing import Any
 
 import redis
 
-from runs import accounts, attest, verify
-from runs.budget import BudgetRefused, Reservation
-from runs.hedging import LatencyWindows
-from runs.policy import CHOICES, Policy
+from runs.engine.hedging import LatencyWindows
+from runs.engine.policy import CHOICES, Policy
+from runs.trust import accounts, attest, verify
+from runs.trust.budget import BudgetRefused, Reservation
 from traces.emitter import Emitter, Span, sha256_text
 from workers import fragments, scheduler, venues
 from workers.backends import ModelSpec
 from workers.circuit import Breakers, Step
 from workers.jobs import Job, Result, cancelled_key, decode_result, results_stream
-from workers.reputation import Ledger, Observation
+from workers.reputation import Reputations, Observation
 from workers.signing import result_verify
 
 # How often the liveness of workers holding jobs is checked, in seconds.
@@ -162,7 +162,7 @@ class _Flight:
     judged: _Flight | None = None  # a validator's: the reply it re-runs
     reservation: Reservation | None = None  # its budget reservation while it is out
     result: Result | None = None  # the signed reply, kept for its receipt
-    verdict: str = "unverified"  # what its reply was judged (runs.receipts verdicts)
+    verdict: str = "unverified"  # what its reply was judged (runs.trust.receipts verdicts)
     twin: _Flight | None = None  # a hedge and the attempt it hedges, while both may answer
     hedge: bool = False  # this attempt is a hedge of its twin
     roll: float | None = None  # its exploration draw (scheduler.Need.roll), made once
@@ -242,7 +242,7 @@ class Fanout:
         self._depth = 0
         self._turn = 0  # round-robin position
         self.rng = random.Random(run_id)
-        self.ledger = Ledger(client)
+        self.reputations = Reputations(client)
         self.tally = verify.VerificationTally()
         self.accounts = accounts.RunAccounts(run_id, policy, emitter)
         self.latency = LatencyWindows(policy.hedge)
@@ -417,7 +417,7 @@ class Fanout:
             holder = state.holder(pos)
             replies[pos] = [(self._reply(holder), holder)]
             sent[pos] = 1
-            trust = self.ledger.get(holder.outcome.worker_id).consecutive_valid
+            trust = self.reputations.get(holder.outcome.worker_id).consecutive_valid
             if policy.agree > 1 and verify.should_replicate(trust, self.rng):
                 todo.append(pos)
         while todo:
@@ -483,7 +483,7 @@ class Fanout:
         )
         right = verify.judgements(decision)
         for worker_id, ok in right.items():
-            self.ledger.observe(Observation(worker_id, agreement=ok))
+            self.reputations.observe(Observation(worker_id, agreement=ok))
         for reply, replier in replies:
             if decision.outcome != "accept":
                 replier.verdict = "unresolved"
@@ -532,7 +532,7 @@ class Fanout:
                 **verdict.attrs(),
             )
             if worker:
-                self.ledger.observe(Observation(worker, validation=verdict.ok))
+                self.reputations.observe(Observation(worker, validation=verdict.ok))
             holder.verdict = "accepted" if verdict.ok else "rejected"
             if verdict.ok:
                 continue
@@ -591,7 +591,7 @@ class Fanout:
                 continue
             worker = holder.outcome.worker_id
             trusted = bool(self._workers.get(worker, {}).get("trusted"))
-            record = self.ledger.get(worker)
+            record = self.reputations.get(worker)
             passed = record.mean("validation")
             if not verify.should_validate(
                 [verify.TRUST_AFTER if trusted else record.consecutive_valid],
@@ -653,7 +653,7 @@ class Fanout:
             sq=flight.outcome.index,
             attrs={"tier": "high_trust", **signed},
         )
-        self.ledger.observe(Observation(worker, validation=agreed))
+        self.reputations.observe(Observation(worker, validation=agreed))
         judged.verdict = "accepted" if agreed else "rejected"
         copy.verdict = "validator"
         if not agreed:
@@ -693,7 +693,7 @@ class Fanout:
         return signed, None  # type: ignore[return-value]
 
     def _pay(self, flight: _Flight) -> None:
-        """The receipt of a reply by its verdict (runs.accounts.RunAccounts.receipt)."""
+        """The receipt of a reply by its verdict (runs.trust.accounts.RunAccounts.receipt)."""
         result = flight.result
         if result is None or flight.span is None:
             return
@@ -738,7 +738,7 @@ class Fanout:
             self._limit[name] = slots + max(2, math.ceil(slots * QUEUE_MARGIN)) if slots else 0
             workers.update({w["worker_id"]: w for w in entries if w.get("worker_id")})
         self._workers = workers
-        self.ledger.refresh(list(workers))
+        self.reputations.refresh(list(workers))
         scopes = [f"worker:{wid}" for wid in workers] + [f"venue:{v}" for v in self.venue_names]
         self._on_transitions(self.breakers.check(scopes, time.time()))
         if force and not any(self._limit.values()):
@@ -835,7 +835,7 @@ class Fanout:
         candidates = []
         price_in, price_out = TYPICAL_TOKENS
         for wid, w in self._workers.items():
-            rep = self.ledger.get(wid)
+            rep = self.reputations.get(wid)
             concurrency = int(w.get("concurrency", 1))
             candidates.append(
                 scheduler.Candidate(
@@ -1212,18 +1212,18 @@ class Fanout:
         )
         if wid:
             worker_strike(wid, problem)
-            self.ledger.known.pop(wid, None)  # the strike counts at the next refresh
+            self.reputations.known.pop(wid, None)  # the strike counts at the next refresh
 
     def _observe(self, flight: _Flight, ok: bool, *, latency_ms: float | None = None) -> None:
         """What a finished attempt says about the worker that held it, and its venue."""
         wid = flight.worker_id
         if wid:
-            self.ledger.observe(Observation(wid, completion=ok, latency_ms=latency_ms))
+            self.reputations.observe(Observation(wid, completion=ok, latency_ms=latency_ms))
             self.breakers.record(f"worker:{wid}", ok)
         self.breakers.record(f"venue:{flight.venue}", ok)
 
     def _flush_observations(self) -> None:
-        self.ledger.flush()
+        self.reputations.flush()
         self._on_transitions(self.breakers.flush(time.time()))
 
     def _on_transitions(self, steps: list[Step]) -> None:
@@ -1281,7 +1281,7 @@ class Fanout:
             # A departure is not a failure of the venue, nor of the work: its breakers
             # are left alone, and reputation learns of it as an unfinished job.
             if flight.worker_id:
-                self.ledger.observe(Observation(flight.worker_id, completion=False))
+                self.reputations.observe(Observation(flight.worker_id, completion=False))
             self._retry_or_settle(flight, "error", reason, flights)
 
     def _worker_lost(self, wid: str, venue: str) -> None:

@@ -12,8 +12,7 @@ import time
 import pytest
 
 from frlm_web.redis_client import get_redis
-from tests.conftest import wait_until
-from tests.helpers import finish, launch, scripted, trace
+from tests.helpers import finish, launch, scripted, trace, wait_until
 from traces import store
 
 pytestmark = [pytest.mark.stack]

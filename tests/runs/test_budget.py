@@ -1,4 +1,4 @@
-"""The spending ledger: reservations before dispatch, settlement after, each cap refusing
+"""The spending budget: reservations before dispatch, settlement after, each cap refusing
 with a reason, one alert per cap at 80%, and the fill view's figures."""
 
 from __future__ import annotations
@@ -7,17 +7,17 @@ import threading
 
 import pytest
 
-from runs.budget import BudgetLedger, BudgetRefused, Caps, Price, estimate_cost
+from runs.trust.budget import Budget, BudgetRefused, Caps, Price, estimate_cost
 from workers.pricing import cost_of
 
 # $1 per 1,000 tokens in and $2 per 1,000 out: 100 in + 50 out cost $0.20.
 PRICE = Price(1.0, 2.0)
 
 
-def reserve(ledger: BudgetLedger, subquery: str = "sq1", provider: str = "sim", **kw):
+def reserve(budget: Budget, subquery: str = "sq1", provider: str = "sim", **kw):
     kw.setdefault("tokens_in", 100)
     kw.setdefault("tokens_out", 50)
-    return ledger.reserve(subquery=subquery, provider=provider, worker_id="w1", price=PRICE, **kw)
+    return budget.reserve(subquery=subquery, provider=provider, worker_id="w1", price=PRICE, **kw)
 
 
 def test_it_estimates_cost_like_the_price_table():
@@ -28,125 +28,125 @@ def test_it_estimates_cost_like_the_price_table():
 
 
 def test_it_reserves_then_settles_the_actual_cost():
-    ledger = BudgetLedger("r1", Caps(run=10.0))
-    held = reserve(ledger)
+    budget = Budget("r1", Caps(run=10.0))
+    held = reserve(budget)
     assert held.amount == pytest.approx(0.2)
     assert held.attrs["ok"] and held.attrs["reservation"] == held.id
     assert held.attrs["run_committed"] == pytest.approx(0.2)
-    fill = ledger.fill()["run"]
+    fill = budget.fill()["run"]
     assert (fill["reserved"], fill["settled"]) == (pytest.approx(0.2), 0.0)
 
-    done = ledger.settle(held.id, tokens_in=100, tokens_out=20)
+    done = budget.settle(held.id, tokens_in=100, tokens_out=20)
     assert done.cost == pytest.approx(0.14)  # the actual tokens at the reserved price
     assert done.attrs["reserved"] == pytest.approx(0.2)
     assert done.attrs["run_settled"] == pytest.approx(0.14)
-    fill = ledger.fill()["run"]
+    fill = budget.fill()["run"]
     assert (fill["reserved"], fill["settled"], fill["cap"]) == (0.0, pytest.approx(0.14), 10.0)
     assert fill["fraction"] == pytest.approx(0.014)
 
 
 def test_it_takes_a_known_actual_cost_and_releases_unspent_reservations():
-    ledger = BudgetLedger("r1", Caps())
-    first, second = reserve(ledger), reserve(ledger, "sq2")
-    assert ledger.settle(first.id, tokens_in=1, tokens_out=1, cost=0.5).cost == 0.5
-    released = ledger.release(second.id)
+    budget = Budget("r1", Caps())
+    first, second = reserve(budget), reserve(budget, "sq2")
+    assert budget.settle(first.id, tokens_in=1, tokens_out=1, cost=0.5).cost == 0.5
+    released = budget.release(second.id)
     assert released.attrs["released"] and released.cost == 0.0
-    assert ledger.fill()["run"]["committed"] == pytest.approx(0.5)
+    assert budget.fill()["run"]["committed"] == pytest.approx(0.5)
     with pytest.raises(ValueError, match="already settled or released"):
-        ledger.settle(first.id, tokens_in=1, tokens_out=1)
+        budget.settle(first.id, tokens_in=1, tokens_out=1)
 
 
 def test_it_refuses_past_the_run_cap_with_a_reason():
-    ledger = BudgetLedger("r1", Caps(run=0.5))
-    reserve(ledger)
-    reserve(ledger, "sq2")
+    budget = Budget("r1", Caps(run=0.5))
+    reserve(budget)
+    reserve(budget, "sq2")
     with pytest.raises(BudgetRefused) as refused:
-        reserve(ledger, "sq3")
+        reserve(budget, "sq3")
     assert refused.value.scope == "run"
     assert refused.value.attrs["ok"] is False
     assert refused.value.attrs["refused_by"] == "run"
     assert "budget cap of the run reached" in str(refused.value)
     assert "$0.400000 of $0.500000" in str(refused.value)
-    assert ledger.fill()["refused"] == 1
+    assert budget.fill()["refused"] == 1
     # A smaller dispatch still fits.
-    assert reserve(ledger, "sq3", tokens_in=100, tokens_out=0).amount == pytest.approx(0.1)
+    assert reserve(budget, "sq3", tokens_in=100, tokens_out=0).amount == pytest.approx(0.1)
 
 
 def test_it_refuses_past_the_sub_query_cap_over_all_its_replicas():
-    ledger = BudgetLedger("r1", Caps(subquery=0.45))
-    reserve(ledger, "sq1")
-    reserve(ledger, "sq1")
+    budget = Budget("r1", Caps(subquery=0.45))
+    reserve(budget, "sq1")
+    reserve(budget, "sq1")
     with pytest.raises(BudgetRefused) as refused:
-        reserve(ledger, "sq1")  # a third replica of the same sub-query
+        reserve(budget, "sq1")  # a third replica of the same sub-query
     assert (refused.value.scope, refused.value.key) == ("subquery", "sq1")
     assert "sub-query sq1" in str(refused.value)
-    reserve(ledger, "sq2")  # another sub-query has its own cap
+    reserve(budget, "sq2")  # another sub-query has its own cap
 
 
 def test_it_refuses_past_a_provider_cap_and_leaves_other_providers_alone():
-    ledger = BudgetLedger("r1", Caps(providers={"openai:gpt-4.1": 0.3}))
-    reserve(ledger, provider="openai:gpt-4.1")
+    budget = Budget("r1", Caps(providers={"openai:gpt-4.1": 0.3}))
+    reserve(budget, provider="openai:gpt-4.1")
     with pytest.raises(BudgetRefused) as refused:
-        reserve(ledger, provider="openai:gpt-4.1")
+        reserve(budget, provider="openai:gpt-4.1")
     assert refused.value.scope == "provider"
     assert "provider openai:gpt-4.1" in str(refused.value)
-    reserve(ledger, provider="sim")
-    providers = {p["key"]: p for p in ledger.fill()["providers"]}
+    reserve(budget, provider="sim")
+    providers = {p["key"]: p for p in budget.fill()["providers"]}
     assert providers["openai:gpt-4.1"]["cap"] == 0.3
     assert providers["sim"]["cap"] is None
 
 
 def test_it_names_the_run_cap_first_when_several_are_reached():
-    ledger = BudgetLedger("r1", Caps(run=0.2, subquery=0.2))
-    reserve(ledger)
+    budget = Budget("r1", Caps(run=0.2, subquery=0.2))
+    reserve(budget)
     with pytest.raises(BudgetRefused) as refused:
-        reserve(ledger)
+        reserve(budget)
     assert refused.value.scope == "run"
 
 
 def test_it_refuses_the_next_reservation_once_spending_passed_the_cap():
-    ledger = BudgetLedger("r1", Caps(run=1.0))
-    held = reserve(ledger)
-    ledger.settle(held.id, tokens_in=0, tokens_out=0, cost=1.2)  # the worker overran
-    assert ledger.fill()["run"]["fraction"] == pytest.approx(1.2)
+    budget = Budget("r1", Caps(run=1.0))
+    held = reserve(budget)
+    budget.settle(held.id, tokens_in=0, tokens_out=0, cost=1.2)  # the worker overran
+    assert budget.fill()["run"]["fraction"] == pytest.approx(1.2)
     with pytest.raises(BudgetRefused):
-        reserve(ledger, tokens_in=1, tokens_out=0)
+        reserve(budget, tokens_in=1, tokens_out=0)
 
 
 def test_it_alerts_once_per_cap_when_committed_spending_crosses_80_percent():
-    ledger = BudgetLedger("r1", Caps(run=1.0, subquery=0.5))
-    first = reserve(ledger)  # run 0.2, sq1 0.2
+    budget = Budget("r1", Caps(run=1.0, subquery=0.5))
+    first = reserve(budget)  # run 0.2, sq1 0.2
     assert first.alerts == []
-    second = reserve(ledger)  # run 0.4, sq1 0.4: sq1 crosses 80% of 0.5
+    second = reserve(budget)  # run 0.4, sq1 0.4: sq1 crosses 80% of 0.5
     assert [(a["scope"], a["key"]) for a in second.alerts] == [("subquery", "sq1")]
     assert second.alerts[0]["fraction"] == pytest.approx(0.8)
-    assert reserve(ledger, "sq2").alerts == []  # run 0.6
-    settle = ledger.settle(first.id, tokens_in=0, tokens_out=0, cost=0.45)  # run 0.85
+    assert reserve(budget, "sq2").alerts == []  # run 0.6
+    settle = budget.settle(first.id, tokens_in=0, tokens_out=0, cost=0.45)  # run 0.85
     assert [(a["scope"], a["key"], a["threshold"]) for a in settle.alerts] == [("run", "r1", 0.8)]
-    later = reserve(ledger, "sq3", tokens_in=100, tokens_out=0)  # run 0.95: no second alert
+    later = reserve(budget, "sq3", tokens_in=100, tokens_out=0)  # run 0.95: no second alert
     assert later.alerts == []
-    assert [a["scope"] for a in ledger.fill()["alerts"]] == ["subquery", "run"]
+    assert [a["scope"] for a in budget.fill()["alerts"]] == ["subquery", "run"]
 
 
 def test_it_keeps_the_books_straight_under_concurrent_threads():
-    ledger = BudgetLedger("r1", Caps(run=100.0))
+    budget = Budget("r1", Caps(run=100.0))
     refused: list[BudgetRefused] = []
 
     def work(n: int) -> None:
         for i in range(200):
             try:
-                held = reserve(ledger, f"sq{n}-{i}")
+                held = reserve(budget, f"sq{n}-{i}")
             except BudgetRefused as exc:
                 refused.append(exc)
                 continue
-            ledger.settle(held.id, tokens_in=100, tokens_out=50)
+            budget.settle(held.id, tokens_in=100, tokens_out=50)
 
     threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    run = ledger.fill()["run"]
+    run = budget.fill()["run"]
     # 1,600 dispatches of $0.20 against $100: exactly 500 fit, the rest are refused.
     assert len(refused) == 1100
     assert run["settled"] == pytest.approx(100.0)
@@ -154,11 +154,11 @@ def test_it_keeps_the_books_straight_under_concurrent_threads():
 
 
 def test_it_shows_the_busiest_sub_queries_in_the_fill_view():
-    ledger = BudgetLedger("r1", Caps(subquery=1.0))
+    budget = Budget("r1", Caps(subquery=1.0))
     for name, times in (("a", 1), ("b", 3), ("c", 2)):
         for _ in range(times):
-            reserve(ledger, name)
-    rows = ledger.fill(top=2)["subqueries"]
+            reserve(budget, name)
+    rows = budget.fill(top=2)["subqueries"]
     assert [(r["key"], r["cap"]) for r in rows] == [("b", 1.0), ("c", 1.0)]
     assert rows[0]["committed"] == pytest.approx(0.6)
 
@@ -167,16 +167,16 @@ def test_it_rejects_bad_caps_and_estimates():
     with pytest.raises(ValueError, match="run cap -1"):
         Caps(run=-1)
     with pytest.raises(ValueError, match="0 or more"):
-        reserve(BudgetLedger("r1", Caps()), tokens_in=-5)
+        reserve(Budget("r1", Caps()), tokens_in=-5)
 
 
 def test_it_holds_a_root_turn_to_the_run_cap_but_not_to_the_sub_query_cap():
-    ledger = BudgetLedger("r1", Caps(run=0.5, subquery=0.1))
-    root = reserve(ledger, subquery="")  # $0.20, above the sub-query cap
-    ledger.settle(root.id, tokens_in=100, tokens_out=50)
+    budget = Budget("r1", Caps(run=0.5, subquery=0.1))
+    root = reserve(budget, subquery="")  # $0.20, above the sub-query cap
+    budget.settle(root.id, tokens_in=100, tokens_out=50)
     with pytest.raises(BudgetRefused) as refused:
-        reserve(ledger, subquery="sq1")
+        reserve(budget, subquery="sq1")
     assert refused.value.scope == "subquery"
-    fill = ledger.fill()
+    fill = budget.fill()
     assert fill["run"]["settled"] == pytest.approx(0.2)
     assert "" not in [s["key"] for s in fill["subqueries"]]  # root turns are not sub-queries

@@ -18,18 +18,19 @@ from django.conf import settings
 from django.utils import timezone
 
 from frlm_web.redis_client import get_redis
-from runs import folding, fragindex, prompts, verify
-from runs.accounts import price_of
-from runs.budget import BudgetRefused
-from runs.context import ContextError, PreparedContext, check_path, context_prepare
-from runs.fanout import Fanout, FanoutAbort, LimitExceeded, Totals
+from runs.engine import folding, fragindex, prompts
+from runs.engine.context import ContextError, PreparedContext, check_path, context_prepare
+from runs.engine.fanout import Fanout, FanoutAbort, LimitExceeded, Totals
+from runs.engine.parsing import code_blocks, final_in_text
+from runs.engine.policy import Policy
+from runs.engine.progress import cancel_requested, write_progress
 from runs.models import Run
 from runs.orphans import CONDUCTOR_GROUP
-from runs.parsing import code_blocks, final_in_text
-from runs.policy import Policy
-from runs.progress import cancel_requested, write_progress
 from runs.sandbox import CellResult, Sandbox, SandboxCallError, SandboxLimits
 from runs.taskgen import answer_correct
+from runs.trust import verify
+from runs.trust.accounts import price_of
+from runs.trust.budget import BudgetRefused
 from traces.emitter import Emitter
 from workers import fragments
 from workers.backends import ModelError, ModelSpec, chat
@@ -125,7 +126,7 @@ class Conductor:
         self.finish(status, answer, error, wall_ms, run_span)
 
     def prepare_context(self) -> RlmContext:
-        """The context as one UTF-8 file with its offset index (runs.context), read in one
+        """The context as one UTF-8 file with its offset index (runs.engine.context), read in one
         streaming pass at most: the conductor never holds the text."""
         try:
             prepared = context_prepare(self.run.id, check_path(self.run.context_path))
@@ -142,7 +143,7 @@ class Conductor:
     def partial_reason(self, *, answered: bool) -> str:
         """Why the run ended at its budget, and what its answer rests on."""
         t = self.totals
-        refused = self.fanout.accounts.ledger.fill(top=0)["refused"]
+        refused = self.fanout.accounts.budget.fill(top=0)["refused"]
         rests = (
             f"the answer rests on the {t.subqueries - t.subqueries_failed} sub-queries that "
             "returned"
@@ -321,7 +322,7 @@ class Conductor:
 
     def fold(self, messages: list[Any], sandbox: Sandbox, *, depth: int, parent: str) -> None:
         """Past policy.fold_tokens, the older turns become one message of summaries made by
-        sub-queries; their full text goes into the REPL's `folded` list (runs.folding)."""
+        sub-queries; their full text goes into the REPL's `folded` list (runs.engine.folding)."""
         before = folding.tokens_of(messages)
         if before <= self.policy.fold_tokens:
             return
@@ -544,7 +545,7 @@ class Conductor:
     def select_fragments(
         self, kwargs: dict[str, Any], context: RlmContext, *, depth: int, parent: str
     ) -> list[fragindex.Selected]:
-        """BM25 over the context's passages (runs.fragindex), built on first use and cached
+        """BM25 over the context's passages (runs.engine.fragindex), built on first use and cached
         by the context's sha256; Env.SelectFragments records the choice and the scores."""
         query, k = kwargs.get("query"), kwargs.get("k", 8)
         if not isinstance(query, str) or not query.strip():

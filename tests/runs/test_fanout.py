@@ -8,8 +8,7 @@ import time
 import pytest
 
 from frlm_web.stack import VenueSpec
-from tests.conftest import wait_until
-from tests.helpers import finish, launch, named, scripted, trace
+from tests.helpers import finish, launch, named, scripted, trace, wait_until
 from workers.models import Venue
 
 pytestmark = [pytest.mark.stack]

@@ -1,6 +1,6 @@
 """The lazy context (runs/sandbox/lazytext.py), fragments as workers load them
-(workers/fragments.py), the BM25 fragment index (runs/fragindex.py) and the offset index
-cache (runs/context.py), against real files."""
+(workers/fragments.py), the BM25 fragment index (runs/engine/fragindex.py) and the offset index
+cache (runs/engine/context.py), against real files."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from runs import fragindex
-from runs.context import context_prepare
+from runs.engine import fragindex
+from runs.engine.context import context_prepare
 from runs.sandbox import Sandbox, SandboxLimits, lazytext
 from runs.sandbox.lazytext import LazyText, build_index
 from workers import fragments

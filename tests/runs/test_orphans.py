@@ -6,8 +6,7 @@ import signal
 
 import pytest
 
-from tests.conftest import wait_until
-from tests.helpers import finish, launch, scripted
+from tests.helpers import finish, launch, scripted, wait_until
 
 pytestmark = [pytest.mark.stack]
 

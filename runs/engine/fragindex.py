@@ -1,7 +1,7 @@
 """The BM25 index behind select_fragments: the context cut into passages, indexed once per
 context and kept on disk under the data dir by the context's sha256.
 
-Building reads the whole context, so it runs in a subprocess (`python -m runs.fragindex`):
+Building reads the whole context, so it runs in a subprocess (`python -m runs.engine.fragindex`):
 its memory is gone when it ends and the conductor stays small whatever the context's size.
 A query loads the index memory-mapped. A file that changed has another sha256, so its index
 is built anew; the path's last sha256 is remembered to say that the old index was stale.
@@ -119,8 +119,8 @@ def ensure(
         how, build_ms = "cached", 0.0
     else:
         out.parent.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, "-m", "runs.fragindex", str(context_path), str(index_json)]
-        command.append(str(out))
+        command = [sys.executable, "-m", "runs.engine.fragindex", str(context_path)]
+        command += [str(index_json), str(out)]
         started = time.perf_counter()
         try:
             done = subprocess.run(
@@ -197,5 +197,5 @@ def _read_json(path: Path) -> dict[str, object]:
 
 if __name__ == "__main__":
     if len(sys.argv) != 4:
-        sys.exit("usage: python -m runs.fragindex CONTEXT_FILE OFFSET_INDEX_JSON OUT_DIR")
+        sys.exit("usage: python -m runs.engine.fragindex CONTEXT_FILE OFFSET_INDEX_JSON OUT_DIR")
     print(json.dumps(build(sys.argv[1], sys.argv[2], Path(sys.argv[3]))))

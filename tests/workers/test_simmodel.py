@@ -431,7 +431,7 @@ def test_it_counts_failed_subqueries_and_still_answers() -> None:
 
 
 def test_it_runs_as_a_command_and_stops_cleanly_on_sigterm() -> None:
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     process = subprocess.Popen(
         [sys.executable, "manage.py", "frlm_simserver", "--port", "0"],
         cwd=root,

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from runs.parsing import FinalInText, code_blocks, final_in_text
+from runs.engine.parsing import FinalInText, code_blocks, final_in_text
 
 
 def test_it_finds_repl_blocks_in_order():

@@ -28,7 +28,7 @@ from typing import Any, TypedDict
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.conf import settings
 
-from runs.attest import utc_now
+from runs.trust.attest import utc_now
 from traces import store
 from workers import keys
 from workers.models import Worker

@@ -13,7 +13,7 @@ import pytest
 import redis
 from django.core.management import CommandError, call_command
 
-from runs.receipts import (
+from runs.trust.receipts import (
     ReceiptChain,
     chain_verify,
     conductor_key,

@@ -1,0 +1,2 @@
+"""Trust and money: verification of replies, attestations, budgets, receipts and the run's
+accounts."""
