@@ -11,7 +11,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "ARCHITECTURE.md"
 # A path in backticks: an app or top-level folder, then folders and a file or a folder.
-PATH = re.compile(r"`((?:frlm_web|runs|workers|traces|tests|bench|static|templates|docs)/[\w/.-]*)`")
+PATH = re.compile(
+    r"`((?:frlm_web|runs|workers|traces|tests|bench|static|templates|docs)/[\w/.-]*)`"
+)
 QUESTIONS = (
     "where is a sub-query retried on another venue",
     "where is the hedging threshold computed",

@@ -128,7 +128,7 @@ def ensure(
                 capture_output=True,
                 text=True,
                 timeout=BUILD_TIMEOUT_S,
-                cwd=Path(__file__).resolve().parent.parent,
+                cwd=Path(__file__).resolve().parents[2],  # the repository, so `-m runs...` resolves
             )
         except subprocess.TimeoutExpired as exc:
             raise FragmentIndexError(

@@ -8,7 +8,7 @@ import pytest
 
 from frlm_web.redis_client import get_redis
 from workers.circuit import CLOSED, HALF_OPEN, OPEN, Breakers
-from workers.reputation import Reputations, Observation, load
+from workers.reputation import Observation, Reputations, load
 
 
 @pytest.fixture

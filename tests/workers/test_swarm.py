@@ -13,7 +13,7 @@ from frlm_web.redis_client import get_redis
 from tests.helpers import finish, launch, named, scripted, trace, wait_until
 from traces import store
 from workers.jobs import encode_result, results_stream
-from workers.reputation import Reputations, Observation, load, strikes_key
+from workers.reputation import Observation, Reputations, load, strikes_key
 from workers.swarm import ProfileFileError, SwarmProfile, devices, profile_load
 
 
