@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-from runs.sandbox.host import (
-    CellResult,
-    Handler,
-    Sandbox,
-    SandboxCallError,
-    SandboxError,
-    SandboxLimits,
-)
+from runs.sandbox.cells import CellResult, SandboxLimits
+from runs.sandbox.host import Sandbox, SandboxError
+from runs.sandbox.protocol import Handler, SandboxCallError
 
 __all__ = [
     "CellResult",

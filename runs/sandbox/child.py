@@ -33,7 +33,7 @@ import traceback
 import types
 from typing import Any
 
-# Mirrors host._MAX_MESSAGE_BYTES: the host refuses anything longer, so say so here first.
+# Mirrors protocol.MAX_MESSAGE_BYTES: the host refuses anything longer, so say so here first.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 THIS_FILE = os.path.abspath(__file__)
 # -I keeps the script's directory off sys.path; the two modules beside it are wanted.

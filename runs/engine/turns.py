@@ -1,0 +1,150 @@
+"""The root model's side of the RLM loop: one turn (its tokens reserved, the call, the cost
+settled) and the folding of older turns once the conversation outgrows policy.fold_tokens."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from runs.engine import folding
+from runs.engine.fanout import Fanout, FanoutAbort, LimitExceeded, Totals
+from runs.engine.finish import RunAbort, partial_reason
+from runs.engine.policy import Policy
+from runs.models import Run
+from runs.sandbox import Sandbox
+from runs.trust.accounts import price_of
+from runs.trust.budget import BudgetRefused
+from traces.emitter import Emitter
+from workers.backends import ModelError, ModelSpec, chat
+
+log = logging.getLogger(__name__)
+
+Subqueries = Callable[[list[str], int, str], list[str]]
+
+
+class RootTurns:
+    """The root model's turns of one run; ``model`` is the one the next turn calls (a what-if
+    replay swaps in the live model after its cassette)."""
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        *,
+        run_id: str,
+        policy: Policy,
+        emitter: Emitter,
+        fanout: Fanout,
+        totals: Totals,
+        subqueries: Subqueries,
+    ) -> None:
+        self.model = model
+        self.run_id = run_id
+        self.policy = policy
+        self.emitter = emitter
+        self.fanout = fanout
+        self.totals = totals
+        self.subqueries = subqueries
+
+    def decode(self, messages: list[dict[str, str]], *, depth: int, parent: str, turn: int) -> str:
+        """One root-model call, paid from the run's accounts; its reply joins the
+        conversation."""
+        accounts_ = self.fanout.accounts
+        model = self.model.model or self.model.kind
+        try:
+            reservation = accounts_.reserve(
+                subquery="",
+                provider=model,
+                worker_id="conductor",
+                tokens_in=folding.tokens_of(messages),
+                price=price_of({}, model),
+                parent=parent,
+                depth=depth,
+            )
+        except BudgetRefused:
+            reason = partial_reason(self.totals, self.fanout.accounts, answered=False)
+            raise RunAbort(reason, status=Run.Status.PARTIAL) from None
+        span = self.emitter.start(
+            "Run.Decode", parent=parent, depth=depth, turn=turn, model=self.model.label
+        )
+        accounts_.reserved(reservation, parent=span.span_id, depth=depth)
+        try:
+            reply = chat(self.model, messages)
+        except ModelError as exc:
+            accounts_.release(reservation, parent=span.span_id, depth=depth)
+            span.end("error", error=str(exc))
+            raise RunAbort(f"the root model failed: {exc}") from exc
+        accounts_.settle(
+            reservation,
+            tokens_in=reply.tokens_in,
+            tokens_out=reply.tokens_out,
+            cost=reply.cost,
+            parent=span.span_id,
+            depth=depth,
+        )
+        self.totals.add_tokens(reply.tokens_in, reply.tokens_out, reply.cost)
+        span.end(
+            "ok",
+            payload=reply.text,
+            tokens_in=reply.tokens_in,
+            tokens_out=reply.tokens_out,
+            cost=reply.cost,
+            request_hash=reply.request_hash,
+            replayed=reply.replayed or None,
+        )
+        messages.append({"role": "assistant", "content": reply.text})
+        return reply.text
+
+    def fold(self, messages: list[Any], sandbox: Sandbox, *, depth: int, parent: str) -> None:
+        """Past policy.fold_tokens, the older turns become one message of summaries made by
+        sub-queries; their full text goes into the REPL's `folded` list (runs.engine.folding)."""
+        before = folding.tokens_of(messages)
+        if before <= self.policy.fold_tokens:
+            return
+        bounds = folding.foldable(messages)
+        if bounds is None:
+            return
+        start, end = bounds
+        old = messages[start:end]
+        text = folding.render(old)
+        span = self.emitter.start(
+            "Context.Fold",
+            parent=parent,
+            depth=depth,
+            tokens_before=before,
+            limit=self.policy.fold_tokens,
+            messages=len(old),
+        )
+        summaries, how = self.summaries(text, depth=depth, parent=span.span_id)
+        slot = sandbox.fold(text) - 1
+        message = folding.folded_message(summaries, folding.turns_in(old), slot)
+        messages[start:end] = [message]
+        after = folding.tokens_of(messages)
+        span.end(
+            "ok",
+            payload=message["content"],
+            tokens_after=after,
+            tokens_before=before,
+            folded_chars=len(text),
+            summary_chars=len(message["content"]),
+            ratio=round(len(text) / max(1, len(message["content"])), 2),
+            how=how,
+            slot=slot,
+        )
+
+    def summaries(self, text: str, *, depth: int, parent: str) -> tuple[list[str], str]:
+        """Summaries of folded text made by sub-queries, or else a cut of it: (summaries,
+        how they were made)."""
+        pieces = folding.parts(text)
+        try:
+            replies = self.subqueries(
+                [folding.FOLD_HEADER + piece for piece in pieces], depth, parent
+            )
+        except (LimitExceeded, FanoutAbort) as exc:
+            log.warning("run %s: folding by sub-queries failed (%s); cut instead", self.run_id, exc)
+            replies = []
+        summaries = [r for r in replies if r.strip() and not r.startswith("[frlm:")]
+        how = "sub-queries" if summaries else "cut"
+        if not summaries:
+            summaries = [folding.fallback_summary(text)]
+        return summaries, how
