@@ -1,5 +1,5 @@
-"""JSON endpoints over the trace store, for the run page, the diff page and the venue pages,
-and the reads across several runs those pages need.
+"""JSON endpoints over the trace store, for the run page, the diff page and the venue pages
+(the reads across several runs those pages need are in traces.selectors).
 
 The trace app knows nothing of runs or owners (DESIGN §8): who may read a run's trace is
 decided by an `access(user, run_id)` callable the URLconf passes to every view here."""
@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import functools
 import json
-from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypedDict
 
-import duckdb
 import plotly
 from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.cache import cache_control
@@ -292,119 +290,3 @@ def plotly_js(request: HttpRequest) -> FileResponse:
     response = FileResponse(path.open("rb"), content_type="text/javascript")
     response["ETag"] = f'"plotly-{plotly.__version__}"'
     return response
-
-
-# --- across runs (venue and worker health) -----------------------------------------------
-def _runs_query(run_ids: list[str], sql: str, params: list[Any] | None = None) -> list[dict]:
-    """A query over the events of several runs at once (one scan instead of one per run)."""
-    files = [str(p) for run_id in run_ids for p in sorted(store.run_dir(run_id).glob("*.parquet"))]
-    if not files:
-        return []
-    for attempt in range(2):
-        con = duckdb.connect()
-        try:
-            # The file list comes from our own globs of checked run ids, never user text.
-            con.execute(
-                f"CREATE VIEW ev AS SELECT * FROM read_parquet({files!r}, union_by_name=true)"  # noqa: S608
-            )
-            table = con.sql(sql, params=params or None).to_arrow_table()
-            return table.to_pylist()
-        except duckdb.IOException:
-            # A segment was compacted away between the glob and the read: look again.
-            if attempt:
-                raise
-            files = [
-                str(p)
-                for run_id in run_ids
-                for p in sorted(store.run_dir(run_id).glob("*.parquet"))
-            ]
-        finally:
-            con.close()
-    return []
-
-
-class WorkerActivity(TypedDict):
-    worker_id: str
-    venue: str | None
-    calls: int
-    errors: int
-    p50_ms: float | None
-    p95_ms: float | None
-    last_ms: float | None  # epoch ms of its last sub-query
-    inflight: int
-
-
-def worker_activity(run_ids: list[str], running: list[str]) -> dict[str, WorkerActivity]:
-    """Per worker over the given runs: finished sub-queries, errors, latency; and the
-    sub-queries it holds right now in the running ones."""
-    rows = _runs_query(
-        run_ids,
-        """SELECT worker_id, any_value(venue) AS venue,
-                  count(*) FILTER (WHERE phase = 'end') AS calls,
-                  count(*) FILTER (WHERE phase = 'end' AND status <> 'ok') AS errors,
-                  quantile_cont(ms, 0.5) FILTER (WHERE phase = 'end') AS p50_ms,
-                  quantile_cont(ms, 0.95) FILTER (WHERE phase = 'end') AS p95_ms,
-                  max(epoch_ns(ts)) / 1e6 AS last_ms
-           FROM ev WHERE name = 'SubQuery.Execute' AND worker_id IS NOT NULL
-           GROUP BY worker_id""",
-    )
-    out: dict[str, WorkerActivity] = {r["worker_id"]: {**r, "inflight": 0} for r in rows}  # type: ignore[misc]
-    open_rows = _runs_query(
-        running,
-        """SELECT worker_id, any_value(venue) AS venue,
-                  count(DISTINCT span_id) FILTER (WHERE phase = 'start')
-                  - count(DISTINCT span_id) FILTER (WHERE phase = 'end') AS inflight
-           FROM ev WHERE name = 'SubQuery.Execute' AND worker_id IS NOT NULL
-           GROUP BY worker_id""",
-    )
-    for row in open_rows:
-        entry = out.setdefault(
-            row["worker_id"],
-            {
-                "worker_id": row["worker_id"],
-                "venue": row["venue"],
-                "calls": 0,
-                "errors": 0,
-                "p50_ms": None,
-                "p95_ms": None,
-                "last_ms": None,
-                "inflight": 0,
-            },
-        )
-        entry["inflight"] = max(0, int(row["inflight"]))
-    return out
-
-
-def recent_executions(run_ids: list[str], *, per_worker: int = 20) -> dict[str, list[dict]]:
-    """Each worker's latest finished sub-queries over the given runs, newest first."""
-    rows = _runs_query(
-        run_ids,
-        """SELECT * FROM (
-               SELECT worker_id, venue, run_id, span_id, status, ms, tokens_in, tokens_out,
-                      cost, epoch_ns(ts) / 1e6 AS t_ms,
-                      row_number() OVER (PARTITION BY worker_id ORDER BY ts DESC) AS n
-               FROM ev WHERE name = 'SubQuery.Execute' AND phase = 'end'
-                 AND worker_id IS NOT NULL)
-           WHERE n <= ? ORDER BY worker_id, t_ms DESC""",
-        [per_worker],
-    )
-    out: dict[str, list[dict]] = defaultdict(list)
-    for row in rows:
-        row.pop("n", None)
-        out[row["worker_id"]].append(row)
-    return dict(out)
-
-
-def worker_history(run_ids: list[str], *, bucket_s: int) -> list[dict]:
-    """Per worker and time bucket: sub-queries, errors and latency (p50, p95)."""
-    return _runs_query(
-        run_ids,
-        """SELECT worker_id,
-                  CAST(floor(epoch_ns(ts) / 1e9 / ?) * ? AS BIGINT) * 1000 AS t_ms,
-                  count(*) AS calls, count(*) FILTER (WHERE status <> 'ok') AS errors,
-                  quantile_cont(ms, 0.5) AS p50_ms, quantile_cont(ms, 0.95) AS p95_ms
-           FROM ev WHERE name = 'SubQuery.Execute' AND phase = 'end'
-             AND worker_id IS NOT NULL
-           GROUP BY ALL ORDER BY worker_id, t_ms""",
-        [bucket_s, bucket_s],
-    )

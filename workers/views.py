@@ -18,7 +18,8 @@ from django.views.decorators.http import require_GET
 from frlm_web.redis_client import get_redis
 from runs.models import Run
 from runs.views import visible_runs
-from traces.views import api_view, recent_executions, worker_activity, worker_history
+from traces.selectors import recent_executions, worker_activity, worker_history
+from traces.views import api_view
 from workers import reputation
 from workers.models import Venue, Worker
 from workers.venues import live_workers, queued

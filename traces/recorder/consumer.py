@@ -1,0 +1,205 @@
+"""The recorder's loop: read the event stream through the consumer group, store each batch,
+and only then acknowledge it."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import redis
+
+from traces import blobs, store
+from traces.emitter import DEAD_LETTER_STREAM, EVENTS_STREAM
+from traces.recorder import stream
+from traces.recorder.columnar import _decode_batch
+from traces.recorder.decode import _fields_of
+from traces.recorder.lease import Lease
+from traces.recorder.segments import _by_run, _commit, _stage_table
+from traces.recorder.stream import GROUP, _id_text
+
+log = logging.getLogger("traces.recorder")  # the name its log lines had before the split
+
+# A trickle of events (a read of fewer than GATHER_BELOW) is gathered this long before it
+# is stored (see Recorder._gather); a backlog is stored at once.
+GATHER_S = 0.1
+GATHER_BELOW = 1000
+
+
+class Recorder:
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        consumer: str = "recorder",
+        batch_max: int = 20000,
+        block_ms: int = 50,
+        gather_s: float = GATHER_S,
+    ) -> None:
+        self.client = client
+        # The same connections, without redis-py's reply parsing of XREADGROUP: a dict
+        # per entry is a quarter of the cost of storing it.
+        self.raw = redis.Redis(connection_pool=client.connection_pool)
+        self.raw.response_callbacks.pop("XREADGROUP", None)
+        self.consumer = consumer
+        self.batch_max = batch_max
+        self.block_ms = block_ms
+        self.gather_s = gather_s
+        self.blobs = blobs.PackWriter()
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="frlm-recorder-read")
+        self._next: Future[list[Any]] | None = None
+        self.lease = Lease(client)
+        self.stored = 0
+
+    # --- lifecycle -------------------------------------------------------------------
+    def acquire(self, ttl_s: int = 10) -> None:
+        """Take the single-writer lock (Lease.acquire); a second recorder refuses to start."""
+        self.lease.acquire(ttl_s)
+
+    def refresh(self, ttl_s: int = 10) -> None:
+        self.lease.refresh(ttl_s)
+
+    def release(self) -> None:
+        self.lease.release()
+
+    def ensure_group(self) -> None:
+        stream.ensure_group(self.client)
+
+    def run(self, stop: threading.Event) -> None:
+        """1. take the lock, 2. store what an earlier life read but did not acknowledge,
+        3. store new entries as they come until told to stop."""
+        self.acquire()
+        quiet_collector()
+        try:
+            self.ensure_group()
+            self.refresh()
+            self.blobs.open()
+            self.recover()
+            last_refresh = time.monotonic()
+            while not stop.is_set():
+                self.step()
+                if time.monotonic() - last_refresh > 2:
+                    self.refresh()
+                    last_refresh = time.monotonic()
+            self.drain()
+        finally:
+            self.blobs.close()
+            self.release()
+            # Frozen objects are not collected at exit either: DuckDB's bindings would
+            # report its live objects as leaks.
+            gc.unfreeze()
+
+    # --- work ------------------------------------------------------------------------
+    def recover(self) -> int:
+        total = 0
+        while True:
+            entries = self._read("0")
+            if not entries:
+                return total
+            total += self.store_entries(entries, recovering=True)
+
+    def step(self) -> int:
+        """Store the next batch. While a full batch is stored, the next one is read in the
+        background (the read is mostly Redis building its reply, and DuckDB and Parquet
+        release the GIL): under load the two overlap."""
+        if self._next is not None:
+            entries, self._next = self._next.result(), None
+        else:
+            entries = self._gather()
+        if not entries:
+            return 0
+        if len(entries) >= self.batch_max:
+            self._next = self._reader.submit(self._read, ">")
+        return self.store_entries(entries)
+
+    def _gather(self) -> list[Any]:
+        """What the stream holds, or the first entries to come, then what else comes within
+        gather_s: a batch costs a parse, a segment and an fsync whatever its size, and
+        events trickling in during a run would otherwise be stored a few at a time (pages
+        see them live from the forwarder meanwhile). The window is slept through and
+        read once: a blocking read per arrival woke the recorder for every few events of
+        a fanout, which cost some 40% of its CPU."""
+        entries = self._read(">", block_ms=self.block_ms)
+        if not entries or len(entries) >= GATHER_BELOW:
+            return entries
+        time.sleep(self.gather_s)
+        return entries + self._read(">")
+
+    def drain(self) -> None:
+        """Store a batch read ahead, so that stopping leaves nothing read but unstored."""
+        if self._next is not None:
+            entries, self._next = self._next.result(), None
+            if entries:
+                self.store_entries(entries)
+
+    def _read(self, start: str, *, block_ms: int | None = None) -> list[Any]:
+        """Entries of the stream as [id, [b"seq", seq, b"e", json]] lists."""
+        args: list[Any] = ["GROUP", GROUP, self.consumer, "COUNT", self.batch_max]
+        if block_ms is not None:
+            args += ["BLOCK", block_ms]
+        reply = self.raw.execute_command("XREADGROUP", *args, "STREAMS", EVENTS_STREAM, start)
+        if not reply:
+            return []
+        # A map of stream to entries (RESP3, or hiredis), or a list of [stream, entries].
+        return next(iter(reply.values())) if isinstance(reply, dict) else reply[0][1]
+
+    def store_entries(self, entries: list[Any], *, recovering: bool = False) -> int:
+        """Store one batch; returns how many events were newly stored.
+
+        1. parse and check the whole batch at once (columnar, in DuckDB), 2. stage each
+        run's events as a segment and their payloads in the blob pack, 3. make it all
+        durable, 4. acknowledge, dead-letter what did not fit, and trim what every reader
+        of the stream is done with."""
+        ids = [entry[0] for entry in entries]
+        table, dead = _decode_batch(*_fields_of(entries))
+        self.blobs.notice_prune()
+        staged: list[tuple[Path, Path]] = []
+        stored = 0
+        first_id = _id_text(ids[0]) if ids else "0-0"
+        for run_id, events in _by_run(table):
+            if recovering:
+                known = store.stored_event_ids(run_id, events.column("event_id").to_pylist())
+                if known:
+                    keep = pc.invert(pc.is_in(events.column("event_id"), pa.array(list(known))))
+                    events = events.filter(keep)
+            if events.num_rows:
+                staged.append(_stage_table(run_id, events, self.blobs, first_id=first_id))
+                stored += events.num_rows
+        self.blobs.sync()
+        if staged:
+            _commit(staged)
+
+        pipe = self.client.pipeline()
+        for index, reason, raw in dead:
+            pipe.xadd(
+                DEAD_LETTER_STREAM, {"reason": reason, "event": raw, "id": _id_text(ids[index])}
+            )
+        pipe.xack(EVENTS_STREAM, GROUP, *ids)
+        pipe.execute()
+        self.trim()
+        if dead:
+            log.warning("recorder: %d event(s) dead-lettered, first: %s", len(dead), dead[0][1])
+        self.stored += stored
+        return stored
+
+    def trim(self) -> None:
+        """Delete what every reader of the stream is done with (stream.trim)."""
+        stream.trim(self.client)
+
+
+def quiet_collector() -> None:
+    """Tune the cycle collector for a process whose work is the recorder's loop. A batch's
+    stream reply is some 100,000 short-lived lists and tuples: at the default threshold
+    (700) the collector ran a hundred times a batch, and each full collection walked all of
+    Django and the libraries again (a quarter of the recorder's time, measured). What the
+    process loaded to start is frozen (never walked again), and a collection waits until
+    50,000 more objects are alive than were freed; a batch's objects are freed by then."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, *gc.get_threshold()[1:])
