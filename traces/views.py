@@ -126,6 +126,14 @@ def span_detail(
     own = [r for r in rows if r["span_id"] == span_id]
     if not own:
         return JsonResponse({"error": f"run {run_id} has no span {span_id!r}"}, status=404)
+    detail = _span_detail(span_id, own)
+    detail["events"] = _span_instants(span_id, rows)
+    return JsonResponse(detail)
+
+
+def _span_detail(span_id: str, own: list[dict[str, Any]]) -> SpanDetail:
+    """A span as its own events tell it (start and end, or one instant); "events" is left
+    empty for the instants under it."""
     first = own[0]
     detail: SpanDetail = {
         "span_id": span_id,
@@ -166,10 +174,16 @@ def span_detail(
             detail["output"] = _text(row["payload_ref"], TEXT_CHARS)
     if first["phase"] == "instant":
         detail["input"] = None
+    return detail
+
+
+def _span_instants(span_id: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The instants recorded under the span (rows of other spans), in seq order."""
+    events: list[dict[str, Any]] = []
     for row in rows:
         if row["span_id"] != span_id:
             attrs = json.loads(row["attrs"]) if row["attrs"] else {}
-            detail["events"].append(
+            events.append(
                 {
                     "span_id": row["span_id"],
                     "name": row["name"],
@@ -180,7 +194,7 @@ def span_detail(
                     "attrs": {k: v for k, v in attrs.items() if not k.startswith("_")},
                 }
             )
-    return JsonResponse(detail)
+    return events
 
 
 @api_view
@@ -195,6 +209,12 @@ def run_turns(request: HttpRequest, run_id: str, *, access: RunAccess) -> HttpRe
                   payload_ref, attrs, tokens_in, tokens_out, cost, ms
            FROM ev WHERE name IN ('Run.Decode', 'Repl.Exec') ORDER BY seq""",
     )
+    return JsonResponse({"run_id": run_id, "turns": _turns(rows)})
+
+
+def _turns(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Run.Decode and Repl.Exec events in seq order, folded into turns: each with its
+    decode (the reply) and its cells (code and output)."""
     turns: dict[tuple[str | None, int], dict[str, Any]] = {}
     cells: dict[str, dict[str, Any]] = {}
 
@@ -246,7 +266,7 @@ def run_turns(request: HttpRequest, run_id: str, *, access: RunAccess) -> HttpRe
                 error=attrs.get("error"),
                 output=_text(row["payload_ref"], TURN_TEXT_CHARS),
             )
-    return JsonResponse({"run_id": run_id, "turns": list(turns.values())})
+    return list(turns.values())
 
 
 @api_view
