@@ -12,6 +12,8 @@ from celery import shared_task
 from frlm_web.redis_client import get_redis
 from traces.emitter import Emitter, Span
 from workers import fragments, signing, venues
+from workers.agreement import AgreementRule
+from workers.attestation import attestation_build, attestation_sign
 from workers.backends import ModelError, ModelSpec, chat
 from workers.jobs import Job, Result, cancelled_key, encode_result, results_stream
 
@@ -143,11 +145,8 @@ def _served(spec: ModelSpec) -> ModelSpec:
 
 
 def _attest(job: Job, worker_id: str, text: str) -> str:
-    """This worker's signed attestation (runs.trust.attest) of the reply it was asked to check:
-    whether its own answer to the same prompt agrees with it."""
-    from runs.trust.attest import attestation_build, attestation_sign
-    from runs.trust.verify import AgreementRule
-
+    """This worker's signed attestation (workers.attestation) of the reply it was asked to
+    check: whether its own answer to the same prompt agrees with it."""
     key = signing.process_key()
     if key is None:
         raise ValueError("this worker has no registered key to sign with")
