@@ -16,23 +16,9 @@ from workers.agreement import AgreementRule
 from workers.attestation import attestation_build, attestation_sign
 from workers.backends import ModelError, ModelSpec, chat
 from workers.jobs import Job, Result, cancelled_key, encode_result, results_stream
+from workers.sim.device import on_device
 
 log = logging.getLogger(__name__)
-
-
-_STARTED = time.monotonic()
-
-
-def _sim_profile() -> dict:
-    """This worker's simulated device. A turncoat (lie_after_s) answers honestly until that
-    many seconds after it started, then lies at its lie_rate: how a worker that has earned
-    trust is caught when it goes bad."""
-    raw = os.environ.get("FRLM_SIM_PROFILE")
-    profile = json.loads(raw) if raw else {}
-    lie_after = profile.pop("lie_after_s", None)
-    if lie_after is not None and time.monotonic() - _STARTED < float(lie_after):
-        profile["lie_rate"] = 0.0
-    return profile
 
 
 @shared_task(name="workers.subquery_execute", ignore_result=True, acks_late=False)
@@ -54,10 +40,7 @@ def subquery_execute(job: Job) -> None:
         return
 
     emitter = Emitter(client, job["run_id"], venue=venue, worker_id=worker_id)
-    spec = _served(ModelSpec.from_dict(job["model"]))
-    if spec.kind == "sim":
-        profile = {**_sim_profile(), **spec.sim, "attempt": job.get("attempt", 1) - 1}
-        spec = ModelSpec(spec.kind, spec.model, spec.base_url, profile)
+    spec = on_device(_served(ModelSpec.from_dict(job["model"])), attempt=job.get("attempt", 1))
     pipe = client.pipeline(transaction=False)
     pipe.sismember(cancelled_key(job["run_id"]), job["sq_id"])
     with emitter.batch(pipe):
