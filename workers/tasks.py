@@ -14,7 +14,7 @@ from traces.emitter import Emitter, Span
 from workers import fragments, signing, venues
 from workers.agreement import AgreementRule
 from workers.attestation import attestation_build, attestation_sign
-from workers.backends import ModelError, ModelSpec, chat
+from workers.backends import ChatResult, ModelError, ModelSpec, chat
 from workers.jobs import Job, Result, cancelled_key, encode_result, results_stream
 from workers.sim.device import on_device
 
@@ -58,49 +58,17 @@ def subquery_execute(job: Job) -> None:
         return
     try:
         prompt = _load_fragments(emitter, span, job)
-    except fragments.FragmentError as exc:
-        error = str(exc)
-        _finish(
-            emitter, span, stream, {**base, "status": "error", "error": error}, "error", error=error
-        )
-        return
-    try:
         reply = chat(
             spec, [{"role": "user", "content": prompt}], timeout=job["timeout_s"], retries=1
         )
-    except ModelError as exc:
-        _finish(
-            emitter,
-            span,
-            stream,
-            {**base, "status": "error", "error": str(exc)},
-            "error",
-            error=str(exc),
-        )
+    except (fragments.FragmentError, ModelError) as exc:
+        _fail(emitter, span, stream, base, str(exc))
         return
-    result: Result = {
-        **base,
-        "status": "ok",
-        "text": reply.text,
-        "tokens_in": reply.tokens_in,
-        "tokens_out": reply.tokens_out,
-        "ms": reply.ms,
-        "cost": reply.cost,
-    }
-    if job.get("validate"):
-        try:
-            result["attestation"] = _attest(job, worker_id or "", reply.text)
-        except ValueError as exc:
-            error = f"cannot attest: {exc}"
-            _finish(
-                emitter,
-                span,
-                stream,
-                {**base, "status": "error", "error": error},
-                "error",
-                error=error,
-            )
-            return
+    try:
+        result = _ok_result(job, base, worker_id or "", reply)
+    except ValueError as exc:
+        _fail(emitter, span, stream, base, f"cannot attest: {exc}")
+        return
     _finish(
         emitter,
         span,
@@ -125,6 +93,23 @@ def _served(spec: ModelSpec) -> ModelSpec:
         return spec
     own = json.loads(raw)
     return ModelSpec(own["kind"], own["model"] or spec.model, own["base_url"], spec.sim)
+
+
+def _ok_result(job: Job, base: Result, worker_id: str, reply: ChatResult) -> Result:
+    """The reply as a result, with this worker's attestation when the job asks it to check
+    another worker's reply (ValueError when it cannot attest)."""
+    result: Result = {
+        **base,
+        "status": "ok",
+        "text": reply.text,
+        "tokens_in": reply.tokens_in,
+        "tokens_out": reply.tokens_out,
+        "ms": reply.ms,
+        "cost": reply.cost,
+    }
+    if job.get("validate"):
+        result["attestation"] = _attest(job, worker_id, reply.text)
+    return result
 
 
 def _attest(job: Job, worker_id: str, text: str) -> str:
@@ -165,6 +150,13 @@ def _load_fragments(emitter: Emitter, span: Span, job: Job) -> str:
         for item in loaded:
             emitter.instant("Env.LoadFragment", parent=span.span_id, depth=job["depth"], **item)
     return prompt
+
+
+def _fail(emitter: Emitter, span: Span, stream: str, base: Result, error: str) -> None:
+    """End the Execute span as an error and deliver the error result."""
+    _finish(
+        emitter, span, stream, {**base, "status": "error", "error": error}, "error", error=error
+    )
 
 
 def _finish(
