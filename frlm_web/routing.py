@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from runs.views import run_visible
+from runs.selectors import run_visible
 from traces.consumers import RunConsumer
 
 # The runs app tells the trace socket who may watch a run (traces imports nothing of it).

@@ -6,22 +6,27 @@ from django.contrib.staticfiles.urls import staticfiles_urlpatterns
 from django.urls import include, path, re_path
 from django.views.static import serve
 
-from runs.views import run_visible
+from runs.selectors import recent_run_ids, run_started_bounds, run_visible
 from traces import views as trace_views
 from workers import api as worker_api
 from workers import views as worker_views
 
 # The trace API is told who may read a run by the runs app (traces imports nothing of it).
 access = {"access": run_visible}
+# The worker pages are told which runs the user may see and when they ran by the same app
+# (workers imports nothing of it either).
+run_reads = {
+    "run_reads": worker_views.RunReads(recent_ids=recent_run_ids, started_bounds=run_started_bounds)
+}
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/", include("django.contrib.auth.urls")),
     path("", include("runs.urls")),
-    path("venues", worker_views.venues_page, name="venues"),
-    path("venues/panel", worker_views.venues_panel, name="venues-panel"),
-    path("venues/history", worker_views.venues_history, name="venues-history"),
-    path("workers/<str:worker_id>", worker_views.worker_page, name="worker"),
+    path("venues", worker_views.venues_page, run_reads, name="venues"),
+    path("venues/panel", worker_views.venues_panel, run_reads, name="venues-panel"),
+    path("venues/history", worker_views.venues_history, run_reads, name="venues-history"),
+    path("workers/<str:worker_id>", worker_views.worker_page, run_reads, name="worker"),
     path("api/runs/<str:run_id>/events", trace_views.run_events, access, name="api-events"),
     path(
         "api/runs/<str:run_id>/spans/<str:span_id>",

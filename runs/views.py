@@ -1,6 +1,7 @@
 """The console's run pages: dashboard, launcher, the run page (the execution movie), the
-what-if replay and the trace diff. Who may see a run is decided here, once, by
-`visible_runs`: its owner, or staff (runs made by the CLI have no owner: staff only)."""
+what-if replay and the trace diff. Who may see a run is decided once, by
+`runs.selectors.visible_runs`: its owner, or staff (runs made by the CLI have no owner:
+staff only)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db import transaction
-from django.db.models import Avg, Count, Q, QuerySet, Sum
+from django.db.models import Avg, Count, Q, Sum
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -23,6 +24,7 @@ from runs.engine.progress import read_progress
 from runs.forms import POLICY_FIELDS, ReplayForm, RunForm, place_errors
 from runs.models import Run
 from runs.program_templates import PROGRAM_TEMPLATES
+from runs.selectors import visible_runs
 from runs.services import RunInputError, run_cancel, run_create, run_launch, run_replay
 from traces.diff import TraceDiffError, run_diff
 from workers.models import Venue
@@ -37,19 +39,6 @@ RUNS_SHOWN = 100
 
 
 # --- who sees what -------------------------------------------------------------------------
-def visible_runs(user: Any) -> QuerySet[Run]:
-    if not user.is_authenticated:
-        return Run.objects.none()
-    if user.is_staff:
-        return Run.objects.all()
-    return Run.objects.filter(owner=user)
-
-
-def run_visible(user: Any, run_id: str) -> bool:
-    """The trace API's and the live socket's access rule (passed to them by the URLconf)."""
-    return visible_runs(user).filter(id=run_id).exists()
-
-
 def _get_run_for_user(request: HttpRequest, run_id: str) -> Run:
     """The run, or 404 alike for one that does not exist and one the user may not see."""
     return get_object_or_404(visible_runs(request.user), id=run_id)

@@ -35,7 +35,7 @@ class Result(TypedDict, total=False):
     venue: str
     worker_id: str
     sig: str  # the worker's signature of workers.signing.result_claim (final results)
-    attestation: str  # a validator's: JSON of runs.trust.attest.SignedAttestation
+    attestation: str  # a validator's: JSON of workers.attestation.SignedAttestation
 
 
 RESULT_FIELDS_INT = ("tokens_in", "tokens_out")

@@ -12,25 +12,13 @@ from celery import shared_task
 from frlm_web.redis_client import get_redis
 from traces.emitter import Emitter, Span
 from workers import fragments, signing, venues
-from workers.backends import ModelError, ModelSpec, chat
+from workers.agreement import AgreementRule
+from workers.attestation import attestation_build, attestation_sign
+from workers.backends import ChatResult, ModelError, ModelSpec, chat
 from workers.jobs import Job, Result, cancelled_key, encode_result, results_stream
+from workers.sim.device import on_device
 
 log = logging.getLogger(__name__)
-
-
-_STARTED = time.monotonic()
-
-
-def _sim_profile() -> dict:
-    """This worker's simulated device. A turncoat (lie_after_s) answers honestly until that
-    many seconds after it started, then lies at its lie_rate: how a worker that has earned
-    trust is caught when it goes bad."""
-    raw = os.environ.get("FRLM_SIM_PROFILE")
-    profile = json.loads(raw) if raw else {}
-    lie_after = profile.pop("lie_after_s", None)
-    if lie_after is not None and time.monotonic() - _STARTED < float(lie_after):
-        profile["lie_rate"] = 0.0
-    return profile
 
 
 @shared_task(name="workers.subquery_execute", ignore_result=True, acks_late=False)
@@ -52,10 +40,7 @@ def subquery_execute(job: Job) -> None:
         return
 
     emitter = Emitter(client, job["run_id"], venue=venue, worker_id=worker_id)
-    spec = _served(ModelSpec.from_dict(job["model"]))
-    if spec.kind == "sim":
-        profile = {**_sim_profile(), **spec.sim, "attempt": job.get("attempt", 1) - 1}
-        spec = ModelSpec(spec.kind, spec.model, spec.base_url, profile)
+    spec = on_device(_served(ModelSpec.from_dict(job["model"])), attempt=job.get("attempt", 1))
     pipe = client.pipeline(transaction=False)
     pipe.sismember(cancelled_key(job["run_id"]), job["sq_id"])
     with emitter.batch(pipe):
@@ -73,49 +58,17 @@ def subquery_execute(job: Job) -> None:
         return
     try:
         prompt = _load_fragments(emitter, span, job)
-    except fragments.FragmentError as exc:
-        error = str(exc)
-        _finish(
-            emitter, span, stream, {**base, "status": "error", "error": error}, "error", error=error
-        )
-        return
-    try:
         reply = chat(
             spec, [{"role": "user", "content": prompt}], timeout=job["timeout_s"], retries=1
         )
-    except ModelError as exc:
-        _finish(
-            emitter,
-            span,
-            stream,
-            {**base, "status": "error", "error": str(exc)},
-            "error",
-            error=str(exc),
-        )
+    except (fragments.FragmentError, ModelError) as exc:
+        _fail(emitter, span, stream, base, str(exc))
         return
-    result: Result = {
-        **base,
-        "status": "ok",
-        "text": reply.text,
-        "tokens_in": reply.tokens_in,
-        "tokens_out": reply.tokens_out,
-        "ms": reply.ms,
-        "cost": reply.cost,
-    }
-    if job.get("validate"):
-        try:
-            result["attestation"] = _attest(job, worker_id or "", reply.text)
-        except ValueError as exc:
-            error = f"cannot attest: {exc}"
-            _finish(
-                emitter,
-                span,
-                stream,
-                {**base, "status": "error", "error": error},
-                "error",
-                error=error,
-            )
-            return
+    try:
+        result = _ok_result(job, base, worker_id or "", reply)
+    except ValueError as exc:
+        _fail(emitter, span, stream, base, f"cannot attest: {exc}")
+        return
     _finish(
         emitter,
         span,
@@ -142,12 +95,26 @@ def _served(spec: ModelSpec) -> ModelSpec:
     return ModelSpec(own["kind"], own["model"] or spec.model, own["base_url"], spec.sim)
 
 
-def _attest(job: Job, worker_id: str, text: str) -> str:
-    """This worker's signed attestation (runs.trust.attest) of the reply it was asked to check:
-    whether its own answer to the same prompt agrees with it."""
-    from runs.trust.attest import attestation_build, attestation_sign
-    from runs.trust.verify import AgreementRule
+def _ok_result(job: Job, base: Result, worker_id: str, reply: ChatResult) -> Result:
+    """The reply as a result, with this worker's attestation when the job asks it to check
+    another worker's reply (ValueError when it cannot attest)."""
+    result: Result = {
+        **base,
+        "status": "ok",
+        "text": reply.text,
+        "tokens_in": reply.tokens_in,
+        "tokens_out": reply.tokens_out,
+        "ms": reply.ms,
+        "cost": reply.cost,
+    }
+    if job.get("validate"):
+        result["attestation"] = _attest(job, worker_id, reply.text)
+    return result
 
+
+def _attest(job: Job, worker_id: str, text: str) -> str:
+    """This worker's signed attestation (workers.attestation) of the reply it was asked to
+    check: whether its own answer to the same prompt agrees with it."""
     key = signing.process_key()
     if key is None:
         raise ValueError("this worker has no registered key to sign with")
@@ -183,6 +150,13 @@ def _load_fragments(emitter: Emitter, span: Span, job: Job) -> str:
         for item in loaded:
             emitter.instant("Env.LoadFragment", parent=span.span_id, depth=job["depth"], **item)
     return prompt
+
+
+def _fail(emitter: Emitter, span: Span, stream: str, base: Result, error: str) -> None:
+    """End the Execute span as an error and deliver the error result."""
+    _finish(
+        emitter, span, stream, {**base, "status": "error", "error": error}, "error", error=error
+    )
 
 
 def _finish(

@@ -1,12 +1,18 @@
 """Venue and worker health: who is online (presence in Redis), how loaded (sub-queries in
 flight over slots), and how fast and reliable recently (from the traces of the user's
-latest runs)."""
+latest runs).
+
+The workers app imports nothing of runs (runs imports workers): which runs the user may
+see, and when they ran, reach these views as a `run_reads` argument (RunReads) that the
+URLconf passes, the way the trace views get their access rule."""
 
 from __future__ import annotations
 
 import hashlib
-from datetime import timedelta
-from typing import Any, TypedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Protocol, TypedDict
 
 from django.contrib.auth.decorators import login_required
 from django.core.cache import cache
@@ -16,8 +22,6 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from frlm_web.redis_client import get_redis
-from runs.models import Run
-from runs.views import visible_runs
 from traces.selectors import recent_executions, worker_activity, worker_history
 from traces.views import api_view
 from workers import reputation
@@ -27,6 +31,7 @@ from workers.venues import live_workers, queued
 # Traces are read per segment file (about a millisecond each), so health looks at the
 # latest few runs only, and keeps the answer a few seconds.
 RECENT_RUNS = 10
+RUNNING_RUNS = 50  # still running, whose in-flight sub-queries count towards load
 WINDOW = timedelta(hours=24)
 CACHE_S = 5
 
@@ -60,11 +65,31 @@ class VenueHealth(TypedDict):
     workers: list[WorkerHealth]
 
 
-def _recent(request: HttpRequest) -> tuple[list[str], list[str]]:
-    runs = visible_runs(request.user).filter(created__gte=timezone.now() - WINDOW)
-    recent = list(runs.order_by("-created").values_list("id", flat=True)[:RECENT_RUNS])
-    running = list(runs.filter(status=Run.Status.RUNNING).values_list("id", flat=True)[:50])
-    return recent, running
+class RecentRunIds(Protocol):
+    """The latest `limit` ids of the runs `user` may see created since `since`, and up to
+    `running_limit` ids of those still running."""
+
+    def __call__(
+        self, user: Any, *, since: datetime, limit: int, running_limit: int
+    ) -> tuple[list[str], list[str]]: ...
+
+
+@dataclass(frozen=True)
+class RunReads:
+    """What these views read of runs (runs.selectors gives both; the URLconf passes them)."""
+
+    recent_ids: RecentRunIds
+    # When the earliest of the runs started and the latest ended; None if none started.
+    started_bounds: Callable[[list[str]], tuple[datetime, datetime] | None]
+
+
+def _recent(request: HttpRequest, run_reads: RunReads) -> tuple[list[str], list[str]]:
+    return run_reads.recent_ids(
+        request.user,
+        since=timezone.now() - WINDOW,
+        limit=RECENT_RUNS,
+        running_limit=RUNNING_RUNS,
+    )
 
 
 def _cached(kind: str, ids: list[str], compute: Any) -> Any:
@@ -155,17 +180,17 @@ def _worker(
 
 @login_required
 @require_GET
-def venues_panel(request: HttpRequest) -> HttpResponse:
+def venues_panel(request: HttpRequest, *, run_reads: RunReads) -> HttpResponse:
     """The dashboard's venue and worker health, polled by htmx."""
-    recent, running = _recent(request)
+    recent, running = _recent(request, run_reads)
     ctx = {"venues": venue_health(recent, running), "runs_read": len(recent)}
     return render(request, "workers/_health.html", ctx)
 
 
 @login_required
 @require_GET
-def venues_page(request: HttpRequest) -> HttpResponse:
-    recent, running = _recent(request)
+def venues_page(request: HttpRequest, *, run_reads: RunReads) -> HttpResponse:
+    recent, running = _recent(request, run_reads)
     executions = _cached("recent", recent, lambda: recent_executions(recent))
     venues = venue_health(recent, running)
     for venue in venues:
@@ -184,11 +209,11 @@ WORKER_RECENT = 100  # sub-queries listed on a worker's page
 
 @login_required
 @require_GET
-def worker_page(request: HttpRequest, worker_id: str) -> HttpResponse:
+def worker_page(request: HttpRequest, worker_id: str, *, run_reads: RunReads) -> HttpResponse:
     """One worker: who it is (registration, presence, reputation), its recent sub-queries
     in the runs the user may see, and its latency and error history. Workers are shared
     infrastructure: any signed-in user sees a worker, never runs that are not theirs."""
-    recent, running = _recent(request)
+    recent, running = _recent(request, run_reads)
     registered = Worker.objects.select_related("venue").filter(id=worker_id).first()
     found: WorkerHealth | None = None
     for venue in venue_health(recent, running):
@@ -214,11 +239,15 @@ def worker_page(request: HttpRequest, worker_id: str) -> HttpResponse:
 
 
 @api_view
-def venues_history(request: HttpRequest) -> JsonResponse:
+def venues_history(request: HttpRequest, *, run_reads: RunReads) -> JsonResponse:
     """Latency (p50, p95) and error rate per worker over time, for the venue page's chart
     (and one worker's page, with `?worker=<id>`)."""
-    recent, _ = _recent(request)
-    rows = _cached("history", recent, lambda: worker_history(recent, bucket_s=_bucket_s(recent)))
+    recent, _ = _recent(request, run_reads)
+    rows = _cached(
+        "history",
+        recent,
+        lambda: worker_history(recent, bucket_s=_bucket_s(recent, run_reads)),
+    )
     only = request.GET.get("worker")
     series: dict[str, dict[str, list]] = {}
     for row in rows:
@@ -236,12 +265,11 @@ def venues_history(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"workers": series, "runs": len(recent)})
 
 
-def _bucket_s(run_ids: list[str]) -> int:
+def _bucket_s(run_ids: list[str], run_reads: RunReads) -> int:
     """Buckets of about a sixtieth of the time the runs span (at least a second)."""
-    runs = Run.objects.filter(id__in=run_ids).exclude(started=None)
-    starts = [r.started for r in runs]
-    ends = [r.finished or timezone.now() for r in runs]
-    if not starts:
+    bounds = run_reads.started_bounds(run_ids)
+    if bounds is None:
         return 60
-    span = (max(ends) - min(starts)).total_seconds()
+    first, last = bounds
+    span = (last - first).total_seconds()
     return max(1, int(span / 60))

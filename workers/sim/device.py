@@ -1,0 +1,37 @@
+"""The simulated device a worker process plays: its latency, stragglers, failures and lies,
+set by `frlm_worker --sim-...` (a swarm gives each member its own) and carried to the task
+in FRLM_SIM_PROFILE. The worker task hands every model spec to `on_device`, which leaves
+any other model alone and gives a simulated one this device's profile."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+from workers.backends import ModelSpec
+
+_STARTED = time.monotonic()
+
+
+def device_profile() -> dict[str, Any]:
+    """This worker's simulated device. A turncoat (lie_after_s) answers honestly until that
+    many seconds after it started, then lies at its lie_rate: how a worker that has earned
+    trust is caught when it goes bad."""
+    raw = os.environ.get("FRLM_SIM_PROFILE")
+    profile = json.loads(raw) if raw else {}
+    lie_after = profile.pop("lie_after_s", None)
+    if lie_after is not None and time.monotonic() - _STARTED < float(lie_after):
+        profile["lie_rate"] = 0.0
+    return profile
+
+
+def on_device(spec: ModelSpec, *, attempt: int) -> ModelSpec:
+    """`spec` as this worker runs it for the job's `attempt` (1 for the first): a simulated
+    model gets the device's profile under the run's own sim fields, and the attempt, so a
+    retry is an independent draw; any other model is returned as it is."""
+    if spec.kind != "sim":
+        return spec
+    profile = {**device_profile(), **spec.sim, "attempt": attempt - 1}
+    return ModelSpec(spec.kind, spec.model, spec.base_url, profile)
