@@ -47,7 +47,7 @@ from workers import fragments, scheduler, venues
 from workers.backends import ModelSpec
 from workers.circuit import Breakers, Step
 from workers.jobs import Job, Result, cancelled_key, decode_result, results_stream
-from workers.reputation import Reputations, Observation
+from workers.reputation import Observation, Reputations
 from workers.signing import result_verify
 
 # How often the liveness of workers holding jobs is checked, in seconds.

@@ -1,0 +1,15 @@
+"""The fanout of a run's sub-queries (see core.py for the life of a batch)."""
+
+from __future__ import annotations
+
+from runs.engine.fanout.core import (
+    CALL_TIERS,
+    NO_VENUE,
+    Fanout,
+    FanoutAbort,
+    LimitExceeded,
+    Outcome,
+    Totals,
+)
+
+__all__ = ["CALL_TIERS", "NO_VENUE", "Fanout", "FanoutAbort", "LimitExceeded", "Outcome", "Totals"]
