@@ -33,13 +33,22 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 
+from runs.engine.fanout.state import (
+    CALL_TIERS,
+    Batch,
+    FanoutAbort,
+    Flight,
+    LimitExceeded,
+    Outcome,
+    Target,
+    Totals,
+)
 from runs.engine.hedging import LatencyWindows
-from runs.engine.policy import CHOICES, Policy
+from runs.engine.policy import Policy
 from runs.trust import accounts, attest, verify
 from runs.trust.budget import BudgetRefused, Reservation
 from traces.emitter import Emitter, Span, sha256_text
@@ -73,20 +82,6 @@ NO_WORKER_GRACE_S = 15.0
 TYPICAL_TOKENS = (1000, 100)
 
 
-class FanoutAbort(Exception):
-    """The batch cannot go on (no live worker, run cancelled); the run should end."""
-
-    def __init__(self, message: str, status: str = "failed") -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class LimitExceeded(Exception):
-    """A REPL call asked for more than the policy allows; the REPL code sees the message."""
-
-
-# Tiers a REPL call may name: the run's policy tiers, and "objective" (a call's own check).
-CALL_TIERS = (*CHOICES["tier"], "objective")
 # A batch hedges at most this share of its sub-queries: hedges are for the tail.
 HEDGE_SHARE = 0.1
 # A straggler runs this much past the quantile: latencies with no spread do not hedge on jitter.
@@ -96,104 +91,8 @@ HEDGE_SLACK = 1.1
 SUSPECT_BELOW = 0.5
 
 
-@dataclass
-class Outcome:
-    index: int
-    status: str = "pending"  # ok | error | timeout | cancelled | unresolved | rejected | budget
-    text: str = ""
-    error: str = ""
-    venue: str = ""
-    worker_id: str = ""
-    attempts: int = 0
-    tokens_in: int = 0
-    tokens_out: int = 0
-    cost: float = 0.0
-    ms: float = 0.0
-
-    def reply(self) -> str:
-        """What the REPL function returns: the text, or a marker saying what went wrong."""
-        if self.status == "ok":
-            return self.text
-        return f"[frlm:{self.status}] sub-query {self.index}: {self.error}"
-
-
 # How much of an accepted answer a Verify.Redundant event quotes (the payload has it all).
 QUOTE_CHARS = 200
-
-
-@dataclass
-class Totals:
-    turns: int = 0
-    subqueries: int = 0
-    subqueries_failed: int = 0
-    settled: int = 0
-    calls: int = 0  # sub-queries and child RLMs, counted against policy.max_subqueries
-    tokens_in: int = 0
-    tokens_out: int = 0
-    cost: float = 0.0
-
-    def add_tokens(self, tokens_in: int, tokens_out: int, cost: float | None) -> None:
-        self.tokens_in += tokens_in
-        self.tokens_out += tokens_out
-        self.cost += cost or 0.0
-
-
-@dataclass
-class _Flight:
-    outcome: Outcome
-    prompt: str
-    span: Span | None = None
-    sq_id: str = ""
-    venue: str = ""
-    task_id: str = ""
-    deadline: float = 0.0
-    sent_at: float = 0.0
-    started_at: float = 0.0  # when its worker said it started (0: still queued)
-    worker_id: str = ""  # who holds it: the assignee, or who took it from a shared queue
-    assigned: str = ""  # the worker it was given to; "" when put on a venue's shared queue
-    queue: str = ""
-    slot: str = ""  # whose credit it uses: a worker id, or "venue:<name>"
-    retry_reason: str = ""
-    tried: set[str] = field(default_factory=set)  # worker ids and venue names
-    replica_of: int = -1  # a copy's: the position in its batch of the sub-query it copies
-    venues: frozenset[str] = frozenset()  # where it may run; empty: the run's answer venues
-    original: int = 0  # a copy's: the number of the sub-query it copies
-    kind: str = ""  # "" an answer; a copy made to judge one: replica, recheck, validator
-    judged: _Flight | None = None  # a validator's: the reply it re-runs
-    reservation: Reservation | None = None  # its budget reservation while it is out
-    result: Result | None = None  # the signed reply, kept for its receipt
-    verdict: str = "unverified"  # what its reply was judged (runs.trust.receipts verdicts)
-    twin: _Flight | None = None  # a hedge and the attempt it hedges, while both may answer
-    hedge: bool = False  # this attempt is a hedge of its twin
-    roll: float | None = None  # its exploration draw (scheduler.Need.roll), made once
-
-
-@dataclass
-class _Batch:
-    """One REPL call's sub-queries while they are judged: who holds each position's reply
-    now (the answer, or the recheck that replaced it), which workers failed its check, and
-    every reply that came back, for its receipt once its verdict is known."""
-
-    flights: list[_Flight]
-    tier: str
-    depth: int
-    parent: str | None
-    judging: bool  # verdicts come after the replies: receipts wait for them
-    holders: dict[int, _Flight] = field(default_factory=dict)
-    failed: dict[int, set[str]] = field(default_factory=dict)
-    replied: list[_Flight] = field(default_factory=list)
-
-    def holder(self, pos: int) -> _Flight:
-        return self.holders.get(pos, self.flights[pos])
-
-
-@dataclass(frozen=True)
-class _Target:
-    venue: str
-    worker_id: str  # "" for a venue's shared queue
-    queue: str
-    how: str  # score | explore | shared | round_robin
-    routing: dict[str, Any]  # the decision's inputs, recorded on the Submit span
 
 
 class Fanout:
@@ -237,7 +136,7 @@ class Fanout:
         self._checked = 0.0
         self._empty_since = 0.0
         self._grace_s = min(NO_WORKER_GRACE_S, policy.subquery_timeout_s)
-        self._backlog: deque[_Flight] = deque()
+        self._backlog: deque[Flight] = deque()
         self._parent: str | None = None
         self._depth = 0
         self._turn = 0  # round-robin position
@@ -246,8 +145,8 @@ class Fanout:
         self.tally = verify.VerificationTally()
         self.accounts = accounts.RunAccounts(run_id, policy, emitter)
         self.latency = LatencyWindows(policy.hedge)
-        self._current: _Batch | None = None  # the batch being dispatched and judged
-        self._deferred: dict[str, _Batch] = {}  # batches awaiting the REPL's own checks
+        self._current: Batch | None = None  # the batch being dispatched and judged
+        self._deferred: dict[str, Batch] = {}  # batches awaiting the REPL's own checks
         self._hedges = 0  # hedges made in the current dispatch
         self.hedged = 0  # hedges sent in the run: extra work, but not verification
         self._hedge_limit = 0
@@ -307,8 +206,8 @@ class Fanout:
             self._validator_venues()  # refuses the call when no validator is live
         self._parent, self._depth = parent, depth
         self.batches += 1
-        state = _Batch(
-            [_Flight(Outcome(i), p) for i, p in enumerate(prompts)],
+        state = Batch(
+            [Flight(Outcome(i), p) for i, p in enumerate(prompts)],
             tier,
             depth,
             parent,
@@ -357,7 +256,7 @@ class Fanout:
                     self._pay(flight)
         self._deferred.clear()
 
-    def _finish_batch(self, state: _Batch) -> None:
+    def _finish_batch(self, state: Batch) -> None:
         """Judge the replies as the tier asks, then pay for each one by its verdict."""
         if state.tier == "redundant":
             self._verify_redundant(state)
@@ -369,12 +268,12 @@ class Fanout:
             self._flush_observations()
         state.replied.clear()
 
-    def _dispatch(self, batch: list[_Flight]) -> None:
+    def _dispatch(self, batch: list[Flight]) -> None:
         for flight in batch:
             self.counter += 1
             flight.outcome.index = self.counter
         self._backlog = deque(batch)
-        flights: dict[str, _Flight] = {}
+        flights: dict[str, Flight] = {}
         self.totals.subqueries += len(batch)
         self._hedges = 0
         self._hedge_limit = max(1, math.floor(HEDGE_SHARE * len(batch)))
@@ -383,11 +282,11 @@ class Fanout:
         self._collect(batch, flights)
 
     # --- verification ----------------------------------------------------------------
-    def _copy(self, state: _Batch, pos: int, kind: str, avoid: set[str]) -> _Flight:
+    def _copy(self, state: Batch, pos: int, kind: str, avoid: set[str]) -> Flight:
         """A copy of position `pos`'s sub-query, made to judge its reply; it runs on none
         of the workers in `avoid`."""
         holder = state.holder(pos)
-        copy = _Flight(
+        copy = Flight(
             Outcome(0),
             holder.prompt,
             replica_of=pos,
@@ -398,7 +297,7 @@ class Fanout:
         copy.tried = set(avoid)
         return copy
 
-    def _verify_redundant(self, state: _Batch) -> None:
+    def _verify_redundant(self, state: Batch) -> None:
         """Copies of each answered sub-query go to other workers, in rounds, until its
         answer is accepted or it is unresolved. An answer from a worker past the trust gate
         is copied only now and then (verify.should_replicate)."""
@@ -408,7 +307,7 @@ class Fanout:
             max_replicas=self.policy.max_replicas,
             rule=verify.AgreementRule(mode=self.policy.agree_mode),
         )
-        replies: dict[int, list[tuple[verify.Reply, _Flight]]] = {}
+        replies: dict[int, list[tuple[verify.Reply, Flight]]] = {}
         sent: dict[int, int] = {}  # copies sent, answered or not: the limit counts them all
         todo: list[int] = []
         for pos, flight in enumerate(state.flights):
@@ -421,7 +320,7 @@ class Fanout:
             if policy.agree > 1 and verify.should_replicate(trust, self.rng):
                 todo.append(pos)
         while todo:
-            copies: list[_Flight] = []
+            copies: list[Flight] = []
             for pos in todo:
                 going: set[str] = set()  # workers the copies going out now may not share
                 judged = [reply for reply, _ in replies[pos]]
@@ -444,7 +343,7 @@ class Fanout:
                     replies[copy.replica_of].append((self._reply(copy), copy))
             todo = sorted({c.replica_of for c in copies})
 
-    def _reply(self, flight: _Flight) -> verify.Reply:
+    def _reply(self, flight: Flight) -> verify.Reply:
         return verify.Reply(
             flight.outcome.worker_id,
             flight.outcome.venue,
@@ -454,9 +353,9 @@ class Fanout:
 
     def _judge(
         self,
-        flight: _Flight,
+        flight: Flight,
         decision: verify.Decision,
-        replies: list[tuple[verify.Reply, _Flight]],
+        replies: list[tuple[verify.Reply, Flight]],
     ) -> None:
         """Record the verdict on the sub-query's span, teach reputation who was right, and
         make the accepted answer (or the lack of one) the sub-query's outcome."""
@@ -499,7 +398,7 @@ class Fanout:
             self.totals.subqueries_failed += 1
 
     def _check_all(
-        self, state: _Batch, check: Callable[[str], verify.CheckVerdict], positions: Any
+        self, state: Batch, check: Callable[[str], verify.CheckVerdict], positions: Any
     ) -> dict[int, verify.CheckVerdict]:
         """The conductor's own check (a JSON schema, a regex) of the replies at `positions`."""
         return {
@@ -508,13 +407,11 @@ class Fanout:
             if state.holder(pos).outcome.status == "ok"
         }
 
-    def _objective_round(
-        self, state: _Batch, verdicts: dict[int, verify.CheckVerdict]
-    ) -> list[int]:
+    def _objective_round(self, state: Batch, verdicts: dict[int, verify.CheckVerdict]) -> list[int]:
         """Record one round of objective verdicts (Verify.Objective, reputation, the reply's
         verdict); send each failed sub-query to a worker that has not failed it, while
         attempts remain, else reject it. Returns the positions that got a new reply."""
-        retry: list[_Flight] = []
+        retry: list[Flight] = []
         for pos, verdict in sorted(verdicts.items()):
             flight, holder = state.flights[pos], state.holder(pos)
             if holder.outcome.status != "ok":
@@ -578,13 +475,13 @@ class Fanout:
             )
         return trusted
 
-    def _verify_high_trust(self, state: _Batch) -> None:
+    def _verify_high_trust(self, state: Batch) -> None:
         """A validator re-runs a sample of the answers: often those only workers below the
         trust gate vouch for, rarely the others (verify.should_validate); each re-run comes
         back with the validator's signed attestation (Verify.Attest). A divergence takes
         the validator's answer and counts against the worker."""
         venues_ = self._validator_venues()
-        copies: list[_Flight] = []
+        copies: list[Flight] = []
         for pos, flight in enumerate(state.flights):
             holder = state.holder(pos)
             if flight.outcome.status != "ok" or holder.outcome.status != "ok":
@@ -611,7 +508,7 @@ class Fanout:
         for copy in copies:
             self._attest(state.flights[copy.replica_of], copy)
 
-    def _attest(self, flight: _Flight, copy: _Flight) -> None:
+    def _attest(self, flight: Flight, copy: Flight) -> None:
         """Check a validator's attestation of `copy.judged` and act on its verdict."""
         judged = copy.judged
         assert judged is not None
@@ -661,7 +558,7 @@ class Fanout:
             _adopt(flight.outcome, copy.outcome)
 
     def _attestation(
-        self, flight: _Flight, judged: _Flight, copy: _Flight
+        self, flight: Flight, judged: Flight, copy: Flight
     ) -> tuple[attest.SignedAttestation | None, str | None]:
         """The validator's signed attestation, and what is wrong with it (None when it is
         sound: signed with the validator's registered key, about this very reply)."""
@@ -692,7 +589,7 @@ class Fanout:
             return None, f"it is not about this reply ({', '.join(wrong)} differ)"
         return signed, None  # type: ignore[return-value]
 
-    def _pay(self, flight: _Flight) -> None:
+    def _pay(self, flight: Flight) -> None:
         """The receipt of a reply by its verdict (runs.trust.accounts.RunAccounts.receipt)."""
         result = flight.result
         if result is None or flight.span is None:
@@ -759,7 +656,7 @@ class Fanout:
             f"venue:{worker['venue']}"
         )
 
-    def _pump(self, flights: dict[str, _Flight]) -> None:
+    def _pump(self, flights: dict[str, Flight]) -> None:
         """Send the backlog jobs that should go now: their Submit spans in one round trip,
         their messages through one producer, pipelined DISPATCH_FLUSH at a time."""
         if not self._backlog:
@@ -780,7 +677,7 @@ class Fanout:
             return
         taken = {id(flight) for flight, _ in picks}
         self._backlog = deque(f for f in self._backlog if id(f) not in taken)
-        ready: list[tuple[_Flight, Job]] = []
+        ready: list[tuple[Flight, Job]] = []
         with self.emitter.batch():
             for flight, target in picks:
                 reservation = self._reserve(flight, target)
@@ -795,7 +692,7 @@ class Fanout:
             for flight, job in ready:
                 self._publish(flight, job, producer)
 
-    def _reserve(self, flight: _Flight, target: _Target) -> Reservation | None:
+    def _reserve(self, flight: Flight, target: Target) -> Reservation | None:
         """Reserve the attempt's estimated cost before it leaves. When a cap refuses: the
         run's stops all dispatching (this flight and the backlog end as `budget`), a
         provider's sends the flight back to be routed to another provider, a sub-query's
@@ -824,7 +721,7 @@ class Fanout:
                 self._settle_backlog("budget", reason)
             return None
 
-    def _pick_scheduled(self, flights: dict[str, _Flight]) -> list[tuple[_Flight, _Target]]:
+    def _pick_scheduled(self, flights: dict[str, Flight]) -> list[tuple[Flight, Target]]:
         """The scheduler's plan for the backlog (workers.scheduler.plan), told which of this
         run's jobs already run on each worker and for how long."""
         now = time.time()
@@ -881,7 +778,7 @@ class Fanout:
         return [
             (
                 backlog[a["index"]],
-                _Target(
+                Target(
                     venue=a["route"]["venue"],
                     worker_id=a["worker_id"],
                     queue=self._workers[a["worker_id"]]["queue"],
@@ -892,7 +789,7 @@ class Fanout:
             for a in scheduler.plan(candidates, needs, self.weights, self.rng)
         ]
 
-    def _pick_round_robin(self) -> list[tuple[_Flight, _Target]]:
+    def _pick_round_robin(self) -> list[tuple[Flight, Target]]:
         """Each job to the next worker in turn, whatever its speed: the baseline a scheduler
         is measured against."""
         order = sorted(
@@ -906,11 +803,11 @@ class Fanout:
             self._turn += 1
             w = self._workers[wid]
             picks.append(
-                (flight, _Target(w["venue"], wid, w["queue"], "round_robin", {"turn": self._turn}))
+                (flight, Target(w["venue"], wid, w["queue"], "round_robin", {"turn": self._turn}))
             )
         return picks
 
-    def _pick_shared(self) -> list[tuple[_Flight, _Target]]:
+    def _pick_shared(self) -> list[tuple[Flight, Target]]:
         """Jobs onto the venues' shared queues while a venue has credit: the live venue with
         the most free credit relative to its size; venues tried before for this sub-query
         only when no other has credit."""
@@ -930,7 +827,7 @@ class Fanout:
             key = f"venue:{best}"
             routing = {"inflight": used.get(key, 0), "credit": self._limit[best]}
             used[key] = used.get(key, 0) + 1
-            picks.append((flight, _Target(best, "", venues.venue_queue(best), "shared", routing)))
+            picks.append((flight, Target(best, "", venues.venue_queue(best), "shared", routing)))
         return picks
 
     def _unroutable(self) -> str:
@@ -960,7 +857,7 @@ class Fanout:
             "register one that does, or shorten the prompt"
         )
 
-    def _prepare(self, flight: _Flight, target: _Target, flights: dict[str, _Flight]) -> Job:
+    def _prepare(self, flight: Flight, target: Target, flights: dict[str, Flight]) -> Job:
         """Give the attempt its worker, id and deadline, and say so in the trace."""
         before = flight.venue
         flight.outcome.attempts += 1
@@ -1034,7 +931,7 @@ class Fanout:
             **({"validate": self._validate_order(flight)} if flight.judged else {}),
         }
 
-    def _validate_order(self, flight: _Flight) -> dict[str, Any]:
+    def _validate_order(self, flight: Flight) -> dict[str, Any]:
         """What a validator needs to attest to the reply it re-runs."""
         judged = flight.judged
         assert judged is not None and judged.span is not None
@@ -1046,12 +943,12 @@ class Fanout:
             "mode": self.policy.agree_mode,
         }
 
-    def _span_of(self, pos: int, flight: _Flight) -> str:
+    def _span_of(self, pos: int, flight: Flight) -> str:
         state = self._current
         assert state is not None and state.flights[pos].span is not None, flight
         return state.flights[pos].span.span_id
 
-    def _open_span(self, flight: _Flight, **attrs: object) -> Span:
+    def _open_span(self, flight: Flight, **attrs: object) -> Span:
         flight.span = self.emitter.start(
             "SubQuery.Submit",
             parent=self._parent,
@@ -1064,7 +961,7 @@ class Fanout:
         )
         return flight.span
 
-    def _publish(self, flight: _Flight, job: Job, producer: Any) -> None:
+    def _publish(self, flight: Flight, job: Job, producer: Any) -> None:
         from workers.tasks import subquery_execute
 
         # argsrepr: otherwise Celery builds a repr of the whole prompt for its logs.
@@ -1083,7 +980,7 @@ class Fanout:
         flight.task_id = sent.id
 
     # --- collection ------------------------------------------------------------------
-    def _collect(self, batch: list[_Flight], flights: dict[str, _Flight]) -> None:
+    def _collect(self, batch: list[Flight], flights: dict[str, Flight]) -> None:
         need = math.ceil(self.policy.quorum * len(batch))
         batch_deadline = time.time() + self.policy.batch_deadline_s
         last_progress = 0.0
@@ -1131,7 +1028,7 @@ class Fanout:
                 last_progress = time.monotonic()
         self.on_progress()
 
-    def _on_result(self, result: Result, flights: dict[str, _Flight]) -> None:
+    def _on_result(self, result: Result, flights: dict[str, Flight]) -> None:
         flight = flights.get(result.get("sq_id", ""))
         if flight is None:
             return  # a late reply to an attempt that was already settled or replaced
@@ -1168,7 +1065,7 @@ class Fanout:
                 flight, "error", "the worker dropped the job as expired or cancelled", flights
             )
 
-    def _check_sender(self, flight: _Flight, wid: str) -> str | None:
+    def _check_sender(self, flight: Flight, wid: str) -> str | None:
         """A worker answers only for work it was given: the assignee, or for a shared queue
         a live worker of that venue."""
         if flight.assigned:
@@ -1196,7 +1093,7 @@ class Fanout:
             self._keys[wid] = key
         return self._keys[wid]
 
-    def _reject(self, flight: _Flight, wid: str, problem: str) -> None:
+    def _reject(self, flight: Flight, wid: str, problem: str) -> None:
         from workers.services import worker_strike
 
         self.emitter.instant(
@@ -1214,7 +1111,7 @@ class Fanout:
             worker_strike(wid, problem)
             self.reputations.known.pop(wid, None)  # the strike counts at the next refresh
 
-    def _observe(self, flight: _Flight, ok: bool, *, latency_ms: float | None = None) -> None:
+    def _observe(self, flight: Flight, ok: bool, *, latency_ms: float | None = None) -> None:
         """What a finished attempt says about the worker that held it, and its venue."""
         wid = flight.worker_id
         if wid:
@@ -1242,7 +1139,7 @@ class Fanout:
                 cooldown_s=self.breakers.cooldown_s,
             )
 
-    def _check_deadlines(self, flights: dict[str, _Flight]) -> None:
+    def _check_deadlines(self, flights: dict[str, Flight]) -> None:
         now = time.time()
         for flight in [f for f in flights.values() if f.deadline <= now]:
             self._abandon(flight, flights)
@@ -1263,7 +1160,7 @@ class Fanout:
                 flights,
             )
 
-    def _check_lost_workers(self, flights: dict[str, _Flight]) -> None:
+    def _check_lost_workers(self, flights: dict[str, Flight]) -> None:
         if not flights and not self._backlog:
             return
         self._refresh_venues()
@@ -1302,7 +1199,7 @@ class Fanout:
         )
 
     def _release(
-        self, flight: _Flight, flights: dict[str, _Flight], *, spent: Result | None = None
+        self, flight: Flight, flights: dict[str, Flight], *, spent: Result | None = None
     ) -> None:
         """The attempt is no longer out: free its credit and close its reservation, settled
         at what the reply cost, or released when nothing came of it."""
@@ -1324,7 +1221,7 @@ class Fanout:
             )
 
     # --- hedging ---------------------------------------------------------------------
-    def _hedge_stragglers(self, flights: dict[str, _Flight]) -> None:
+    def _hedge_stragglers(self, flights: dict[str, Flight]) -> None:
         """Once no fresh work waits (a free slot is better spent on it), a sub-query that
         has run past its venue's latency quantile gets a twin on another worker: whichever
         answers first wins, the other is cancelled (_drop_twin). Running time counts from
@@ -1336,7 +1233,7 @@ class Fanout:
         if any(not f.hedge for f in self._backlog):
             return
         now = time.time()
-        straggling: list[_Flight] = []
+        straggling: list[Flight] = []
         slow_workers: set[str] = set()
         for flight in flights.values():
             threshold = self.latency.threshold_ms(flight.venue)
@@ -1353,7 +1250,7 @@ class Fanout:
                 return
             if flight.twin is not None or flight.hedge or flight.outcome.status != "pending":
                 continue
-            hedge = _Flight(
+            hedge = Flight(
                 flight.outcome,
                 flight.prompt,
                 span=flight.span,
@@ -1370,14 +1267,14 @@ class Fanout:
             self._hedges += 1
             self._backlog.appendleft(hedge)
 
-    def _twin_alive(self, flight: _Flight, flights: dict[str, _Flight]) -> bool:
+    def _twin_alive(self, flight: Flight, flights: dict[str, Flight]) -> bool:
         """Whether this attempt's twin may still answer for it (it is out or queued)."""
         twin = flight.twin
         if twin is None:
             return False
         return flights.get(twin.sq_id) is twin or any(f is twin for f in self._backlog)
 
-    def _drop_twin(self, flight: _Flight, flights: dict[str, _Flight]) -> None:
+    def _drop_twin(self, flight: Flight, flights: dict[str, Flight]) -> None:
         """The sub-query is settled: its twin, if still out, is cancelled; if still queued
         here, forgotten."""
         twin, flight.twin = flight.twin, None
@@ -1402,12 +1299,12 @@ class Fanout:
         )
         self._abandon(twin, flights)
 
-    def _abandon(self, flight: _Flight, flights: dict[str, _Flight]) -> None:
+    def _abandon(self, flight: Flight, flights: dict[str, Flight]) -> None:
         self._release(flight, flights)
         self._revoke([flight])
 
     def _retry_or_settle(
-        self, flight: _Flight, status: str, reason: str, flights: dict[str, _Flight] | None = None
+        self, flight: Flight, status: str, reason: str, flights: dict[str, Flight] | None = None
     ) -> None:
         """Another attempt, on another venue where one has credit, while attempts remain
         (none when a hedge twin may still answer for it)."""
@@ -1422,7 +1319,7 @@ class Fanout:
             return
         self._settle(flight, status, error=reason)
 
-    def _cancel_rest(self, flights: dict[str, _Flight], reason: str) -> None:
+    def _cancel_rest(self, flights: dict[str, Flight], reason: str) -> None:
         gone = list(flights.values())
         for flight in gone:
             self.emitter.instant(
@@ -1447,7 +1344,7 @@ class Fanout:
             if flight.outcome.status == "pending":  # a queued hedge's twin may have settled it
                 self._settle(flight, status, error=reason)
 
-    def _revoke(self, gone: list[_Flight]) -> None:
+    def _revoke(self, gone: list[Flight]) -> None:
         """Workers skip cancelled jobs they have not started; Celery drops queued ones."""
         if not gone:
             return
@@ -1458,7 +1355,7 @@ class Fanout:
         app.control.revoke([f.task_id for f in gone if f.task_id])
 
     def _settle(
-        self, flight: _Flight, status: str, *, error: str = "", result: Result | None = None
+        self, flight: Flight, status: str, *, error: str = "", result: Result | None = None
     ) -> None:
         outcome = flight.outcome
         outcome.status = status
