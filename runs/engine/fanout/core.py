@@ -37,6 +37,7 @@ from typing import Any
 
 import redis
 
+from runs.engine.fanout.hedging import LatencyWindows
 from runs.engine.fanout.state import (
     CALL_TIERS,
     Batch,
@@ -47,7 +48,6 @@ from runs.engine.fanout.state import (
     Target,
     Totals,
 )
-from runs.engine.hedging import LatencyWindows
 from runs.engine.policy import Policy
 from runs.trust import accounts, attest, verify
 from runs.trust.budget import BudgetRefused, Reservation
