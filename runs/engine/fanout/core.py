@@ -48,6 +48,7 @@ from runs.engine.fanout.state import (
     Target,
     Totals,
 )
+from runs.engine.fanout.transport import Transport
 from runs.engine.policy import Policy
 from runs.trust import accounts, attest, verify
 from runs.trust.budget import BudgetRefused, Reservation
@@ -55,26 +56,18 @@ from traces.emitter import Emitter, Span, sha256_text
 from workers import fragments, scheduler, venues
 from workers.backends import ModelSpec
 from workers.circuit import Breakers, Step
-from workers.jobs import Job, Result, cancelled_key, decode_result, results_stream
+from workers.jobs import Job, Result
 from workers.reputation import Observation, Reputations
 from workers.signing import result_verify
 
 # How often the liveness of workers holding jobs is checked, in seconds.
 LIVENESS_EVERY_S = 1.0
-# Jobs published per pipelined round trip: the first wave leaves before the batch is built.
-DISPATCH_FLUSH = 8
 # Jobs queued at a venue beyond its slots, as a fraction of them: one per slot, because a
 # batch's replies come in clumps (its sub-queries start together and take alike), so every
 # slot needs its next job waiting while the refill is on its way. The scheduler still
 # queues a job only where it would finish soonest, and an untrusted worker reserves no more
 # than its prefetch of one per slot.
 QUEUE_MARGIN = 1.0
-# While work waits to be sent, a reply is not waited for: every worker has a job queued
-# behind each running one. Replies then come in clumps (a wave of alike sub-queries ends
-# together), and handling them one read at a time costs a whole pass (deadlines, hedging,
-# a plan, a publish) per read, on the CPU the workers need at that very moment to start
-# their next jobs. So the first reply of a clump waits this long for the rest of it.
-GATHER_S = 0.02
 NO_VENUE = "no live worker on any of the run's venues"
 # How long a batch waits for a worker to come back when every one has left.
 NO_WORKER_GRACE_S = 15.0
@@ -122,8 +115,7 @@ class Fanout:
         self.totals = totals
         self.cancelled = cancelled
         self.on_progress = on_progress
-        self.stream = results_stream(run_id)
-        self.last_id = "0-0"
+        self.transport = Transport(run_id=run_id, client=client, policy=policy)
         self.counter = 0
         self.batches = 0
         self.last_handle = ""  # the latest batch left for the REPL to check (defer_check)
@@ -686,11 +678,7 @@ class Fanout:
                 ready.append((flight, self._prepare(flight, target, flights)))
                 flight.reservation = reservation
                 self.accounts.reserved(reservation, parent=flight.span.span_id, depth=self._depth)
-        from frlm_web.celery import app
-
-        with app.producer_or_acquire() as producer, producer.batch(max_size=DISPATCH_FLUSH):
-            for flight, job in ready:
-                self._publish(flight, job, producer)
+        self.transport.publish(ready)
 
     def _reserve(self, flight: Flight, target: Target) -> Reservation | None:
         """Reserve the attempt's estimated cost before it leaves. When a cap refuses: the
@@ -961,24 +949,6 @@ class Fanout:
         )
         return flight.span
 
-    def _publish(self, flight: Flight, job: Job, producer: Any) -> None:
-        from workers.tasks import subquery_execute
-
-        # argsrepr: otherwise Celery builds a repr of the whole prompt for its logs.
-        # declare=[]: a venue queue is a Redis list the message is pushed onto directly
-        # (the anonymous direct exchange); its consumers declare it. Declaring it again
-        # on every send copied and bound the queue object: 30% of a send's CPU.
-        sent = subquery_execute.apply_async(
-            args=[job],
-            queue=flight.queue,
-            expires=self.policy.subquery_timeout_s,
-            producer=producer,
-            argsrepr=f"[{self.run_id} sub-query {flight.sq_id}]",
-            kwargsrepr="{}",
-            declare=[],
-        )
-        flight.task_id = sent.id
-
     # --- collection ------------------------------------------------------------------
     def _collect(self, batch: list[Flight], flights: dict[str, Flight]) -> None:
         need = math.ceil(self.policy.quorum * len(batch))
@@ -991,18 +961,10 @@ class Fanout:
             now = time.time()
             wake = min([f.deadline for f in flights.values()] + [batch_deadline])
             block_ms = int(max(1, min(200, (wake - now) * 1000)))
-            reply = self.client.xread({self.stream: self.last_id}, count=1000, block=block_ms)
-            if reply and self._backlog and GATHER_S:
-                time.sleep(GATHER_S)
-                after = reply[0][1][-1][0]
-                more = self.client.xread({self.stream: after}, count=1000)
-                if more:
-                    reply[0][1].extend(more[0][1])
+            reply = self.transport.read(block_ms, gather=bool(self._backlog))
             with self.emitter.batch():
-                for _, entries in reply or []:
-                    for entry_id, fields in entries:
-                        self.last_id = entry_id
-                        self._on_result(decode_result(fields), flights)
+                for result in self.transport.results(reply):
+                    self._on_result(result, flights)
                 self._check_deadlines(flights)
                 self._check_lost_workers(flights)
                 self._hedge_stragglers(flights)
@@ -1301,7 +1263,7 @@ class Fanout:
 
     def _abandon(self, flight: Flight, flights: dict[str, Flight]) -> None:
         self._release(flight, flights)
-        self._revoke([flight])
+        self.transport.revoke([flight])
 
     def _retry_or_settle(
         self, flight: Flight, status: str, reason: str, flights: dict[str, Flight] | None = None
@@ -1333,7 +1295,7 @@ class Fanout:
             )
             if flight.outcome.status == "pending":  # a hedge's twin settles it only once
                 self._settle(flight, "cancelled", error=f"cancelled: {reason}")
-        self._revoke(gone)
+        self.transport.revoke(gone)
         for flight in gone:
             self._release(flight, flights)
         self._settle_backlog("cancelled", f"cancelled before it was sent: {reason}")
@@ -1343,16 +1305,6 @@ class Fanout:
             flight = self._backlog.popleft()
             if flight.outcome.status == "pending":  # a queued hedge's twin may have settled it
                 self._settle(flight, status, error=reason)
-
-    def _revoke(self, gone: list[Flight]) -> None:
-        """Workers skip cancelled jobs they have not started; Celery drops queued ones."""
-        if not gone:
-            return
-        from frlm_web.celery import app
-
-        self.client.sadd(cancelled_key(self.run_id), *[f.sq_id for f in gone])
-        self.client.expire(cancelled_key(self.run_id), 86_400)
-        app.control.revoke([f.task_id for f in gone if f.task_id])
 
     def _settle(
         self, flight: Flight, status: str, *, error: str = "", result: Result | None = None
