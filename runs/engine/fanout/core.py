@@ -26,7 +26,6 @@ only when it was not judged wrong."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import random
@@ -38,6 +37,7 @@ from typing import Any
 import redis
 
 from runs.engine.fanout.hedging import LatencyWindows
+from runs.engine.fanout.routing import Router
 from runs.engine.fanout.state import (
     CALL_TIERS,
     Batch,
@@ -45,19 +45,21 @@ from runs.engine.fanout.state import (
     Flight,
     LimitExceeded,
     Outcome,
+    Roster,
+    Scope,
     Target,
     Totals,
+    Wave,
 )
 from runs.engine.fanout.transport import Transport
 from runs.engine.policy import Policy
 from runs.trust import accounts, attest, verify
 from runs.trust.budget import BudgetRefused, Reservation
 from traces.emitter import Emitter, Span, sha256_text
-from workers import fragments, scheduler, venues
+from workers import fragments
 from workers.backends import ModelSpec
-from workers.circuit import Breakers, Step
 from workers.jobs import Job, Result
-from workers.reputation import Observation, Reputations
+from workers.reputation import Observation
 from workers.signing import result_verify
 
 # How often the liveness of workers holding jobs is checked, in seconds.
@@ -102,55 +104,56 @@ class Fanout:
         cancelled: Callable[[], bool],
         on_progress: Callable[[], None],
     ) -> None:
-        self.run_id = run_id
+        verify_venues = frozenset(v for v in policy.verify_venues.split(",") if v)
+        self.scope = Scope(
+            run_id=run_id,
+            policy=policy,
+            worker_model=worker_model,
+            # Every venue is watched: the run's and those kept for checking its answers.
+            venue_names=list(dict.fromkeys([*venue_names, *sorted(verify_venues)])),
+            # Answers run on the run's venues, less those kept for checking them (unless that
+            # would leave none).
+            answer_venues=frozenset(venue_names) - verify_venues or frozenset(venue_names),
+            verify_venues=verify_venues,
+        )
+        self.roster = Roster()
         self.client = client
         self.emitter = emitter
         self.policy = policy
-        self.verify_venues = frozenset(v for v in policy.verify_venues.split(",") if v)
-        # Answers run on the run's venues, less those kept for checking them (unless that
-        # would leave none); the checking venues are watched too.
-        self.answer_venues = frozenset(venue_names) - self.verify_venues or frozenset(venue_names)
-        self.venue_names = list(dict.fromkeys([*venue_names, *sorted(self.verify_venues)]))
-        self.worker_model = worker_model
         self.totals = totals
         self.cancelled = cancelled
         self.on_progress = on_progress
-        self.transport = Transport(run_id=run_id, client=client, policy=policy)
         self.counter = 0
-        self.batches = 0
         self.last_handle = ""  # the latest batch left for the REPL to check (defer_check)
-        self._inflight: dict[str, int] = {}  # this run's unsettled jobs per credit slot
-        self._limit: dict[str, int] = {}  # slots plus margin, per live venue
-        self._live: dict[str, set[str]] = {}  # presence names per venue
-        self._workers: dict[str, venues.LiveWorker] = {}  # registered live workers by id
-        self._keys: dict[str, str] = {}  # public keys by worker id
         self._lost: set[str] = set()  # workers whose loss was reported
-        self._checked = 0.0
         self._empty_since = 0.0
         self._grace_s = min(NO_WORKER_GRACE_S, policy.subquery_timeout_s)
-        self._backlog: deque[Flight] = deque()
-        self._parent: str | None = None
-        self._depth = 0
-        self._turn = 0  # round-robin position
         self.rng = random.Random(run_id)
-        self.reputations = Reputations(client)
         self.tally = verify.VerificationTally()
         self.accounts = accounts.RunAccounts(run_id, policy, emitter)
         self.latency = LatencyWindows(policy.hedge)
-        self._current: Batch | None = None  # the batch being dispatched and judged
         self._deferred: dict[str, Batch] = {}  # batches awaiting the REPL's own checks
         self._hedges = 0  # hedges made in the current dispatch
         self.hedged = 0  # hedges sent in the run: extra work, but not verification
         self._hedge_limit = 0
-        self.breakers = Breakers(client)
-        self.weights = scheduler.Weights(
-            latency=policy.weight_latency,
-            reputation=policy.weight_reputation,
-            price=policy.weight_price,
-            load=policy.weight_load,
-            explore=policy.explore,
-            min_reputation=policy.min_reputation,
+        self.transport = Transport(run_id=run_id, client=client, policy=policy)
+        self.router = Router(
+            scope=self.scope,
+            roster=self.roster,
+            client=client,
+            emitter=emitter,
+            accounts=self.accounts,
+            rng=self.rng,
         )
+        self.reputations = self.router.reputations
+
+    @property
+    def worker_model(self) -> ModelSpec:
+        return self.scope.worker_model
+
+    @worker_model.setter
+    def worker_model(self, model: ModelSpec) -> None:
+        self.scope.worker_model = model
 
     # --- public ----------------------------------------------------------------------
     def check_limits(self, count: int, *, what: str = "llm_query_batched") -> None:
@@ -193,11 +196,11 @@ class Fanout:
             tier = "best_effort"
         self.check_limits(len(prompts))
         self.totals.calls += len(prompts)
-        self._refresh_venues(force=True)
+        self.router.refresh(force=True)
         if tier == "high_trust":
             self._validator_venues()  # refuses the call when no validator is live
-        self._parent, self._depth = parent, depth
-        self.batches += 1
+        self.scope.parent, self.scope.depth = parent, depth
+        self.scope.batches += 1
         state = Batch(
             [Flight(Outcome(i), p) for i, p in enumerate(prompts)],
             tier,
@@ -205,7 +208,7 @@ class Fanout:
             parent,
             judging=tier != "best_effort" or check is not None or defer_check,
         )
-        self._current = state
+        self.scope.batch = state
         self._dispatch(state.flights)
         self.tally.add_primary(len(state.flights))
         if check is not None:
@@ -213,7 +216,7 @@ class Fanout:
             while verdicts:
                 verdicts = self._check_all(state, check, self._objective_round(state, verdicts))
         if defer_check:
-            self.last_handle = f"b{self.batches}"
+            self.last_handle = f"b{self.scope.batches}"
             self._deferred[self.last_handle] = state
         else:
             self._finish_batch(state)
@@ -232,7 +235,7 @@ class Fanout:
         known = {p for p in verdicts if 0 <= p < len(state.flights)}
         if known != set(verdicts):
             raise LimitExceeded("verdicts name positions that are not in the batch")
-        self._current, self._parent, self._depth = state, state.parent, state.depth
+        self.scope.batch, self.scope.parent, self.scope.depth = state, state.parent, state.depth
         again = self._objective_round(state, verdicts)
         if not again:
             del self._deferred[handle]
@@ -257,21 +260,20 @@ class Fanout:
         with self.emitter.batch():
             for flight in state.replied:
                 self._pay(flight)
-            self._flush_observations()
+            self.router.flush()
         state.replied.clear()
 
     def _dispatch(self, batch: list[Flight]) -> None:
         for flight in batch:
             self.counter += 1
             flight.outcome.index = self.counter
-        self._backlog = deque(batch)
-        flights: dict[str, Flight] = {}
+        wave = Wave({}, deque(batch))
         self.totals.subqueries += len(batch)
         self._hedges = 0
         self._hedge_limit = max(1, math.floor(HEDGE_SHARE * len(batch)))
-        self._pump(flights)
+        self._pump(wave)
         self.on_progress()
-        self._collect(batch, flights)
+        self._collect(batch, wave)
 
     # --- verification ----------------------------------------------------------------
     def _copy(self, state: Batch, pos: int, kind: str, avoid: set[str]) -> Flight:
@@ -282,7 +284,7 @@ class Fanout:
             Outcome(0),
             holder.prompt,
             replica_of=pos,
-            venues=self.verify_venues,
+            venues=self.scope.verify_venues,
             original=state.flights[pos].outcome.index,
             kind=kind,
         )
@@ -366,7 +368,7 @@ class Fanout:
         self.emitter.instant(
             "Verify.Redundant",
             parent=flight.span.span_id,
-            depth=self._depth,
+            depth=self.scope.depth,
             status="ok" if decision.outcome == "accept" else "rejected",
             links=list(decision.links),
             sq=flight.outcome.index,
@@ -457,11 +459,11 @@ class Fanout:
     def _validator_venues(self) -> frozenset[str]:
         """The venues whose live workers may validate (trusted ones among those watched);
         refuses the call when there is none."""
-        trusted = frozenset(w["venue"] for w in self._workers.values() if w.get("trusted"))
+        trusted = frozenset(w["venue"] for w in self.roster.workers.values() if w.get("trusted"))
         if not trusted:
             raise LimitExceeded(
                 "tier='high_trust' needs a live worker on a trusted venue to validate with; "
-                f"none of {', '.join(self.venue_names)} has one: add a trusted venue (e.g. "
+                f"none of {', '.join(self.scope.venue_names)} has one: add a trusted venue (e.g. "
                 "local) to the run's venues or to policy.verify_venues, or mark one trusted "
                 "in the admin"
             )
@@ -479,7 +481,7 @@ class Fanout:
             if flight.outcome.status != "ok" or holder.outcome.status != "ok":
                 continue
             worker = holder.outcome.worker_id
-            trusted = bool(self._workers.get(worker, {}).get("trusted"))
+            trusted = bool(self.roster.workers.get(worker, {}).get("trusted"))
             record = self.reputations.get(worker)
             passed = record.mean("validation")
             if not verify.should_validate(
@@ -506,7 +508,7 @@ class Fanout:
         assert judged is not None
         worker, validator = judged.outcome.worker_id, copy.outcome.worker_id
         links = [judged.span.span_id] + ([copy.span.span_id] if copy.span else [])
-        base = {"parent": flight.span.span_id, "depth": self._depth, "links": links}
+        base = {"parent": flight.span.span_id, "depth": self.scope.depth, "links": links}
         if copy.outcome.status != "ok" or copy.result is None:
             self.emitter.instant(
                 "Verify.Attest",
@@ -567,7 +569,7 @@ class Fanout:
             return None, problem
         att = signed["attestation"]
         expected = {
-            "run": self.run_id,
+            "run": self.scope.run_id,
             "subquery": flight.span.span_id,
             "span": judged.span.span_id,
             "worker": judged.outcome.worker_id,
@@ -588,11 +590,11 @@ class Fanout:
             return
         # Whose signed reply it is: the outcome may since name a recheck's or a validator's.
         wid = str(result.get("worker_id", ""))
-        key = self._keys.get(wid)
+        key = self.roster.keys.get(wid)
         if key is None:
             return
-        worker = self._workers.get(wid, {})
-        model = self.worker_model.model or ""
+        worker = self.roster.workers.get(wid, {})
+        model = self.scope.worker_model.model or ""
         self.accounts.receipt(
             accounts.Payee(
                 span=flight.span.span_id,
@@ -608,85 +610,47 @@ class Fanout:
                 sig=str(result.get("sig", "")),
             ),
             flight.verdict,
-            depth=self._depth,
+            depth=self.scope.depth,
         )
 
-    # --- dispatch --------------------------------------------------------------------
-    def _refresh_venues(self, *, force: bool = False) -> None:
-        """Who is live on the run's venues, their reputations and their breakers: read at
-        most every LIVENESS_EVERY_S, three round trips in all."""
-        now = time.monotonic()
-        if not force and now - self._checked < LIVENESS_EVERY_S:
-            return
-        self._checked = now
-        workers: dict[str, venues.LiveWorker] = {}
-        for name in self.venue_names:
-            entries = venues.live_workers(self.client, name)
-            self._live[name] = {w["name"] for w in entries}
-            slots = sum(int(w.get("concurrency", 1)) for w in entries)
-            self._limit[name] = slots + max(2, math.ceil(slots * QUEUE_MARGIN)) if slots else 0
-            workers.update({w["worker_id"]: w for w in entries if w.get("worker_id")})
-        self._workers = workers
-        self.reputations.refresh(list(workers))
-        scopes = [f"worker:{wid}" for wid in workers] + [f"venue:{v}" for v in self.venue_names]
-        self._on_transitions(self.breakers.check(scopes, time.time()))
-        if force and not any(self._limit.values()):
-            raise FanoutAbort(
-                f"no live worker on the run's venues ({', '.join(self.venue_names)}); start one "
-                f"with `python manage.py frlm_worker --venue {self.venue_names[0]}` or `make up`"
-            )
-
-    def _capped(self, worker: venues.LiveWorker) -> bool:
-        """Whether the worker's provider has reached its budget cap in this run."""
-        if not self.accounts.capped_providers:
-            return False
-        provider = accounts.provider_of(worker, self.worker_model.model or "")
-        return provider in self.accounts.capped_providers
-
-    def _allowed(self, worker: venues.LiveWorker) -> bool:
-        return self.breakers.allows(f"worker:{worker['worker_id']}") and self.breakers.allows(
-            f"venue:{worker['venue']}"
-        )
-
-    def _pump(self, flights: dict[str, Flight]) -> None:
+    def _pump(self, wave: Wave) -> None:
         """Send the backlog jobs that should go now: their Submit spans in one round trip,
         their messages through one producer, pipelined DISPATCH_FLUSH at a time."""
-        if not self._backlog:
+        if not wave.backlog:
             return
-        if self.policy.routing == "shared":
-            picks = self._pick_shared()
-        elif self.policy.routing == "round_robin":
-            picks = self._pick_round_robin()
-        else:
-            picks = self._pick_scheduled(flights)
+        picks = self.router.plan(wave)
         if not picks:
-            if not flights and any(self._limit.values()):
+            if not wave.out and self.router.any_credit():
                 # Workers are there but none may take it, and nothing in flight will free
                 # a credit: waiting would wait forever. (With no worker at all, the batch
                 # waits a while for one to come back: see _collect.)
                 capped = self.accounts.capped_providers
-                self._settle_backlog("budget" if capped else "error", self._unroutable())
+                self._settle_backlog(
+                    wave, "budget" if capped else "error", self.router.unroutable()
+                )
             return
         taken = {id(flight) for flight, _ in picks}
-        self._backlog = deque(f for f in self._backlog if id(f) not in taken)
+        wave.backlog = deque(f for f in wave.backlog if id(f) not in taken)
         ready: list[tuple[Flight, Job]] = []
         with self.emitter.batch():
             for flight, target in picks:
-                reservation = self._reserve(flight, target)
+                reservation = self._reserve(flight, target, wave)
                 if reservation is None:
                     continue
-                ready.append((flight, self._prepare(flight, target, flights)))
+                ready.append((flight, self._prepare(flight, target, wave)))
                 flight.reservation = reservation
-                self.accounts.reserved(reservation, parent=flight.span.span_id, depth=self._depth)
+                self.accounts.reserved(
+                    reservation, parent=flight.span.span_id, depth=self.scope.depth
+                )
         self.transport.publish(ready)
 
-    def _reserve(self, flight: Flight, target: Target) -> Reservation | None:
+    def _reserve(self, flight: Flight, target: Target, wave: Wave) -> Reservation | None:
         """Reserve the attempt's estimated cost before it leaves. When a cap refuses: the
         run's stops all dispatching (this flight and the backlog end as `budget`), a
         provider's sends the flight back to be routed to another provider, a sub-query's
         ends that sub-query."""
-        worker = self._workers.get(target.worker_id, {})
-        provider = accounts.provider_of(worker, self.worker_model.model or "")
+        worker = self.roster.workers.get(target.worker_id, {})
+        provider = accounts.provider_of(worker, self.scope.worker_model.model or "")
         try:
             return self.accounts.reserve(
                 # Copies count against the sub-query they copy: the cap is per question.
@@ -695,157 +659,21 @@ class Fanout:
                 worker_id=target.worker_id,
                 tokens_in=fragments.prompt_tokens(flight.prompt),
                 price=accounts.price_of(worker, provider),
-                parent=flight.span.span_id if flight.span else self._parent,
-                depth=self._depth,
+                parent=flight.span.span_id if flight.span else self.scope.parent,
+                depth=self.scope.depth,
             )
         except BudgetRefused as refused:
             reason = refused.attrs["reason"]
             if refused.scope == "provider":
-                self._backlog.appendleft(flight)
+                wave.backlog.appendleft(flight)
             elif refused.scope == "subquery":
                 self._settle(flight, "budget", error=reason)
             else:
                 self._settle(flight, "budget", error=reason)
-                self._settle_backlog("budget", reason)
+                self._settle_backlog(wave, "budget", reason)
             return None
 
-    def _pick_scheduled(self, flights: dict[str, Flight]) -> list[tuple[Flight, Target]]:
-        """The scheduler's plan for the backlog (workers.scheduler.plan), told which of this
-        run's jobs already run on each worker and for how long."""
-        now = time.time()
-        running: dict[str, list[float]] = {wid: [] for wid in self._workers}
-        for f in flights.values():
-            if f.assigned in running and f.started_at > f.sent_at:
-                running[f.assigned].append((now - f.started_at) * 1000)
-        candidates = []
-        price_in, price_out = TYPICAL_TOKENS
-        for wid, w in self._workers.items():
-            rep = self.reputations.get(wid)
-            concurrency = int(w.get("concurrency", 1))
-            candidates.append(
-                scheduler.Candidate(
-                    worker_id=wid,
-                    venue=w["venue"],
-                    queue=w["queue"],
-                    concurrency=concurrency,
-                    credit=concurrency + max(1, math.ceil(concurrency * QUEUE_MARGIN)),
-                    inflight=self._inflight.get(wid, 0),
-                    latency_ms=rep.latency_ms or w.get("latency_ms") or None,
-                    load=float(w.get("load") or 0.0),
-                    price=(
-                        float(w.get("price_in") or 0) * price_in
-                        + float(w.get("price_out") or 0) * price_out
-                    )
-                    / 1000,
-                    reputation=rep.score,
-                    models=list(w.get("models") or []),
-                    context_tokens=int(w.get("context_tokens") or 1 << 30),
-                    allowed=self._allowed(w) and not self._capped(w),
-                    running_ms=running[wid],
-                )
-            )
-        live = set(self._workers)
-        needs = []
-        # The plan looks no deeper than this (scheduler.plan), and a pump runs per reply.
-        depth = scheduler.PLAN_ROUNDS * sum(c.credit for c in candidates)
-        backlog = list(itertools.islice(self._backlog, depth))
-        for flight in backlog:
-            avoid = flight.tried & live
-            if flight.roll is None:
-                flight.roll = self.rng.random()
-            needs.append(
-                scheduler.Need(
-                    tokens=len(flight.prompt) // 4,
-                    model=self.worker_model.model or "",
-                    venues=flight.venues or self.answer_venues,
-                    # A job every live worker has failed may try one of them again.
-                    avoid=frozenset(avoid if avoid != live else ()),
-                    roll=flight.roll,
-                )
-            )
-        return [
-            (
-                backlog[a["index"]],
-                Target(
-                    venue=a["route"]["venue"],
-                    worker_id=a["worker_id"],
-                    queue=self._workers[a["worker_id"]]["queue"],
-                    how=a["route"]["how"],
-                    routing=dict(a["route"]),
-                ),
-            )
-            for a in scheduler.plan(candidates, needs, self.weights, self.rng)
-        ]
-
-    def _pick_round_robin(self) -> list[tuple[Flight, Target]]:
-        """Each job to the next worker in turn, whatever its speed: the baseline a scheduler
-        is measured against."""
-        order = sorted(
-            w for w, info in self._workers.items() if self._allowed(info) and not self._capped(info)
-        )
-        if not order:
-            return []
-        picks = []
-        for flight in self._backlog:
-            wid = order[self._turn % len(order)]
-            self._turn += 1
-            w = self._workers[wid]
-            picks.append(
-                (flight, Target(w["venue"], wid, w["queue"], "round_robin", {"turn": self._turn}))
-            )
-        return picks
-
-    def _pick_shared(self) -> list[tuple[Flight, Target]]:
-        """Jobs onto the venues' shared queues while a venue has credit: the live venue with
-        the most free credit relative to its size; venues tried before for this sub-query
-        only when no other has credit."""
-        picks = []
-        used = dict(self._inflight)
-        for flight in self._backlog:
-            open_ = [
-                v
-                for v in self.venue_names
-                if self._limit.get(v, 0) > used.get(f"venue:{v}", 0)
-                and self.breakers.allows(f"venue:{v}")
-            ]
-            fresh = [v for v in open_ if v not in flight.tried] or open_
-            if not fresh:
-                break
-            best = max(fresh, key=lambda v: 1 - used.get(f"venue:{v}", 0) / self._limit[v])
-            key = f"venue:{best}"
-            routing = {"inflight": used.get(key, 0), "credit": self._limit[best]}
-            used[key] = used.get(key, 0) + 1
-            picks.append((flight, Target(best, "", venues.venue_queue(best), "shared", routing)))
-        return picks
-
-    def _unroutable(self) -> str:
-        """Why no live worker can take the backlog, in words a user can act on."""
-        if self.accounts.capped_providers:
-            return (
-                "every live worker's provider has reached its budget cap ("
-                f"{', '.join(sorted(self.accounts.capped_providers))}); raise "
-                "policy.provider_budgets or add workers of another provider"
-            )
-        if not self._workers and self.policy.routing != "shared":
-            return (
-                f"no registered worker is live on {', '.join(self.venue_names)}: start one with "
-                "`python manage.py frlm_worker --venue NAME` or `frlm_swarm`"
-            )
-        shut = sorted(s for s, st in self.breakers.state.items() if not self.breakers.allows(s))
-        if shut:
-            return (
-                f"every eligible worker is behind an open circuit breaker ({', '.join(shut[:5])}"
-                f"{' ...' if len(shut) > 5 else ''}): they failed "
-                f"{self.breakers.failures} times in a row; they are tried again "
-                f"{self.breakers.cooldown_s:g} s after opening"
-            )
-        model = self.worker_model.model or "the worker model"
-        return (
-            f"no live worker serves {model} with a context large enough for this sub-query; "
-            "register one that does, or shorten the prompt"
-        )
-
-    def _prepare(self, flight: Flight, target: Target, flights: dict[str, Flight]) -> Job:
+    def _prepare(self, flight: Flight, target: Target, wave: Wave) -> Job:
         """Give the attempt its worker, id and deadline, and say so in the trace."""
         before = flight.venue
         flight.outcome.attempts += 1
@@ -858,11 +686,8 @@ class Fanout:
         flight.sq_id = f"{flight.outcome.index}.{flight.outcome.attempts}"
         flight.sent_at = time.time()
         flight.deadline = flight.sent_at + self.policy.subquery_timeout_s
-        self._inflight[flight.slot] = self._inflight.get(flight.slot, 0) + 1
-        if target.worker_id:
-            self.breakers.dispatched(f"worker:{target.worker_id}")
-        self.breakers.dispatched(f"venue:{target.venue}")
-        flights[flight.sq_id] = flight
+        self.router.take(flight, target)
+        wave.out[flight.sq_id] = flight
         where = {"venue": target.venue, "worker_id": target.worker_id or None}
         if flight.span is None:
             # The routing decision and its inputs travel on the Submit span itself.
@@ -880,7 +705,7 @@ class Fanout:
             self.emitter.instant(
                 "SubQuery.Hedge",
                 parent=flight.span.span_id,
-                depth=self._depth,
+                depth=self.scope.depth,
                 status="ok",
                 **where,
                 hedged_worker=twin.worker_id or None,
@@ -898,7 +723,7 @@ class Fanout:
             self.emitter.instant(
                 "SubQuery.Retry",
                 parent=flight.span.span_id,
-                depth=self._depth,
+                depth=self.scope.depth,
                 reason=flight.retry_reason,
                 from_venue=before,
                 **where,
@@ -907,13 +732,13 @@ class Fanout:
                 attempt=flight.outcome.attempts,
             )
         return {
-            "run_id": self.run_id,
+            "run_id": self.scope.run_id,
             "sq_id": flight.sq_id,
             "submit_span": flight.span.span_id,
             "prompt": flight.prompt,
-            "model": self.worker_model.to_dict(),
+            "model": self.scope.worker_model.to_dict(),
             "deadline": flight.deadline,
-            "depth": self._depth,
+            "depth": self.scope.depth,
             "timeout_s": self.policy.subquery_timeout_s,
             "attempt": flight.outcome.attempts,
             **({"validate": self._validate_order(flight)} if flight.judged else {}),
@@ -932,66 +757,66 @@ class Fanout:
         }
 
     def _span_of(self, pos: int, flight: Flight) -> str:
-        state = self._current
+        state = self.scope.batch
         assert state is not None and state.flights[pos].span is not None, flight
         return state.flights[pos].span.span_id
 
     def _open_span(self, flight: Flight, **attrs: object) -> Span:
         flight.span = self.emitter.start(
             "SubQuery.Submit",
-            parent=self._parent,
-            depth=self._depth,
+            parent=self.scope.parent,
+            depth=self.scope.depth,
             payload=flight.prompt,
             sq=flight.outcome.index,
-            batch=self.batches,
+            batch=self.scope.batches,
             bytes=len(flight.prompt.encode("utf-8", "replace")),
             **attrs,
         )
         return flight.span
 
     # --- collection ------------------------------------------------------------------
-    def _collect(self, batch: list[Flight], flights: dict[str, Flight]) -> None:
+    def _collect(self, batch: list[Flight], wave: Wave) -> None:
         need = math.ceil(self.policy.quorum * len(batch))
         batch_deadline = time.time() + self.policy.batch_deadline_s
         last_progress = 0.0
-        while flights or self._backlog:
+        while wave.out or wave.backlog:
             if self.cancelled():
-                self._cancel_rest(flights, "the run was cancelled")
+                self._cancel_rest(wave, "the run was cancelled")
                 raise FanoutAbort("the run was cancelled", status="cancelled")
             now = time.time()
-            wake = min([f.deadline for f in flights.values()] + [batch_deadline])
+            wake = min([f.deadline for f in wave.out.values()] + [batch_deadline])
             block_ms = int(max(1, min(200, (wake - now) * 1000)))
-            reply = self.transport.read(block_ms, gather=bool(self._backlog))
+            reply = self.transport.read(block_ms, gather=bool(wave.backlog))
             with self.emitter.batch():
                 for result in self.transport.results(reply):
-                    self._on_result(result, flights)
-                self._check_deadlines(flights)
-                self._check_lost_workers(flights)
-                self._hedge_stragglers(flights)
+                    self._on_result(result, wave)
+                self._check_deadlines(wave)
+                self._check_lost_workers(wave)
+                self._hedge_stragglers(wave)
                 settled = sum(1 for f in batch if f.outcome.status != "pending")
-                if (flights or self._backlog) and settled >= need:
-                    self._cancel_rest(flights, f"quorum of {need}/{len(batch)} reached")
-                elif (flights or self._backlog) and time.time() > batch_deadline:
+                if (wave.out or wave.backlog) and settled >= need:
+                    self._cancel_rest(wave, f"quorum of {need}/{len(batch)} reached")
+                elif (wave.out or wave.backlog) and time.time() > batch_deadline:
                     self._cancel_rest(
-                        flights, f"batch deadline of {self.policy.batch_deadline_s} s passed"
+                        wave, f"batch deadline of {self.policy.batch_deadline_s} s passed"
                     )
-                elif self._backlog and not any(self._limit.values()):
+                elif wave.backlog and not self.router.any_credit():
                     # Devices of a swarm come and go: wait a while for one to come back.
                     self._empty_since = self._empty_since or time.monotonic()
                     if time.monotonic() - self._empty_since > self._grace_s:
-                        self._settle_backlog("error", NO_VENUE)
+                        self._settle_backlog(wave, "error", NO_VENUE)
                 else:
                     self._empty_since = 0.0
-            self._pump(flights)
+            self._pump(wave)
             with self.emitter.batch():
-                self._flush_observations()
+                self.router.flush()
             if time.monotonic() - last_progress > 0.2:
                 self.on_progress()
                 last_progress = time.monotonic()
         self.on_progress()
 
-    def _on_result(self, result: Result, flights: dict[str, Flight]) -> None:
-        flight = flights.get(result.get("sq_id", ""))
+    def _on_result(self, result: Result, wave: Wave) -> None:
+        flight = wave.out.get(result.get("sq_id", ""))
         if flight is None:
             return  # a late reply to an attempt that was already settled or replaced
         status = result.get("status")
@@ -1007,24 +832,24 @@ class Fanout:
             flight.worker_id = wid
             flight.started_at = time.time()
             return
-        self._release(flight, flights, spent=result if status == "ok" else None)
+        self._release(flight, wave, spent=result if status == "ok" else None)
         # How long it ran, not how long it queued: the scheduler adds the queue itself.
         ms = (time.time() - max(flight.sent_at, flight.started_at)) * 1000
         if status == "ok":
-            self._observe(flight, True, latency_ms=ms)
+            self.router.observe(flight, True, latency_ms=ms)
             if flight.started_at:
                 self.latency.add(flight.venue, (time.time() - flight.started_at) * 1000)
             self.totals.add_tokens(
                 result.get("tokens_in", 0), result.get("tokens_out", 0), result.get("cost")
             )
             self._settle(flight, "ok", result=result)
-            self._drop_twin(flight, flights)
+            self._drop_twin(flight, wave)
         elif status == "error":
-            self._observe(flight, False)
-            self._retry_or_settle(flight, "error", result.get("error", "failed"), flights)
+            self.router.observe(flight, False)
+            self._retry_or_settle(flight, "error", result.get("error", "failed"), wave)
         else:
             self._retry_or_settle(
-                flight, "error", "the worker dropped the job as expired or cancelled", flights
+                flight, "error", "the worker dropped the job as expired or cancelled", wave
             )
 
     def _check_sender(self, flight: Flight, wid: str) -> str | None:
@@ -1033,7 +858,9 @@ class Fanout:
         if flight.assigned:
             if wid != flight.assigned:
                 return f"{wid or 'an unnamed worker'} answered for {flight.assigned}"
-        elif wid not in self._live.get(flight.venue, set()) and wid not in self._workers:
+        elif (
+            wid not in self.roster.live.get(flight.venue, set()) and wid not in self.roster.workers
+        ):
             return f"{wid or 'an unnamed worker'} is not a live worker of venue {flight.venue}"
         return None
 
@@ -1041,19 +868,19 @@ class Fanout:
         key = self._public_key(wid)
         if key is None:
             return f"worker {wid} is not registered, so its result cannot be checked"
-        if not result_verify({**result, "run_id": self.run_id}, key):
+        if not result_verify({**result, "run_id": self.scope.run_id}, key):
             return f"the result's signature is not worker {wid}'s"
         return None
 
     def _public_key(self, wid: str) -> str | None:
-        if wid not in self._keys:
+        if wid not in self.roster.keys:
             from workers.models import Worker
 
             key = Worker.objects.filter(id=wid).values_list("public_key", flat=True).first()
             if key is None:
                 return None
-            self._keys[wid] = key
-        return self._keys[wid]
+            self.roster.keys[wid] = key
+        return self.roster.keys[wid]
 
     def _reject(self, flight: Flight, wid: str, problem: str) -> None:
         from workers.services import worker_strike
@@ -1061,7 +888,7 @@ class Fanout:
         self.emitter.instant(
             "SubQuery.Return",
             parent=flight.span.span_id,
-            depth=self._depth,
+            depth=self.scope.depth,
             status="rejected",
             sq=flight.outcome.index,
             sq_id=flight.sq_id,
@@ -1073,43 +900,15 @@ class Fanout:
             worker_strike(wid, problem)
             self.reputations.known.pop(wid, None)  # the strike counts at the next refresh
 
-    def _observe(self, flight: Flight, ok: bool, *, latency_ms: float | None = None) -> None:
-        """What a finished attempt says about the worker that held it, and its venue."""
-        wid = flight.worker_id
-        if wid:
-            self.reputations.observe(Observation(wid, completion=ok, latency_ms=latency_ms))
-            self.breakers.record(f"worker:{wid}", ok)
-        self.breakers.record(f"venue:{flight.venue}", ok)
-
-    def _flush_observations(self) -> None:
-        self.reputations.flush()
-        self._on_transitions(self.breakers.flush(time.time()))
-
-    def _on_transitions(self, steps: list[Step]) -> None:
-        for step in steps:
-            kind, _, who = step.scope.partition(":")
-            self.emitter.instant(
-                "Circuit.Open" if step.transition == "open" else "Circuit.Close",
-                parent=self._parent,
-                depth=self._depth,
-                status="error" if step.transition == "open" else "ok",
-                scope=kind,
-                venue=who if kind == "venue" else self._workers.get(who, {}).get("venue"),
-                worker_id=who if kind == "worker" else None,
-                failures=self.breakers.failures if step.transition == "open" else None,
-                probes=self.breakers.probes if step.transition == "close" else None,
-                cooldown_s=self.breakers.cooldown_s,
-            )
-
-    def _check_deadlines(self, flights: dict[str, Flight]) -> None:
+    def _check_deadlines(self, wave: Wave) -> None:
         now = time.time()
-        for flight in [f for f in flights.values() if f.deadline <= now]:
-            self._abandon(flight, flights)
-            self._observe(flight, False)
+        for flight in [f for f in wave.out.values() if f.deadline <= now]:
+            self._abandon(flight, wave)
+            self.router.observe(flight, False)
             self.emitter.instant(
                 "SubQuery.Timeout",
                 parent=flight.span.span_id,
-                depth=self._depth,
+                depth=self.scope.depth,
                 status="timeout",
                 sq_id=flight.sq_id,
                 venue=flight.venue,
@@ -1119,15 +918,15 @@ class Fanout:
                 flight,
                 "timeout",
                 f"no reply within {self.policy.subquery_timeout_s} s (policy.subquery_timeout_s)",
-                flights,
+                wave,
             )
 
-    def _check_lost_workers(self, flights: dict[str, Flight]) -> None:
-        if not flights and not self._backlog:
+    def _check_lost_workers(self, wave: Wave) -> None:
+        if not wave.out and not wave.backlog:
             return
-        self._refresh_venues()
-        for flight in list(flights.values()):
-            live = self._live.get(flight.venue, set())
+        self.router.refresh()
+        for flight in list(wave.out.values()):
+            live = self.roster.live.get(flight.venue, set())
             if flight.worker_id and flight.worker_id not in live:
                 self._worker_lost(flight.worker_id, flight.venue)
                 reason = f"worker {flight.worker_id} was lost while it held it"
@@ -1136,12 +935,12 @@ class Fanout:
                 reason = f"venue {flight.venue} has no live worker left to run it"
             else:
                 continue
-            self._abandon(flight, flights)
+            self._abandon(flight, wave)
             # A departure is not a failure of the venue, nor of the work: its breakers
             # are left alone, and reputation learns of it as an unfinished job.
             if flight.worker_id:
                 self.reputations.observe(Observation(flight.worker_id, completion=False))
-            self._retry_or_settle(flight, "error", reason, flights)
+            self._retry_or_settle(flight, "error", reason, wave)
 
     def _worker_lost(self, wid: str, venue: str) -> None:
         """Say once per run that a worker holding its work left without a word."""
@@ -1152,25 +951,23 @@ class Fanout:
 
         self.emitter.instant(
             "Worker.Lost",
-            parent=self._parent,
-            depth=self._depth,
+            parent=self.scope.parent,
+            depth=self.scope.depth,
             status="error",
             venue=venue,
             worker_id=wid,
             marked=worker_mark_lost(wid),
         )
 
-    def _release(
-        self, flight: Flight, flights: dict[str, Flight], *, spent: Result | None = None
-    ) -> None:
+    def _release(self, flight: Flight, wave: Wave, *, spent: Result | None = None) -> None:
         """The attempt is no longer out: free its credit and close its reservation, settled
         at what the reply cost, or released when nothing came of it."""
-        flights.pop(flight.sq_id, None)
-        self._inflight[flight.slot] = max(0, self._inflight.get(flight.slot, 1) - 1)
+        wave.out.pop(flight.sq_id, None)
+        self.router.free(flight)
         reservation, flight.reservation = flight.reservation, None
         if reservation is None:
             return
-        where = {"parent": flight.span.span_id if flight.span else None, "depth": self._depth}
+        where = {"parent": flight.span.span_id if flight.span else None, "depth": self.scope.depth}
         if spent is None:
             self.accounts.release(reservation, **where)
         else:
@@ -1183,7 +980,7 @@ class Fanout:
             )
 
     # --- hedging ---------------------------------------------------------------------
-    def _hedge_stragglers(self, flights: dict[str, Flight]) -> None:
+    def _hedge_stragglers(self, wave: Wave) -> None:
         """Once no fresh work waits (a free slot is better spent on it), a sub-query that
         has run past its venue's latency quantile gets a twin on another worker: whichever
         answers first wins, the other is cancelled (_drop_twin). Running time counts from
@@ -1192,12 +989,12 @@ class Fanout:
         hedged with it."""
         if self.latency.quantile is None or self._hedges >= self._hedge_limit:
             return
-        if any(not f.hedge for f in self._backlog):
+        if any(not f.hedge for f in wave.backlog):
             return
         now = time.time()
         straggling: list[Flight] = []
         slow_workers: set[str] = set()
-        for flight in flights.values():
+        for flight in wave.out.values():
             threshold = self.latency.threshold_ms(flight.venue)
             if (
                 threshold is not None
@@ -1206,7 +1003,7 @@ class Fanout:
             ):
                 straggling.append(flight)
                 slow_workers.add(flight.worker_id)
-        behind = [f for f in flights.values() if not f.started_at and f.assigned in slow_workers]
+        behind = [f for f in wave.out.values() if not f.started_at and f.assigned in slow_workers]
         for flight in sorted(straggling, key=lambda f: f.started_at) + behind:
             if self._hedges >= self._hedge_limit:
                 return
@@ -1227,67 +1024,62 @@ class Fanout:
             )
             flight.twin = hedge
             self._hedges += 1
-            self._backlog.appendleft(hedge)
+            wave.backlog.appendleft(hedge)
 
-    def _twin_alive(self, flight: Flight, flights: dict[str, Flight]) -> bool:
+    def _twin_alive(self, flight: Flight, wave: Wave) -> bool:
         """Whether this attempt's twin may still answer for it (it is out or queued)."""
-        twin = flight.twin
-        if twin is None:
-            return False
-        return flights.get(twin.sq_id) is twin or any(f is twin for f in self._backlog)
+        return flight.twin is not None and wave.holds(flight.twin)
 
-    def _drop_twin(self, flight: Flight, flights: dict[str, Flight]) -> None:
+    def _drop_twin(self, flight: Flight, wave: Wave) -> None:
         """The sub-query is settled: its twin, if still out, is cancelled; if still queued
         here, forgotten."""
         twin, flight.twin = flight.twin, None
         if twin is None:
             return
         twin.twin = None
-        if any(f is twin for f in self._backlog):
-            self._backlog = deque(f for f in self._backlog if f is not twin)
+        if any(f is twin for f in wave.backlog):
+            wave.backlog = deque(f for f in wave.backlog if f is not twin)
             return
-        if flights.get(twin.sq_id) is not twin:
+        if wave.out.get(twin.sq_id) is not twin:
             return
         winner = "hedge" if flight.hedge else "original attempt"
         self.emitter.instant(
             "SubQuery.Cancel",
             parent=twin.span.span_id if twin.span else None,
-            depth=self._depth,
+            depth=self.scope.depth,
             status="cancelled",
             reason=f"hedged: the {winner} {flight.sq_id} answered first",
             sq_id=twin.sq_id,
             venue=twin.venue,
             worker_id=twin.worker_id or None,
         )
-        self._abandon(twin, flights)
+        self._abandon(twin, wave)
 
-    def _abandon(self, flight: Flight, flights: dict[str, Flight]) -> None:
-        self._release(flight, flights)
+    def _abandon(self, flight: Flight, wave: Wave) -> None:
+        self._release(flight, wave)
         self.transport.revoke([flight])
 
-    def _retry_or_settle(
-        self, flight: Flight, status: str, reason: str, flights: dict[str, Flight] | None = None
-    ) -> None:
+    def _retry_or_settle(self, flight: Flight, status: str, reason: str, wave: Wave) -> None:
         """Another attempt, on another venue where one has credit, while attempts remain
         (none when a hedge twin may still answer for it)."""
-        if flights is not None and self._twin_alive(flight, flights):
+        if self._twin_alive(flight, wave):
             assert flight.twin is not None
             flight.twin.twin = None
             flight.twin = None
             return
         if flight.outcome.attempts <= self.policy.max_retries:
             flight.retry_reason = reason
-            self._backlog.appendleft(flight)
+            wave.backlog.appendleft(flight)
             return
         self._settle(flight, status, error=reason)
 
-    def _cancel_rest(self, flights: dict[str, Flight], reason: str) -> None:
-        gone = list(flights.values())
+    def _cancel_rest(self, wave: Wave, reason: str) -> None:
+        gone = list(wave.out.values())
         for flight in gone:
             self.emitter.instant(
                 "SubQuery.Cancel",
                 parent=flight.span.span_id,
-                depth=self._depth,
+                depth=self.scope.depth,
                 status="cancelled",
                 reason=reason,
                 sq_id=flight.sq_id,
@@ -1297,12 +1089,12 @@ class Fanout:
                 self._settle(flight, "cancelled", error=f"cancelled: {reason}")
         self.transport.revoke(gone)
         for flight in gone:
-            self._release(flight, flights)
-        self._settle_backlog("cancelled", f"cancelled before it was sent: {reason}")
+            self._release(flight, wave)
+        self._settle_backlog(wave, "cancelled", f"cancelled before it was sent: {reason}")
 
-    def _settle_backlog(self, status: str, reason: str) -> None:
-        while self._backlog:
-            flight = self._backlog.popleft()
+    def _settle_backlog(self, wave: Wave, status: str, reason: str) -> None:
+        while wave.backlog:
+            flight = wave.backlog.popleft()
             if flight.outcome.status == "pending":  # a queued hedge's twin may have settled it
                 self._settle(flight, status, error=reason)
 
@@ -1328,7 +1120,7 @@ class Fanout:
             # through the attempt it hedged, which the tier's verdicts name.
             owner = flight.twin if flight.hedge and flight.twin is not None else flight
             owner.result = result
-            state = self._current
+            state = self.scope.batch
             if state is not None and state.judging:
                 state.replied.append(owner)
             else:
@@ -1337,7 +1129,7 @@ class Fanout:
         self.emitter.instant(
             "SubQuery.Return",
             parent=span.span_id,
-            depth=self._depth,
+            depth=self.scope.depth,
             status="ok" if status == "ok" else ("cancelled" if status == "cancelled" else "error"),
             venue=flight.venue or None,
             worker_id=outcome.worker_id or None,

@@ -1,16 +1,20 @@
 """What the parts of a fanout share: a sub-query's attempt (Flight), a REPL call's batch while
-it is judged (Batch), a routing decision (Target), the outcomes and totals the conductor reads,
-and the exceptions that end a call or a run."""
+it is judged (Batch), a routing decision (Target), the jobs of one dispatch (Wave), the run and
+the REPL call being served (Scope), the workers as last seen (Roster), the outcomes and totals
+the conductor reads, and the exceptions that end a call or a run."""
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from runs.engine.policy import CHOICES
+from runs.engine.policy import CHOICES, Policy
 from runs.trust.budget import Reservation
 from traces.emitter import Span
+from workers.backends import ModelSpec
 from workers.jobs import Result
+from workers.venues import LiveWorker
 
 # Tiers a REPL call may name: the run's policy tiers, and "objective" (a call's own check).
 CALL_TIERS = (*CHOICES["tier"], "objective")
@@ -122,3 +126,45 @@ class Target:
     queue: str
     how: str  # score | explore | shared | round_robin
     routing: dict[str, Any]  # the decision's inputs, recorded on the Submit span
+
+
+@dataclass
+class Wave:
+    """One dispatch's jobs: those out, by attempt id (sq_id), and those waiting to be sent."""
+
+    out: dict[str, Flight]
+    backlog: deque[Flight]
+
+    def holds(self, flight: Flight) -> bool:
+        """Whether the attempt may still answer: it is out, or waits to be sent."""
+        return self.out.get(flight.sq_id) is flight or any(f is flight for f in self.backlog)
+
+
+@dataclass
+class Scope:
+    """What every part of a run's fanout reads: the run, its policy and venues, the worker
+    model (the conductor may swap it between turns), and the REPL call being served: its
+    parent span, its depth, and its batch while that is dispatched and judged."""
+
+    run_id: str
+    policy: Policy
+    worker_model: ModelSpec
+    venue_names: list[str]  # every venue watched: the answer venues and the checking ones
+    answer_venues: frozenset[str]
+    verify_venues: frozenset[str]
+    parent: str | None = None
+    depth: int = 0
+    batches: int = 0  # batches numbered so far; Submit spans name the latest
+    batch: Batch | None = None
+
+
+@dataclass
+class Roster:
+    """The run's workers as the router last read them (routing.Router.refresh), and this run's
+    jobs on each: the routing writes it, the other parts read it."""
+
+    workers: dict[str, LiveWorker] = field(default_factory=dict)  # registered live ones by id
+    live: dict[str, set[str]] = field(default_factory=dict)  # presence names per venue
+    limit: dict[str, int] = field(default_factory=dict)  # slots plus margin, per live venue
+    inflight: dict[str, int] = field(default_factory=dict)  # unsettled jobs per credit slot
+    keys: dict[str, str] = field(default_factory=dict)  # public keys by worker id
