@@ -36,8 +36,10 @@ from typing import Any
 
 import redis
 
+from runs.engine.fanout.attempts import Attempts
 from runs.engine.fanout.hedging import LatencyWindows
 from runs.engine.fanout.routing import Router
+from runs.engine.fanout.spending import Spending
 from runs.engine.fanout.state import (
     CALL_TIERS,
     Batch,
@@ -47,16 +49,14 @@ from runs.engine.fanout.state import (
     Outcome,
     Roster,
     Scope,
-    Target,
     Totals,
     Wave,
 )
 from runs.engine.fanout.transport import Transport
 from runs.engine.policy import Policy
 from runs.trust import accounts, attest, verify
-from runs.trust.budget import BudgetRefused, Reservation
-from traces.emitter import Emitter, Span, sha256_text
-from workers import fragments
+from runs.trust.budget import BudgetRefused
+from traces.emitter import Emitter, sha256_text
 from workers.backends import ModelSpec
 from workers.jobs import Job, Result
 from workers.reputation import Observation
@@ -134,7 +134,6 @@ class Fanout:
         self.latency = LatencyWindows(policy.hedge)
         self._deferred: dict[str, Batch] = {}  # batches awaiting the REPL's own checks
         self._hedges = 0  # hedges made in the current dispatch
-        self.hedged = 0  # hedges sent in the run: extra work, but not verification
         self._hedge_limit = 0
         self.transport = Transport(run_id=run_id, client=client, policy=policy)
         self.router = Router(
@@ -146,6 +145,21 @@ class Fanout:
             rng=self.rng,
         )
         self.reputations = self.router.reputations
+        self.spending = Spending(scope=self.scope, roster=self.roster, accounts=self.accounts)
+        self.attempts = Attempts(
+            scope=self.scope,
+            emitter=emitter,
+            totals=totals,
+            router=self.router,
+            spending=self.spending,
+            transport=self.transport,
+            latency=self.latency,
+        )
+
+    @property
+    def hedged(self) -> int:
+        """Hedges sent in the run: extra work, but not verification."""
+        return self.attempts.hedged
 
     @property
     def worker_model(self) -> ModelSpec:
@@ -248,7 +262,7 @@ class Fanout:
         with self.emitter.batch():
             for state in self._deferred.values():
                 for flight in state.replied:
-                    self._pay(flight)
+                    self.spending.pay(flight)
         self._deferred.clear()
 
     def _finish_batch(self, state: Batch) -> None:
@@ -259,7 +273,7 @@ class Fanout:
             self._verify_high_trust(state)
         with self.emitter.batch():
             for flight in state.replied:
-                self._pay(flight)
+                self.spending.pay(flight)
             self.router.flush()
         state.replied.clear()
 
@@ -583,36 +597,6 @@ class Fanout:
             return None, f"it is not about this reply ({', '.join(wrong)} differ)"
         return signed, None  # type: ignore[return-value]
 
-    def _pay(self, flight: Flight) -> None:
-        """The receipt of a reply by its verdict (runs.trust.accounts.RunAccounts.receipt)."""
-        result = flight.result
-        if result is None or flight.span is None:
-            return
-        # Whose signed reply it is: the outcome may since name a recheck's or a validator's.
-        wid = str(result.get("worker_id", ""))
-        key = self.roster.keys.get(wid)
-        if key is None:
-            return
-        worker = self.roster.workers.get(wid, {})
-        model = self.scope.worker_model.model or ""
-        self.accounts.receipt(
-            accounts.Payee(
-                span=flight.span.span_id,
-                attempt=str(result.get("sq_id", "")),
-                worker_id=wid,
-                worker_key=key,
-                prompt=flight.prompt,
-                text=str(result.get("text", "")),
-                tokens_in=int(result.get("tokens_in", 0)),
-                tokens_out=int(result.get("tokens_out", 0)),
-                cost=float(result.get("cost") or 0.0),
-                price=accounts.price_of(worker, accounts.provider_of(worker, model)),
-                sig=str(result.get("sig", "")),
-            ),
-            flight.verdict,
-            depth=self.scope.depth,
-        )
-
     def _pump(self, wave: Wave) -> None:
         """Send the backlog jobs that should go now: their Submit spans in one round trip,
         their messages through one producer, pipelined DISPATCH_FLUSH at a time."""
@@ -625,7 +609,7 @@ class Fanout:
                 # a credit: waiting would wait forever. (With no worker at all, the batch
                 # waits a while for one to come back: see _collect.)
                 capped = self.accounts.capped_providers
-                self._settle_backlog(
+                self.attempts.settle_backlog(
                     wave, "budget" if capped else "error", self.router.unroutable()
                 )
             return
@@ -634,145 +618,14 @@ class Fanout:
         ready: list[tuple[Flight, Job]] = []
         with self.emitter.batch():
             for flight, target in picks:
-                reservation = self._reserve(flight, target, wave)
-                if reservation is None:
+                try:
+                    reservation = self.spending.reserve(flight, target)
+                except BudgetRefused as refused:
+                    self.attempts.refused(flight, refused, wave)
                     continue
-                ready.append((flight, self._prepare(flight, target, wave)))
-                flight.reservation = reservation
-                self.accounts.reserved(
-                    reservation, parent=flight.span.span_id, depth=self.scope.depth
-                )
+                ready.append((flight, self.attempts.prepare(flight, target, wave)))
+                self.spending.hold(flight, reservation)
         self.transport.publish(ready)
-
-    def _reserve(self, flight: Flight, target: Target, wave: Wave) -> Reservation | None:
-        """Reserve the attempt's estimated cost before it leaves. When a cap refuses: the
-        run's stops all dispatching (this flight and the backlog end as `budget`), a
-        provider's sends the flight back to be routed to another provider, a sub-query's
-        ends that sub-query."""
-        worker = self.roster.workers.get(target.worker_id, {})
-        provider = accounts.provider_of(worker, self.scope.worker_model.model or "")
-        try:
-            return self.accounts.reserve(
-                # Copies count against the sub-query they copy: the cap is per question.
-                subquery=str(flight.original or flight.outcome.index),
-                provider=provider,
-                worker_id=target.worker_id,
-                tokens_in=fragments.prompt_tokens(flight.prompt),
-                price=accounts.price_of(worker, provider),
-                parent=flight.span.span_id if flight.span else self.scope.parent,
-                depth=self.scope.depth,
-            )
-        except BudgetRefused as refused:
-            reason = refused.attrs["reason"]
-            if refused.scope == "provider":
-                wave.backlog.appendleft(flight)
-            elif refused.scope == "subquery":
-                self._settle(flight, "budget", error=reason)
-            else:
-                self._settle(flight, "budget", error=reason)
-                self._settle_backlog(wave, "budget", reason)
-            return None
-
-    def _prepare(self, flight: Flight, target: Target, wave: Wave) -> Job:
-        """Give the attempt its worker, id and deadline, and say so in the trace."""
-        before = flight.venue
-        flight.outcome.attempts += 1
-        flight.venue = target.venue
-        flight.assigned = flight.worker_id = target.worker_id
-        flight.queue = target.queue
-        flight.slot = target.worker_id or f"venue:{target.venue}"
-        flight.tried.update({target.venue, target.worker_id} - {""})
-        flight.task_id = ""
-        flight.sq_id = f"{flight.outcome.index}.{flight.outcome.attempts}"
-        flight.sent_at = time.time()
-        flight.deadline = flight.sent_at + self.policy.subquery_timeout_s
-        self.router.take(flight, target)
-        wave.out[flight.sq_id] = flight
-        where = {"venue": target.venue, "worker_id": target.worker_id or None}
-        if flight.span is None:
-            # The routing decision and its inputs travel on the Submit span itself.
-            self._open_span(
-                flight,
-                **where,
-                route=target.how,
-                routing=target.routing,
-                replica_of=flight.original or None,
-                copy=flight.kind or None,
-            )
-        elif flight.hedge and flight.twin is not None:
-            twin = flight.twin
-            self.hedged += 1  # counted when it leaves: a queued one may be dropped
-            self.emitter.instant(
-                "SubQuery.Hedge",
-                parent=flight.span.span_id,
-                depth=self.scope.depth,
-                status="ok",
-                **where,
-                hedged_worker=twin.worker_id or None,
-                hedged_venue=twin.venue,
-                # How long the hedged attempt had run, or waited queued behind a straggler.
-                after_ms=round((flight.sent_at - (twin.started_at or twin.sent_at)) * 1000, 1),
-                queued=not twin.started_at or None,
-                threshold_ms=self.latency.threshold_ms(twin.venue),
-                quantile=self.policy.hedge,
-                route=target.how,
-                routing=target.routing,
-                attempt=flight.outcome.attempts,
-            )
-        else:
-            self.emitter.instant(
-                "SubQuery.Retry",
-                parent=flight.span.span_id,
-                depth=self.scope.depth,
-                reason=flight.retry_reason,
-                from_venue=before,
-                **where,
-                route=target.how,
-                routing=target.routing,
-                attempt=flight.outcome.attempts,
-            )
-        return {
-            "run_id": self.scope.run_id,
-            "sq_id": flight.sq_id,
-            "submit_span": flight.span.span_id,
-            "prompt": flight.prompt,
-            "model": self.scope.worker_model.to_dict(),
-            "deadline": flight.deadline,
-            "depth": self.scope.depth,
-            "timeout_s": self.policy.subquery_timeout_s,
-            "attempt": flight.outcome.attempts,
-            **({"validate": self._validate_order(flight)} if flight.judged else {}),
-        }
-
-    def _validate_order(self, flight: Flight) -> dict[str, Any]:
-        """What a validator needs to attest to the reply it re-runs."""
-        judged = flight.judged
-        assert judged is not None and judged.span is not None
-        return {
-            "subquery": self._span_of(flight.replica_of, flight),
-            "span": judged.span.span_id,
-            "worker": judged.outcome.worker_id,
-            "output": judged.outcome.text,
-            "mode": self.policy.agree_mode,
-        }
-
-    def _span_of(self, pos: int, flight: Flight) -> str:
-        state = self.scope.batch
-        assert state is not None and state.flights[pos].span is not None, flight
-        return state.flights[pos].span.span_id
-
-    def _open_span(self, flight: Flight, **attrs: object) -> Span:
-        flight.span = self.emitter.start(
-            "SubQuery.Submit",
-            parent=self.scope.parent,
-            depth=self.scope.depth,
-            payload=flight.prompt,
-            sq=flight.outcome.index,
-            batch=self.scope.batches,
-            bytes=len(flight.prompt.encode("utf-8", "replace")),
-            **attrs,
-        )
-        return flight.span
 
     # --- collection ------------------------------------------------------------------
     def _collect(self, batch: list[Flight], wave: Wave) -> None:
@@ -781,7 +634,7 @@ class Fanout:
         last_progress = 0.0
         while wave.out or wave.backlog:
             if self.cancelled():
-                self._cancel_rest(wave, "the run was cancelled")
+                self.attempts.cancel_rest(wave, "the run was cancelled")
                 raise FanoutAbort("the run was cancelled", status="cancelled")
             now = time.time()
             wake = min([f.deadline for f in wave.out.values()] + [batch_deadline])
@@ -795,16 +648,16 @@ class Fanout:
                 self._hedge_stragglers(wave)
                 settled = sum(1 for f in batch if f.outcome.status != "pending")
                 if (wave.out or wave.backlog) and settled >= need:
-                    self._cancel_rest(wave, f"quorum of {need}/{len(batch)} reached")
+                    self.attempts.cancel_rest(wave, f"quorum of {need}/{len(batch)} reached")
                 elif (wave.out or wave.backlog) and time.time() > batch_deadline:
-                    self._cancel_rest(
+                    self.attempts.cancel_rest(
                         wave, f"batch deadline of {self.policy.batch_deadline_s} s passed"
                     )
                 elif wave.backlog and not self.router.any_credit():
                     # Devices of a swarm come and go: wait a while for one to come back.
                     self._empty_since = self._empty_since or time.monotonic()
                     if time.monotonic() - self._empty_since > self._grace_s:
-                        self._settle_backlog(wave, "error", NO_VENUE)
+                        self.attempts.settle_backlog(wave, "error", NO_VENUE)
                 else:
                     self._empty_since = 0.0
             self._pump(wave)
@@ -832,7 +685,7 @@ class Fanout:
             flight.worker_id = wid
             flight.started_at = time.time()
             return
-        self._release(flight, wave, spent=result if status == "ok" else None)
+        self.attempts.release(flight, wave, spent=result if status == "ok" else None)
         # How long it ran, not how long it queued: the scheduler adds the queue itself.
         ms = (time.time() - max(flight.sent_at, flight.started_at)) * 1000
         if status == "ok":
@@ -842,13 +695,13 @@ class Fanout:
             self.totals.add_tokens(
                 result.get("tokens_in", 0), result.get("tokens_out", 0), result.get("cost")
             )
-            self._settle(flight, "ok", result=result)
+            self.attempts.settle(flight, "ok", result=result)
             self._drop_twin(flight, wave)
         elif status == "error":
             self.router.observe(flight, False)
-            self._retry_or_settle(flight, "error", result.get("error", "failed"), wave)
+            self.attempts.retry_or_settle(flight, "error", result.get("error", "failed"), wave)
         else:
-            self._retry_or_settle(
+            self.attempts.retry_or_settle(
                 flight, "error", "the worker dropped the job as expired or cancelled", wave
             )
 
@@ -903,7 +756,7 @@ class Fanout:
     def _check_deadlines(self, wave: Wave) -> None:
         now = time.time()
         for flight in [f for f in wave.out.values() if f.deadline <= now]:
-            self._abandon(flight, wave)
+            self.attempts.abandon(flight, wave)
             self.router.observe(flight, False)
             self.emitter.instant(
                 "SubQuery.Timeout",
@@ -914,7 +767,7 @@ class Fanout:
                 venue=flight.venue,
                 worker_id=flight.worker_id or None,
             )
-            self._retry_or_settle(
+            self.attempts.retry_or_settle(
                 flight,
                 "timeout",
                 f"no reply within {self.policy.subquery_timeout_s} s (policy.subquery_timeout_s)",
@@ -935,12 +788,12 @@ class Fanout:
                 reason = f"venue {flight.venue} has no live worker left to run it"
             else:
                 continue
-            self._abandon(flight, wave)
+            self.attempts.abandon(flight, wave)
             # A departure is not a failure of the venue, nor of the work: its breakers
             # are left alone, and reputation learns of it as an unfinished job.
             if flight.worker_id:
                 self.reputations.observe(Observation(flight.worker_id, completion=False))
-            self._retry_or_settle(flight, "error", reason, wave)
+            self.attempts.retry_or_settle(flight, "error", reason, wave)
 
     def _worker_lost(self, wid: str, venue: str) -> None:
         """Say once per run that a worker holding its work left without a word."""
@@ -958,26 +811,6 @@ class Fanout:
             worker_id=wid,
             marked=worker_mark_lost(wid),
         )
-
-    def _release(self, flight: Flight, wave: Wave, *, spent: Result | None = None) -> None:
-        """The attempt is no longer out: free its credit and close its reservation, settled
-        at what the reply cost, or released when nothing came of it."""
-        wave.out.pop(flight.sq_id, None)
-        self.router.free(flight)
-        reservation, flight.reservation = flight.reservation, None
-        if reservation is None:
-            return
-        where = {"parent": flight.span.span_id if flight.span else None, "depth": self.scope.depth}
-        if spent is None:
-            self.accounts.release(reservation, **where)
-        else:
-            self.accounts.settle(
-                reservation,
-                tokens_in=int(spent.get("tokens_in", 0)),
-                tokens_out=int(spent.get("tokens_out", 0)),
-                cost=spent.get("cost"),
-                **where,
-            )
 
     # --- hedging ---------------------------------------------------------------------
     def _hedge_stragglers(self, wave: Wave) -> None:
@@ -1026,10 +859,6 @@ class Fanout:
             self._hedges += 1
             wave.backlog.appendleft(hedge)
 
-    def _twin_alive(self, flight: Flight, wave: Wave) -> bool:
-        """Whether this attempt's twin may still answer for it (it is out or queued)."""
-        return flight.twin is not None and wave.holds(flight.twin)
-
     def _drop_twin(self, flight: Flight, wave: Wave) -> None:
         """The sub-query is settled: its twin, if still out, is cancelled; if still queued
         here, forgotten."""
@@ -1053,100 +882,7 @@ class Fanout:
             venue=twin.venue,
             worker_id=twin.worker_id or None,
         )
-        self._abandon(twin, wave)
-
-    def _abandon(self, flight: Flight, wave: Wave) -> None:
-        self._release(flight, wave)
-        self.transport.revoke([flight])
-
-    def _retry_or_settle(self, flight: Flight, status: str, reason: str, wave: Wave) -> None:
-        """Another attempt, on another venue where one has credit, while attempts remain
-        (none when a hedge twin may still answer for it)."""
-        if self._twin_alive(flight, wave):
-            assert flight.twin is not None
-            flight.twin.twin = None
-            flight.twin = None
-            return
-        if flight.outcome.attempts <= self.policy.max_retries:
-            flight.retry_reason = reason
-            wave.backlog.appendleft(flight)
-            return
-        self._settle(flight, status, error=reason)
-
-    def _cancel_rest(self, wave: Wave, reason: str) -> None:
-        gone = list(wave.out.values())
-        for flight in gone:
-            self.emitter.instant(
-                "SubQuery.Cancel",
-                parent=flight.span.span_id,
-                depth=self.scope.depth,
-                status="cancelled",
-                reason=reason,
-                sq_id=flight.sq_id,
-                venue=flight.venue,
-            )
-            if flight.outcome.status == "pending":  # a hedge's twin settles it only once
-                self._settle(flight, "cancelled", error=f"cancelled: {reason}")
-        self.transport.revoke(gone)
-        for flight in gone:
-            self._release(flight, wave)
-        self._settle_backlog(wave, "cancelled", f"cancelled before it was sent: {reason}")
-
-    def _settle_backlog(self, wave: Wave, status: str, reason: str) -> None:
-        while wave.backlog:
-            flight = wave.backlog.popleft()
-            if flight.outcome.status == "pending":  # a queued hedge's twin may have settled it
-                self._settle(flight, status, error=reason)
-
-    def _settle(
-        self, flight: Flight, status: str, *, error: str = "", result: Result | None = None
-    ) -> None:
-        outcome = flight.outcome
-        outcome.status = status
-        outcome.error = error
-        outcome.venue = flight.venue
-        if result is not None:
-            outcome.text = result.get("text", "")
-            outcome.worker_id = result.get("worker_id", "")
-            outcome.tokens_in = result.get("tokens_in", 0)
-            outcome.tokens_out = result.get("tokens_out", 0)
-            outcome.cost = result.get("cost", 0.0)
-            outcome.ms = result.get("ms", 0.0)
-        self.totals.settled += 1
-        if status != "ok":
-            self.totals.subqueries_failed += 1
-        elif result is not None:
-            # The reply is paid for through the attempt it answers for: a winning hedge's
-            # through the attempt it hedged, which the tier's verdicts name.
-            owner = flight.twin if flight.hedge and flight.twin is not None else flight
-            owner.result = result
-            state = self.scope.batch
-            if state is not None and state.judging:
-                state.replied.append(owner)
-            else:
-                self._pay(owner)
-        span = flight.span or self._open_span(flight)  # never sent: its span opens and ends
-        self.emitter.instant(
-            "SubQuery.Return",
-            parent=span.span_id,
-            depth=self.scope.depth,
-            status="ok" if status == "ok" else ("cancelled" if status == "cancelled" else "error"),
-            venue=flight.venue or None,
-            worker_id=outcome.worker_id or None,
-            sq=outcome.index,
-            attempts=outcome.attempts,
-        )
-        span.end(
-            status if status in {"ok", "timeout", "cancelled"} else "error",
-            payload=outcome.text if status == "ok" else None,
-            tokens_in=outcome.tokens_in or None,
-            tokens_out=outcome.tokens_out or None,
-            cost=outcome.cost or None,
-            venue=flight.venue or None,
-            worker_id=outcome.worker_id or None,
-            attempts=outcome.attempts,
-            error=error or None,
-        )
+        self.attempts.abandon(twin, wave)
 
 
 def _adopt(outcome: Outcome, source: Outcome) -> None:
