@@ -37,7 +37,9 @@ from typing import Any
 import redis
 
 from runs.engine.fanout.attempts import Attempts
-from runs.engine.fanout.hedging import LatencyWindows
+from runs.engine.fanout.hedging import Hedger, LatencyWindows
+from runs.engine.fanout.intake import Intake
+from runs.engine.fanout.liveness import Liveness
 from runs.engine.fanout.routing import Router
 from runs.engine.fanout.spending import Spending
 from runs.engine.fanout.state import (
@@ -58,29 +60,9 @@ from runs.trust import accounts, attest, verify
 from runs.trust.budget import BudgetRefused
 from traces.emitter import Emitter, sha256_text
 from workers.backends import ModelSpec
-from workers.jobs import Job, Result
+from workers.jobs import Job
 from workers.reputation import Observation
-from workers.signing import result_verify
 
-# How often the liveness of workers holding jobs is checked, in seconds.
-LIVENESS_EVERY_S = 1.0
-# Jobs queued at a venue beyond its slots, as a fraction of them: one per slot, because a
-# batch's replies come in clumps (its sub-queries start together and take alike), so every
-# slot needs its next job waiting while the refill is on its way. The scheduler still
-# queues a job only where it would finish soonest, and an untrusted worker reserves no more
-# than its prefetch of one per slot.
-QUEUE_MARGIN = 1.0
-NO_VENUE = "no live worker on any of the run's venues"
-# How long a batch waits for a worker to come back when every one has left.
-NO_WORKER_GRACE_S = 15.0
-# A typical sub-query, for comparing workers' prices: tokens in and out.
-TYPICAL_TOKENS = (1000, 100)
-
-
-# A batch hedges at most this share of its sub-queries: hedges are for the tail.
-HEDGE_SHARE = 0.1
-# A straggler runs this much past the quantile: latencies with no spread do not hedge on jitter.
-HEDGE_SLACK = 1.1
 # A worker whose validation record (its Beta mean) is below this has been caught recently:
 # the high-trust tier re-runs all of its answers until the record mends.
 SUSPECT_BELOW = 0.5
@@ -125,16 +107,11 @@ class Fanout:
         self.on_progress = on_progress
         self.counter = 0
         self.last_handle = ""  # the latest batch left for the REPL to check (defer_check)
-        self._lost: set[str] = set()  # workers whose loss was reported
-        self._empty_since = 0.0
-        self._grace_s = min(NO_WORKER_GRACE_S, policy.subquery_timeout_s)
         self.rng = random.Random(run_id)
         self.tally = verify.VerificationTally()
         self.accounts = accounts.RunAccounts(run_id, policy, emitter)
         self.latency = LatencyWindows(policy.hedge)
         self._deferred: dict[str, Batch] = {}  # batches awaiting the REPL's own checks
-        self._hedges = 0  # hedges made in the current dispatch
-        self._hedge_limit = 0
         self.transport = Transport(run_id=run_id, client=client, policy=policy)
         self.router = Router(
             scope=self.scope,
@@ -154,6 +131,28 @@ class Fanout:
             spending=self.spending,
             transport=self.transport,
             latency=self.latency,
+        )
+        self.hedger = Hedger(
+            scope=self.scope,
+            emitter=emitter,
+            latency=self.latency,
+            abandon=self.attempts.abandon,
+        )
+        self.intake = Intake(
+            scope=self.scope,
+            roster=self.roster,
+            emitter=emitter,
+            totals=totals,
+            router=self.router,
+            attempts=self.attempts,
+            hedger=self.hedger,
+        )
+        self.liveness = Liveness(
+            scope=self.scope,
+            roster=self.roster,
+            emitter=emitter,
+            router=self.router,
+            attempts=self.attempts,
         )
 
     @property
@@ -283,8 +282,7 @@ class Fanout:
             flight.outcome.index = self.counter
         wave = Wave({}, deque(batch))
         self.totals.subqueries += len(batch)
-        self._hedges = 0
-        self._hedge_limit = max(1, math.floor(HEDGE_SHARE * len(batch)))
+        self.hedger.start(len(batch))
         self._pump(wave)
         self.on_progress()
         self._collect(batch, wave)
@@ -577,7 +575,7 @@ class Fanout:
             return None, "not JSON"
         if not isinstance(signed, dict):
             return None, "the validator sent none"
-        key = self._public_key(copy.outcome.worker_id)
+        key = self.intake.public_key(copy.outcome.worker_id)
         problem = attest.attestation_problem(signed, validator_key=key)  # type: ignore[arg-type]
         if problem is not None:
             return None, problem
@@ -642,10 +640,10 @@ class Fanout:
             reply = self.transport.read(block_ms, gather=bool(wave.backlog))
             with self.emitter.batch():
                 for result in self.transport.results(reply):
-                    self._on_result(result, wave)
-                self._check_deadlines(wave)
-                self._check_lost_workers(wave)
-                self._hedge_stragglers(wave)
+                    self.intake.on_result(result, wave)
+                self.liveness.check_deadlines(wave)
+                self.liveness.check_lost_workers(wave)
+                self.hedger.hedge_stragglers(wave)
                 settled = sum(1 for f in batch if f.outcome.status != "pending")
                 if (wave.out or wave.backlog) and settled >= need:
                     self.attempts.cancel_rest(wave, f"quorum of {need}/{len(batch)} reached")
@@ -653,13 +651,8 @@ class Fanout:
                     self.attempts.cancel_rest(
                         wave, f"batch deadline of {self.policy.batch_deadline_s} s passed"
                     )
-                elif wave.backlog and not self.router.any_credit():
-                    # Devices of a swarm come and go: wait a while for one to come back.
-                    self._empty_since = self._empty_since or time.monotonic()
-                    if time.monotonic() - self._empty_since > self._grace_s:
-                        self.attempts.settle_backlog(wave, "error", NO_VENUE)
                 else:
-                    self._empty_since = 0.0
+                    self.liveness.await_workers(wave)
             self._pump(wave)
             with self.emitter.batch():
                 self.router.flush()
@@ -667,222 +660,6 @@ class Fanout:
                 self.on_progress()
                 last_progress = time.monotonic()
         self.on_progress()
-
-    def _on_result(self, result: Result, wave: Wave) -> None:
-        flight = wave.out.get(result.get("sq_id", ""))
-        if flight is None:
-            return  # a late reply to an attempt that was already settled or replaced
-        status = result.get("status")
-        wid = result.get("worker_id", "")
-        problem = self._check_sender(flight, wid)
-        if problem is None and status in ("ok", "error"):
-            problem = self._check_signature(result, wid)
-        if problem is not None:
-            # Not counted, and not the job's end: the assignee may still answer.
-            self._reject(flight, wid, problem)
-            return
-        if status == "started":
-            flight.worker_id = wid
-            flight.started_at = time.time()
-            return
-        self.attempts.release(flight, wave, spent=result if status == "ok" else None)
-        # How long it ran, not how long it queued: the scheduler adds the queue itself.
-        ms = (time.time() - max(flight.sent_at, flight.started_at)) * 1000
-        if status == "ok":
-            self.router.observe(flight, True, latency_ms=ms)
-            if flight.started_at:
-                self.latency.add(flight.venue, (time.time() - flight.started_at) * 1000)
-            self.totals.add_tokens(
-                result.get("tokens_in", 0), result.get("tokens_out", 0), result.get("cost")
-            )
-            self.attempts.settle(flight, "ok", result=result)
-            self._drop_twin(flight, wave)
-        elif status == "error":
-            self.router.observe(flight, False)
-            self.attempts.retry_or_settle(flight, "error", result.get("error", "failed"), wave)
-        else:
-            self.attempts.retry_or_settle(
-                flight, "error", "the worker dropped the job as expired or cancelled", wave
-            )
-
-    def _check_sender(self, flight: Flight, wid: str) -> str | None:
-        """A worker answers only for work it was given: the assignee, or for a shared queue
-        a live worker of that venue."""
-        if flight.assigned:
-            if wid != flight.assigned:
-                return f"{wid or 'an unnamed worker'} answered for {flight.assigned}"
-        elif (
-            wid not in self.roster.live.get(flight.venue, set()) and wid not in self.roster.workers
-        ):
-            return f"{wid or 'an unnamed worker'} is not a live worker of venue {flight.venue}"
-        return None
-
-    def _check_signature(self, result: Result, wid: str) -> str | None:
-        key = self._public_key(wid)
-        if key is None:
-            return f"worker {wid} is not registered, so its result cannot be checked"
-        if not result_verify({**result, "run_id": self.scope.run_id}, key):
-            return f"the result's signature is not worker {wid}'s"
-        return None
-
-    def _public_key(self, wid: str) -> str | None:
-        if wid not in self.roster.keys:
-            from workers.models import Worker
-
-            key = Worker.objects.filter(id=wid).values_list("public_key", flat=True).first()
-            if key is None:
-                return None
-            self.roster.keys[wid] = key
-        return self.roster.keys[wid]
-
-    def _reject(self, flight: Flight, wid: str, problem: str) -> None:
-        from workers.services import worker_strike
-
-        self.emitter.instant(
-            "SubQuery.Return",
-            parent=flight.span.span_id,
-            depth=self.scope.depth,
-            status="rejected",
-            sq=flight.outcome.index,
-            sq_id=flight.sq_id,
-            venue=flight.venue,
-            worker_id=wid or None,
-            reason=problem,
-        )
-        if wid:
-            worker_strike(wid, problem)
-            self.reputations.known.pop(wid, None)  # the strike counts at the next refresh
-
-    def _check_deadlines(self, wave: Wave) -> None:
-        now = time.time()
-        for flight in [f for f in wave.out.values() if f.deadline <= now]:
-            self.attempts.abandon(flight, wave)
-            self.router.observe(flight, False)
-            self.emitter.instant(
-                "SubQuery.Timeout",
-                parent=flight.span.span_id,
-                depth=self.scope.depth,
-                status="timeout",
-                sq_id=flight.sq_id,
-                venue=flight.venue,
-                worker_id=flight.worker_id or None,
-            )
-            self.attempts.retry_or_settle(
-                flight,
-                "timeout",
-                f"no reply within {self.policy.subquery_timeout_s} s (policy.subquery_timeout_s)",
-                wave,
-            )
-
-    def _check_lost_workers(self, wave: Wave) -> None:
-        if not wave.out and not wave.backlog:
-            return
-        self.router.refresh()
-        for flight in list(wave.out.values()):
-            live = self.roster.live.get(flight.venue, set())
-            if flight.worker_id and flight.worker_id not in live:
-                self._worker_lost(flight.worker_id, flight.venue)
-                reason = f"worker {flight.worker_id} was lost while it held it"
-            elif not flight.worker_id and not live:
-                # Queued on a venue whose workers are all gone.
-                reason = f"venue {flight.venue} has no live worker left to run it"
-            else:
-                continue
-            self.attempts.abandon(flight, wave)
-            # A departure is not a failure of the venue, nor of the work: its breakers
-            # are left alone, and reputation learns of it as an unfinished job.
-            if flight.worker_id:
-                self.reputations.observe(Observation(flight.worker_id, completion=False))
-            self.attempts.retry_or_settle(flight, "error", reason, wave)
-
-    def _worker_lost(self, wid: str, venue: str) -> None:
-        """Say once per run that a worker holding its work left without a word."""
-        if wid in self._lost:
-            return
-        self._lost.add(wid)
-        from workers.services import worker_mark_lost
-
-        self.emitter.instant(
-            "Worker.Lost",
-            parent=self.scope.parent,
-            depth=self.scope.depth,
-            status="error",
-            venue=venue,
-            worker_id=wid,
-            marked=worker_mark_lost(wid),
-        )
-
-    # --- hedging ---------------------------------------------------------------------
-    def _hedge_stragglers(self, wave: Wave) -> None:
-        """Once no fresh work waits (a free slot is better spent on it), a sub-query that
-        has run past its venue's latency quantile gets a twin on another worker: whichever
-        answers first wins, the other is cancelled (_drop_twin). Running time counts from
-        the worker's start: a job waiting in a queue is not a straggler by itself, but one
-        queued on a worker whose running job straggles waits on that straggler, and is
-        hedged with it."""
-        if self.latency.quantile is None or self._hedges >= self._hedge_limit:
-            return
-        if any(not f.hedge for f in wave.backlog):
-            return
-        now = time.time()
-        straggling: list[Flight] = []
-        slow_workers: set[str] = set()
-        for flight in wave.out.values():
-            threshold = self.latency.threshold_ms(flight.venue)
-            if (
-                threshold is not None
-                and flight.started_at
-                and (now - flight.started_at) * 1000 > threshold * HEDGE_SLACK
-            ):
-                straggling.append(flight)
-                slow_workers.add(flight.worker_id)
-        behind = [f for f in wave.out.values() if not f.started_at and f.assigned in slow_workers]
-        for flight in sorted(straggling, key=lambda f: f.started_at) + behind:
-            if self._hedges >= self._hedge_limit:
-                return
-            if flight.twin is not None or flight.hedge or flight.outcome.status != "pending":
-                continue
-            hedge = Flight(
-                flight.outcome,
-                flight.prompt,
-                span=flight.span,
-                replica_of=flight.replica_of,
-                venues=flight.venues,
-                original=flight.original,
-                kind=flight.kind,
-                judged=flight.judged,
-                tried=set(flight.tried),
-                twin=flight,
-                hedge=True,
-            )
-            flight.twin = hedge
-            self._hedges += 1
-            wave.backlog.appendleft(hedge)
-
-    def _drop_twin(self, flight: Flight, wave: Wave) -> None:
-        """The sub-query is settled: its twin, if still out, is cancelled; if still queued
-        here, forgotten."""
-        twin, flight.twin = flight.twin, None
-        if twin is None:
-            return
-        twin.twin = None
-        if any(f is twin for f in wave.backlog):
-            wave.backlog = deque(f for f in wave.backlog if f is not twin)
-            return
-        if wave.out.get(twin.sq_id) is not twin:
-            return
-        winner = "hedge" if flight.hedge else "original attempt"
-        self.emitter.instant(
-            "SubQuery.Cancel",
-            parent=twin.span.span_id if twin.span else None,
-            depth=self.scope.depth,
-            status="cancelled",
-            reason=f"hedged: the {winner} {flight.sq_id} answered first",
-            sq_id=twin.sq_id,
-            venue=twin.venue,
-            worker_id=twin.worker_id or None,
-        )
-        self.attempts.abandon(twin, wave)
 
 
 def _adopt(outcome: Outcome, source: Outcome) -> None:
