@@ -41,7 +41,7 @@ class Attempts:
         self.latency = latency
         self.hedged = 0  # hedges sent in the run: extra work, but not verification
 
-    # --- leaving -------------------------------------------------------------------------
+    # --- leaving ---------------------------------------------------------------------
     def prepare(self, flight: Flight, target: Target, wave: Wave) -> Job:
         """Give the attempt its worker, id and deadline, and say so in the trace."""
         before = flight.venue
@@ -157,7 +157,7 @@ class Attempts:
             self.settle(flight, "budget", error=reason)
             self.settle_backlog(wave, "budget", reason)
 
-    # --- ending --------------------------------------------------------------------------
+    # --- ending ----------------------------------------------------------------------
     def release(self, flight: Flight, wave: Wave, *, spent: Result | None = None) -> None:
         """The attempt is no longer out: free its credit and close its reservation, settled
         at what the reply cost, or released when nothing came of it."""

@@ -152,11 +152,13 @@ class Fanout:
 
     @property
     def worker_model(self) -> ModelSpec:
+        """The model the sub-queries run on."""
         return self.scope.worker_model
 
     @worker_model.setter
     def worker_model(self, model: ModelSpec) -> None:
-        self.scope.worker_model = model  # between turns, for the jobs of later batches
+        # A replay that goes live swaps it for a live one: every part reads it from the scope.
+        self.scope.worker_model = model
 
     # --- public ----------------------------------------------------------------------
     def check_limits(self, count: int, *, what: str = "llm_query_batched") -> None:
@@ -246,7 +248,7 @@ class Fanout:
                     self.spending.pay(flight)
         self._deferred.clear()
 
-    # --- the life of a batch ----------------------------------------------------------
+    # --- the life of a batch ---------------------------------------------------------
     def _call_tier(
         self, tier: Any, check: Callable[[str], verify.CheckVerdict] | None, defer_check: bool
     ) -> str:

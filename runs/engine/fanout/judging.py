@@ -49,121 +49,7 @@ class Judge:
         self.public_key = public_key  # a worker's registered key (intake.Intake.public_key)
         self.send = send  # dispatches copies and collects their replies, as any batch
 
-    def _copy(self, state: Batch, pos: int, kind: str, avoid: set[str]) -> Flight:
-        """A copy of position `pos`'s sub-query, made to judge its reply; it runs on none
-        of the workers in `avoid`."""
-        holder = state.holder(pos)
-        copy = Flight(
-            Outcome(0),
-            holder.prompt,
-            replica_of=pos,
-            venues=self.scope.verify_venues,
-            original=state.flights[pos].outcome.index,
-            kind=kind,
-        )
-        copy.tried = set(avoid)
-        return copy
-
-    def redundant(self, state: Batch) -> None:
-        """Copies of each answered sub-query go to other workers, in rounds, until its
-        answer is accepted or it is unresolved. An answer from a worker past the trust gate
-        is copied only now and then (verify.should_replicate)."""
-        policy = verify.RedundancyPolicy(
-            replicas=self.scope.policy.replicas,
-            agree=self.scope.policy.agree,
-            max_replicas=self.scope.policy.max_replicas,
-            rule=verify.AgreementRule(mode=self.scope.policy.agree_mode),
-        )
-        replies: dict[int, list[tuple[verify.Reply, Flight]]] = {}
-        sent: dict[int, int] = {}  # copies sent, answered or not: the limit counts them all
-        todo: list[int] = []
-        for pos, flight in enumerate(state.flights):
-            if flight.outcome.status != "ok":
-                continue
-            holder = state.holder(pos)
-            replies[pos] = [(self._reply(holder), holder)]
-            sent[pos] = 1
-            trust = self.reputations.get(holder.outcome.worker_id).consecutive_valid
-            if policy.agree > 1 and verify.should_replicate(trust, self.rng):
-                todo.append(pos)
-        while todo:
-            copies: list[Flight] = []
-            for pos in todo:
-                going: set[str] = set()  # workers the copies going out now may not share
-                judged = [reply for reply, _ in replies[pos]]
-                decision = verify.redundant_decide(judged, policy)
-                if decision.outcome != "more" or sent[pos] >= policy.max_replicas:
-                    self._judge(state.flights[pos], decision, replies[pos])
-                    continue
-                for _ in range(min(decision.dispatch, policy.max_replicas - sent[pos])):
-                    # Distinct workers: those that answered, and the copies going out now.
-                    copy = self._copy(state, pos, "replica", set(decision.avoid_workers) | going)
-                    going |= copy.tried
-                    copies.append(copy)
-                    sent[pos] += 1
-            if not copies:
-                break
-            self.tally.add_extra("replica", len(copies))
-            self.send(copies)
-            for copy in copies:
-                if copy.outcome.status == "ok":
-                    replies[copy.replica_of].append((self._reply(copy), copy))
-            todo = sorted({c.replica_of for c in copies})
-
-    def _reply(self, flight: Flight) -> verify.Reply:
-        return verify.Reply(
-            flight.outcome.worker_id,
-            flight.outcome.venue,
-            flight.outcome.text,
-            flight.span.span_id if flight.span else "",
-        )
-
-    def _judge(
-        self,
-        flight: Flight,
-        decision: verify.Decision,
-        replies: list[tuple[verify.Reply, Flight]],
-    ) -> None:
-        """Record the verdict on the sub-query's span, teach reputation who was right, and
-        make the accepted answer (or the lack of one) the sub-query's outcome."""
-        if decision.outcome == "more":  # out of replicas without agreement
-            decision = verify.Decision(
-                "unresolved",
-                groups=decision.groups,
-                links=decision.links,
-                replies=decision.replies,
-                mode=decision.mode,
-                reason=f"no agreement within {self.scope.policy.max_replicas} replicas",
-            )
-        attrs = dict(decision.attrs())
-        if attrs.get("text"):
-            attrs["text"] = attrs["text"][:QUOTE_CHARS]
-        self.emitter.instant(
-            "Verify.Redundant",
-            parent=flight.span.span_id,
-            depth=self.scope.depth,
-            status="ok" if decision.outcome == "accept" else "rejected",
-            links=list(decision.links),
-            sq=flight.outcome.index,
-            **attrs,
-        )
-        right = verify.judgements(decision)
-        for worker_id, ok in right.items():
-            self.reputations.observe(Observation(worker_id, agreement=ok))
-        for reply, replier in replies:
-            if decision.outcome != "accept":
-                replier.verdict = "unresolved"
-            elif reply.worker_id in right:
-                replier.verdict = "accepted" if right[reply.worker_id] else "rejected"
-        if decision.outcome == "accept":
-            flight.outcome.text = decision.text or ""
-        else:
-            flight.outcome.status = "unresolved"
-            flight.outcome.error = (
-                f"{len(replies)} workers never agreed ({decision.reason}); no answer is guessed"
-            )
-            self.totals.subqueries_failed += 1
-
+    # --- objective: the call's own check ---------------------------------------------
     def check_all(
         self, state: Batch, check: Callable[[str], verify.CheckVerdict], positions: Any
     ) -> dict[int, verify.CheckVerdict]:
@@ -228,6 +114,110 @@ class Judge:
                 )
                 self.totals.subqueries_failed += 1
         return again
+
+    # --- redundant: agreement among workers ------------------------------------------
+
+    def redundant(self, state: Batch) -> None:
+        """Copies of each answered sub-query go to other workers, in rounds, until its
+        answer is accepted or it is unresolved. An answer from a worker past the trust gate
+        is copied only now and then (verify.should_replicate)."""
+        policy = verify.RedundancyPolicy(
+            replicas=self.scope.policy.replicas,
+            agree=self.scope.policy.agree,
+            max_replicas=self.scope.policy.max_replicas,
+            rule=verify.AgreementRule(mode=self.scope.policy.agree_mode),
+        )
+        replies: dict[int, list[tuple[verify.Reply, Flight]]] = {}
+        sent: dict[int, int] = {}  # copies sent, answered or not: the limit counts them all
+        todo: list[int] = []
+        for pos, flight in enumerate(state.flights):
+            if flight.outcome.status != "ok":
+                continue
+            holder = state.holder(pos)
+            replies[pos] = [(self._reply(holder), holder)]
+            sent[pos] = 1
+            trust = self.reputations.get(holder.outcome.worker_id).consecutive_valid
+            if policy.agree > 1 and verify.should_replicate(trust, self.rng):
+                todo.append(pos)
+        while todo:
+            copies: list[Flight] = []
+            for pos in todo:
+                going: set[str] = set()  # workers the copies going out now may not share
+                judged = [reply for reply, _ in replies[pos]]
+                decision = verify.redundant_decide(judged, policy)
+                if decision.outcome != "more" or sent[pos] >= policy.max_replicas:
+                    self._judge(state.flights[pos], decision, replies[pos])
+                    continue
+                for _ in range(min(decision.dispatch, policy.max_replicas - sent[pos])):
+                    # Distinct workers: those that answered, and the copies going out now.
+                    copy = self._copy(state, pos, "replica", set(decision.avoid_workers) | going)
+                    going |= copy.tried
+                    copies.append(copy)
+                    sent[pos] += 1
+            if not copies:
+                break
+            self.tally.add_extra("replica", len(copies))
+            self.send(copies)
+            for copy in copies:
+                if copy.outcome.status == "ok":
+                    replies[copy.replica_of].append((self._reply(copy), copy))
+            todo = sorted({c.replica_of for c in copies})
+
+    def _judge(
+        self,
+        flight: Flight,
+        decision: verify.Decision,
+        replies: list[tuple[verify.Reply, Flight]],
+    ) -> None:
+        """Record the verdict on the sub-query's span, teach reputation who was right, and
+        make the accepted answer (or the lack of one) the sub-query's outcome."""
+        if decision.outcome == "more":  # out of replicas without agreement
+            decision = verify.Decision(
+                "unresolved",
+                groups=decision.groups,
+                links=decision.links,
+                replies=decision.replies,
+                mode=decision.mode,
+                reason=f"no agreement within {self.scope.policy.max_replicas} replicas",
+            )
+        attrs = dict(decision.attrs())
+        if attrs.get("text"):
+            attrs["text"] = attrs["text"][:QUOTE_CHARS]
+        self.emitter.instant(
+            "Verify.Redundant",
+            parent=flight.span.span_id,
+            depth=self.scope.depth,
+            status="ok" if decision.outcome == "accept" else "rejected",
+            links=list(decision.links),
+            sq=flight.outcome.index,
+            **attrs,
+        )
+        right = verify.judgements(decision)
+        for worker_id, ok in right.items():
+            self.reputations.observe(Observation(worker_id, agreement=ok))
+        for reply, replier in replies:
+            if decision.outcome != "accept":
+                replier.verdict = "unresolved"
+            elif reply.worker_id in right:
+                replier.verdict = "accepted" if right[reply.worker_id] else "rejected"
+        if decision.outcome == "accept":
+            flight.outcome.text = decision.text or ""
+        else:
+            flight.outcome.status = "unresolved"
+            flight.outcome.error = (
+                f"{len(replies)} workers never agreed ({decision.reason}); no answer is guessed"
+            )
+            self.totals.subqueries_failed += 1
+
+    def _reply(self, flight: Flight) -> verify.Reply:
+        return verify.Reply(
+            flight.outcome.worker_id,
+            flight.outcome.venue,
+            flight.outcome.text,
+            flight.span.span_id if flight.span else "",
+        )
+
+    # --- high trust: a validator's signed attestation --------------------------------
 
     def validator_venues(self) -> frozenset[str]:
         """The venues whose live workers may validate (trusted ones among those watched);
@@ -353,6 +343,21 @@ class Judge:
         if wrong:
             return None, f"it is not about this reply ({', '.join(wrong)} differ)"
         return signed, None  # type: ignore[return-value]
+
+    def _copy(self, state: Batch, pos: int, kind: str, avoid: set[str]) -> Flight:
+        """A copy of position `pos`'s sub-query, made to judge its reply; it runs on none
+        of the workers in `avoid`."""
+        holder = state.holder(pos)
+        copy = Flight(
+            Outcome(0),
+            holder.prompt,
+            replica_of=pos,
+            venues=self.scope.verify_venues,
+            original=state.flights[pos].outcome.index,
+            kind=kind,
+        )
+        copy.tried = set(avoid)
+        return copy
 
 
 def _adopt(outcome: Outcome, source: Outcome) -> None:
