@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runs.engine.hedging import FLOOR_MS, MIN_SAMPLES, LatencyWindows
+from runs.engine.fanout.hedging import FLOOR_MS, MIN_SAMPLES, LatencyWindows
 from workers.fragments import MARKER_TEXT, prompt_tokens
 
 

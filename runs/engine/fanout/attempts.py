@@ -1,0 +1,259 @@
+"""An attempt's start and end, which every other part of the fanout asks for. It leaves
+(prepare: its worker, id, deadline and credit; its Submit span, Retry or Hedge in the trace;
+the job the worker gets). It ends once (settle: its outcome, the Return event and the span's
+end, and its payment, or its place among the batch's replies while they are judged). Or it is
+given up (abandon), sent again elsewhere (retry_or_settle), cancelled with the rest of its
+batch (cancel_rest), or stopped by a budget cap (refused)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from runs.engine.fanout.hedging import LatencyWindows
+from runs.engine.fanout.routing import Router
+from runs.engine.fanout.spending import Spending
+from runs.engine.fanout.state import Flight, Scope, Target, Totals, Wave
+from runs.engine.fanout.transport import Transport
+from runs.trust.budget import BudgetRefused
+from traces.emitter import Emitter, Span
+from workers.jobs import Job, Result
+
+
+class Attempts:
+    def __init__(
+        self,
+        *,
+        scope: Scope,
+        emitter: Emitter,
+        totals: Totals,
+        router: Router,
+        spending: Spending,
+        transport: Transport,
+        latency: LatencyWindows,
+    ) -> None:
+        self.scope = scope
+        self.emitter = emitter
+        self.totals = totals
+        self.router = router
+        self.spending = spending
+        self.transport = transport
+        self.latency = latency
+        self.hedged = 0  # hedges sent in the run: extra work, but not verification
+
+    # --- leaving ---------------------------------------------------------------------
+    def prepare(self, flight: Flight, target: Target, wave: Wave) -> Job:
+        """Give the attempt its worker, id and deadline, and say so in the trace."""
+        before = flight.venue
+        flight.outcome.attempts += 1
+        flight.venue = target.venue
+        flight.assigned = flight.worker_id = target.worker_id
+        flight.queue = target.queue
+        flight.slot = target.worker_id or f"venue:{target.venue}"
+        flight.tried.update({target.venue, target.worker_id} - {""})
+        flight.task_id = ""
+        flight.sq_id = f"{flight.outcome.index}.{flight.outcome.attempts}"
+        flight.sent_at = time.time()
+        flight.deadline = flight.sent_at + self.scope.policy.subquery_timeout_s
+        self.router.take(flight, target)
+        wave.out[flight.sq_id] = flight
+        self._announce(flight, target, before)
+        return {
+            "run_id": self.scope.run_id,
+            "sq_id": flight.sq_id,
+            "submit_span": flight.span.span_id,
+            "prompt": flight.prompt,
+            "model": self.scope.worker_model.to_dict(),
+            "deadline": flight.deadline,
+            "depth": self.scope.depth,
+            "timeout_s": self.scope.policy.subquery_timeout_s,
+            "attempt": flight.outcome.attempts,
+            **({"validate": self._validate_order(flight)} if flight.judged else {}),
+        }
+
+    def _announce(self, flight: Flight, target: Target, before: str) -> None:
+        """The attempt in the trace: a first one opens its Submit span, a hedge or a retry is
+        an event on it."""
+        where = {"venue": target.venue, "worker_id": target.worker_id or None}
+        if flight.span is None:
+            # The routing decision and its inputs travel on the Submit span itself.
+            self.open_span(
+                flight,
+                **where,
+                route=target.how,
+                routing=target.routing,
+                replica_of=flight.original or None,
+                copy=flight.kind or None,
+            )
+        elif flight.hedge and flight.twin is not None:
+            twin = flight.twin
+            self.hedged += 1  # counted when it leaves: a queued one may be dropped
+            self.emitter.instant(
+                "SubQuery.Hedge",
+                parent=flight.span.span_id,
+                depth=self.scope.depth,
+                status="ok",
+                **where,
+                hedged_worker=twin.worker_id or None,
+                hedged_venue=twin.venue,
+                # How long the hedged attempt had run, or waited queued behind a straggler.
+                after_ms=round((flight.sent_at - (twin.started_at or twin.sent_at)) * 1000, 1),
+                queued=not twin.started_at or None,
+                threshold_ms=self.latency.threshold_ms(twin.venue),
+                quantile=self.scope.policy.hedge,
+                route=target.how,
+                routing=target.routing,
+                attempt=flight.outcome.attempts,
+            )
+        else:
+            self.emitter.instant(
+                "SubQuery.Retry",
+                parent=flight.span.span_id,
+                depth=self.scope.depth,
+                reason=flight.retry_reason,
+                from_venue=before,
+                **where,
+                route=target.how,
+                routing=target.routing,
+                attempt=flight.outcome.attempts,
+            )
+
+    def _validate_order(self, flight: Flight) -> dict[str, Any]:
+        """What a validator needs to attest to the reply it re-runs."""
+        judged, batch = flight.judged, self.scope.batch
+        assert judged is not None and judged.span is not None
+        assert batch is not None and batch.flights[flight.replica_of].span is not None, flight
+        return {
+            "subquery": batch.flights[flight.replica_of].span.span_id,
+            "span": judged.span.span_id,
+            "worker": judged.outcome.worker_id,
+            "output": judged.outcome.text,
+            "mode": self.scope.policy.agree_mode,
+        }
+
+    def open_span(self, flight: Flight, **attrs: object) -> Span:
+        flight.span = self.emitter.start(
+            "SubQuery.Submit",
+            parent=self.scope.parent,
+            depth=self.scope.depth,
+            payload=flight.prompt,
+            sq=flight.outcome.index,
+            batch=self.scope.batches,
+            bytes=len(flight.prompt.encode("utf-8", "replace")),
+            **attrs,
+        )
+        return flight.span
+
+    def refused(self, flight: Flight, refused: BudgetRefused, wave: Wave) -> None:
+        """A cap refused the attempt's reservation. The run's stops all dispatching (this
+        flight and the backlog end as `budget`), a provider's sends the flight back to be
+        routed to another provider, a sub-query's ends that sub-query."""
+        reason = refused.attrs["reason"]
+        if refused.scope == "provider":
+            wave.backlog.appendleft(flight)
+        elif refused.scope == "subquery":
+            self.settle(flight, "budget", error=reason)
+        else:
+            self.settle(flight, "budget", error=reason)
+            self.settle_backlog(wave, "budget", reason)
+
+    # --- ending ----------------------------------------------------------------------
+    def release(self, flight: Flight, wave: Wave, *, spent: Result | None = None) -> None:
+        """The attempt is no longer out: free its credit and close its reservation, settled
+        at what the reply cost, or released when nothing came of it."""
+        wave.out.pop(flight.sq_id, None)
+        self.router.free(flight)
+        self.spending.close(flight, spent)
+
+    def abandon(self, flight: Flight, wave: Wave) -> None:
+        self.release(flight, wave)
+        self.transport.revoke([flight])
+
+    def retry_or_settle(self, flight: Flight, status: str, reason: str, wave: Wave) -> None:
+        """Another attempt, on another venue where one has credit, while attempts remain
+        (none when a hedge twin may still answer for it)."""
+        twin = flight.twin
+        if twin is not None and wave.holds(twin):
+            twin.twin = None
+            flight.twin = None
+            return
+        if flight.outcome.attempts <= self.scope.policy.max_retries:
+            flight.retry_reason = reason
+            wave.backlog.appendleft(flight)
+            return
+        self.settle(flight, status, error=reason)
+
+    def cancel_rest(self, wave: Wave, reason: str) -> None:
+        gone = list(wave.out.values())
+        for flight in gone:
+            self.emitter.instant(
+                "SubQuery.Cancel",
+                parent=flight.span.span_id,
+                depth=self.scope.depth,
+                status="cancelled",
+                reason=reason,
+                sq_id=flight.sq_id,
+                venue=flight.venue,
+            )
+            if flight.outcome.status == "pending":  # a hedge's twin settles it only once
+                self.settle(flight, "cancelled", error=f"cancelled: {reason}")
+        self.transport.revoke(gone)
+        for flight in gone:
+            self.release(flight, wave)
+        self.settle_backlog(wave, "cancelled", f"cancelled before it was sent: {reason}")
+
+    def settle_backlog(self, wave: Wave, status: str, reason: str) -> None:
+        while wave.backlog:
+            flight = wave.backlog.popleft()
+            if flight.outcome.status == "pending":  # a queued hedge's twin may have settled it
+                self.settle(flight, status, error=reason)
+
+    def settle(
+        self, flight: Flight, status: str, *, error: str = "", result: Result | None = None
+    ) -> None:
+        outcome = flight.outcome
+        outcome.status = status
+        outcome.error = error
+        outcome.venue = flight.venue
+        if result is not None:
+            outcome.text = result.get("text", "")
+            outcome.worker_id = result.get("worker_id", "")
+            outcome.tokens_in = result.get("tokens_in", 0)
+            outcome.tokens_out = result.get("tokens_out", 0)
+            outcome.cost = result.get("cost", 0.0)
+            outcome.ms = result.get("ms", 0.0)
+        self.totals.settled += 1
+        if status != "ok":
+            self.totals.subqueries_failed += 1
+        elif result is not None:
+            # The reply is paid for through the attempt it answers for: a winning hedge's
+            # through the attempt it hedged, which the tier's verdicts name.
+            owner = flight.twin if flight.hedge and flight.twin is not None else flight
+            owner.result = result
+            state = self.scope.batch
+            if state is not None and state.judging:
+                state.replied.append(owner)
+            else:
+                self.spending.pay(owner)
+        span = flight.span or self.open_span(flight)  # never sent: its span opens and ends
+        self.emitter.instant(
+            "SubQuery.Return",
+            parent=span.span_id,
+            depth=self.scope.depth,
+            status="ok" if status == "ok" else ("cancelled" if status == "cancelled" else "error"),
+            venue=flight.venue or None,
+            worker_id=outcome.worker_id or None,
+            sq=outcome.index,
+            attempts=outcome.attempts,
+        )
+        span.end(
+            status if status in {"ok", "timeout", "cancelled"} else "error",
+            payload=outcome.text if status == "ok" else None,
+            tokens_in=outcome.tokens_in or None,
+            tokens_out=outcome.tokens_out or None,
+            cost=outcome.cost or None,
+            venue=flight.venue or None,
+            worker_id=outcome.worker_id or None,
+            attempts=outcome.attempts,
+            error=error or None,
+        )

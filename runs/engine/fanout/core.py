@@ -1,0 +1,367 @@
+"""The life of a batch. A REPL call's prompts are checked against the policy's limits and
+become a batch of sub-queries, then, until every one is settled, the quorum is met or the
+batch's deadline passes:
+
+- plan: the router picks where each waiting job goes, as the workers have credit for it;
+- send: each reserves its estimated cost, is prepared (worker, id, deadline, trace) and is
+  published, all of them through one producer;
+- collect: replies are read from the run's result stream as they arrive and checked, and
+  deadlines, lost workers and stragglers are watched; each reply frees a credit for the next
+  job, so the plan and the send run again;
+- settle: at the quorum or the deadline the rest is cancelled.
+
+Then the replies are judged as the tier asks, and each is paid by its verdict. The Fanout
+holds one part per responsibility (the package's docstring maps them) and reads as these
+steps; the parts share the state objects of state.py, not the Fanout."""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from runs.engine.fanout.attempts import Attempts
+from runs.engine.fanout.hedging import Hedger, LatencyWindows
+from runs.engine.fanout.intake import Intake
+from runs.engine.fanout.judging import Judge
+from runs.engine.fanout.liveness import Liveness
+from runs.engine.fanout.routing import Router
+from runs.engine.fanout.spending import Spending
+from runs.engine.fanout.state import (
+    CALL_TIERS,
+    Batch,
+    FanoutAbort,
+    Flight,
+    LimitExceeded,
+    Outcome,
+    Roster,
+    Scope,
+    Totals,
+    Wave,
+)
+from runs.engine.fanout.transport import Transport
+from runs.engine.policy import Policy
+from runs.trust import accounts, verify
+from runs.trust.budget import BudgetRefused
+from traces.emitter import Emitter
+from workers.backends import ModelSpec
+from workers.jobs import Job
+
+
+class Fanout:
+    # One place builds every part and gives each only what it uses: read together, the
+    # keyword arguments are the package's dependency map, and the order they must be built
+    # in; split into helpers, that map would be spread over several. Hence its length.
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        client: redis.Redis,
+        emitter: Emitter,
+        policy: Policy,
+        venue_names: list[str],
+        worker_model: ModelSpec,
+        totals: Totals,
+        cancelled: Callable[[], bool],
+        on_progress: Callable[[], None],
+    ) -> None:
+        verify_venues = frozenset(v for v in policy.verify_venues.split(",") if v)
+        self.scope = Scope(
+            run_id=run_id,
+            policy=policy,
+            worker_model=worker_model,
+            # The checking venues are watched too.
+            venue_names=list(dict.fromkeys([*venue_names, *sorted(verify_venues)])),
+            # Answers run on the run's venues, less those kept for checking them (unless that
+            # would leave none).
+            answer_venues=frozenset(venue_names) - verify_venues or frozenset(venue_names),
+            verify_venues=verify_venues,
+        )
+        self.roster = Roster()
+        self.emitter = emitter
+        self.policy = policy
+        self.totals = totals
+        self.cancelled = cancelled
+        self.on_progress = on_progress
+        self.counter = 0
+        self.last_handle = ""  # the latest batch left for the REPL to check (defer_check)
+        self._deferred: dict[str, Batch] = {}  # batches awaiting the REPL's own checks
+        rng = random.Random(run_id)  # one stream of draws: the scheduler's and the judge's
+        latency = LatencyWindows(policy.hedge)
+        self.tally = verify.VerificationTally()
+        self.accounts = accounts.RunAccounts(run_id, policy, emitter)
+        self.transport = Transport(run_id=run_id, client=client, policy=policy)
+        self.router = Router(
+            scope=self.scope,
+            roster=self.roster,
+            client=client,
+            emitter=emitter,
+            accounts=self.accounts,
+            rng=rng,
+        )
+        self.spending = Spending(scope=self.scope, roster=self.roster, accounts=self.accounts)
+        self.attempts = Attempts(
+            scope=self.scope,
+            emitter=emitter,
+            totals=totals,
+            router=self.router,
+            spending=self.spending,
+            transport=self.transport,
+            latency=latency,
+        )
+        self.hedger = Hedger(
+            scope=self.scope, emitter=emitter, latency=latency, abandon=self.attempts.abandon
+        )
+        self.intake = Intake(
+            scope=self.scope,
+            roster=self.roster,
+            emitter=emitter,
+            totals=totals,
+            router=self.router,
+            attempts=self.attempts,
+            hedger=self.hedger,
+        )
+        self.liveness = Liveness(
+            scope=self.scope,
+            roster=self.roster,
+            emitter=emitter,
+            router=self.router,
+            attempts=self.attempts,
+        )
+        self.judge = Judge(
+            scope=self.scope,
+            roster=self.roster,
+            emitter=emitter,
+            totals=totals,
+            tally=self.tally,
+            reputations=self.router.reputations,
+            rng=rng,
+            public_key=self.intake.public_key,
+            send=self._dispatch,
+        )
+
+    @property
+    def hedged(self) -> int:
+        """Hedges sent in the run: extra work, but not verification."""
+        return self.attempts.hedged
+
+    @property
+    def worker_model(self) -> ModelSpec:
+        """The model the sub-queries run on."""
+        return self.scope.worker_model
+
+    @worker_model.setter
+    def worker_model(self, model: ModelSpec) -> None:
+        # A replay that goes live swaps it for a live one: every part reads it from the scope.
+        self.scope.worker_model = model
+
+    # --- public ----------------------------------------------------------------------
+    def check_limits(self, count: int, *, what: str = "llm_query_batched") -> None:
+        if count > self.policy.max_batch:
+            raise LimitExceeded(
+                f"{what} got {count} prompts; this run allows at most "
+                f"{self.policy.max_batch} per batch (policy.max_batch): split the list"
+            )
+        if self.totals.calls + count > self.policy.max_subqueries:
+            left = self.policy.max_subqueries - self.totals.calls
+            raise LimitExceeded(
+                f"this run may make {self.policy.max_subqueries} sub-queries in all "
+                f"(policy.max_subqueries); {left} are left and {count} were asked for"
+            )
+
+    def run_batch(
+        self,
+        prompts: list[str],
+        *,
+        depth: int,
+        parent: str | None,
+        tier: Any = None,
+        check: Callable[[str], verify.CheckVerdict] | None = None,
+        defer_check: bool = False,
+    ) -> list[Outcome]:
+        """1. check the limits, 2. send as many jobs as the workers have credit for,
+        3. collect replies, sending the rest as credit frees, until all are settled, the
+        quorum is met or the deadline passes, 4. judge them: `check` (an objective check),
+        then the tier. With `defer_check` the REPL checks the replies itself: the batch
+        waits under `self.last_handle` for its verdicts (apply_verdicts)."""
+        tier = self._call_tier(tier, check, defer_check)
+        self.check_limits(len(prompts))
+        self.totals.calls += len(prompts)
+        self.router.refresh(force=True)
+        if tier == "high_trust":
+            self.judge.validator_venues()  # refuses the call when no validator is live
+        self.scope.parent, self.scope.depth = parent, depth
+        self.scope.batches += 1
+        state = Batch(
+            [Flight(Outcome(i), p) for i, p in enumerate(prompts)],
+            tier,
+            depth,
+            parent,
+            judging=tier != "best_effort" or check is not None or defer_check,
+        )
+        self.scope.batch = state
+        self._dispatch(state.flights)
+        self.tally.add_primary(len(state.flights))
+        if check is not None:
+            verdicts = self.judge.check_all(state, check, range(len(state.flights)))
+            while verdicts:
+                again = self.judge.objective_round(state, verdicts)
+                verdicts = self.judge.check_all(state, check, again)
+        if defer_check:
+            self.last_handle = f"b{self.scope.batches}"
+            self._deferred[self.last_handle] = state
+        else:
+            self._finish_batch(state)
+        return [flight.outcome for flight in state.flights]
+
+    def apply_verdicts(
+        self, handle: str, verdicts: dict[int, verify.CheckVerdict]
+    ) -> tuple[list[Outcome], list[int]]:
+        """The REPL's own check of a deferred batch's replies (by position): the failed ones
+        go to other workers while attempts remain. Returns the batch's outcomes and the
+        positions with new replies, to check again; when there are none, the batch is
+        judged by its tier and closed."""
+        state = self._deferred.get(handle)
+        if state is None:
+            raise LimitExceeded(f"no batch {handle!r} is waiting for verdicts")
+        known = {p for p in verdicts if 0 <= p < len(state.flights)}
+        if known != set(verdicts):
+            raise LimitExceeded("verdicts name positions that are not in the batch")
+        self.scope.batch, self.scope.parent, self.scope.depth = state, state.parent, state.depth
+        again = self.judge.objective_round(state, verdicts)
+        if not again:
+            del self._deferred[handle]
+            self._finish_batch(state)
+        return [flight.outcome for flight in state.flights], again
+
+    def close(self) -> None:
+        """At the run's end: replies of batches whose REPL check never came back (the cell
+        failed before it) are paid for as they stand, unverified, so no work goes unreceipted."""
+        with self.emitter.batch():
+            for state in self._deferred.values():
+                for flight in state.replied:
+                    self.spending.pay(flight)
+        self._deferred.clear()
+
+    # --- the life of a batch ---------------------------------------------------------
+    def _call_tier(
+        self, tier: Any, check: Callable[[str], verify.CheckVerdict] | None, defer_check: bool
+    ) -> str:
+        """The tier the call names (the policy's by default); "objective" is best effort
+        once its check is known."""
+        tier = tier or self.policy.tier
+        if tier not in CALL_TIERS:
+            raise LimitExceeded(f"tier={tier!r}: choose one of {', '.join(CALL_TIERS)}")
+        if tier == "objective":
+            if check is None and not defer_check:
+                raise LimitExceeded(
+                    "tier='objective' needs a check: validate=<JSON schema dict>, <regex str> "
+                    "or <function of the reply returning True when it is acceptable>"
+                )
+            tier = "best_effort"
+        return tier
+
+    def _dispatch(self, batch: list[Flight]) -> None:
+        """Number the sub-queries, send what the workers have credit for, and collect until
+        the batch is settled. The judge sends its copies through here too."""
+        for flight in batch:
+            self.counter += 1
+            flight.outcome.index = self.counter
+        wave = Wave({}, deque(batch))
+        self.totals.subqueries += len(batch)
+        self.hedger.start(len(batch))
+        self._pump(wave)
+        self.on_progress()
+        self._collect(batch, wave)
+
+    def _pump(self, wave: Wave) -> None:
+        """Plan and send the backlog jobs that should go now: their Submit spans in one round
+        trip, their messages through one producer (transport.Transport.publish)."""
+        if not wave.backlog:
+            return
+        picks = self.router.plan(wave)
+        if not picks:
+            if not wave.out and self.router.any_credit():
+                # Workers are there but none may take it, and nothing in flight will free
+                # a credit: waiting would wait forever. (With no worker at all, the batch
+                # waits a while for one to come back: see liveness.Liveness.await_workers.)
+                capped = self.accounts.capped_providers
+                self.attempts.settle_backlog(
+                    wave, "budget" if capped else "error", self.router.unroutable()
+                )
+            return
+        taken = {id(flight) for flight, _ in picks}
+        wave.backlog = deque(f for f in wave.backlog if id(f) not in taken)
+        ready: list[tuple[Flight, Job]] = []
+        with self.emitter.batch():
+            for flight, target in picks:
+                try:
+                    reservation = self.spending.reserve(flight, target)
+                except BudgetRefused as refused:
+                    self.attempts.refused(flight, refused, wave)
+                    continue
+                ready.append((flight, self.attempts.prepare(flight, target, wave)))
+                self.spending.hold(flight, reservation)
+        self.transport.publish(ready)
+
+    def _collect(self, batch: list[Flight], wave: Wave) -> None:
+        """Read replies as they come, one read per gather window, and send more as they free
+        credit, until nothing of the batch is out or waiting."""
+        need = math.ceil(self.policy.quorum * len(batch))
+        batch_deadline = time.time() + self.policy.batch_deadline_s
+        last_progress = 0.0
+        while wave.out or wave.backlog:
+            if self.cancelled():
+                self.attempts.cancel_rest(wave, "the run was cancelled")
+                raise FanoutAbort("the run was cancelled", status="cancelled")
+            now = time.time()
+            wake = min([f.deadline for f in wave.out.values()] + [batch_deadline])
+            block_ms = int(max(1, min(200, (wake - now) * 1000)))
+            reply = self.transport.read(block_ms, gather=bool(wave.backlog))
+            with self.emitter.batch():
+                for result in self.transport.results(reply):
+                    self.intake.on_result(result, wave)
+                self.liveness.check_deadlines(wave)
+                self.liveness.check_lost_workers(wave)
+                self.hedger.hedge_stragglers(wave)
+                self._settle_rest(batch, wave, need, batch_deadline)
+            self._pump(wave)
+            with self.emitter.batch():
+                self.router.flush()
+            if time.monotonic() - last_progress > 0.2:
+                self.on_progress()
+                last_progress = time.monotonic()
+        self.on_progress()
+
+    def _settle_rest(
+        self, batch: list[Flight], wave: Wave, need: int, batch_deadline: float
+    ) -> None:
+        """At the quorum or the batch's deadline, what is still out or waiting is cancelled;
+        while no worker is live, the batch waits a while for one."""
+        busy = bool(wave.out or wave.backlog)
+        settled = sum(1 for f in batch if f.outcome.status != "pending")
+        if busy and settled >= need:
+            self.attempts.cancel_rest(wave, f"quorum of {need}/{len(batch)} reached")
+        elif busy and time.time() > batch_deadline:
+            self.attempts.cancel_rest(
+                wave, f"batch deadline of {self.policy.batch_deadline_s} s passed"
+            )
+        else:
+            self.liveness.await_workers(wave)
+
+    def _finish_batch(self, state: Batch) -> None:
+        """Judge the replies as the tier asks, then pay for each one by its verdict."""
+        if state.tier == "redundant":
+            self.judge.redundant(state)
+        elif state.tier == "high_trust":
+            self.judge.high_trust(state)
+        with self.emitter.batch():
+            for flight in state.replied:
+                self.spending.pay(flight)
+            self.router.flush()
+        state.replied.clear()

@@ -1,0 +1,148 @@
+"""Hedging stragglers. When: the latency a venue's sub-queries have taken in this run, and
+the quantile past which one still running counts as straggling (policy.hedge; LatencyWindows).
+How: a straggler gets a twin on another worker once no fresh work waits, whichever answers
+first wins and the other is cancelled (Hedger)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+
+from runs.engine.fanout.state import Flight, Scope, Wave
+from traces.emitter import Emitter
+
+# Replies per venue the quantile is taken over: recent enough to follow a venue that slows.
+WINDOW = 256
+# Fewer replies than this say too little about a venue to call anything a straggler.
+MIN_SAMPLES = 8
+QUANTILES = {"p90": 0.90, "p95": 0.95, "p99": 0.99}
+# No sub-query straggles in less than this: a twin costs a dispatch and a reply read, and a
+# venue answering in a few ms (a cassette replay, a cache) would otherwise hedge every
+# scheduling hiccup of a loaded machine. A model's tail is far longer than this.
+FLOOR_MS = 100.0
+# A batch hedges at most this share of its sub-queries: hedges are for the tail.
+HEDGE_SHARE = 0.1
+# A straggler runs this much past the quantile: latencies with no spread do not hedge on jitter.
+HEDGE_SLACK = 1.1
+
+
+class LatencyWindows:
+    """The latest WINDOW reply times (dispatch to reply, in ms) per venue."""
+
+    def __init__(self, hedge: str) -> None:
+        self.quantile = QUANTILES.get(hedge)  # None: hedging is off
+        self._samples: dict[str, deque[float]] = {}
+        self._cache: dict[str, float | None] = {}
+
+    def add(self, venue: str, ms: float) -> None:
+        self._samples.setdefault(venue, deque(maxlen=WINDOW)).append(ms)
+        self._cache.pop(venue, None)
+
+    def threshold_ms(self, venue: str) -> float | None:
+        """The venue's latency quantile (at least FLOOR_MS), or None while hedging is off or
+        samples are few."""
+        if self.quantile is None:
+            return None
+        if venue not in self._cache:
+            samples = sorted(self._samples.get(venue, ()))
+            if len(samples) < MIN_SAMPLES:
+                return None
+            # Nearest rank: the smallest sample at or above the quantile.
+            rank = max(0, math.ceil(self.quantile * len(samples)) - 1)
+            self._cache[venue] = max(samples[rank], FLOOR_MS)
+        return self._cache[venue]
+
+
+class Hedger:
+    def __init__(
+        self,
+        *,
+        scope: Scope,
+        emitter: Emitter,
+        latency: LatencyWindows,
+        abandon: Callable[[Flight, Wave], None],
+    ) -> None:
+        self.scope = scope
+        self.emitter = emitter
+        self.latency = latency
+        self.abandon = abandon  # gives up an attempt that is out (attempts.Attempts.abandon)
+        self._hedges = 0  # hedges made in the current dispatch
+        self._limit = 0
+
+    def start(self, size: int) -> None:
+        """A dispatch of `size` sub-queries begins: it may hedge HEDGE_SHARE of them."""
+        self._hedges = 0
+        self._limit = max(1, math.floor(HEDGE_SHARE * size))
+
+    def hedge_stragglers(self, wave: Wave) -> None:
+        """Once no fresh work waits (a free slot is better spent on it), a sub-query that
+        has run past its venue's latency quantile gets a twin on another worker: whichever
+        answers first wins, the other is cancelled (drop_twin). Running time counts from
+        the worker's start: a job waiting in a queue is not a straggler by itself, but one
+        queued on a worker whose running job straggles waits on that straggler, and is
+        hedged with it."""
+        if self.latency.quantile is None or self._hedges >= self._limit:
+            return
+        if any(not f.hedge for f in wave.backlog):
+            return
+        now = time.time()
+        straggling: list[Flight] = []
+        slow_workers: set[str] = set()
+        for flight in wave.out.values():
+            threshold = self.latency.threshold_ms(flight.venue)
+            if (
+                threshold is not None
+                and flight.started_at
+                and (now - flight.started_at) * 1000 > threshold * HEDGE_SLACK
+            ):
+                straggling.append(flight)
+                slow_workers.add(flight.worker_id)
+        behind = [f for f in wave.out.values() if not f.started_at and f.assigned in slow_workers]
+        for flight in sorted(straggling, key=lambda f: f.started_at) + behind:
+            if self._hedges >= self._limit:
+                return
+            if flight.twin is not None or flight.hedge or flight.outcome.status != "pending":
+                continue
+            hedge = Flight(
+                flight.outcome,
+                flight.prompt,
+                span=flight.span,
+                replica_of=flight.replica_of,
+                venues=flight.venues,
+                original=flight.original,
+                kind=flight.kind,
+                judged=flight.judged,
+                tried=set(flight.tried),
+                twin=flight,
+                hedge=True,
+            )
+            flight.twin = hedge
+            self._hedges += 1
+            wave.backlog.appendleft(hedge)
+
+    def drop_twin(self, flight: Flight, wave: Wave) -> None:
+        """The sub-query is settled: its twin, if still out, is cancelled; if still queued
+        here, forgotten."""
+        twin, flight.twin = flight.twin, None
+        if twin is None:
+            return
+        twin.twin = None
+        if any(f is twin for f in wave.backlog):
+            wave.backlog = deque(f for f in wave.backlog if f is not twin)
+            return
+        if wave.out.get(twin.sq_id) is not twin:
+            return
+        winner = "hedge" if flight.hedge else "original attempt"
+        self.emitter.instant(
+            "SubQuery.Cancel",
+            parent=twin.span.span_id if twin.span else None,
+            depth=self.scope.depth,
+            status="cancelled",
+            reason=f"hedged: the {winner} {flight.sq_id} answered first",
+            sq_id=twin.sq_id,
+            venue=twin.venue,
+            worker_id=twin.worker_id or None,
+        )
+        self.abandon(twin, wave)

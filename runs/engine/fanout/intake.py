@@ -1,0 +1,123 @@
+"""A reply as it arrives. It is checked before it counts: it must come from the worker the job
+was given to (or, for a shared queue, a live worker of that venue) and carry that worker's
+signature; one that does not is rejected, and its sender struck. A sound one settles its
+attempt, or sends it to be tried again, and what it says about the worker feeds the routing."""
+
+from __future__ import annotations
+
+import time
+
+from runs.engine.fanout.attempts import Attempts
+from runs.engine.fanout.hedging import Hedger
+from runs.engine.fanout.routing import Router
+from runs.engine.fanout.state import Flight, Roster, Scope, Totals, Wave
+from traces.emitter import Emitter
+from workers.jobs import Result
+from workers.models import Worker
+from workers.services import worker_strike
+from workers.signing import result_verify
+
+
+class Intake:
+    def __init__(
+        self,
+        *,
+        scope: Scope,
+        roster: Roster,
+        emitter: Emitter,
+        totals: Totals,
+        router: Router,
+        attempts: Attempts,
+        hedger: Hedger,
+    ) -> None:
+        self.scope = scope
+        self.roster = roster
+        self.emitter = emitter
+        self.totals = totals
+        self.router = router
+        self.attempts = attempts
+        self.hedger = hedger
+
+    def on_result(self, result: Result, wave: Wave) -> None:
+        flight = wave.out.get(result.get("sq_id", ""))
+        if flight is None:
+            return  # a late reply to an attempt that was already settled or replaced
+        status = result.get("status")
+        wid = result.get("worker_id", "")
+        problem = self._check_sender(flight, wid)
+        if problem is None and status in ("ok", "error"):
+            problem = self._check_signature(result, wid)
+        if problem is not None:
+            # Not counted, and not the job's end: the assignee may still answer.
+            self._reject(flight, wid, problem)
+            return
+        if status == "started":
+            flight.worker_id = wid
+            flight.started_at = time.time()
+            return
+        self.attempts.release(flight, wave, spent=result if status == "ok" else None)
+        # How long it ran, not how long it queued: the scheduler adds the queue itself.
+        ms = (time.time() - max(flight.sent_at, flight.started_at)) * 1000
+        if status == "ok":
+            self.router.observe(flight, True, latency_ms=ms)
+            if flight.started_at:
+                self.hedger.latency.add(flight.venue, (time.time() - flight.started_at) * 1000)
+            self.totals.add_tokens(
+                result.get("tokens_in", 0), result.get("tokens_out", 0), result.get("cost")
+            )
+            self.attempts.settle(flight, "ok", result=result)
+            self.hedger.drop_twin(flight, wave)
+        elif status == "error":
+            self.router.observe(flight, False)
+            self.attempts.retry_or_settle(flight, "error", result.get("error", "failed"), wave)
+        else:
+            self.attempts.retry_or_settle(
+                flight, "error", "the worker dropped the job as expired or cancelled", wave
+            )
+
+    def public_key(self, wid: str) -> str | None:
+        """The worker's registered public key (read once per run), or None when it is not
+        registered."""
+        keys = self.roster.keys
+        if wid not in keys:
+            key = Worker.objects.filter(id=wid).values_list("public_key", flat=True).first()
+            if key is None:
+                return None
+            keys[wid] = key
+        return keys[wid]
+
+    def _check_sender(self, flight: Flight, wid: str) -> str | None:
+        """A worker answers only for work it was given: the assignee, or for a shared queue
+        a live worker of that venue."""
+        if flight.assigned:
+            if wid != flight.assigned:
+                return f"{wid or 'an unnamed worker'} answered for {flight.assigned}"
+        elif (
+            wid not in self.roster.live.get(flight.venue, set()) and wid not in self.roster.workers
+        ):
+            return f"{wid or 'an unnamed worker'} is not a live worker of venue {flight.venue}"
+        return None
+
+    def _check_signature(self, result: Result, wid: str) -> str | None:
+        key = self.public_key(wid)
+        if key is None:
+            return f"worker {wid} is not registered, so its result cannot be checked"
+        if not result_verify({**result, "run_id": self.scope.run_id}, key):
+            return f"the result's signature is not worker {wid}'s"
+        return None
+
+    def _reject(self, flight: Flight, wid: str, problem: str) -> None:
+        self.emitter.instant(
+            "SubQuery.Return",
+            parent=flight.span.span_id,
+            depth=self.scope.depth,
+            status="rejected",
+            sq=flight.outcome.index,
+            sq_id=flight.sq_id,
+            venue=flight.venue,
+            worker_id=wid or None,
+            reason=problem,
+        )
+        if wid:
+            worker_strike(wid, problem)
+            self.router.reputations.known.pop(wid, None)  # the strike counts at the next refresh

@@ -1,0 +1,107 @@
+"""Jobs that will not answer. One past its deadline, or held by a worker that left (or queued on
+a venue whose workers all left), is given up and tried again elsewhere while attempts remain.
+When no venue has a live worker at all, the batch waits a while for one to come back: devices
+of a swarm come and go."""
+
+from __future__ import annotations
+
+import time
+
+from runs.engine.fanout.attempts import Attempts
+from runs.engine.fanout.routing import Router
+from runs.engine.fanout.state import Roster, Scope, Wave
+from traces.emitter import Emitter
+from workers.reputation import Observation
+from workers.services import worker_mark_lost
+
+NO_VENUE = "no live worker on any of the run's venues"
+# How long a batch waits for a worker to come back when every one has left.
+NO_WORKER_GRACE_S = 15.0
+
+
+class Liveness:
+    def __init__(
+        self,
+        *,
+        scope: Scope,
+        roster: Roster,
+        emitter: Emitter,
+        router: Router,
+        attempts: Attempts,
+    ) -> None:
+        self.scope = scope
+        self.roster = roster
+        self.emitter = emitter
+        self.router = router
+        self.attempts = attempts
+        self._lost: set[str] = set()  # workers whose loss was reported
+        self._empty_since = 0.0
+        self._grace_s = min(NO_WORKER_GRACE_S, scope.policy.subquery_timeout_s)
+
+    def check_deadlines(self, wave: Wave) -> None:
+        now = time.time()
+        for flight in [f for f in wave.out.values() if f.deadline <= now]:
+            self.attempts.abandon(flight, wave)
+            self.router.observe(flight, False)
+            self.emitter.instant(
+                "SubQuery.Timeout",
+                parent=flight.span.span_id,
+                depth=self.scope.depth,
+                status="timeout",
+                sq_id=flight.sq_id,
+                venue=flight.venue,
+                worker_id=flight.worker_id or None,
+            )
+            timeout_s = self.scope.policy.subquery_timeout_s
+            self.attempts.retry_or_settle(
+                flight,
+                "timeout",
+                f"no reply within {timeout_s} s (policy.subquery_timeout_s)",
+                wave,
+            )
+
+    def check_lost_workers(self, wave: Wave) -> None:
+        if not wave.out and not wave.backlog:
+            return
+        self.router.refresh()
+        for flight in list(wave.out.values()):
+            live = self.roster.live.get(flight.venue, set())
+            if flight.worker_id and flight.worker_id not in live:
+                self._worker_lost(flight.worker_id, flight.venue)
+                reason = f"worker {flight.worker_id} was lost while it held it"
+            elif not flight.worker_id and not live:
+                # Queued on a venue whose workers are all gone.
+                reason = f"venue {flight.venue} has no live worker left to run it"
+            else:
+                continue
+            self.attempts.abandon(flight, wave)
+            # A departure is not a failure of the venue, nor of the work: its breakers
+            # are left alone, and reputation learns of it as an unfinished job.
+            if flight.worker_id:
+                self.router.reputations.observe(Observation(flight.worker_id, completion=False))
+            self.attempts.retry_or_settle(flight, "error", reason, wave)
+
+    def await_workers(self, wave: Wave) -> None:
+        """While work waits and no venue has a live worker, wait a while for one to come back
+        (devices of a swarm come and go); past the grace, the waiting work fails."""
+        if wave.backlog and not self.router.any_credit():
+            self._empty_since = self._empty_since or time.monotonic()
+            if time.monotonic() - self._empty_since > self._grace_s:
+                self.attempts.settle_backlog(wave, "error", NO_VENUE)
+        else:
+            self._empty_since = 0.0
+
+    def _worker_lost(self, wid: str, venue: str) -> None:
+        """Say once per run that a worker holding its work left without a word."""
+        if wid in self._lost:
+            return
+        self._lost.add(wid)
+        self.emitter.instant(
+            "Worker.Lost",
+            parent=self.scope.parent,
+            depth=self.scope.depth,
+            status="error",
+            venue=venue,
+            worker_id=wid,
+            marked=worker_mark_lost(wid),
+        )

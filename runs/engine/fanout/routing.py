@@ -1,0 +1,308 @@
+"""Where a job goes: the policy's routing. By default the scheduler (workers.scheduler) sends
+it to one registered worker's own queue, the one expected to finish it first given
+reputation, latency, load and price; "shared" puts it on the venue's queue for any free
+worker (what Celery does by itself); "round_robin" deals jobs to workers in turn.
+
+Dispatch is credit-based: a worker (or, for a shared queue, a venue) is given as many jobs
+as it has slots, plus a margin that hides the refill round trip, and each reply frees
+a credit for the next job. Queues stay short, so a slow or busy worker takes less work
+instead of holding the batch's tail, and every decision is made with current figures.
+
+The router reads who is live (the Roster it keeps for the other parts), and what finished
+attempts say about their workers feeds the reputations and circuit breakers it plans with."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import time
+
+import redis
+
+from runs.engine.fanout.state import FanoutAbort, Flight, Roster, Scope, Target, Wave
+from runs.trust import accounts
+from traces.emitter import Emitter
+from workers import scheduler, venues
+from workers.circuit import Breakers, Step
+from workers.reputation import Observation, Reputations
+
+# How often the liveness of workers holding jobs is checked, in seconds.
+LIVENESS_EVERY_S = 1.0
+# Jobs queued at a venue beyond its slots, as a fraction of them: one per slot, because a
+# batch's replies come in clumps (its sub-queries start together and take alike), so every
+# slot needs its next job waiting while the refill is on its way. The scheduler still
+# queues a job only where it would finish soonest, and an untrusted worker reserves no more
+# than its prefetch of one per slot.
+QUEUE_MARGIN = 1.0
+# A typical sub-query, for comparing workers' prices: tokens in and out.
+TYPICAL_TOKENS = (1000, 100)
+
+
+class Router:
+    def __init__(
+        self,
+        *,
+        scope: Scope,
+        roster: Roster,
+        client: redis.Redis,
+        emitter: Emitter,
+        accounts: accounts.RunAccounts,
+        rng: random.Random,
+    ) -> None:
+        self.scope = scope
+        self.roster = roster
+        self.client = client
+        self.emitter = emitter
+        self.accounts = accounts
+        self.rng = rng
+        self.reputations = Reputations(client)
+        self.breakers = Breakers(client)
+        policy = scope.policy
+        self.weights = scheduler.Weights(
+            latency=policy.weight_latency,
+            reputation=policy.weight_reputation,
+            price=policy.weight_price,
+            load=policy.weight_load,
+            explore=policy.explore,
+            min_reputation=policy.min_reputation,
+        )
+        self._checked = 0.0
+        self._turn = 0  # round-robin position
+
+    def refresh(self, *, force: bool = False) -> None:
+        """Who is live on the run's venues, their reputations and their breakers: read at
+        most every LIVENESS_EVERY_S, three round trips in all."""
+        now = time.monotonic()
+        if not force and now - self._checked < LIVENESS_EVERY_S:
+            return
+        self._checked = now
+        roster, names = self.roster, self.scope.venue_names
+        workers: dict[str, venues.LiveWorker] = {}
+        for name in names:
+            entries = venues.live_workers(self.client, name)
+            roster.live[name] = {w["name"] for w in entries}
+            slots = sum(int(w.get("concurrency", 1)) for w in entries)
+            roster.limit[name] = slots + max(2, math.ceil(slots * QUEUE_MARGIN)) if slots else 0
+            workers.update({w["worker_id"]: w for w in entries if w.get("worker_id")})
+        roster.workers = workers
+        self.reputations.refresh(list(workers))
+        scopes = [f"worker:{wid}" for wid in workers] + [f"venue:{v}" for v in names]
+        self._on_transitions(self.breakers.check(scopes, time.time()))
+        if force and not self.any_credit():
+            raise FanoutAbort(
+                f"no live worker on the run's venues ({', '.join(names)}); start one "
+                f"with `python manage.py frlm_worker --venue {names[0]}` or `make up`"
+            )
+
+    def any_credit(self) -> bool:
+        """Whether any venue has a live worker to take jobs."""
+        return any(self.roster.limit.values())
+
+    def plan(self, wave: Wave) -> list[tuple[Flight, Target]]:
+        """The backlog jobs that should go now, and where, by the policy's routing."""
+        if self.scope.policy.routing == "shared":
+            return self._pick_shared(wave)
+        if self.scope.policy.routing == "round_robin":
+            return self._pick_round_robin(wave)
+        return self._pick_scheduled(wave)
+
+    def take(self, flight: Flight, target: Target) -> None:
+        """The attempt leaves on `flight.slot`'s credit."""
+        inflight = self.roster.inflight
+        inflight[flight.slot] = inflight.get(flight.slot, 0) + 1
+        if target.worker_id:
+            self.breakers.dispatched(f"worker:{target.worker_id}")
+        self.breakers.dispatched(f"venue:{target.venue}")
+
+    def free(self, flight: Flight) -> None:
+        """The attempt is no longer out: its credit goes to the next job."""
+        inflight = self.roster.inflight
+        inflight[flight.slot] = max(0, inflight.get(flight.slot, 1) - 1)
+
+    def observe(self, flight: Flight, ok: bool, *, latency_ms: float | None = None) -> None:
+        """What a finished attempt says about the worker that held it, and its venue."""
+        wid = flight.worker_id
+        if wid:
+            self.reputations.observe(Observation(wid, completion=ok, latency_ms=latency_ms))
+            self.breakers.record(f"worker:{wid}", ok)
+        self.breakers.record(f"venue:{flight.venue}", ok)
+
+    def flush(self) -> None:
+        """Write what was observed, in batched round trips, and trace the breakers that moved."""
+        self.reputations.flush()
+        self._on_transitions(self.breakers.flush(time.time()))
+
+    def unroutable(self) -> str:
+        """Why no live worker can take the backlog, in words a user can act on."""
+        if self.accounts.capped_providers:
+            return (
+                "every live worker's provider has reached its budget cap ("
+                f"{', '.join(sorted(self.accounts.capped_providers))}); raise "
+                "policy.provider_budgets or add workers of another provider"
+            )
+        if not self.roster.workers and self.scope.policy.routing != "shared":
+            return (
+                f"no registered worker is live on {', '.join(self.scope.venue_names)}: start "
+                "one with `python manage.py frlm_worker --venue NAME` or `frlm_swarm`"
+            )
+        shut = sorted(s for s, st in self.breakers.state.items() if not self.breakers.allows(s))
+        if shut:
+            return (
+                f"every eligible worker is behind an open circuit breaker ({', '.join(shut[:5])}"
+                f"{' ...' if len(shut) > 5 else ''}): they failed "
+                f"{self.breakers.failures} times in a row; they are tried again "
+                f"{self.breakers.cooldown_s:g} s after opening"
+            )
+        model = self.scope.worker_model.model or "the worker model"
+        return (
+            f"no live worker serves {model} with a context large enough for this sub-query; "
+            "register one that does, or shorten the prompt"
+        )
+
+    def _capped(self, worker: venues.LiveWorker) -> bool:
+        """Whether the worker's provider has reached its budget cap in this run."""
+        if not self.accounts.capped_providers:
+            return False
+        provider = accounts.provider_of(worker, self.scope.worker_model.model or "")
+        return provider in self.accounts.capped_providers
+
+    def _allowed(self, worker: venues.LiveWorker) -> bool:
+        return self.breakers.allows(f"worker:{worker['worker_id']}") and self.breakers.allows(
+            f"venue:{worker['venue']}"
+        )
+
+    def _pick_scheduled(self, wave: Wave) -> list[tuple[Flight, Target]]:
+        """The scheduler's plan for the backlog (workers.scheduler.plan)."""
+        workers = self.roster.workers
+        candidates = self._candidates(wave)
+        live = set(workers)
+        model = self.scope.worker_model.model or ""
+        needs = []
+        # The plan looks no deeper than this (scheduler.plan), and a pump runs per reply.
+        depth = scheduler.PLAN_ROUNDS * sum(c.credit for c in candidates)
+        backlog = list(itertools.islice(wave.backlog, depth))
+        for flight in backlog:
+            avoid = flight.tried & live
+            if flight.roll is None:
+                flight.roll = self.rng.random()
+            needs.append(
+                scheduler.Need(
+                    tokens=len(flight.prompt) // 4,
+                    model=model,
+                    venues=flight.venues or self.scope.answer_venues,
+                    # A job every live worker has failed may try one of them again.
+                    avoid=frozenset(avoid if avoid != live else ()),
+                    roll=flight.roll,
+                )
+            )
+        return [
+            (
+                backlog[a["index"]],
+                Target(
+                    venue=a["route"]["venue"],
+                    worker_id=a["worker_id"],
+                    queue=workers[a["worker_id"]]["queue"],
+                    how=a["route"]["how"],
+                    routing=dict(a["route"]),
+                ),
+            )
+            for a in scheduler.plan(candidates, needs, self.weights, self.rng)
+        ]
+
+    def _candidates(self, wave: Wave) -> list[scheduler.Candidate]:
+        """Every live worker as the scheduler sees it, told which of this run's jobs already
+        run there and for how long."""
+        now = time.time()
+        workers = self.roster.workers
+        running: dict[str, list[float]] = {wid: [] for wid in workers}
+        for f in wave.out.values():
+            if f.assigned in running and f.started_at > f.sent_at:
+                running[f.assigned].append((now - f.started_at) * 1000)
+        candidates = []
+        price_in, price_out = TYPICAL_TOKENS
+        for wid, w in workers.items():
+            rep = self.reputations.get(wid)
+            concurrency = int(w.get("concurrency", 1))
+            candidates.append(
+                scheduler.Candidate(
+                    worker_id=wid,
+                    venue=w["venue"],
+                    queue=w["queue"],
+                    concurrency=concurrency,
+                    credit=concurrency + max(1, math.ceil(concurrency * QUEUE_MARGIN)),
+                    inflight=self.roster.inflight.get(wid, 0),
+                    latency_ms=rep.latency_ms or w.get("latency_ms") or None,
+                    load=float(w.get("load") or 0.0),
+                    price=(
+                        float(w.get("price_in") or 0) * price_in
+                        + float(w.get("price_out") or 0) * price_out
+                    )
+                    / 1000,
+                    reputation=rep.score,
+                    models=list(w.get("models") or []),
+                    context_tokens=int(w.get("context_tokens") or 1 << 30),
+                    allowed=self._allowed(w) and not self._capped(w),
+                    running_ms=running[wid],
+                )
+            )
+        return candidates
+
+    def _pick_round_robin(self, wave: Wave) -> list[tuple[Flight, Target]]:
+        """Each job to the next worker in turn, whatever its speed: the baseline a scheduler
+        is measured against."""
+        workers = self.roster.workers
+        order = sorted(
+            w for w, info in workers.items() if self._allowed(info) and not self._capped(info)
+        )
+        if not order:
+            return []
+        picks = []
+        for flight in wave.backlog:
+            wid = order[self._turn % len(order)]
+            self._turn += 1
+            w = workers[wid]
+            picks.append(
+                (flight, Target(w["venue"], wid, w["queue"], "round_robin", {"turn": self._turn}))
+            )
+        return picks
+
+    def _pick_shared(self, wave: Wave) -> list[tuple[Flight, Target]]:
+        """Jobs onto the venues' shared queues while a venue has credit: the live venue with
+        the most free credit relative to its size; venues tried before for this sub-query
+        only when no other has credit."""
+        limit = self.roster.limit
+        picks = []
+        used = dict(self.roster.inflight)
+        for flight in wave.backlog:
+            open_ = [
+                v
+                for v in self.scope.venue_names
+                if limit.get(v, 0) > used.get(f"venue:{v}", 0)
+                and self.breakers.allows(f"venue:{v}")
+            ]
+            fresh = [v for v in open_ if v not in flight.tried] or open_
+            if not fresh:
+                break
+            best = max(fresh, key=lambda v: 1 - used.get(f"venue:{v}", 0) / limit[v])
+            key = f"venue:{best}"
+            routing = {"inflight": used.get(key, 0), "credit": limit[best]}
+            used[key] = used.get(key, 0) + 1
+            picks.append((flight, Target(best, "", venues.venue_queue(best), "shared", routing)))
+        return picks
+
+    def _on_transitions(self, steps: list[Step]) -> None:
+        for step in steps:
+            kind, _, who = step.scope.partition(":")
+            self.emitter.instant(
+                "Circuit.Open" if step.transition == "open" else "Circuit.Close",
+                parent=self.scope.parent,
+                depth=self.scope.depth,
+                status="error" if step.transition == "open" else "ok",
+                scope=kind,
+                venue=who if kind == "venue" else self.roster.workers.get(who, {}).get("venue"),
+                worker_id=who if kind == "worker" else None,
+                failures=self.breakers.failures if step.transition == "open" else None,
+                probes=self.breakers.probes if step.transition == "close" else None,
+                cooldown_s=self.breakers.cooldown_s,
+            )

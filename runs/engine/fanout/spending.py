@@ -1,0 +1,89 @@
+"""A sub-query's money, against the run's accounts (runs.trust.accounts.RunAccounts): each
+attempt reserves its estimated cost before it leaves, the reservation is settled at what the
+reply cost or released when nothing came of it, and each reply is paid by its verdict with a
+countersigned receipt, only when it was not judged wrong."""
+
+from __future__ import annotations
+
+from runs.engine.fanout.state import Flight, Roster, Scope, Target
+from runs.trust import accounts
+from runs.trust.budget import Reservation
+from workers import fragments
+from workers.jobs import Result
+
+
+class Spending:
+    def __init__(self, *, scope: Scope, roster: Roster, accounts: accounts.RunAccounts) -> None:
+        self.scope = scope
+        self.roster = roster
+        self.accounts = accounts
+
+    def reserve(self, flight: Flight, target: Target) -> Reservation:
+        """Reserve the attempt's estimated cost before it leaves, against the run's, the
+        sub-query's and the provider's caps; a cap that refuses raises BudgetRefused
+        (attempts.Attempts.refused says what becomes of the attempt)."""
+        worker = self.roster.workers.get(target.worker_id, {})
+        provider = accounts.provider_of(worker, self.scope.worker_model.model or "")
+        return self.accounts.reserve(
+            # Copies count against the sub-query they copy: the cap is per question.
+            subquery=str(flight.original or flight.outcome.index),
+            provider=provider,
+            worker_id=target.worker_id,
+            tokens_in=fragments.prompt_tokens(flight.prompt),
+            price=accounts.price_of(worker, provider),
+            parent=flight.span.span_id if flight.span else self.scope.parent,
+            depth=self.scope.depth,
+        )
+
+    def hold(self, flight: Flight, reservation: Reservation) -> None:
+        """The attempt, now prepared (its span open), carries its reservation while it is out."""
+        flight.reservation = reservation
+        self.accounts.reserved(reservation, parent=flight.span.span_id, depth=self.scope.depth)
+
+    def close(self, flight: Flight, spent: Result | None) -> None:
+        """The attempt is back or given up: its reservation is settled at what the reply cost,
+        or released when nothing came of it."""
+        reservation, flight.reservation = flight.reservation, None
+        if reservation is None:
+            return
+        where = {"parent": flight.span.span_id if flight.span else None, "depth": self.scope.depth}
+        if spent is None:
+            self.accounts.release(reservation, **where)
+        else:
+            self.accounts.settle(
+                reservation,
+                tokens_in=int(spent.get("tokens_in", 0)),
+                tokens_out=int(spent.get("tokens_out", 0)),
+                cost=spent.get("cost"),
+                **where,
+            )
+
+    def pay(self, flight: Flight) -> None:
+        """The receipt of a reply by its verdict (runs.trust.accounts.RunAccounts.receipt)."""
+        result = flight.result
+        if result is None or flight.span is None:
+            return
+        # Whose signed reply it is: the outcome may since name a recheck's or a validator's.
+        wid = str(result.get("worker_id", ""))
+        key = self.roster.keys.get(wid)
+        if key is None:
+            return
+        worker = self.roster.workers.get(wid, {})
+        model = self.scope.worker_model.model or ""
+        self.accounts.receipt(
+            accounts.Payee(
+                span=flight.span.span_id,
+                attempt=str(result.get("sq_id", "")),
+                worker_id=wid,
+                worker_key=key,
+                prompt=flight.prompt,
+                text=str(result.get("text", "")),
+                tokens_in=int(result.get("tokens_in", 0)),
+                tokens_out=int(result.get("tokens_out", 0)),
+                cost=float(result.get("cost") or 0.0),
+                price=accounts.price_of(worker, accounts.provider_of(worker, model)),
+                sig=str(result.get("sig", "")),
+            ),
+            flight.verdict,
+            depth=self.scope.depth,
+        )

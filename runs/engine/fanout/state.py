@@ -1,0 +1,170 @@
+"""What the parts of a fanout share: a sub-query's attempt (Flight), a REPL call's batch while
+it is judged (Batch), a routing decision (Target), the jobs of one dispatch (Wave), the run and
+the REPL call being served (Scope), the workers as last seen (Roster), the outcomes and totals
+the conductor reads, and the exceptions that end a call or a run."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from runs.engine.policy import CHOICES, Policy
+from runs.trust.budget import Reservation
+from traces.emitter import Span
+from workers.backends import ModelSpec
+from workers.jobs import Result
+from workers.venues import LiveWorker
+
+# Tiers a REPL call may name: the run's policy tiers, and "objective" (a call's own check).
+CALL_TIERS = (*CHOICES["tier"], "objective")
+
+
+class FanoutAbort(Exception):
+    """The batch cannot go on (no live worker, run cancelled); the run should end."""
+
+    def __init__(self, message: str, status: str = "failed") -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class LimitExceeded(Exception):
+    """A REPL call asked for more than the policy allows; the REPL code sees the message."""
+
+
+@dataclass
+class Outcome:
+    index: int
+    status: str = "pending"  # ok | error | timeout | cancelled | unresolved | rejected | budget
+    text: str = ""
+    error: str = ""
+    venue: str = ""
+    worker_id: str = ""
+    attempts: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost: float = 0.0
+    ms: float = 0.0
+
+    def reply(self) -> str:
+        """What the REPL function returns: the text, or a marker saying what went wrong."""
+        if self.status == "ok":
+            return self.text
+        return f"[frlm:{self.status}] sub-query {self.index}: {self.error}"
+
+
+@dataclass
+class Totals:
+    turns: int = 0
+    subqueries: int = 0
+    subqueries_failed: int = 0
+    settled: int = 0
+    calls: int = 0  # sub-queries and child RLMs, counted against policy.max_subqueries
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost: float = 0.0
+
+    def add_tokens(self, tokens_in: int, tokens_out: int, cost: float | None) -> None:
+        self.tokens_in += tokens_in
+        self.tokens_out += tokens_out
+        self.cost += cost or 0.0
+
+
+@dataclass
+class Flight:
+    outcome: Outcome
+    prompt: str
+    span: Span | None = None
+    sq_id: str = ""
+    venue: str = ""
+    task_id: str = ""
+    deadline: float = 0.0
+    sent_at: float = 0.0
+    started_at: float = 0.0  # when its worker said it started (0: still queued)
+    worker_id: str = ""  # who holds it: the assignee, or who took it from a shared queue
+    assigned: str = ""  # the worker it was given to; "" when put on a venue's shared queue
+    queue: str = ""
+    slot: str = ""  # whose credit it uses: a worker id, or "venue:<name>"
+    retry_reason: str = ""
+    tried: set[str] = field(default_factory=set)  # worker ids and venue names
+    replica_of: int = -1  # a copy's: the position in its batch of the sub-query it copies
+    venues: frozenset[str] = frozenset()  # where it may run; empty: the run's answer venues
+    original: int = 0  # a copy's: the number of the sub-query it copies
+    kind: str = ""  # "" an answer; a copy made to judge one: replica, recheck, validator
+    judged: Flight | None = None  # a validator's: the reply it re-runs
+    reservation: Reservation | None = None  # its budget reservation while it is out
+    result: Result | None = None  # the signed reply, kept for its receipt
+    verdict: str = "unverified"  # what its reply was judged (runs.trust.receipts verdicts)
+    twin: Flight | None = None  # a hedge and the attempt it hedges, while both may answer
+    hedge: bool = False  # this attempt is a hedge of its twin
+    roll: float | None = None  # its exploration draw (scheduler.Need.roll), made once
+
+
+@dataclass
+class Batch:
+    """One REPL call's sub-queries while they are judged: who holds each position's reply
+    now (the answer, or the recheck that replaced it), which workers failed its check, and
+    every reply that came back, for its receipt once its verdict is known."""
+
+    flights: list[Flight]
+    tier: str
+    depth: int
+    parent: str | None
+    judging: bool  # verdicts come after the replies: receipts wait for them
+    holders: dict[int, Flight] = field(default_factory=dict)
+    failed: dict[int, set[str]] = field(default_factory=dict)
+    replied: list[Flight] = field(default_factory=list)
+
+    def holder(self, pos: int) -> Flight:
+        return self.holders.get(pos, self.flights[pos])
+
+
+@dataclass(frozen=True)
+class Target:
+    venue: str
+    worker_id: str  # "" for a venue's shared queue
+    queue: str
+    how: str  # score | explore | shared | round_robin
+    routing: dict[str, Any]  # the decision's inputs, recorded on the Submit span
+
+
+@dataclass
+class Wave:
+    """One dispatch's jobs: those out, by attempt id (sq_id), and those waiting to be sent."""
+
+    out: dict[str, Flight]
+    backlog: deque[Flight]
+
+    def holds(self, flight: Flight) -> bool:
+        """Whether the attempt may still answer: it is out, or waits to be sent."""
+        return self.out.get(flight.sq_id) is flight or any(f is flight for f in self.backlog)
+
+
+@dataclass
+class Scope:
+    """What every part of a run's fanout reads: the run, its policy and venues, the worker
+    model (the conductor may swap it between turns), and the REPL call being served: its
+    parent span, its depth, and its batch while that is dispatched and judged."""
+
+    run_id: str
+    policy: Policy
+    worker_model: ModelSpec
+    venue_names: list[str]  # every venue watched: the answer venues and the checking ones
+    answer_venues: frozenset[str]
+    verify_venues: frozenset[str]
+    parent: str | None = None
+    depth: int = 0
+    batches: int = 0  # batches numbered so far; Submit spans name the latest
+    batch: Batch | None = None
+
+
+@dataclass
+class Roster:
+    """The run's workers as the router last read them (routing.Router.refresh), and this run's
+    jobs on each: the routing writes it, the other parts read it."""
+
+    workers: dict[str, LiveWorker] = field(default_factory=dict)  # registered live ones by id
+    live: dict[str, set[str]] = field(default_factory=dict)  # presence names per venue
+    limit: dict[str, int] = field(default_factory=dict)  # slots plus margin, per live venue
+    inflight: dict[str, int] = field(default_factory=dict)  # unsettled jobs per credit slot
+    keys: dict[str, str] = field(default_factory=dict)  # public keys by worker id
