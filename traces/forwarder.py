@@ -1,4 +1,4 @@
-"""The live forwarder: events to the run pages as soon as they are emitted (DESIGN §5).
+"""The live forwarder: events to the run pages as soon as they are emitted (ARCHITECTURE.md §7).
 
 It reads the event stream through its own consumer group (`live`), apart from the recorder,
 so a page does not wait for a batch to be made durable: storing is the recorder's job, and

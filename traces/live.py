@@ -1,5 +1,5 @@
-"""The one publisher of live trace events (DESIGN §5): the live forwarder (traces.forwarder)
-hands it events as they are emitted, it groups them by run, strips their payload texts, and
+"""The one publisher of live trace events (ARCHITECTURE.md §7): the live forwarder
+(traces.forwarder) hands it events as they are emitted, it groups them by run, strips their payload texts, and
 sends them to the run's channel group `run-<id>` every FLUSH_S, so thousands of events a
 second reach a page as a few messages a second.
 

@@ -1,4 +1,4 @@
-"""The trace event schema (DESIGN §4): one row per event, shared by every process."""
+"""The trace event schema (ARCHITECTURE.md §6): one row per event, shared by every process."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """JSON endpoints over the trace store, for the run page, the diff page and the venue pages
 (the reads across several runs those pages need are in traces.selectors).
 
-The trace app knows nothing of runs or owners (DESIGN §8): who may read a run's trace is
+The trace app knows nothing of runs or owners (ARCHITECTURE.md §4): who may read a run's trace is
 decided by an `access(user, run_id)` callable the URLconf passes to every view here."""
 
 from __future__ import annotations

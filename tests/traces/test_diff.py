@@ -1,4 +1,4 @@
-"""Trace diff (DESIGN §6): hand-made span trees with known answers, then
+"""Trace diff (ARCHITECTURE.md §7): hand-made span trees with known answers, then
 `manage.py frlm_diff` on two real runs."""
 
 from __future__ import annotations

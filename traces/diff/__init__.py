@@ -1,4 +1,4 @@
-"""Compare two runs (DESIGN §6). Each span tree is condensed by path, as Jaeger's trace
+"""Compare two runs (ARCHITECTURE.md §7). Each span tree is condensed by path, as Jaeger's trace
 comparison does, siblings of the two condensed trees are aligned by longest common
 subsequence, and the result says which nodes ran on one side only, how every aligned node
 changed (count, latency, tokens, cost, text), and where the runs' orchestration decisions

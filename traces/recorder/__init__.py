@@ -1,4 +1,4 @@
-"""The recorder: the one writer of the trace store (DESIGN §3).
+"""The recorder: the one writer of the trace store (ARCHITECTURE.md §7).
 
 It reads the event stream through a consumer group, writes each batch per run as an
 immutable Parquet segment (temporary name, fsync, rename), and only then acknowledges and
