@@ -1,7 +1,7 @@
 """The one publisher of live trace events (ARCHITECTURE.md §7): the live forwarder
-(traces.forwarder) hands it events as they are emitted, it groups them by run, strips their payload texts, and
-sends them to the run's channel group `run-<id>` every FLUSH_S, so thousands of events a
-second reach a page as a few messages a second.
+(traces.forwarder) hands it events as they are emitted, it groups them by run, strips their
+payload texts, and sends them to the run's channel group `run-<id>` every FLUSH_S, so
+thousands of events a second reach a page as a few messages a second.
 
 The wire form of an event is a short list in WIRE_FIELDS order (field names repeated
 50,000 times would be most of a big trace's bytes); the HTTP catch-up endpoint, the
