@@ -8,6 +8,7 @@ batch (cancel_rest), or stopped by a budget cap (refused)."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from runs.engine.fanout.hedging import LatencyWindows
@@ -20,26 +21,17 @@ from traces.emitter import Emitter, Span
 from workers.jobs import Job, Result
 
 
+@dataclass(kw_only=True, eq=False)
 class Attempts:
-    def __init__(
-        self,
-        *,
-        scope: Scope,
-        emitter: Emitter,
-        totals: Totals,
-        router: Router,
-        spending: Spending,
-        transport: Transport,
-        latency: LatencyWindows,
-    ) -> None:
-        self.scope = scope
-        self.emitter = emitter
-        self.totals = totals
-        self.router = router
-        self.spending = spending
-        self.transport = transport
-        self.latency = latency
-        self.hedged = 0  # hedges sent in the run: extra work, but not verification
+    scope: Scope
+    emitter: Emitter
+    totals: Totals
+    router: Router
+    spending: Spending
+    transport: Transport
+    latency: LatencyWindows
+    # Hedges sent in the run: extra work, but not verification.
+    hedged: int = field(default=0, init=False)
 
     # --- leaving ---------------------------------------------------------------------
     def prepare(self, flight: Flight, target: Target, wave: Wave) -> Job:

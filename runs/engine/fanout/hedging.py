@@ -9,6 +9,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from runs.engine.fanout.state import Flight, Scope, Wave
 from traces.emitter import Emitter
@@ -55,21 +56,14 @@ class LatencyWindows:
         return self._cache[venue]
 
 
+@dataclass(kw_only=True, eq=False)
 class Hedger:
-    def __init__(
-        self,
-        *,
-        scope: Scope,
-        emitter: Emitter,
-        latency: LatencyWindows,
-        abandon: Callable[[Flight, Wave], None],
-    ) -> None:
-        self.scope = scope
-        self.emitter = emitter
-        self.latency = latency
-        self.abandon = abandon  # gives up an attempt that is out (attempts.Attempts.abandon)
-        self._hedges = 0  # hedges made in the current dispatch
-        self._limit = 0
+    scope: Scope
+    emitter: Emitter
+    latency: LatencyWindows
+    abandon: Callable[[Flight, Wave], None]  # gives up an attempt that is out (Attempts.abandon)
+    _hedges: int = field(default=0, init=False)  # hedges made in the current dispatch
+    _limit: int = field(default=0, init=False)
 
     def start(self, size: int) -> None:
         """A dispatch of `size` sub-queries begins: it may hedge HEDGE_SHARE of them."""

@@ -6,6 +6,7 @@ attempt, or sends it to be tried again, and what it says about the worker feeds 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from runs.engine.fanout.attempts import Attempts
 from runs.engine.fanout.hedging import Hedger
@@ -18,25 +19,15 @@ from workers.services import worker_strike
 from workers.signing import result_verify
 
 
+@dataclass(kw_only=True, eq=False)
 class Intake:
-    def __init__(
-        self,
-        *,
-        scope: Scope,
-        roster: Roster,
-        emitter: Emitter,
-        totals: Totals,
-        router: Router,
-        attempts: Attempts,
-        hedger: Hedger,
-    ) -> None:
-        self.scope = scope
-        self.roster = roster
-        self.emitter = emitter
-        self.totals = totals
-        self.router = router
-        self.attempts = attempts
-        self.hedger = hedger
+    scope: Scope
+    roster: Roster
+    emitter: Emitter
+    totals: Totals
+    router: Router
+    attempts: Attempts
+    hedger: Hedger
 
     def on_result(self, result: Result, wave: Wave) -> None:
         flight = wave.out.get(result.get("sq_id", ""))

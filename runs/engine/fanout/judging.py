@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from runs.engine.fanout.state import Batch, Flight, LimitExceeded, Outcome, Roster, Scope, Totals
@@ -25,29 +26,17 @@ SUSPECT_BELOW = 0.5
 QUOTE_CHARS = 200
 
 
+@dataclass(kw_only=True, eq=False)
 class Judge:
-    def __init__(
-        self,
-        *,
-        scope: Scope,
-        roster: Roster,
-        emitter: Emitter,
-        totals: Totals,
-        tally: verify.VerificationTally,
-        reputations: Reputations,
-        rng: random.Random,
-        public_key: Callable[[str], str | None],
-        send: Callable[[list[Flight]], None],
-    ) -> None:
-        self.scope = scope
-        self.roster = roster
-        self.emitter = emitter
-        self.totals = totals
-        self.tally = tally
-        self.reputations = reputations
-        self.rng = rng
-        self.public_key = public_key  # a worker's registered key (intake.Intake.public_key)
-        self.send = send  # dispatches copies and collects their replies, as any batch
+    scope: Scope
+    roster: Roster
+    emitter: Emitter
+    totals: Totals
+    tally: verify.VerificationTally
+    reputations: Reputations
+    rng: random.Random
+    public_key: Callable[[str], str | None]  # a worker's key (intake.Intake.public_key)
+    send: Callable[[list[Flight]], None]  # dispatches copies, collects replies, as any batch
 
     # --- objective: the call's own check ---------------------------------------------
     def check_all(

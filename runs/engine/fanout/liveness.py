@@ -6,6 +6,7 @@ of a swarm come and go."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 from runs.engine.fanout.attempts import Attempts
 from runs.engine.fanout.routing import Router
@@ -19,24 +20,18 @@ NO_VENUE = "no live worker on any of the run's venues"
 NO_WORKER_GRACE_S = 15.0
 
 
+@dataclass(kw_only=True, eq=False)
 class Liveness:
-    def __init__(
-        self,
-        *,
-        scope: Scope,
-        roster: Roster,
-        emitter: Emitter,
-        router: Router,
-        attempts: Attempts,
-    ) -> None:
-        self.scope = scope
-        self.roster = roster
-        self.emitter = emitter
-        self.router = router
-        self.attempts = attempts
-        self._lost: set[str] = set()  # workers whose loss was reported
-        self._empty_since = 0.0
-        self._grace_s = min(NO_WORKER_GRACE_S, scope.policy.subquery_timeout_s)
+    scope: Scope
+    roster: Roster
+    emitter: Emitter
+    router: Router
+    attempts: Attempts
+    _lost: set[str] = field(default_factory=set, init=False)  # workers whose loss was reported
+    _empty_since: float = field(default=0.0, init=False)
+
+    def __post_init__(self) -> None:
+        self._grace_s = min(NO_WORKER_GRACE_S, self.scope.policy.subquery_timeout_s)
 
     def check_deadlines(self, wave: Wave) -> None:
         now = time.time()

@@ -5,6 +5,8 @@ countersigned receipt, only when it was not judged wrong."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from runs.engine.fanout.state import Flight, Roster, Scope, Target
 from runs.trust import accounts
 from runs.trust.budget import Reservation
@@ -12,11 +14,11 @@ from workers import fragments
 from workers.jobs import Result
 
 
+@dataclass(kw_only=True, eq=False)
 class Spending:
-    def __init__(self, *, scope: Scope, roster: Roster, accounts: accounts.RunAccounts) -> None:
-        self.scope = scope
-        self.roster = roster
-        self.accounts = accounts
+    scope: Scope
+    roster: Roster
+    accounts: accounts.RunAccounts
 
     def reserve(self, flight: Flight, target: Target) -> Reservation:
         """Reserve the attempt's estimated cost before it leaves, against the run's, the
