@@ -6,8 +6,8 @@ The texts themselves are not in an attestation, only their sha256 (the trace's b
 keeps the texts under the same hashes).
 
 A validator worker builds and signs these (workers.tasks), and the conductor checks them
-(runs.trust.attest re-exports this module's names), so they live in the workers app, which
-imports nothing of runs."""
+(runs.engine.fanout.judging), so they live in the workers app, which imports nothing of
+runs."""
 
 from __future__ import annotations
 

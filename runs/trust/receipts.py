@@ -28,9 +28,9 @@ from typing import Any, TypedDict
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.conf import settings
 
-from runs.trust.attest import utc_now
 from traces import store
 from workers import keys
+from workers.attestation import utc_now
 from workers.models import Worker
 from workers.signing import ResultClaim
 

@@ -29,13 +29,7 @@ from jsonschema.exceptions import SchemaError
 
 # Agreement lives with the workers (a validator worker judges with it too, and workers do
 # not import runs); its names stay importable from here for the conductor and the fanout.
-from workers.agreement import MODES as MODES
-from workers.agreement import AgreementRule as AgreementRule
-from workers.agreement import Mode as Mode
-from workers.agreement import agree as agree
-from workers.agreement import normalise_exact as normalise_exact
-from workers.agreement import parse_number as parse_number
-from workers.agreement import similarity as similarity
+from workers.agreement import AgreementRule, agree
 
 # --- the redundant tier --------------------------------------------------------------------
 

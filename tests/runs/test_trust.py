@@ -12,9 +12,9 @@ from django.core.management import call_command
 
 from frlm_web.redis_client import get_redis
 from runs.trust.accounts import DEFAULT_TOKENS_OUT
-from runs.trust.attest import attestation_problem
 from runs.trust.receipts import receipts_verify
 from tests.helpers import finish, launch, named, scripted, trace
+from workers.attestation import attestation_problem
 from workers.models import Worker
 from workers.pricing import price_table
 from workers.venues import live_workers

@@ -7,27 +7,23 @@ import random
 
 import pytest
 
-from runs.trust.attest import attestation_build, attestation_problem, attestation_sign
 from runs.trust.verify import (
-    AgreementRule,
     Assignment,
     RedundancyPolicy,
     Reply,
     VerificationTally,
-    agree,
     consecutive_valid_after,
     function_verdict,
     judgements,
-    normalise_exact,
     objective_check,
-    parse_number,
     redundant_decide,
     should_replicate,
     should_validate,
-    similarity,
 )
 from traces.emitter import sha256_text
 from workers import keys
+from workers.agreement import AgreementRule, agree, normalise_exact, parse_number, similarity
+from workers.attestation import attestation_build, attestation_problem, attestation_sign
 
 EXACT = AgreementRule("exact")
 

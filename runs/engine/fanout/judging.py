@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from runs.engine.fanout.state import Batch, Flight, LimitExceeded, Outcome, Roster, Scope, Totals
-from runs.trust import attest, verify
+from runs.trust import verify
 from traces.emitter import Emitter, sha256_text
+from workers import attestation
+from workers.agreement import AgreementRule
 from workers.reputation import Observation, Reputations
 from workers.services import worker_strike
 
@@ -114,7 +116,7 @@ class Judge:
             replicas=self.scope.policy.replicas,
             agree=self.scope.policy.agree,
             max_replicas=self.scope.policy.max_replicas,
-            rule=verify.AgreementRule(mode=self.scope.policy.agree_mode),
+            rule=AgreementRule(mode=self.scope.policy.agree_mode),
         )
         replies: dict[int, list[tuple[verify.Reply, Flight]]] = {}
         sent: dict[int, int] = {}  # copies sent, answered or not: the limit counts them all
@@ -303,7 +305,7 @@ class Judge:
 
     def _attestation(
         self, flight: Flight, judged: Flight, copy: Flight
-    ) -> tuple[attest.SignedAttestation | None, str | None]:
+    ) -> tuple[attestation.SignedAttestation | None, str | None]:
         """The validator's signed attestation, and what is wrong with it (None when it is
         sound: signed with the validator's registered key, about this very reply)."""
         assert copy.result is not None
@@ -314,7 +316,7 @@ class Judge:
         if not isinstance(signed, dict):
             return None, "the validator sent none"
         key = self.public_key(copy.outcome.worker_id)
-        problem = attest.attestation_problem(signed, validator_key=key)  # type: ignore[arg-type]
+        problem = attestation.attestation_problem(signed, validator_key=key)  # type: ignore[arg-type]
         if problem is not None:
             return None, problem
         att = signed["attestation"]
