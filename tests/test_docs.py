@@ -30,6 +30,12 @@ def test_it_names_only_modules_that_exist() -> None:
     assert not missing, f"docs/ARCHITECTURE.md names modules that do not exist: {missing}"
 
 
+def test_the_readme_names_only_paths_that_exist() -> None:
+    named = set(PATH.findall((REPO / "README.md").read_text()))
+    missing = sorted(p for p in named if not (REPO / p).exists())
+    assert not missing, f"README.md names paths that do not exist: {missing}"
+
+
 def test_it_answers_each_question_in_one_line_naming_one_module() -> None:
     lines = DOC.read_text().splitlines()
     for question in QUESTIONS:
