@@ -98,7 +98,7 @@ class Conductor:
             rlm=self.rlm,
         )
         self.root = RootTurns(
-            root_model,
+            model=root_model,
             run_id=run.id,
             policy=self.policy,
             emitter=self.emitter,

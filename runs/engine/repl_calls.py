@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -28,28 +29,20 @@ class RunsRlm(Protocol):
     def __call__(self, question: str, context: RlmContext, *, depth: int, parent: str) -> str: ...
 
 
+@dataclass(kw_only=True, eq=False)
 class ReplCalls:
     """Serves the REPL functions of one run's RLMs (the root and its children)."""
 
-    def __init__(
-        self,
-        *,
-        fanout: Fanout,
-        emitter: Emitter,
-        policy: Policy,
-        totals: Totals,
-        rlm: RunsRlm,
-    ) -> None:
-        self.fanout = fanout
-        self.emitter = emitter
-        self.policy = policy
-        self.totals = totals
-        self.rlm = rlm
-        # Files a fragment marker may name: the run's context and its children's.
-        self.fragment_paths: set[str] = set()
-        # Why the run cannot go on, found while serving a call; the conductor raises it once
-        # the cell returns.
-        self.abort: RunAbort | None = None
+    fanout: Fanout
+    emitter: Emitter
+    policy: Policy
+    totals: Totals
+    rlm: RunsRlm
+    # Files a fragment marker may name: the run's context and its children's.
+    fragment_paths: set[str] = field(default_factory=set, init=False)
+    # Why the run cannot go on, found while serving a call; the conductor raises it once
+    # the cell returns.
+    abort: RunAbort | None = field(default=None, init=False)
 
     def serve(
         self, name: str, kwargs: dict[str, Any], *, depth: int, parent: str, context: RlmContext

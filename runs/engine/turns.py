@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from runs.engine import folding
@@ -23,28 +24,18 @@ log = logging.getLogger(__name__)
 Subqueries = Callable[[list[str], int, str], list[str]]
 
 
+@dataclass(kw_only=True, eq=False)
 class RootTurns:
     """The root model's turns of one run; ``model`` is the one the next turn calls (a what-if
     replay swaps in the live model after its cassette)."""
 
-    def __init__(
-        self,
-        model: ModelSpec,
-        *,
-        run_id: str,
-        policy: Policy,
-        emitter: Emitter,
-        fanout: Fanout,
-        totals: Totals,
-        subqueries: Subqueries,
-    ) -> None:
-        self.model = model
-        self.run_id = run_id
-        self.policy = policy
-        self.emitter = emitter
-        self.fanout = fanout
-        self.totals = totals
-        self.subqueries = subqueries
+    model: ModelSpec
+    run_id: str
+    policy: Policy
+    emitter: Emitter
+    fanout: Fanout
+    totals: Totals
+    subqueries: Subqueries
 
     def decode(self, messages: list[dict[str, str]], *, depth: int, parent: str, turn: int) -> str:
         """One root-model call, paid from the run's accounts; its reply joins the
