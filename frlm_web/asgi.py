@@ -10,17 +10,15 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "frlm_web.settings")
 # Django must be set up before anything imports models (consumers do).
 django_asgi_app = get_asgi_application()
 
-from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from frlm_web.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(
-            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
-        ),
+        # Each route brings its own checks (frlm_web/routing.py): browsers' sockets an
+        # origin check and the session, the workers' gateway a signed challenge.
+        "websocket": URLRouter(websocket_urlpatterns),
     }
 )

@@ -29,6 +29,12 @@ def run_visible(user: Any, run_id: str) -> bool:
     return visible_runs(user).filter(id=run_id).exists()
 
 
+def run_context_path(run_id: str) -> str | None:
+    """The file or folder a run's context was read from (the worker gateway serves
+    fragments of it and of the context store only)."""
+    return Run.objects.filter(id=run_id).values_list("context_path", flat=True).first()
+
+
 def recent_run_ids(
     user: Any, *, since: datetime, limit: int, running_limit: int
 ) -> tuple[list[str], list[str]]:

@@ -4,6 +4,7 @@ model server, the recorder, a conductor, venue workers) shared by the session.""
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING
 import pytest
 from django.conf import settings
 
-from frlm_web.stack import Stack, VenueSpec
+from frlm_web.stack import Stack, VenueSpec, free_port, web_proc
 from tests.helpers import wait_until  # noqa: F401  (tests import it from here too)
 
 if TYPE_CHECKING:
@@ -57,6 +58,18 @@ def stack(django_db_setup, django_db_blocker) -> Iterator[Stack]:
         ]
     yield running
     running.stop()
+
+
+@pytest.fixture(scope="session")
+def web(stack: Stack) -> Iterator[str]:
+    """daphne on a free port, started like the stack's own web process, with its env (the
+    pages' tests and the workers' gateway tests share it)."""
+    port = free_port()
+    proc = web_proc(port)
+    stack.launch(proc)
+    stack.wait_ready(proc, 60)
+    yield f"http://127.0.0.1:{port}"
+    stack.kill("web", signal.SIGTERM)
 
 
 @pytest.fixture

@@ -46,9 +46,10 @@ def launch(
     venues: list[str] | None = None,
     policy: dict[str, Any] | None = None,
     worker_sim: dict[str, Any] | None = None,
+    worker_base_url: str | None = None,
     root: ModelSpec | None = None,
 ) -> Run:
-    worker = model_spec("sim", role="worker")
+    worker = model_spec("sim", role="worker", base_url=worker_base_url)
     if worker_sim:
         worker = ModelSpec(worker.kind, worker.model, worker.base_url, worker_sim)
     context = (

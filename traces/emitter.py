@@ -23,15 +23,24 @@ from traces.schema import Event
 EVENTS_STREAM = "frlm:events"
 DEAD_LETTER_STREAM = "frlm:events:dead"
 
-# KEYS[1] = the stream; ARGV = run_id, event json, run_id, event json, ...
-_APPEND = """
+# KEYS[1] = the stream; ARGV = run_id, event json, run_id, event json, ... (append_args)
+APPEND_LUA = """
 for i = 1, #ARGV, 2 do
   local seq = redis.call('INCR', 'frlm:seq:' .. ARGV[i])
   redis.call('XADD', KEYS[1], '*', 'seq', seq, 'e', ARGV[i + 1])
 end
 return #ARGV / 2
 """
-_APPEND_SCRIPT = LuaScript(_APPEND)
+_APPEND_SCRIPT = LuaScript(APPEND_LUA)
+
+
+def append_args(events: list[Event]) -> list[str]:
+    """APPEND_LUA's arguments for these events: run id and JSON of each in turn."""
+    args: list[str] = []
+    for event in events:
+        args.append(event["run_id"])
+        args.append(json.dumps(event, separators=(",", ":"), default=str))
+    return args
 
 
 def new_id() -> str:
@@ -161,12 +170,10 @@ class Emitter:
         """Append events to the stream now, or queue them on `pipe` for its caller to run."""
         if not events or not self.enabled:
             return
-        args: list[str] = []
-        for event in events:
-            args.append(event["run_id"])
-            args.append(json.dumps(event, separators=(",", ":"), default=str))
         _APPEND_SCRIPT(
-            keys=[EVENTS_STREAM], args=args, client=self.client if pipe is None else pipe
+            keys=[EVENTS_STREAM],
+            args=append_args(events),
+            client=self.client if pipe is None else pipe,
         )
 
     @contextmanager

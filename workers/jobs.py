@@ -25,7 +25,7 @@ class Job(TypedDict):
 class Result(TypedDict, total=False):
     run_id: str
     sq_id: str
-    status: str  # started | ok | error | cancelled
+    status: str  # started | ok | error | cancelled | lost (the gateway: look at presence now)
     text: str
     error: str
     tokens_in: int

@@ -23,7 +23,7 @@ from frlm_web.redis_client import get_redis
 from workers import keys
 from workers.models import EnrolmentToken, Venue, Worker, token_digest
 from workers.reputation import strikes_key
-from workers.venues import LiveWorker, presence_group
+from workers.venues import Link, LiveWorker, presence_group
 
 log = logging.getLogger(__name__)
 
@@ -331,8 +331,9 @@ def figures_clean(data: Any) -> Figures:
     return figures
 
 
-def live_entry(worker: Worker, figures: Figures) -> LiveWorker:
-    """The presence entry of `worker` with this heartbeat's figures."""
+def live_entry(worker: Worker, figures: Figures, link: Link | None = None) -> LiveWorker:
+    """The presence entry of `worker` with this heartbeat's figures and how it is
+    connected (a broker worker, unless the gateway says otherwise)."""
     inflight = int(figures.get("inflight", 0))
     entry: LiveWorker = {
         "worker_id": worker.id,
@@ -354,10 +355,11 @@ def live_entry(worker: Worker, figures: Figures) -> LiveWorker:
     }
     if figures.get("pid"):
         entry["pid"] = int(figures["pid"])
+    entry.update(link or {"connection": "broker"})  # type: ignore[typeddict-item]
     return entry
 
 
-def worker_heartbeat(worker: Worker, figures: Figures) -> LiveWorker:
+def worker_heartbeat(worker: Worker, figures: Figures, link: Link | None = None) -> LiveWorker:
     """1. note the heartbeat in the database when the last note is older than
     FRLM_HEARTBEAT_WRITE_S (a lost worker that beats again is active again), 2. announce the
     worker in its venue's presence with these figures. WorkerGone if it was deregistered,
@@ -388,7 +390,7 @@ def worker_heartbeat(worker: Worker, figures: Figures) -> LiveWorker:
         if worker.status == Worker.Status.LOST:
             log.info("worker %s (%s) is back after being lost", worker.id, worker.name)
         worker.status, worker.last_heartbeat, worker.health = Worker.Status.ACTIVE, now, figures
-    entry = live_entry(worker, figures)
+    entry = live_entry(worker, figures, link)
     presence.announce(get_redis(), presence_group(worker.venue.name), worker.id, dict(entry))
     return entry
 

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
 
 from celery import shared_task
 
 from frlm_web.redis_client import get_redis
 from traces.emitter import Emitter, Span
-from workers import fragments, signing, venues
-from workers.agreement import AgreementRule
-from workers.attestation import attestation_build, attestation_sign
-from workers.backends import ChatResult, ModelError, ModelSpec, chat
+from workers import fragments, venues
+from workers.backends import ModelError, ModelSpec, chat
+from workers.execution import ok_result, served, signed
 from workers.jobs import Job, Result, cancelled_key, encode_result, results_stream
 from workers.sim.device import on_device
 
@@ -36,11 +33,15 @@ def subquery_execute(job: Job) -> None:
     }
     stream = results_stream(job["run_id"])
     if time.time() > job["deadline"]:
-        client.xadd(stream, encode_result(_signed({**base, "status": "cancelled"})))
+        client.xadd(stream, encode_result(signed({**base, "status": "cancelled"})))
         return
 
     emitter = Emitter(client, job["run_id"], venue=venue, worker_id=worker_id)
-    spec = on_device(_served(ModelSpec.from_dict(job["model"])), attempt=job.get("attempt", 1))
+    try:
+        spec = on_device(served(ModelSpec.from_dict(job["model"])), attempt=job.get("attempt", 1))
+    except ModelError as exc:
+        client.xadd(stream, encode_result(signed({**base, "status": "error", "error": str(exc)})))
+        return
     pipe = client.pipeline(transaction=False)
     pipe.sismember(cancelled_key(job["run_id"]), job["sq_id"])
     with emitter.batch(pipe):
@@ -65,7 +66,7 @@ def subquery_execute(job: Job) -> None:
         _fail(emitter, span, stream, base, str(exc))
         return
     try:
-        result = _ok_result(job, base, worker_id or "", reply)
+        result = ok_result(job, base, worker_id or "", reply)
     except ValueError as exc:
         _fail(emitter, span, stream, base, f"cannot attest: {exc}")
         return
@@ -83,63 +84,6 @@ def subquery_execute(job: Job) -> None:
         request_hash=reply.request_hash,
         replayed=reply.replayed or None,
     )
-
-
-def _served(spec: ModelSpec) -> ModelSpec:
-    """A worker started with its own model backend (frlm_worker --backend openai) answers
-    with it whatever the run named; a replay still answers from its recording."""
-    raw = os.environ.get("FRLM_WORKER_BACKEND")
-    if not raw or spec.kind == "cassette":
-        return spec
-    own = json.loads(raw)
-    return ModelSpec(own["kind"], own["model"] or spec.model, own["base_url"], spec.sim)
-
-
-def _ok_result(job: Job, base: Result, worker_id: str, reply: ChatResult) -> Result:
-    """The reply as a result, with this worker's attestation when the job asks it to check
-    another worker's reply (ValueError when it cannot attest)."""
-    result: Result = {
-        **base,
-        "status": "ok",
-        "text": reply.text,
-        "tokens_in": reply.tokens_in,
-        "tokens_out": reply.tokens_out,
-        "ms": reply.ms,
-        "cost": reply.cost,
-    }
-    if job.get("validate"):
-        result["attestation"] = _attest(job, worker_id, reply.text)
-    return result
-
-
-def _attest(job: Job, worker_id: str, text: str) -> str:
-    """This worker's signed attestation (workers.attestation) of the reply it was asked to
-    check: whether its own answer to the same prompt agrees with it."""
-    key = signing.process_key()
-    if key is None:
-        raise ValueError("this worker has no registered key to sign with")
-    order = job["validate"]
-    attestation = attestation_build(
-        run_id=job["run_id"],
-        span_id=order["span"],
-        subquery_id=order["subquery"],
-        worker_id=order["worker"],
-        validator_id=worker_id,
-        prompt=job["prompt"],
-        worker_output=order["output"],
-        validator_output=text,
-        rule=AgreementRule(mode=order.get("mode", "exact")),
-    )
-    return json.dumps(attestation_sign(attestation, key), separators=(",", ":"))
-
-
-def _signed(result: Result) -> Result:
-    """A final result with this worker's signature; unsigned where no registered worker
-    runs this task (the conductor decides what it makes of that)."""
-    key = signing.process_key()
-    if key is None:
-        return result
-    return {**result, "sig": signing.result_sign(key, result)}
 
 
 def _load_fragments(emitter: Emitter, span: Span, job: Job) -> str:
@@ -166,5 +110,5 @@ def _finish(
     pipe = emitter.client.pipeline(transaction=False)
     with emitter.batch(pipe):
         span.end(status, **fields)
-    pipe.xadd(stream, encode_result(_signed(result)))
+    pipe.xadd(stream, encode_result(signed(result)))
     pipe.execute()

@@ -11,7 +11,17 @@ from frlm_web import presence
 from workers.models import venue_queue
 
 
-class LiveWorker(TypedDict, total=False):
+class Link(TypedDict, total=False):
+    """How a worker reaches the server: `broker` (it consumes Celery queues itself) or
+    `gateway` (one WebSocket to the web server, workers/gateway), from which address, and
+    the round trip the gateway last measured."""
+
+    connection: str
+    address: str
+    rtt_ms: float
+
+
+class LiveWorker(Link, total=False):
     """What a worker announces in its venue's presence group (frlm_web.presence) with each
     heartbeat; the scheduler chooses among these. The presence member name is worker_id."""
 

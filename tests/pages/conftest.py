@@ -5,13 +5,11 @@ session's process stack (same database, Redis and trace store), and headless Chr
 from __future__ import annotations
 
 import os
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from frlm_web.stack import Stack, free_port, web_proc
 from tests.pages.helpers import SHOTS, make_user, session_cookie
 
 CHROMIUM = "/usr/bin/chromium"
@@ -24,17 +22,6 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-
-
-@pytest.fixture(scope="package")
-def web(stack: Stack) -> Iterator[str]:
-    """daphne on a free port, started like the stack's own web process, with its env."""
-    port = free_port()
-    proc = web_proc(port)
-    stack.launch(proc)
-    stack.wait_ready(proc, 60)
-    yield f"http://127.0.0.1:{port}"
-    stack.kill("web", signal.SIGTERM)
 
 
 @pytest.fixture(scope="package")

@@ -100,6 +100,8 @@ def test_it_registers_over_http_beats_consumes_signs_and_leaves_on_sigterm(
         server,
         "--token",
         token,
+        "--connect",
+        "broker",
         "--concurrency",
         "2",
         "--model",

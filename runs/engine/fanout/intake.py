@@ -35,6 +35,11 @@ class Intake:
             return  # a late reply to an attempt that was already settled or replaced
         status = result.get("status")
         wid = result.get("worker_id", "")
+        if status == "lost":
+            # Only a hint (the gateway's, that the holder's connection dropped): presence is
+            # read again now, and liveness re-dispatches what a departed worker held.
+            self.router.look_again()
+            return
         problem = self._check_sender(flight, wid)
         if problem is None and status in ("ok", "error"):
             problem = self._check_signature(result, wid)

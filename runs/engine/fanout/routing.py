@@ -95,6 +95,11 @@ class Router:
                 f"with `python manage.py frlm_worker --venue {names[0]}` or `make up`"
             )
 
+    def look_again(self) -> None:
+        """Read presence at the next refresh, however recent the last: a worker is said
+        to have gone (the gateway saw its connection drop)."""
+        self._checked = float("-inf")
+
     def any_credit(self) -> bool:
         """Whether any venue has a live worker to take jobs."""
         return any(self.roster.limit.values())

@@ -10,6 +10,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
 from workers.client import Control, ControlError, HttpControl, LocalControl
+from workers.gateway.agent import GatewayAgent, GatewayRefused, own_simulated_model
 from workers.keys import public_b64
 from workers.models import Venue, venue_defaults, venue_name_validator
 from workers.runtime import WorkerRuntime, default_key_file, load_key
@@ -48,6 +49,15 @@ class Command(BaseCommand):
             "--token",
             default=None,
             help="the venue's enrolment token (`manage.py frlm_token`); required with --server",
+        )
+        parser.add_argument(
+            "--connect",
+            choices=["auto", "gateway", "broker"],
+            default="auto",
+            help="how jobs reach this worker: `gateway` (one WebSocket to --server; no "
+            "Redis, no shared disk: for a worker on another machine), or `broker` (it "
+            "consumes the Celery queues itself: trusted venues only, with FRLM_REDIS_URL). "
+            "auto: gateway with --server, broker without",
         )
         parser.add_argument("--kind", choices=[k for k, _ in Venue.Kind.choices], default=None)
         parser.add_argument("--concurrency", type=int, default=16, help="sub-queries at once")
@@ -133,6 +143,12 @@ class Command(BaseCommand):
             "public_key": public_b64(key),
         }
         control = self._control(options, venue, key)
+        gateway = options["connect"] == "gateway" or (
+            options["connect"] == "auto" and options["server"]
+        )
+        if gateway:
+            self._gateway(options, control, registration, key)
+            return
         runtime = WorkerRuntime(
             control, registration, key, trusted_prefetch=settings.FRLM_WORKER_PREFETCH
         )
@@ -140,6 +156,21 @@ class Command(BaseCommand):
             runtime.run()
         except ControlError as exc:
             raise CommandError(f"could not register: {exc}") from exc
+
+    def _gateway(self, options: dict, control: Control, registration: Registration, key) -> None:
+        """A worker on the gateway: it talks to the web server only."""
+        if not isinstance(control, HttpControl):
+            raise CommandError("--connect gateway needs --server and --token")
+        if options["backend"] == "sim":
+            url = own_simulated_model()
+            self.stderr.write(f"the simulated model answers this worker's jobs at {url}")
+        agent = GatewayAgent(options["server"], control, registration, key)
+        try:
+            agent.run()
+        except ControlError as exc:
+            raise CommandError(f"could not register: {exc}") from exc
+        except GatewayRefused as exc:
+            raise CommandError(f"the gateway refused this worker: {exc}") from exc
 
     def _backend(self, options: dict) -> list[str]:
         """The models this worker serves: with the simulated model, whatever a run asks

@@ -1,0 +1,201 @@
+"""The worker gateway against the real stack: daphne, Redis, the conductor and `frlm_worker
+--server ... --token ...` processes that hold nothing of this machine (tests/gateway.py).
+A run over gateway workers is answered from fragments the server reads; a worker proves
+its key before it gets anything; it can answer and report only for the jobs it holds; a
+dropped worker's jobs go elsewhere at once."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from websockets.sync.client import connect
+
+from frlm_web.redis_client import get_redis
+from tests.gateway import GatewayWorker, enrolment_token
+from tests.helpers import endpoint, finish, launch, trace, wait_until
+from traces.emitter import EVENTS_STREAM
+from workers import keys
+from workers.backends import ModelError, ModelSpec
+from workers.execution import served
+from workers.gateway.agent import ws_url
+from workers.gateway.protocol import hello_claim
+from workers.jobs import results_stream
+from workers.models import Venue
+from workers.reputation import strikes_key
+from workers.services import worker_register
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def named(events: list[dict], name: str, phase: str | None = None) -> list[dict]:
+    return [e for e in events if e["name"] == name and (phase is None or e["phase"] == phase)]
+
+
+@pytest.fixture
+def far(web, venues, tmp_path):
+    """Start gateway workers of venue `far` for one test; they stop after it."""
+    started: list[GatewayWorker] = []
+
+    def start(name: str, *flags: str) -> GatewayWorker:
+        worker = GatewayWorker(web, "far", name, tmp_path, "--concurrency", "4", *flags)
+        started.append(worker)
+        worker.wait_up()
+        return worker
+
+    yield start
+    for worker in started:
+        worker.kill()
+
+
+def test_a_worker_with_nothing_of_this_machine_answers_a_fragment_run(far) -> None:
+    one = far("far-1", "--sim-latency-ms", "10")
+    entry = one.entry()
+    assert entry is not None and entry["connection"] == "gateway"
+    assert entry["address"] == "127.0.0.1"
+
+    run = finish(launch(task="sniah", tokens=200_000, seed=5, venues=["far"]), timeout=120)
+
+    assert run.status == "succeeded", (run.error, one.output()[-2000:])
+    assert run.correct is True, (run.answer, run.expected_answer)
+    events = trace(run)
+    executes = named(events, "SubQuery.Execute", "end")
+    assert len(executes) >= run.subqueries > 0
+    assert {(e["venue"], e["worker_id"]) for e in executes} == {("far", one.worker_id)}
+    # The server read each fragment (by byte range, checked by sha256) for the worker, and
+    # the worker's trace says so under its Execute span.
+    loads = [e for e in named(events, "Env.LoadFragment") if e["venue"] == "far"]
+    assert len(loads) == len(named(events, "SubQuery.Execute", "start"))  # hedges included
+    assert sum(e["bytes"] for e in loads) >= run.context_chars
+    spans = {e["span_id"] for e in named(events, "SubQuery.Execute", "start")}
+    assert all(e["parent_id"] in spans for e in loads)
+    # RTT is measured once the first ping came back.
+    wait_until(lambda: (one.entry() or {}).get("rtt_ms") is not None, what="an RTT figure")
+
+
+def test_a_dropped_worker_loses_its_jobs_to_another_at_once(far) -> None:
+    slow = far("far-slow", "--sim-latency-ms", "3000")
+    other = far("far-other", "--sim-latency-ms", "10")
+    run = launch(task="sniah", tokens=200_000, seed=6, venues=["far"])
+    # Kill the slow worker while it holds jobs.
+    wait_until(lambda: (slow.entry() or {}).get("inflight", 0) > 0, what="far-slow to hold work")
+    killed_at = time.time()
+    slow.kill()
+    run = finish(run, timeout=120)
+
+    assert run.status == "succeeded", run.error
+    assert run.correct is True
+    events = trace(run)
+    (lost,) = named(events, "Worker.Lost")
+    assert lost["worker_id"] == slow.worker_id
+    retried = [e for e in named(events, "SubQuery.Retry") if "was lost" in e["attrs"]["reason"]]
+    assert retried, "no job of the dropped worker was sent again"
+    # From the drop to the first re-dispatch: well under the presence TTL.
+    first = min(e["ts"] for e in retried) / 1e9
+    assert first - killed_at < 1.0, f"re-dispatched {first - killed_at:.2f} s after the drop"
+    executes = named(events, "SubQuery.Execute", "end")
+    assert other.worker_id in {e["worker_id"] for e in executes}
+
+
+# --- what a hostile worker can send ---------------------------------------------------------
+def _registered(name: str) -> tuple[str, object]:
+    """A worker registered in venue `hostile`, and its key."""
+    key = keys.generate()
+    Venue.objects.get_or_create(name="hostile", defaults={"kind": "edge", "trusted": False})
+    worker = worker_register(
+        enrolment_token("hostile"),
+        {
+            "name": name,
+            "venue": "hostile",
+            "models": [],
+            "concurrency": 2,
+            "public_key": keys.public_b64(key),
+        },
+    )
+    return worker.id, key
+
+
+def _hello(ws, worker_id: str, key) -> dict:
+    challenge = json.loads(ws.recv(timeout=10))
+    assert challenge["type"] == "challenge"
+    sig = keys.sign(key, hello_claim(worker_id, challenge["nonce"]))
+    hello = {"type": "hello", "worker_id": worker_id, "nonce": challenge["nonce"], "sig": sig}
+    ws.send(json.dumps(hello))
+    return json.loads(ws.recv(timeout=10))
+
+
+def test_a_worker_must_sign_the_challenge_and_a_failure_is_no_strike(web, venues) -> None:
+    victim, _ = _registered("victim")
+    _, stranger = _registered("stranger")
+    with connect(ws_url(web), open_timeout=10) as ws:
+        answer = _hello(ws, victim, stranger)  # signed with another worker's key
+    assert answer["type"] == "error"
+    assert "does not match this worker's registered key" in answer["error"]
+    assert get_redis().get(strikes_key(victim)) is None
+
+    with connect(ws_url(web), open_timeout=10) as ws:
+        challenge = json.loads(ws.recv(timeout=10))
+        ws.send(json.dumps({"type": "beat", "figures": {}}))  # skipping the hello
+        answer = json.loads(ws.recv(timeout=10))
+    assert challenge["type"] == "challenge" and answer["type"] == "error"
+
+
+def test_a_worker_answers_and_reports_only_for_jobs_it_holds(web, venues) -> None:
+    """A registered, authenticated worker claims another's job, forges events of the run,
+    and reports a Run.Done: none of it reaches the run's streams."""
+    run = finish(launch(task="sniah", tokens=20_000, seed=2))
+    wid, key = _registered("claimer")
+    client = get_redis()
+    results_before = client.xlen(results_stream(run.id))
+    events_before = client.xlen(EVENTS_STREAM)
+    with connect(ws_url(web), open_timeout=10) as ws:
+        assert _hello(ws, wid, key)["type"] == "welcome"
+        for status in ("started", "ok", "cancelled"):
+            ws.send(
+                json.dumps(
+                    {
+                        "type": "done",
+                        "sq_id": "1.1",
+                        "result": {
+                            "run_id": run.id,
+                            "sq_id": "1.1",
+                            "status": status,
+                            "worker_id": "wsomeoneelse",
+                            "text": "forged",
+                        },
+                    }
+                )
+            )
+        ws.send(json.dumps({"type": "began", "sq_id": "1.1", "events": [{"name": "Run.Done"}]}))
+        time.sleep(0.5)
+    assert client.xlen(results_stream(run.id)) == results_before
+    forged = [
+        fields
+        for _, fields in client.xrange(EVENTS_STREAM, "-", "+")[events_before:]
+        if run.id.encode() in fields[b"e"] and b"Run.Done" in fields[b"e"]
+    ]
+    assert forged == []
+
+
+# --- the model endpoint is the worker's own -------------------------------------------------
+def test_a_job_cannot_name_the_endpoint_a_worker_calls(settings) -> None:
+    decoy = ModelSpec("openai", "m", "http://attacker.example/v1")
+    with pytest.raises(ModelError, match="not one of this worker's endpoints"):
+        served(decoy)
+    # The simulated model is always this worker's own, whatever address the job names.
+    assert served(ModelSpec("sim", "s", "http://attacker.example/v1")).base_url == (
+        settings.FRLM_SIM_URL
+    )
+
+
+def test_a_run_naming_another_endpoint_for_its_workers_sends_them_nothing(venues) -> None:
+    with endpoint(lambda _: (200, b"{}")) as (url, seen):
+        run = finish(launch(task="sniah", tokens=20_000, seed=2, worker_base_url=url))
+    assert run.status == "succeeded" and run.correct is True, run.error
+    assert seen == []
+
+
+def test_the_gateway_path_is_the_documented_one() -> None:
+    assert ws_url("http://10.0.0.5:8000/") == "ws://10.0.0.5:8000/ws/workers/gateway"
+    assert ws_url("https://frlm.example") == "wss://frlm.example/ws/workers/gateway"

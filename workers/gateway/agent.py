@@ -1,0 +1,311 @@
+"""The gateway's worker side: a worker on another machine that knows only the server's URL,
+its enrolment token and its own key.
+
+register (HTTP, workers/client.py) -> open the gateway's WebSocket and sign the server's
+challenge -> run each job it is sent in a pool of `slots` threads, reporting its span
+events and signed result -> heartbeat with its figures -> on a dropped connection, connect
+again -> on SIGTERM or SIGINT: say it is draining (the server sends nothing new), finish
+what it holds, deregister. Its model endpoint is its own: an OpenAI-compatible server it
+was given (--base-url), or the simulated model running in this process."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import websockets
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from websockets.sync.client import ClientConnection, connect
+
+from traces.emitter import Emitter, Event
+from workers import keys, signing
+from workers.backends import ModelError, ModelSpec, chat
+from workers.client import HttpControl, Registered
+from workers.execution import ok_result, served, signed
+from workers.gateway.protocol import MAX_MESSAGE_BYTES, PATH, decode, encode, hello_claim
+from workers.jobs import Job, Result
+from workers.runtime import Tally
+from workers.services import Registration
+from workers.sim.device import on_device
+
+log = logging.getLogger(__name__)
+
+RECONNECT_S = (0.2, 0.5, 1.0, 2.0, 5.0)  # waits between attempts, the last repeated
+RECV_WAIT_S = 0.5  # how often the receive loop looks up from the socket
+
+
+class GatewayRefused(Exception):
+    """The server refused this worker (its error and what to do); connecting again will
+    not help."""
+
+
+class Relay(Emitter):
+    """An emitter whose events go over the gateway with the next message, not to Redis."""
+
+    def __init__(self, run_id: str, *, venue: str, worker_id: str) -> None:
+        super().__init__(None, run_id, venue=venue, worker_id=worker_id)  # type: ignore[arg-type]
+        self.outbox: list[Event] = []
+
+    def send(self, events: list[Event], pipe: Any = None) -> None:
+        if self.enabled:
+            self.outbox.extend(events)
+
+    def take(self) -> list[Event]:
+        events, self.outbox = self.outbox, []
+        return events
+
+
+def ws_url(server: str) -> str:
+    base = server.rstrip("/")
+    scheme, _, rest = base.partition("://")
+    return ("wss" if scheme == "https" else "ws") + "://" + rest + PATH
+
+
+@dataclass
+class GatewayAgent:
+    """One worker on the gateway. `run()` blocks until the worker stops."""
+
+    server: str
+    control: HttpControl
+    registration: Registration
+    key: Ed25519PrivateKey
+    registered: Registered | None = None
+    tally: Tally = field(default_factory=Tally)
+    draining: bool = False
+    stopped: threading.Event = field(default_factory=threading.Event)
+    sessions: int = 0
+    _ws: ClientConnection | None = None
+    _send_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def worker_id(self) -> str:
+        assert self.registered is not None
+        return self.registered["worker_id"]
+
+    @property
+    def venue(self) -> str:
+        assert self.registered is not None
+        return self.registered["venue"]
+
+    def run(self) -> None:
+        """1. register, 2. serve the gateway's jobs, connecting again after a drop, until a
+        signal, 3. finish what it holds and deregister."""
+        self.registered = self.control.register(self.registration)
+        signing.use_process_key(self.key)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        slots = int(self.registration["concurrency"])
+        log.warning(
+            "worker %s registered as %s in venue %s; joining the gateway at %s with %d slots",
+            self.worker_id,
+            self.registration["name"],
+            self.venue,
+            ws_url(self.server),
+            slots,
+        )
+        with ThreadPoolExecutor(slots, thread_name_prefix="frlm-job") as pool:
+            attempt = 0
+            while not self.stopped.is_set():
+                try:
+                    self._session(pool, slots)
+                    attempt = 0
+                    if self.draining:
+                        break
+                except GatewayRefused:
+                    self.stopped.set()
+                    raise
+                except (OSError, TimeoutError, websockets.exceptions.WebSocketException) as exc:
+                    if self.draining:
+                        break
+                    wait = RECONNECT_S[min(attempt, len(RECONNECT_S) - 1)]
+                    attempt += 1
+                    log.warning("gateway connection lost (%s); connecting again in %g s", exc, wait)
+                    self.stopped.wait(wait)
+        self.leave()
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        log.warning("signal %d: finishing what this worker holds, then leaving", signum)
+        self.draining = True
+
+    # --- one connection -----------------------------------------------------------------
+    def _session(self, pool: ThreadPoolExecutor, slots: int) -> None:
+        with connect(
+            ws_url(self.server),
+            max_size=MAX_MESSAGE_BYTES,
+            open_timeout=10,
+            close_timeout=2,
+            compression=None,
+            # The gateway pings each heartbeat; the library's own pings are not needed.
+            ping_interval=None,
+        ) as ws:
+            challenge = self._expect(ws, "challenge")
+            sig = keys.sign(self.key, hello_claim(self.worker_id, str(challenge["nonce"])))
+            ws.send(
+                encode(
+                    {
+                        "type": "hello",
+                        "worker_id": self.worker_id,
+                        "nonce": challenge["nonce"],
+                        "sig": sig,
+                        "slots": slots,
+                    }
+                )
+            )
+            welcome = self._expect(ws, "welcome")
+            self._ws = ws
+            self.sessions += 1
+            every = float(welcome.get("heartbeat_s") or 1.0)
+            self._beat()
+            next_beat = time.monotonic() + every
+            announced_drain = False
+            while True:
+                if self.draining and not announced_drain:
+                    self._beat()
+                    announced_drain = True
+                if self.draining and self.tally.inflight == 0:
+                    return
+                if time.monotonic() >= next_beat:
+                    self._beat()
+                    next_beat = time.monotonic() + every
+                try:
+                    raw = ws.recv(timeout=RECV_WAIT_S)
+                except TimeoutError:
+                    continue
+                message = decode(raw)
+                kind = message["type"]
+                if kind == "job":
+                    job = message["job"]
+                    self.tally.begin(job["sq_id"])
+                    pool.submit(self._execute, job)
+                elif kind == "ping":
+                    self._send({"type": "pong", "t": message.get("t")})
+                elif kind == "error":
+                    raise GatewayRefused(
+                        f"{message.get('error')}. What to do: {message.get('fix')}"
+                    )
+
+    def _expect(self, ws: ClientConnection, kind: str) -> dict[str, Any]:
+        message = decode(ws.recv(timeout=10))
+        if message["type"] == "error":
+            raise GatewayRefused(f"{message.get('error')}. What to do: {message.get('fix')}")
+        if message["type"] != kind:
+            raise GatewayRefused(f"the server sent {message['type']!r} where {kind!r} was due")
+        return message
+
+    def _send(self, message: dict[str, Any]) -> None:
+        ws = self._ws
+        if ws is None:
+            return
+        with self._send_lock:
+            try:
+                ws.send(encode(message))
+            except (OSError, websockets.exceptions.WebSocketException) as exc:
+                # The receive loop sees the drop too and connects again; the server has
+                # already given this job to another worker.
+                log.warning("could not send %s: %s", message.get("type"), exc)
+
+    def _beat(self) -> None:
+        self._send({"type": "beat", "figures": self.tally.figures(draining=self.draining)})
+
+    # --- one job ------------------------------------------------------------------------
+    def _execute(self, job: Job) -> None:
+        try:
+            self._work(job)
+        except Exception:
+            log.exception("sub-query %s failed in this worker", job.get("sq_id"))
+        finally:
+            self.tally.end(job["sq_id"])
+
+    def _work(self, job: Job) -> None:
+        """Execute span begun (sent at once: the trace shows it running), fragments noted,
+        the model asked, the span ended and the signed result sent in one message."""
+        relay = Relay(job["run_id"], venue=self.venue, worker_id=self.worker_id)
+        base: Result = {
+            "run_id": job["run_id"],
+            "sq_id": job["sq_id"],
+            "venue": self.venue,
+            "worker_id": self.worker_id,
+        }
+        try:
+            spec = on_device(served(ModelSpec.from_dict(job["model"])), attempt=job["attempt"])
+        except ModelError as exc:
+            self._done(job, signed({**base, "status": "error", "error": str(exc)}), [])
+            return
+        span = relay.start(
+            "SubQuery.Execute",
+            parent=job["submit_span"],
+            depth=job["depth"],
+            sq_id=job["sq_id"],
+            model=spec.label,
+        )
+        self._send({"type": "began", "sq_id": job["sq_id"], "events": relay.take()})
+        extra: dict[str, Any] = job  # type: ignore[assignment]
+        error = extra.get("error")
+        if not error:
+            with relay.batch():
+                for item in extra.get("loaded") or []:
+                    relay.instant(
+                        "Env.LoadFragment", parent=span.span_id, depth=job["depth"], **item
+                    )
+            try:
+                reply = chat(
+                    spec,
+                    [{"role": "user", "content": extra.get("text", job["prompt"])}],
+                    timeout=job["timeout_s"],
+                    retries=1,
+                )
+                result = ok_result(job, base, self.worker_id, reply)
+            except ModelError as exc:
+                error = str(exc)
+            except ValueError as exc:
+                error = f"cannot attest: {exc}"
+        if error:
+            span.end("error", error=error)
+            self._done(job, signed({**base, "status": "error", "error": error}), relay.take())
+            return
+        span.end(
+            "ok",
+            payload=reply.text,
+            tokens_in=reply.tokens_in,
+            tokens_out=reply.tokens_out,
+            cost=reply.cost,
+            model_ms=reply.ms,
+            request_hash=reply.request_hash,
+            replayed=reply.replayed or None,
+        )
+        self._done(job, signed(result), relay.take())
+
+    def _done(self, job: Job, result: Result, events: list[Event]) -> None:
+        self._send({"type": "done", "sq_id": job["sq_id"], "result": result, "events": events})
+
+    # --- leaving ------------------------------------------------------------------------
+    def leave(self) -> None:
+        if self._ws is not None:
+            self._ws.close()
+        try:
+            self.control.deregister(self.worker_id)
+            log.warning("worker %s deregistered", self.worker_id)
+        except Exception as exc:  # noqa: BLE001 - leaving must not fail the exit
+            log.error("could not deregister: %s (the gateway dropped it when it left)", exc)
+
+
+def own_simulated_model() -> str:
+    """Start the simulated model in this process, on loopback, and make it this worker's
+    endpoint: a worker on another machine has no other (the server's is not reachable,
+    and a job never names one). Returns its base URL."""
+    from workers.sim.server import base_url, make_server  # noqa: PLC0415 - only when needed
+
+    server = make_server("127.0.0.1", 0)
+    threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True, name="frlm-sim"
+    ).start()
+    url = base_url(server)
+    os.environ["FRLM_WORKER_BACKEND"] = json.dumps({"kind": "sim", "model": "", "base_url": url})
+    return url
