@@ -161,6 +161,9 @@ FRLM_CIRCUIT_PROBES = envint("FRLM_CIRCUIT_PROBES", 3)
 # may be from the server's clock, and the largest request body the worker API reads.
 FRLM_WORKER_HEARTBEAT_S = envfloat("FRLM_WORKER_HEARTBEAT_S", 1.0)
 FRLM_HEARTBEAT_WRITE_S = envfloat("FRLM_HEARTBEAT_WRITE_S", 5.0)
+# A gateway worker silent this long (no heartbeat, no answer to the gateway's pings, which
+# go out each heartbeat) is dropped and its jobs go elsewhere.
+FRLM_GATEWAY_SILENCE_S = envfloat("FRLM_GATEWAY_SILENCE_S", 3.0)
 FRLM_API_CLOCK_SKEW_S = envfloat("FRLM_API_CLOCK_SKEW_S", 60.0)
 FRLM_API_MAX_BODY = envint("FRLM_API_MAX_BODY", 64 * 1024)
 

@@ -52,6 +52,9 @@ class WorkerHealth(TypedDict):
     last_ms: float | None
     reputation: float | None  # the scheduler's score in (0, 1]; None before any evidence
     reputation_detail: dict[str, float | int | None] | None
+    connection: str | None  # gateway or broker, while it announces itself
+    address: str | None  # where it connects from, as the gateway saw it
+    rtt_ms: float | None  # the gateway's last ping round trip
 
 
 class VenueHealth(TypedDict):
@@ -118,6 +121,9 @@ def venue_health(recent: list[str], running: list[str]) -> list[VenueHealth]:
             seen.add(name)
             worker = _worker(name, venue.name, True, int(info.get("concurrency", 1)), activity)
             worker["label"] = str(info.get("label") or name)
+            worker["connection"] = info.get("connection") or "broker"
+            worker["address"] = info.get("address") or None
+            worker["rtt_ms"] = info.get("rtt_ms")
             workers.append(worker)
         for name, figures in sorted(activity.items()):
             if figures.get("venue") == venue.name and name not in seen:
@@ -175,6 +181,9 @@ def _worker(
         "last_ms": figures.get("last_ms"),
         "reputation": None,
         "reputation_detail": None,
+        "connection": None,
+        "address": None,
+        "rtt_ms": None,
     }
 
 

@@ -100,3 +100,27 @@ def test_it_shows_a_worker_only_the_runs_a_user_may_see(web, venues):
     page = as_other.get(f"/workers/{worker}")
     assert page.status_code == 200 and run.id not in page.content.decode()
     assert as_other.get("/workers/wnosuchworker").status_code == 404
+
+
+def test_it_shows_how_each_worker_is_connected_from_where_and_its_round_trip(
+    page, web, venues, tmp_path
+):
+    from tests.gateway import GatewayWorker
+    from tests.helpers import wait_until
+
+    far = GatewayWorker(web, "far", "far-page", tmp_path, "--concurrency", "2")
+    try:
+        far.wait_up()
+        wait_until(lambda: (far.entry() or {}).get("rtt_ms") is not None, what="an RTT")
+        page.goto("/venues")
+        card = page.locator(f".worker-card[data-worker='{far.worker_id}']")
+        link = card.locator(".link-gateway").inner_text()
+        assert link.startswith("gateway from 127.0.0.1 · RTT ") and link.endswith(" ms"), link
+        local = next(iter(stack_worker_ids()))
+        assert page.locator(f".worker-card[data-worker='{local}'] .link-broker").count() == 1
+        page.goto(f"/workers/{far.worker_id}")
+        assert page.inner_text("#worker-link .v") == "gateway"
+        assert "from 127.0.0.1 · RTT" in page.inner_text("#worker-link .sub")
+        shot(page, "08b-worker-gateway")
+    finally:
+        far.kill()

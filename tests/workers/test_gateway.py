@@ -7,9 +7,12 @@ dropped worker's jobs go elsewhere at once."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 
 import pytest
+from django.conf import settings
 from websockets.sync.client import connect
 
 from frlm_web.redis_client import get_redis
@@ -179,7 +182,7 @@ def test_a_worker_answers_and_reports_only_for_jobs_it_holds(web, venues) -> Non
 
 
 # --- the model endpoint is the worker's own -------------------------------------------------
-def test_a_job_cannot_name_the_endpoint_a_worker_calls(settings) -> None:
+def test_a_job_cannot_name_the_endpoint_a_worker_calls() -> None:
     decoy = ModelSpec("openai", "m", "http://attacker.example/v1")
     with pytest.raises(ModelError, match="not one of this worker's endpoints"):
         served(decoy)
@@ -199,3 +202,24 @@ def test_a_run_naming_another_endpoint_for_its_workers_sends_them_nothing(venues
 def test_the_gateway_path_is_the_documented_one() -> None:
     assert ws_url("http://10.0.0.5:8000/") == "ws://10.0.0.5:8000/ws/workers/gateway"
     assert ws_url("https://frlm.example") == "wss://frlm.example/ws/workers/gateway"
+
+
+def test_a_silent_worker_is_dropped_and_its_jobs_go_elsewhere(far) -> None:
+    """Stopped, not killed: its socket stays open, but it answers no ping."""
+    silent = far("far-silent", "--sim-latency-ms", "2000")
+    other = far("far-busy", "--sim-latency-ms", "10")
+    run = launch(task="sniah", tokens=200_000, seed=7, venues=["far"])
+    wait_until(lambda: (silent.entry() or {}).get("inflight", 0) > 0, what="it to hold work")
+    os.killpg(silent.proc.pid, signal.SIGSTOP)
+    stopped_at = time.time()
+    try:
+        run = finish(run, timeout=120)
+    finally:
+        os.killpg(silent.proc.pid, signal.SIGCONT)
+    assert run.status == "succeeded" and run.correct is True, run.error
+    events = trace(run)
+    (lost,) = named(events, "Worker.Lost")
+    assert lost["worker_id"] == silent.worker_id
+    after = lost["ts"] / 1e9 - stopped_at
+    assert settings.FRLM_GATEWAY_SILENCE_S - 1.5 < after < settings.FRLM_GATEWAY_SILENCE_S + 2
+    assert other.worker_id in {e["worker_id"] for e in named(events, "SubQuery.Execute", "end")}

@@ -403,8 +403,8 @@ class WorkerLink:
             await self.consumer.refuse(4410, str(exc), exc.fix)
 
     async def _watch(self) -> None:
-        """A ping each heartbeat; silence past three of them (at least 3 s) is a loss."""
-        limit = max(3.0, 3 * self.heartbeat_s)
+        """A ping each heartbeat; silence past FRLM_GATEWAY_SILENCE_S is a loss."""
+        limit = float(settings.FRLM_GATEWAY_SILENCE_S)
         while True:
             await asyncio.sleep(self.heartbeat_s)
             if time.monotonic() - self.heard > limit:
