@@ -74,12 +74,15 @@ class _Echo(socketserver.BaseRequestHandler):
             pass
 
 
+class _EchoServer(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    request_queue_size = 512  # hundreds connect at once through the proxy
+
+
 @pytest.fixture
 def echo_port() -> Iterator[int]:
     """An echo server on this machine's loopback, as the web server or Redis would be."""
-    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _Echo)
-    server.daemon_threads = True
-    server.request_queue_size = 512
+    server = _EchoServer(("127.0.0.1", 0), _Echo)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server.server_address[1]
     server.shutdown()
