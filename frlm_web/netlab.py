@@ -36,6 +36,7 @@ import tempfile
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 PREFIX = "frlm-"
 NETWORK = ipaddress.ip_network("10.213.0.0/16")  # carved into /30s, one per host
@@ -90,7 +91,7 @@ def _start_time(pid: int) -> int | None:
     """A process's start time (clock ticks since boot): with its pid, an identity that a
     recycled pid does not repeat."""
     try:
-        stat = open(f"/proc/{pid}/stat").read()  # noqa: SIM115
+        stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     return int(stat.rsplit(")", 1)[1].split()[19])
@@ -149,7 +150,7 @@ class DelayProxy:
         self.target = (target_host, target_port)
         self.delay_ms = delay_ms  # may be changed while running; applies to new chunks
         self.stats = ProxyStats()
-        self._live: set[asyncio.StreamWriter] = set()
+        self._live: dict[asyncio.Task, tuple[asyncio.StreamWriter, ...]] = {}
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -198,14 +199,16 @@ class DelayProxy:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _cut(self) -> int:
-        count = len(self._live) // 2
-        for writer in list(self._live):
-            sock = writer.get_extra_info("socket")
-            with contextlib.suppress(OSError):  # linger 0: close sends a reset, not a FIN
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            writer.transport.abort()
-        self._live.clear()
-        return count
+        live = dict(self._live)
+        for task, writers in live.items():
+            for writer in writers:
+                sock = writer.get_extra_info("socket")
+                with contextlib.suppress(OSError):  # linger 0: closing sends a reset
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                writer.transport.abort()
+            task.cancel()
+        await asyncio.gather(*live, return_exceptions=True)  # counters settled on return
+        return len(live)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One connection: per direction a reader stamps each chunk with its due time and a
@@ -217,7 +220,7 @@ class DelayProxy:
         except OSError:
             writer.transport.abort()
             return
-        self._live.update((writer, up_writer))
+        self._live[asyncio.current_task()] = (writer, up_writer)
         self.stats.open += 1
         up: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(maxsize=256)
         down: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(maxsize=256)
@@ -233,10 +236,10 @@ class DelayProxy:
             broken = any(not t.cancelled() and t.exception() for t in done)
         finally:
             self.stats.open -= 1
+            self._live.pop(asyncio.current_task(), None)
             for task in tasks:
                 task.cancel()
             for side in (writer, up_writer):
-                self._live.discard(side)
                 if broken:  # a reset on one side is a reset on the other
                     side.transport.abort()
                 else:
