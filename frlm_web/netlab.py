@@ -234,6 +234,8 @@ class DelayProxy:
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             broken = any(not t.cancelled() and t.exception() for t in done)
+        except asyncio.CancelledError:
+            pass  # cut or stopped: end quietly (asyncio's stream callback trips on a cancel)
         finally:
             self.stats.open -= 1
             self._live.pop(asyncio.current_task(), None)
