@@ -71,17 +71,13 @@ def can_create() -> tuple[bool, str]:
     if os.geteuid() != 0:
         return False, f"network namespaces need root (euid {os.geteuid()})"
     try:
-        tools = {name: _tool(name) for name in ("ip", "unshare", "mount", "sh")}
+        ip, unshare, mount, sh = map(_tool, ("ip", "unshare", "mount", "sh"))
     except NetlabError as error:
         return False, str(error)
-    probe = (
-        f"{tools['ip']} link add frlmprobe0 type veth peer name frlmprobe1 && "
-        f"{tools['mount']} -t tmpfs frlm-probe {shlex.quote(tempfile.gettempdir())}"
-    )
-    unshare = [tools["unshare"], "--net", "--mount", "--propagation", "private"]
-    done = subprocess.run(
-        [*unshare, tools["sh"], "-c", probe], capture_output=True, text=True, timeout=30
-    )
+    probe = (f"{ip} link add frlmprobe0 type veth peer name frlmprobe1 && "
+             f"{mount} -t tmpfs frlm-probe {shlex.quote(tempfile.gettempdir())}")  # fmt: skip
+    done = subprocess.run([unshare, "--net", "--mount", "--propagation", "private", sh, "-c",
+                           probe], capture_output=True, text=True, timeout=30)  # fmt: skip
     if done.returncode:
         return False, f"cannot create namespaces here: {done.stderr.strip()}"
     return True, ""
@@ -97,10 +93,6 @@ def _start_time(pid: int) -> int | None:
     return int(stat.rsplit(")", 1)[1].split()[19])
 
 
-def _netns_names() -> list[str]:
-    return [line.split()[0] for line in _ip("netns", "list").splitlines() if line.strip()]
-
-
 def _kill_inside(name: str) -> None:
     for pid in _ip("netns", "pids", name, check=False).split():
         with contextlib.suppress(ProcessLookupError, ValueError):
@@ -113,10 +105,8 @@ def sweep() -> list[str]:
     a veth seen without one is a leftover, never a host being built."""
     links = re.findall(r"^\d+: (frlm[0-9a-f]{6}[hn])[@:]", _ip("-o", "link"), re.M)
     removed, live = [], set()
-    for name in _netns_names():
-        match = _NAME.fullmatch(name)
-        if not match:
-            continue
+    for match in filter(None, map(_NAME.fullmatch, _ip("netns", "list").split())):
+        name = match[0]
         if _start_time(int(match["pid"])) == int(match["start"]):
             live.add(match["token"])
             continue
