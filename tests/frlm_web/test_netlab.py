@@ -234,22 +234,29 @@ def test_close_leaves_no_namespace_veth_or_process_behind() -> None:
 
 
 OWNER = """
-import time
+import sys
 from frlm_web import netlab
-from frlm_web.stack import port_open
 host = netlab.Host()
 host.run(["sleep", "300"], env={"PATH": "/usr/bin:/bin"})
 print(host.name, host.veth_host, flush=True)
-time.sleep(300)
+sys.stdin.read()  # until the test closes our stdin, or signals us
 """
 
 
 def _owner() -> tuple[subprocess.Popen, str, str]:
     proc = subprocess.Popen([sys.executable, "-c", OWNER], env=MINIMAL_ENV,
-                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
     name, veth = proc.stdout.readline().split()
     assert name in listed("netns", "list")
     return proc, name, veth
+
+
+def test_an_owner_that_exits_without_closing_leaves_nothing_behind() -> None:
+    proc, name, veth = _owner()
+    proc.stdin.close()
+    assert proc.wait(20) == 0
+    assert name not in listed("netns", "list")
+    assert veth not in listed("-o", "link")
 
 
 def test_a_terminated_owner_closes_its_hosts() -> None:
