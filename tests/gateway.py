@@ -9,8 +9,10 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import IO
 
 from django.conf import settings
 
@@ -19,6 +21,8 @@ from tests.helpers import wait_until
 from workers import services
 from workers.models import Venue, Worker
 from workers.venues import LiveWorker, live_workers
+
+Spawn = Callable[[list[str], IO[bytes]], subprocess.Popen]
 
 # Addresses that lead nowhere: a gateway worker must not need them.
 NOWHERE_ENV = {
@@ -78,21 +82,25 @@ class GatewayWorker:
         home: Path,
         *flags: str,
         token: str | None = None,
-        prefix: list[str] | None = None,
-        env: dict[str, str] | None = None,
+        spawn: Spawn | None = None,
     ) -> None:
+        """`spawn(argv, stdout)` starts the process somewhere else (another namespace,
+        tests/workers/test_netns.py); by default here, with `far_env`."""
         self.venue, self.name = venue, name
         self.log = home / f"{name}.log"
         home.mkdir(parents=True, exist_ok=True)
         command = worker_command(server, token or enrolment_token(venue), venue, name, *flags)
         with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(
-                [*(prefix or []), *command],
-                env=env or far_env(home / name),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            if spawn is not None:
+                self.proc = spawn(command, out)
+            else:
+                self.proc = subprocess.Popen(
+                    command,
+                    env=far_env(home / name),
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
 
     def entry(self) -> LiveWorker | None:
         for entry in live_workers(get_redis(), self.venue):
