@@ -117,7 +117,9 @@ CELERY_TASK_DEFAULT_QUEUE = "runs"
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL]},
+        # channels_redis waits 5 s on its blocking pops, which redis-py (6+) also takes as
+        # its default socket timeout: the race ended consumers with a TimeoutError (1011).
+        "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15}]},
     }
 }
 

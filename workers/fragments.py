@@ -15,6 +15,7 @@ from typing import Any, TypedDict
 
 MARKER = re.compile(r"<<frlm:fragment (\{[^\n]*?\})>>")
 MARKER_TEXT = "<<frlm:fragment {}>>"
+MARKER_OPEN = "<<frlm:fragment "  # a prompt without it carries no fragment
 # One sub-query's fragments together: a worker model reads far less than this.
 MAX_FRAGMENT_BYTES = 32 * 1024 * 1024
 

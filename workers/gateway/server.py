@@ -85,6 +85,11 @@ class GatewayConsumer(AsyncWebsocketConsumer):
     `run_context` (given by the URL routing: workers import nothing of runs) names a run's
     context file."""
 
+    # No channel layer: nothing is sent to a worker through groups, and a layer would hold
+    # a Redis connection and a blocking pop per connected worker. (Channels gives a
+    # consumer no layer when its alias names none.)
+    channel_layer_alias = "no-channel-layer"
+
     def __init__(self, *args: Any, run_context: RunContext, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.run_context = run_context
@@ -180,6 +185,7 @@ class WorkerLink:
         self.tasks: list[asyncio.Task] = []
         self.closed = False
         self.redis = async_redis()
+        self.contexts: dict[str, str | None] = {}  # run id -> its context file (cached)
 
     # --- life ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -271,10 +277,19 @@ class WorkerLink:
             "status": "started",
         }
         await self.redis.xadd(results_stream(run_id), encode_result(claim))
-        outgoing = await database_sync_to_async(_filled, thread_sensitive=False)(
-            job, self.consumer.run_context
-        )
+        if fragments.MARKER_OPEN in job["prompt"]:
+            outgoing = await database_sync_to_async(_filled, thread_sensitive=False)(
+                job, self.run_context
+            )
+        else:
+            outgoing = dict(job)
         await self.consumer.send(encode({"type": "job", "job": outgoing}))
+
+    def run_context(self, run_id: str) -> str | None:
+        """The run's context file, asked of the database once per run (in a worker thread)."""
+        if run_id not in self.contexts:
+            self.contexts[run_id] = self.consumer.run_context(run_id)
+        return self.contexts[run_id]
 
     # --- messages in --------------------------------------------------------------------
     async def on_message(self, message: dict[str, Any]) -> None:

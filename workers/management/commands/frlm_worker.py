@@ -143,6 +143,11 @@ class Command(BaseCommand):
             "public_key": public_b64(key),
         }
         control = self._control(options, venue, key)
+        if options["server"] and options["backend"] == "sim":
+            # On another machine the server's simulated model is out of reach (and a job
+            # never names an endpoint): the worker runs its own.
+            url = own_simulated_model()
+            self.stderr.write(f"the simulated model answers this worker's jobs at {url}")
         gateway = options["connect"] == "gateway" or (
             options["connect"] == "auto" and options["server"]
         )
@@ -161,9 +166,6 @@ class Command(BaseCommand):
         """A worker on the gateway: it talks to the web server only."""
         if not isinstance(control, HttpControl):
             raise CommandError("--connect gateway needs --server and --token")
-        if options["backend"] == "sim":
-            url = own_simulated_model()
-            self.stderr.write(f"the simulated model answers this worker's jobs at {url}")
         agent = GatewayAgent(options["server"], control, registration, key)
         try:
             agent.run()

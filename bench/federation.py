@@ -1,0 +1,334 @@
+"""Federation benchmark: the same batch over gateway workers and over broker workers, each
+worker on a host of its own (a network namespace and a mount namespace, frlm_web/netlab.py).
+
+Measured side by side in one run, alternating (gateway, broker, broker, gateway, ...):
+- 256 sub-queries of 200 ms over 4 workers of 8 slots: wall time, ratio to the ideal
+  ceil(N/W)*L, and the gateway's ratio to the broker's;
+- CPU per sub-query: the web server (where the gateway runs) and the workers;
+- failover: a gateway worker killed with -9 while it holds jobs; the time from the kill to
+  Worker.Lost and to the first re-dispatch of its jobs, from the run's trace.
+
+Gateway workers reach only the web server (through a forwarder on their host's veth, which
+can add one-way delay: --wan-ms); broker workers reach the web server and Redis the same
+way. Both run the simulated model in-process, so the model's latency is the same.
+
+    .venv/bin/python bench/federation.py [--n 256] [--latency-ms 200] [--workers 4]
+                                         [--slots 8] [--repeat 3] [--wan-ms 0] [--quick]
+
+SIGTERM or SIGINT stops it cleanly: workers, namespaces and the private stack go.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from datetime import timedelta
+from pathlib import Path
+
+from _stack import run_to_end
+from fanout import harness_floor, timed_program
+
+from frlm_web import netlab
+from frlm_web.stack import Stack, free_port
+
+SUBQUERY_TIMEOUT_S = 60
+
+
+def stop_on_signals() -> None:
+    """SIGTERM and SIGINT unwind the stack of `with` blocks, which stop what they started."""
+
+    def leave(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, leave)
+    signal.signal(signal.SIGINT, leave)
+
+
+def cpu_s(pids: list[int]) -> float:
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / ticks
+    return total
+
+
+class Federation:
+    """The private stack, one host per worker, and a gateway and a broker worker on each."""
+
+    def __init__(self, args: argparse.Namespace, exits: ExitStack) -> None:
+        from django.conf import settings
+        from django.core.management import call_command
+
+        from workers import services
+        from workers.models import Venue
+
+        self.args = args
+        call_command("migrate", verbosity=0)
+        gw, _ = Venue.objects.get_or_create(name="gw", defaults={"kind": "edge", "trusted": False})
+        bk, _ = Venue.objects.get_or_create(
+            name="bk", defaults={"kind": "datacenter", "trusted": True}
+        )
+        self.tokens = {
+            v.name: services.token_create(v, ttl=timedelta(hours=2), label="bench")[1]
+            for v in (gw, bk)
+        }
+        self.hosts = [exits.enter_context(netlab.Host()) for _ in range(args.workers)]
+        self.web_port = free_port()
+        self.stack = Stack(
+            state_dir=Path(settings.DATA_DIR) / "stack",
+            venues=[],
+            env={
+                "DJANGO_SETTINGS_MODULE": "frlm_web.settings",
+                "FRLM_DB_PATH": str(settings.DATABASES["default"]["NAME"]),
+                # The address each host reaches the server at (its veth's far end).
+                "FRLM_ALLOWED_HOSTS": ",".join(["127.0.0.1", *[h.host_ip for h in self.hosts]]),
+            },
+            web_port=self.web_port,
+            start_redis=True,
+            redis_persist=False,
+        )
+        exits.callback(self.stack.stop)
+        self.stack.start()
+        self.redis_port = int(self.stack.redis_url.rsplit(":", 1)[1].split("/")[0])
+        self.hidden = sorted({str(settings.DATA_DIR), str(Path(settings.BASE_DIR) / "var")})
+        self.web = [h.forward(self.web_port, delay_ms=args.wan_ms) for h in self.hosts]
+        self.redis = [h.forward(self.redis_port, delay_ms=args.wan_ms) for h in self.hosts]
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.victim = "gw-0"  # the worker the failover rounds kill (a new name each time)
+        for i in range(args.workers):
+            self.start("gw", i)
+            self.start("bk", i)
+        self.wait_workers()
+
+    def start(self, venue: str, i: int, name: str = "") -> None:
+        """A worker on host i. Each process on a host gets an empty data directory, so a
+        worker started again makes a new key and needs a new name."""
+        from django.conf import settings
+
+        host = self.hosts[i]
+        name = name or f"{venue}-{i}"
+        home = f"{self.hidden[0]}/{name}"
+        env = {
+            "PATH": os.environ["PATH"],
+            "PYTHONPATH": str(settings.BASE_DIR),
+            "DJANGO_SETTINGS_MODULE": "frlm_web.settings",
+            "FRLM_DATA_DIR": home,
+            "HOME": home,
+        }
+        flags = ["--connect", "gateway"]
+        if venue == "bk":
+            # A trusted pod: it consumes the Celery queues itself, through its host's wire.
+            env["FRLM_REDIS_URL"] = f"redis://{host.host_ip}:{self.redis[i].port}/0"
+            flags = ["--connect", "broker"]
+        argv = [
+            sys.executable,
+            str(Path(settings.BASE_DIR) / "manage.py"),
+            "frlm_worker",
+            "--server",
+            f"http://{host.host_ip}:{self.web[i].port}",
+            "--token",
+            self.tokens[venue],
+            "--venue",
+            venue,
+            "--name",
+            name,
+            "--concurrency",
+            str(self.args.slots),
+            "--sim-latency-ms",
+            str(self.args.latency_ms),
+            *flags,
+        ]
+        log = open(self.stack.state_dir / "logs" / f"{name}.log", "ab")  # noqa: SIM115
+        self.procs[name] = host.run(
+            argv, env=env, hide=self.hidden, mkdirs=[home], stdout=log, stderr=subprocess.STDOUT
+        )
+        log.close()
+
+    def wait_workers(self, timeout: float = 120) -> None:
+        from frlm_web.redis_client import get_redis
+        from workers.venues import live_workers
+
+        deadline = time.monotonic() + timeout
+        want = {"gw": self.args.workers, "bk": self.args.workers}
+        while time.monotonic() < deadline:
+            have = {v: len(live_workers(get_redis(), v)) for v in want}
+            if have == want:
+                return
+            for name, proc in self.procs.items():
+                if proc.poll() is not None:
+                    raise SystemExit(f"worker {name} exited; see {self.stack.state_dir}/logs")
+            time.sleep(0.2)
+        raise SystemExit(f"workers did not come up: {have} of {want}")
+
+    def web_pid(self) -> int:
+        popen = self.stack.procs["web"].popen
+        assert popen is not None
+        return popen.pid
+
+    def batch(self, venue: str, n: int) -> tuple[float, int, float, float]:
+        """One batch: seconds, failed, web CPU s and workers' CPU s."""
+        workers = [p.pid for name, p in self.procs.items() if name.startswith(venue)]
+        before = cpu_s([self.web_pid()]), cpu_s(workers)
+        run = run_to_end(
+            timed_program(n, sequential=False),
+            venues=[venue],
+            policy={
+                "max_batch": n,
+                "max_subqueries": 2 * n,
+                "cell_timeout_s": 3600,
+                "subquery_timeout_s": SUBQUERY_TIMEOUT_S,
+            },
+        )
+        if run.status != "succeeded":
+            raise SystemExit(f"the {venue} batch failed: {run.error}")
+        elapsed, failed = run.answer.split()
+        web = cpu_s([self.web_pid()]) - before[0]
+        work = cpu_s(workers) - before[1]
+        return float(elapsed), int(failed), web, work
+
+    def failover(self, n: int) -> tuple[float, float]:
+        """Kill a worker of host 0 while it holds jobs; seconds from the kill to Worker.Lost
+        and to the first re-dispatch of what it held (SubQuery.Retry)."""
+        from frlm_web.redis_client import get_redis
+        from runs.models import Run
+        from runs.services import ContextSpec, run_create, run_launch
+        from traces import store
+        from workers.backends import model_spec
+        from workers.venues import live_workers
+
+        run = run_create(
+            question=timed_program(n, sequential=False),
+            context=ContextSpec(text="benchmark"),
+            policy={
+                "max_batch": n,
+                "max_subqueries": 2 * n,
+                "subquery_timeout_s": SUBQUERY_TIMEOUT_S,
+            },
+            root_model=model_spec("sim", role="root"),
+            worker_model=model_spec("sim", role="worker"),
+            venues=["gw"],
+        )
+        run_launch(run)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            entry = {w["label"]: w for w in live_workers(get_redis(), "gw")}.get(self.victim) or {}
+            if entry.get("inflight", 0) > 0:
+                break
+            time.sleep(0.01)
+        victim = self.procs.pop(self.victim)
+        killed = time.time()
+        os.killpg(victim.pid, signal.SIGKILL)
+        victim.wait(10)
+        while not Run.objects.get(id=run.id).done:
+            time.sleep(0.1)
+        lost = retry = None
+        for _ in range(100):
+            events = store.read_events(run.id)
+            lost = [e["ts"] for e in events if e["name"] == "Worker.Lost"]
+            retry = [
+                e["ts"]
+                for e in events
+                if e["name"] == "SubQuery.Retry" and "was lost" in e["attrs"].get("reason", "")
+            ]
+            if (
+                lost
+                and retry
+                and any(e["name"] == "Run.Init" and e["phase"] == "end" for e in events)
+            ):
+                break
+            time.sleep(0.1)
+        if not lost or not retry:
+            raise SystemExit(f"run {run.id}: no Worker.Lost or re-dispatch after the kill")
+        self.victim = f"gw-0.{len(self.procs)}{int(time.time()) % 1000}"
+        self.start("gw", 0, name=self.victim)
+        self.wait_workers()
+        return min(lost) / 1e9 - killed, min(retry) / 1e9 - killed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=256)
+    parser.add_argument("--latency-ms", type=float, default=200)
+    parser.add_argument(
+        "--workers", type=int, default=4, help="hosts; a gateway and a broker worker on each"
+    )
+    parser.add_argument("--slots", type=int, default=8, help="slots per worker")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--wan-ms", type=float, default=0.0, help="one-way delay on each host's wire"
+    )
+    parser.add_argument("--quick", action="store_true", help="one round: a minute or two")
+    args = parser.parse_args()
+    if args.quick:
+        args.repeat = 1
+    ok, why = netlab.can_create()
+    if not ok:
+        raise SystemExit(f"this machine cannot create network namespaces: {why}")
+    stop_on_signals()
+
+    slots = args.workers * args.slots
+    ideal = math.ceil(args.n / slots) * args.latency_ms / 1000
+    rows: dict[str, list[tuple[float, int, float, float]]] = {"gw": [], "bk": []}
+    failovers: list[tuple[float, float]] = []
+    with ExitStack() as exits:
+        fed = Federation(args, exits)
+        for venue in ("gw", "bk"):
+            fed.batch(venue, slots)  # warm connections, workers and the model
+        # The machine's floor: the same requests straight to a simulated model from W
+        # threads, with no FRLM at all (bench/fanout.py).
+        floor = min(harness_floor(args.n, slots, args.latency_ms) for _ in range(2))
+        for i in range(args.repeat):
+            order = ("gw", "bk") if i % 2 == 0 else ("bk", "gw")
+            for venue in order:
+                rows[venue].append(fed.batch(venue, args.n))
+        for _ in range(args.repeat):
+            failovers.append(fed.failover(args.n))
+
+    label = {"gw": "gateway", "bk": "broker "}
+    print(
+        f"federation benchmark: {args.n} sub-queries of {args.latency_ms:.0f} ms over "
+        f"{args.workers} workers x {args.slots} slots, each worker on a host of its own "
+        f"(network + mount namespace), one-way delay {args.wan_ms:g} ms"
+    )
+    print(f"  ideal ceil(N/W)*L         {ideal:7.3f} s")
+    print(f"  harness floor (no FRLM)   {floor:7.3f} s  {floor / ideal:6.3f}x ideal")
+    best = {}
+    for venue in ("gw", "bk"):
+        for i, (t, failed, web, work) in enumerate(rows[venue], 1):
+            print(
+                f"  {label[venue]} try {i}         {t:7.3f} s  {t / ideal:6.3f}x ideal  "
+                f"failed {failed}  CPU per sub-query: web {web * 1000 / args.n:5.2f} ms, workers "
+                f"{work * 1000 / args.n:5.2f} ms"
+            )
+        best[venue] = min(t for t, *_ in rows[venue])
+    for venue in ("gw", "bk"):
+        times = [t for t, *_ in rows[venue]]
+        print(
+            f"  {label[venue]} best / median  {best[venue]:7.3f} / {statistics.median(times):.3f} s"
+            f"  {best[venue] / ideal:6.3f}x ideal   (target: gateway <= 1.10x)"
+        )
+    medians = {v: statistics.median(t for t, *_ in rows[v]) for v in rows}
+    print(
+        f"  gateway / broker          {best['gw'] / best['bk']:7.3f}x best, "
+        f"{medians['gw'] / medians['bk']:.3f}x median   (target <= 1.05x)"
+    )
+    for i, (lost, retry) in enumerate(failovers, 1):
+        print(
+            f"  failover {i}: kill -9 -> Worker.Lost {lost * 1000:6.0f} ms, -> first re-dispatch "
+            f"{retry * 1000:6.0f} ms   (target < 1000 ms)"
+        )
+
+
+if __name__ == "__main__":
+    main()
