@@ -94,9 +94,10 @@ def test_a_dropped_worker_loses_its_jobs_to_another_at_once(far) -> None:
     assert lost["worker_id"] == slow.worker_id
     retried = [e for e in named(events, "SubQuery.Retry") if "was lost" in e["attrs"]["reason"]]
     assert retried, "no job of the dropped worker was sent again"
-    # From the drop to the first re-dispatch: well under the presence TTL.
-    first = min(e["ts"] for e in retried) / 1e9
-    assert first - killed_at < 1.0, f"re-dispatched {first - killed_at:.2f} s after the drop"
+    # From the drop to the first re-dispatch: well under the presence TTL (the figure is
+    # bench/federation.py's).
+    first = min(e["ts"] for e in retried) / 1e9 - killed_at
+    assert first < settings.FRLM_VENUE_HEARTBEAT_TTL_S - 0.5, f"re-dispatched {first:.2f} s after"
     executes = named(events, "SubQuery.Execute", "end")
     assert other.worker_id in {e["worker_id"] for e in executes}
 

@@ -153,7 +153,12 @@ def test_killing_a_namespaced_worker_mid_run_loses_nothing(remote):
         for e in events
         if e["name"] == "SubQuery.Retry" and "was lost" in e["attrs"]["reason"]
     ]
-    assert retries and min(retries) - killed_at < 1.0
+    took = (lost["ts"] / 1e9 - killed_at, min(retries) - killed_at)
+    # Noticed from the drop, not when its presence would have expired (the bench measures
+    # the figure itself: bench/federation.py).
+    assert took[1] < settings.FRLM_VENUE_HEARTBEAT_TTL_S - 0.5, (
+        f"Worker.Lost {took[0]:.3f} s, first re-dispatch {took[1]:.3f} s"
+    )
     ends = [e for e in events if e["name"] == "SubQuery.Execute" and e["phase"] == "end"]
     assert survivor.worker_id in {e["worker_id"] for e in ends}
 
