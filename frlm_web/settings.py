@@ -163,6 +163,9 @@ FRLM_WORKER_HEARTBEAT_S = envfloat("FRLM_WORKER_HEARTBEAT_S", 1.0)
 FRLM_HEARTBEAT_WRITE_S = envfloat("FRLM_HEARTBEAT_WRITE_S", 5.0)
 FRLM_API_CLOCK_SKEW_S = envfloat("FRLM_API_CLOCK_SKEW_S", 60.0)
 FRLM_API_MAX_BODY = envint("FRLM_API_MAX_BODY", 64 * 1024)
+# A strike against a worker (a forged result or attestation) halves its reputation; the
+# strike itself halves every this many seconds, as the other reputation terms forget.
+FRLM_STRIKE_HALF_LIFE_S = envfloat("FRLM_STRIKE_HALF_LIFE_S", 3600.0)
 
 LOGGING = {
     "version": 1,

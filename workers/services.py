@@ -22,7 +22,7 @@ from frlm_web import presence
 from frlm_web.redis_client import get_redis
 from workers import keys
 from workers.models import EnrolmentToken, Venue, Worker, token_digest
-from workers.reputation import strikes_key
+from workers.reputation import strike_add, strikes_at, strikes_key
 from workers.venues import LiveWorker, presence_group
 
 log = logging.getLogger(__name__)
@@ -423,19 +423,20 @@ def worker_mark_lost(worker_id: str) -> bool:
 
 
 # --- strikes -----------------------------------------------------------------------------
-def worker_strike(worker_id: str, reason: str) -> int:
-    """Count a bad signature or a forged result against the worker; its reputation reads
-    the counter. Returns the worker's strikes so far."""
+def worker_strike(worker_id: str, reason: str) -> float:
+    """Count a forged result or attestation against the worker; its reputation reads the
+    count, which halves every FRLM_STRIKE_HALF_LIFE_S. Returns the worker's strikes now."""
     client = get_redis()
-    pipe = client.pipeline()
-    pipe.incr(strikes_key(worker_id))
+    count = strike_add(client, worker_id)
     # The latest reasons, for whoever investigates.
+    pipe = client.pipeline()
     pipe.lpush(strikes_key(worker_id) + ":why", f"{timezone.now():%Y-%m-%dT%H:%M:%SZ} {reason}")
     pipe.ltrim(strikes_key(worker_id) + ":why", 0, 99)
-    count = int(pipe.execute()[0])
-    log.warning("strike %d against worker %s: %s", count, worker_id, reason)
+    pipe.execute()
+    log.warning("strike against worker %s (now %.2f): %s", worker_id, count, reason)
     return count
 
 
-def worker_strikes(worker_id: str) -> int:
-    return int(get_redis().get(strikes_key(worker_id)) or 0)
+def worker_strikes(worker_id: str) -> float:
+    """The worker's strikes now, to two decimals (as people read them)."""
+    return round(strikes_at(get_redis().get(strikes_key(worker_id))), 2)
