@@ -29,7 +29,7 @@ from workers.services import (
 from workers.signing import request_claim
 from workers.venues import live_workers
 
-pytestmark = pytest.mark.usefixtures("stack")
+pytestmark = pytest.mark.usefixtures("stack", "api_failures_cleared")
 
 
 def registration(key: Any, **over: Any) -> dict[str, Any]:
@@ -44,19 +44,6 @@ def registration(key: Any, **over: Any) -> dict[str, Any]:
         "public_key": keys.public_b64(key),
         **over,
     }
-
-
-@pytest.fixture
-def venue(transactional_db) -> Venue:
-    # Presence lives in Redis, which outlives each test's database.
-    for name in ("apitest", "apitest2"):
-        get_redis().delete(f"frlm:presence:venue:{name}", f"frlm:presence:venue:{name}:info")
-    return Venue.objects.create(name="apitest", kind="edge")
-
-
-@pytest.fixture
-def token(venue: Venue) -> str:
-    return token_create(venue, ttl=timedelta(hours=1), label="test")[1]
 
 
 def register(client: Client, token: str, body: Any) -> Any:
@@ -77,6 +64,7 @@ def signed_post(
     *,
     stamp: str | None = None,
     sign_body: bytes | None = None,
+    **extra: Any,
 ) -> Any:
     raw = json.dumps(body).encode()
     stamp = stamp or str(int(time.time()))
@@ -88,6 +76,7 @@ def signed_post(
         raw,
         content_type="application/json",
         headers={"X-FRLM-Timestamp": stamp, "X-FRLM-Signature": sig},
+        **extra,
     )
 
 
@@ -250,7 +239,7 @@ def test_it_refuses_and_logs_requests_for_unknown_or_deregistered_workers(client
     assert f"deregistered worker {worker.id}" in logged
 
 
-def test_it_refuses_bad_signatures_and_counts_them_against_the_worker(client, token):
+def test_it_refuses_bad_signatures_without_counting_them_against_the_worker(client, token):
     key = keys.generate()
     worker = joined(token, key)
     path = f"/api/workers/{worker.id}/heartbeat"
@@ -261,7 +250,7 @@ def test_it_refuses_bad_signatures_and_counts_them_against_the_worker(client, to
         assert response.status_code == 401
         assert "does not match" in response.json()["error"]
     assert unsigned.status_code == 401 and "X-FRLM-Signature" in unsigned.json()["error"]
-    assert worker_strikes(worker.id) == 2
+    assert worker_strikes(worker.id) == 0  # whoever sent them is not known to be the worker
     assert live_workers(get_redis(), "apitest") == []
 
 
@@ -377,8 +366,9 @@ def test_it_makes_tokens_in_the_admin_and_shows_the_plaintext_once(venue):
     assert plaintext not in browser.get("/admin/workers/enrolmenttoken/").content.decode()
 
 
-def test_it_survives_a_fuzz_of_its_own_openapi_schema(transactional_db, venue, token):
+def test_it_survives_a_fuzz_of_its_own_openapi_schema(transactional_db, venue, token, settings):
     """schemathesis generates requests from /api/openapi.json against the app: no 5xx."""
+    settings.FRLM_API_FAIL_LIMIT = 10**9  # its many bad requests must not lock it out
     schemathesis = pytest.importorskip("schemathesis")
     from django.core.wsgi import get_wsgi_application
 
