@@ -33,17 +33,25 @@ SCHEMA_HINT = "see /api/openapi.json"
 
 
 def error(
-    status: int, message: str, fix: str, fields: dict[str, list[str]] | None = None
+    status: int,
+    message: str,
+    fix: str,
+    fields: dict[str, list[str]] | None = None,
+    challenge: str = "",
 ) -> JsonResponse:
-    """Every error of this API: what is wrong, what to do, and which fields."""
+    """Every error of this API: what is wrong, what to do, which fields, and the
+    challenge to sign when the fix is to prove who you are."""
     body: dict[str, Any] = {"error": message, "fix": fix}
     if fields:
         body["fields"] = fields
+    if challenge:
+        body["challenge"] = challenge
     return JsonResponse(body, status=status)
 
 
 def _from(exc: services.WorkerError) -> JsonResponse:
-    return error(exc.status, str(exc), exc.fix, exc.fields or None)
+    challenge = exc.challenge if isinstance(exc, services.ChallengeRequired) else ""
+    return error(exc.status, str(exc), exc.fix, exc.fields or None, challenge)
 
 
 def machine_post(view: Callable[..., JsonResponse]) -> Callable[..., JsonResponse]:

@@ -20,6 +20,7 @@ from frlm_web.redis_client import get_redis
 from workers import keys
 from workers.models import EnrolmentToken, Venue, Worker
 from workers.services import (
+    challenge_claim,
     token_create,
     worker_deregister,
     worker_mark_lost,
@@ -179,7 +180,12 @@ def test_it_refuses_a_second_worker_of_the_same_name_in_a_venue(client, venue, t
 def test_it_gives_a_restarted_worker_a_new_id_and_retires_the_old(client, token):
     key = keys.generate()
     first = joined(token, key)
-    second = register(client, token, registration(key)).json()["worker_id"]
+    held = register(client, token, registration(key))
+    assert held.status_code == 409 and first.status == "active"
+    challenge = held.json()["challenge"]
+    claim = challenge_claim(challenge, "apitest", "gpu-1", keys.public_b64(key))
+    answer = {"challenge": challenge, "challenge_sig": keys.sign(key, claim)}
+    second = register(client, token, registration(key, **answer)).json()["worker_id"]
     assert second != first.id
     first.refresh_from_db()
     assert first.status == "deregistered"
@@ -306,10 +312,10 @@ def test_it_documents_every_endpoint_and_error_in_the_openapi_schema(client):
     ]
     assert routes and set(routes) <= set(schema["paths"])
     register_op = schema["paths"]["/api/workers/register"]["post"]
-    assert {"201", "400", "401", "409", "413"} <= set(register_op["responses"])
+    assert {"201", "400", "401", "409", "413", "429"} <= set(register_op["responses"])
     for action in ("heartbeat", "deregister"):
         op = schema["paths"][f"/api/workers/{{worker_id}}/{action}"]["post"]
-        assert {"400", "401", "404", "410", "413"} <= set(op["responses"])
+        assert {"400", "401", "404", "410", "413", "429"} <= set(op["responses"])
         headers = {p["name"] for p in op["parameters"] if p["in"] == "header"}
         assert headers == {"X-FRLM-Timestamp", "X-FRLM-Signature"}
     properties = schema["components"]["schemas"]["Registration"]["properties"]
@@ -322,6 +328,8 @@ def test_it_documents_every_endpoint_and_error_in_the_openapi_schema(client):
         "price_in",
         "price_out",
         "public_key",
+        "challenge",
+        "challenge_sig",
     }
 
 
