@@ -168,6 +168,15 @@ FRLM_HEARTBEAT_WRITE_S = envfloat("FRLM_HEARTBEAT_WRITE_S", 5.0)
 FRLM_GATEWAY_SILENCE_S = envfloat("FRLM_GATEWAY_SILENCE_S", 3.0)
 FRLM_API_CLOCK_SKEW_S = envfloat("FRLM_API_CLOCK_SKEW_S", 60.0)
 FRLM_API_MAX_BODY = envint("FRLM_API_MAX_BODY", 64 * 1024)
+# Requests to the worker API that fail to authenticate, counted per source address: past
+# the limit within the window, that address is answered 429 until the window ends.
+FRLM_API_FAIL_LIMIT = envint("FRLM_API_FAIL_LIMIT", 20)
+FRLM_API_FAIL_WINDOW_S = envfloat("FRLM_API_FAIL_WINDOW_S", 60.0)
+# How long a challenge to take back a worker's name (a restart) may be answered.
+FRLM_API_CHALLENGE_TTL_S = envfloat("FRLM_API_CHALLENGE_TTL_S", 60.0)
+# A strike against a worker (a forged result or attestation) halves its reputation; the
+# strike itself halves every this many seconds, as the other reputation terms forget.
+FRLM_STRIKE_HALF_LIFE_S = envfloat("FRLM_STRIKE_HALF_LIFE_S", 3600.0)
 
 LOGGING = {
     "version": 1,

@@ -2,7 +2,9 @@
 
 register is authorised by an enrolment token (Authorization: Bearer); heartbeat and
 deregister by the worker's ed25519 signature over {method, path, timestamp, body sha256}.
-No session, hence no CSRF: a forged browser request can carry neither."""
+No session, hence no CSRF: a forged browser request can carry neither. A request that fails
+to authenticate counts against its source address (REMOTE_ADDR), which is answered 429 for
+the rest of the window after FRLM_API_FAIL_LIMIT failures."""
 
 from __future__ import annotations
 
@@ -31,17 +33,25 @@ SCHEMA_HINT = "see /api/openapi.json"
 
 
 def error(
-    status: int, message: str, fix: str, fields: dict[str, list[str]] | None = None
+    status: int,
+    message: str,
+    fix: str,
+    fields: dict[str, list[str]] | None = None,
+    challenge: str = "",
 ) -> JsonResponse:
-    """Every error of this API: what is wrong, what to do, and which fields."""
+    """Every error of this API: what is wrong, what to do, which fields, and the
+    challenge to sign when the fix is to prove who you are."""
     body: dict[str, Any] = {"error": message, "fix": fix}
     if fields:
         body["fields"] = fields
+    if challenge:
+        body["challenge"] = challenge
     return JsonResponse(body, status=status)
 
 
 def _from(exc: services.WorkerError) -> JsonResponse:
-    return error(exc.status, str(exc), exc.fix, exc.fields or None)
+    challenge = exc.challenge if isinstance(exc, services.ChallengeRequired) else ""
+    return error(exc.status, str(exc), exc.fix, exc.fields or None, challenge)
 
 
 def machine_post(view: Callable[..., JsonResponse]) -> Callable[..., JsonResponse]:
@@ -95,9 +105,13 @@ def _json_body(request: HttpRequest) -> Any:
 
 @machine_post
 def register(request: HttpRequest) -> JsonResponse:
+    throttled = _throttled(request)
+    if throttled is not None:
+        return throttled
     auth = request.META.get("HTTP_AUTHORIZATION", "")
     scheme, _, token = auth.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
+        _failed(request)
         return error(
             401,
             "no enrolment token: send the header `Authorization: Bearer <token>`",
@@ -107,7 +121,8 @@ def register(request: HttpRequest) -> JsonResponse:
         worker = services.worker_register(token.strip(), _json_body(request))
     except services.WorkerError as exc:
         if exc.status == 401:
-            log.warning("registration refused: %s", exc)
+            log.warning("registration from %s refused: %s", _address(request), exc)
+            _failed(request)
         return _from(exc)
     return JsonResponse(
         {
@@ -123,69 +138,143 @@ def register(request: HttpRequest) -> JsonResponse:
 
 
 def signed(view: Callable[..., JsonResponse]) -> Callable[..., JsonResponse]:
-    """Load the worker named in the URL and check the request is its signed word:
-    1. the worker exists and has not left (404, 410), 2. the timestamp is within the
-    replay window, 3. the signature is the worker's (401 and a strike otherwise),
-    4. the same signed request was not seen before (a replay)."""
+    """Load the worker named in the URL and check the request is its signed word (see
+    _authenticate), unless its address is throttled. A request that fails to authenticate
+    counts against the address it came from, never against the worker: anyone can send a
+    bad signature in a worker's name."""
 
     @machine_post
     @functools.wraps(view)
     def wrapped(request: HttpRequest, worker_id: str) -> JsonResponse:
-        worker = Worker.objects.select_related("venue").filter(id=worker_id).first()
-        if worker is None:
-            log.warning("%s for unknown worker %r refused", request.path, worker_id[:40])
-            return error(
-                404,
-                f"no worker {worker_id!r}",
-                "register (POST /api/workers/register) and use the worker_id it returns",
-            )
-        if worker.status == Worker.Status.DEREGISTERED:
-            log.warning("%s for deregistered worker %s refused", request.path, worker.id)
-            return error(
-                410,
-                f"worker {worker.id} was deregistered",
-                "stop this worker, or register again with an enrolment token",
-            )
-        stamp = request.META.get("HTTP_" + TIMESTAMP_HEADER.upper().replace("-", "_"), "")
-        sig = request.META.get("HTTP_" + SIGNATURE_HEADER.upper().replace("-", "_"), "")
-        fix = (
-            f"sign canonical JSON of {{method, path, timestamp, body_sha256}} with the "
-            f"worker's key; send it in {SIGNATURE_HEADER} and the epoch seconds in "
-            f"{TIMESTAMP_HEADER}; " + SCHEMA_HINT
-        )
-        if not stamp or not sig:
-            return error(401, f"{TIMESTAMP_HEADER} and {SIGNATURE_HEADER} are required", fix)
-        try:
-            skew = abs(time.time() - float(stamp))
-        except (ValueError, OverflowError):
-            skew = float("inf")
-        window = settings.FRLM_API_CLOCK_SKEW_S
-        if not skew <= window:
-            log.warning("stale request for worker %s refused (%s)", worker.id, stamp[:32])
-            return error(
-                401,
-                f"{TIMESTAMP_HEADER} is not within {window:g} s of the server's clock",
-                "sign each request afresh with the current time; check the worker's clock",
-            )
-        claim = request_claim(request.method or "POST", request.path, stamp, request.body)
-        if not keys.verify(worker.public_key, claim, sig):
-            services.worker_strike(worker.id, f"bad signature on {request.method} {request.path}")
-            return error(401, "the signature does not match this worker's key", fix)
-        if not _first_use(sig):
-            log.warning("replayed request for worker %s refused", worker.id)
-            return error(401, "this signed request was already used", "sign each request afresh")
-        return view(request, worker)
+        throttled = _throttled(request)
+        if throttled is not None:
+            return throttled
+        checked = _authenticate(request, worker_id)
+        if isinstance(checked, JsonResponse):
+            if checked.status_code == 401:
+                _failed(request)
+            return checked
+        return view(request, checked)
 
     return wrapped
 
 
-def _first_use(sig: str) -> bool:
-    """True the first time a signature is seen within the replay window."""
+def _authenticate(request: HttpRequest, worker_id: str) -> Worker | JsonResponse:
+    """The worker whose signed word this request is, or the error saying why not:
+    1. the worker exists and has not left (404, 410), 2. the timestamp is within the replay
+    window, 3. the signature is the canonical base64 of 64 bytes and the worker's (401),
+    4. those signature bytes were not seen before (a replay, 401)."""
+    worker = Worker.objects.select_related("venue").filter(id=worker_id).first()
+    if worker is None:
+        log.warning("%s for unknown worker %r refused", request.path, worker_id[:40])
+        return error(
+            404,
+            f"no worker {worker_id!r}",
+            "register (POST /api/workers/register) and use the worker_id it returns",
+        )
+    if worker.status == Worker.Status.DEREGISTERED:
+        log.warning("%s for deregistered worker %s refused", request.path, worker.id)
+        return error(
+            410,
+            f"worker {worker.id} was deregistered",
+            "stop this worker, or register again with an enrolment token",
+        )
+    stamp = request.META.get("HTTP_" + TIMESTAMP_HEADER.upper().replace("-", "_"), "")
+    sig = request.META.get("HTTP_" + SIGNATURE_HEADER.upper().replace("-", "_"), "")
+    fix = (
+        f"sign canonical JSON of {{method, path, timestamp, body_sha256}} with the "
+        f"worker's key; send it in {SIGNATURE_HEADER} and the epoch seconds in "
+        f"{TIMESTAMP_HEADER}; " + SCHEMA_HINT
+    )
+    if not stamp or not sig:
+        return error(401, f"{TIMESTAMP_HEADER} and {SIGNATURE_HEADER} are required", fix)
+    try:
+        skew = abs(time.time() - float(stamp))
+    except (ValueError, OverflowError):
+        skew = float("inf")
+    window = settings.FRLM_API_CLOCK_SKEW_S
+    if not skew <= window:
+        log.warning("stale request for worker %s refused (%s)", worker.id, stamp[:32])
+        return error(
+            401,
+            f"{TIMESTAMP_HEADER} is not within {window:g} s of the server's clock",
+            "sign each request afresh with the current time; check the worker's clock",
+        )
+    try:
+        raw_sig = keys.signature_bytes(sig)
+    except keys.BadSignature as exc:
+        return error(
+            401,
+            f"{SIGNATURE_HEADER} is not accepted: {exc}",
+            "send the standard base64 of the 64 signature bytes (padded, `+/` alphabet, as "
+            "base64.b64encode writes it) and nothing else",
+        )
+    claim = request_claim(request.method or "POST", request.path, stamp, request.body)
+    if not keys.verify(worker.public_key, claim, sig):
+        log.warning("bad signature for worker %s from %s", worker.id, _address(request))
+        return error(401, "the signature does not match this worker's key", fix)
+    if not _first_use(raw_sig):
+        log.warning("replayed request for worker %s refused", worker.id)
+        return error(401, "this signed request was already used", "sign each request afresh")
+    return worker
+
+
+def _first_use(sig: bytes) -> bool:
+    """True the first time these signature bytes are seen within the replay window."""
     ttl = int(settings.FRLM_API_CLOCK_SKEW_S * 2) + 1
     try:
         return bool(get_redis().set(f"frlm:api:sig:{sha256_hex(sig)}", 1, nx=True, ex=ttl))
     except redis.RedisError:
         return True  # the timestamp window still bounds a replay
+
+
+# --- failed authentication, counted per address ------------------------------------------
+def _address(request: HttpRequest) -> str:
+    return str(request.META.get("REMOTE_ADDR") or "unknown")[:64]
+
+
+def _fail_key(request: HttpRequest) -> str:
+    return f"frlm:api:fail:{_address(request)}"
+
+
+def _failed(request: HttpRequest) -> None:
+    """Count a request that failed to authenticate against its address, in a window that
+    starts with the first failure."""
+    window = max(1, int(settings.FRLM_API_FAIL_WINDOW_S))
+    key = _fail_key(request)
+    try:
+        pipe = get_redis().pipeline()  # MULTI: the count never outlives its window
+        pipe.set(key, 0, ex=window, nx=True)
+        pipe.incr(key)
+        pipe.execute()
+    except redis.RedisError:
+        log.warning("could not count a failed request from %s: Redis is unreachable", key)
+
+
+def _throttled(request: HttpRequest) -> JsonResponse | None:
+    """A 429 when the address has failed FRLM_API_FAIL_LIMIT times in its window: it is
+    not even checked until the window ends."""
+    key = _fail_key(request)
+    try:
+        pipe = get_redis().pipeline(transaction=False)
+        pipe.get(key)
+        pipe.ttl(key)
+        count, ttl = pipe.execute()
+    except redis.RedisError:
+        return None  # the signature check still stands
+    if int(count or 0) < settings.FRLM_API_FAIL_LIMIT:
+        return None
+    retry = int(ttl) if ttl and ttl > 0 else max(1, int(settings.FRLM_API_FAIL_WINDOW_S))
+    log.warning("throttled %s %s from %s", request.method, request.path, _address(request))
+    response = error(
+        429,
+        f"too many requests from {_address(request)} failed to authenticate "
+        f"(at least {settings.FRLM_API_FAIL_LIMIT} in {settings.FRLM_API_FAIL_WINDOW_S:g} s)",
+        f"wait the Retry-After seconds ({retry}), then sign requests with the worker's own "
+        "key and the current time, and register with a valid enrolment token",
+    )
+    response["Retry-After"] = str(retry)
+    return response
 
 
 @signed

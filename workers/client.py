@@ -39,7 +39,12 @@ class ControlError(Exception):
     the server could not be reached), the message what is wrong, `fix` what to do."""
 
     def __init__(
-        self, status: int, message: str, fix: str = "", fields: dict[str, list[str]] | None = None
+        self,
+        status: int,
+        message: str,
+        fix: str = "",
+        fields: dict[str, list[str]] | None = None,
+        challenge: str = "",
     ) -> None:
         text = message
         if fields:
@@ -51,6 +56,7 @@ class ControlError(Exception):
         self.message = message
         self.fix = fix
         self.fields = fields or {}
+        self.challenge = challenge  # to sign when taking back this worker's name
 
     @property
     def gone(self) -> bool:
@@ -78,7 +84,26 @@ class HttpControl:
         self.http = httpx.Client(base_url=self.server, timeout=timeout_s)
 
     def register(self, registration: Registration) -> Registered:
-        return self._call(
+        """Register; when the name is still held by this worker's previous registration (a
+        restart), answer the server's challenge with this worker's key and take it back."""
+        try:
+            return self._register(registration)
+        except ControlError as exc:
+            if exc.status != 409 or not exc.challenge:
+                raise
+            challenge = exc.challenge
+        claim = services.challenge_claim(
+            challenge, registration["venue"], registration["name"], registration["public_key"]
+        )
+        answer: Registration = {
+            **registration,
+            "challenge": challenge,
+            "challenge_sig": keys.sign(self.key, claim),
+        }
+        return self._register(answer)
+
+    def _register(self, registration: Registration) -> Registered:
+        return self._call(  # type: ignore[return-value]
             "POST",
             "/api/workers/register",
             registration,
@@ -130,13 +155,16 @@ class HttpControl:
                 str(data.get("error") or f"{method} {path} answered {response.status_code}"),
                 str(data.get("fix") or ""),
                 data.get("fields") if isinstance(data.get("fields"), dict) else None,
+                str(data.get("challenge") or ""),
             )
         return data
 
 
 class LocalControl:
     """The same three calls through the services, for a worker on the database's machine.
-    Without a token it makes itself one: it may write the database, so it may enrol."""
+    Without a token it makes itself one: it may write the database, so it may enrol; for
+    the same reason it takes back its own name (same name and key: a restart) without the
+    challenge a worker over HTTP must sign."""
 
     def __init__(self, token: str | None = None) -> None:
         self.token = token
@@ -150,7 +178,7 @@ class LocalControl:
                 venue, ttl=timedelta(minutes=5), label=f"in-process start of {registration['name']}"
             )
         try:
-            worker = services.worker_register(token, registration)
+            worker = services.worker_register(token, registration, in_process=True)
         except services.WorkerError as exc:
             raise ControlError(exc.status, str(exc), exc.fix, exc.fields) from exc
         self.worker = worker

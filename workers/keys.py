@@ -1,9 +1,11 @@
 """Ed25519 keys and signatures: how workers prove who they are, how results, receipts and
 attestations are signed, and how anyone checks them.
 
-Keys travel as base64 of their 32 raw bytes; signatures as base64 of their 64 bytes.
-What is signed is always canonical JSON (sorted keys, no spaces, UTF-8), so a signer
-and a checker in different processes agree on the bytes."""
+Keys travel as base64 of their 32 raw bytes; signatures as base64 of their 64 bytes, each
+in its one canonical spelling (standard alphabet, padded, unused bits zero): a lax decoder
+reads many spellings of the same bytes, and a replay cache or a key comparison on the
+text would tell them apart. What is signed is always canonical JSON (sorted keys, no
+spaces, UTF-8), so a signer and a checker in different processes agree on the bytes."""
 
 from __future__ import annotations
 
@@ -22,10 +24,23 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 )
 
 PUBLIC_KEY_B64_LEN = 44  # base64 of 32 bytes
+SIGNATURE_LEN = 64
 
 
 class BadKey(ValueError):
     """A key is malformed; the message says which and what is expected."""
+
+
+class BadSignature(ValueError):
+    """A signature is not the standard base64 of 64 bytes."""
+
+
+def _b64_strict(text: str) -> bytes:
+    """The bytes `text` is the canonical standard base64 of, or ValueError."""
+    raw = base64.b64decode(text, validate=True)
+    if base64.b64encode(raw).decode("ascii") != text:
+        raise ValueError("not the canonical base64 of its bytes")
+    return raw
 
 
 def canonical(obj: Any) -> bytes:
@@ -55,9 +70,9 @@ def private_b64(key: Ed25519PrivateKey) -> str:
 
 def private_from_b64(text: str) -> Ed25519PrivateKey:
     try:
-        raw = base64.b64decode(text, validate=True)
+        raw = _b64_strict(text)
     except (binascii.Error, ValueError) as exc:
-        raise BadKey("a private key is base64 of 32 bytes") from exc
+        raise BadKey("a private key is standard base64 of 32 bytes") from exc
     if len(raw) != 32:
         raise BadKey(f"a private key is 32 bytes, this one is {len(raw)}")
     return Ed25519PrivateKey.from_private_bytes(raw)
@@ -68,9 +83,12 @@ def public_from_b64(text: str) -> Ed25519PublicKey:
     if not isinstance(text, str):
         raise BadKey("public_key must be a string: base64 of the 32-byte ed25519 key")
     try:
-        raw = base64.b64decode(text, validate=True)
+        raw = _b64_strict(text)
     except (binascii.Error, ValueError) as exc:
-        raise BadKey("public_key is not valid base64 (of the 32-byte ed25519 key)") from exc
+        raise BadKey(
+            "public_key is not the standard base64 (padded, as base64.b64encode writes it) "
+            "of the 32-byte ed25519 key"
+        ) from exc
     if len(raw) != 32:
         raise BadKey(f"public_key must decode to 32 bytes (ed25519); it decodes to {len(raw)}")
     return Ed25519PublicKey.from_public_bytes(raw)
@@ -81,12 +99,26 @@ def sign(key: Ed25519PrivateKey, obj: Any) -> str:
     return base64.b64encode(key.sign(canonical(obj))).decode("ascii")
 
 
+def signature_bytes(signature: str) -> bytes:
+    """The 64 bytes of a signature in its one canonical spelling, or BadSignature."""
+    if not isinstance(signature, str):
+        raise BadSignature("a signature is a string")
+    try:
+        raw = _b64_strict(signature)
+    except (binascii.Error, ValueError) as exc:
+        raise BadSignature("a signature is the standard base64 of its 64 bytes") from exc
+    if len(raw) != SIGNATURE_LEN:
+        raise BadSignature(f"a signature is {SIGNATURE_LEN} bytes; this one is {len(raw)}")
+    return raw
+
+
 def verify(public_key: str | Ed25519PublicKey, obj: Any, signature: str) -> bool:
-    """True when `signature` is `public_key`'s signature of `obj`; never raises."""
+    """True when `signature` (canonical base64) is `public_key`'s signature of `obj`;
+    never raises."""
     try:
         pub = public_from_b64(public_key) if isinstance(public_key, str) else public_key
-        pub.verify(base64.b64decode(signature, validate=True), canonical(obj))
-    except (InvalidSignature, BadKey, binascii.Error, ValueError, TypeError):
+        pub.verify(signature_bytes(signature), canonical(obj))
+    except (InvalidSignature, BadKey, BadSignature, ValueError, TypeError):
         return False
     return True
 

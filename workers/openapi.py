@@ -17,9 +17,30 @@ SIGNING = (
     "UTF-8) of `{method, path, timestamp, body_sha256}`: the HTTP method in capitals, the "
     "URL path (e.g. `/api/workers/w3f9a0c1b2d4e/heartbeat`), the `X-FRLM-Timestamp` header "
     "exactly as sent (epoch seconds), and the hex sha256 of the request body's bytes. Send "
-    "the base64 signature in `X-FRLM-Signature`. A timestamp further than the replay window "
-    "from the server's clock, or a signed request sent a second time, is refused (401). A "
-    "bad signature is refused (401) and counts against the worker."
+    "the signature in `X-FRLM-Signature` as the standard base64 of its 64 bytes (padded, "
+    "`+/` alphabet, as `base64.b64encode` writes it; any other spelling is refused). A "
+    "timestamp further than the replay window from the server's clock, or a signature sent "
+    "a second time, is refused (401)."
+)
+
+THROTTLE = (
+    "A request that fails to authenticate (401: no or a bad token, signature or challenge "
+    "answer) counts against its source address, not against the worker it names: after "
+    "FRLM_API_FAIL_LIMIT (20) failures in FRLM_API_FAIL_WINDOW_S (60 s), that address is "
+    "answered 429 with a `Retry-After` header until the window ends, without its "
+    "credentials being checked."
+)
+
+TAKE_BACK = (
+    "A name held by a live (active or lost) registration can be taken back only with the "
+    "same key, and only by proving to hold it: the first attempt answers 409 with a "
+    "`challenge` (single use, valid FRLM_API_CHALLENGE_TTL_S, 60 s, for this venue, name "
+    "and key); send the same registration again with `challenge` and `challenge_sig`, the "
+    "base64 signature by the worker's key of the canonical JSON of `{challenge, name, "
+    "public_key, venue}`. The previous registration is then retired and the worker gets a "
+    "new id. The public key alone proves nothing: it is in every receipt. A name held with "
+    "another key is refused (409, no challenge): choose another name, or deregister the "
+    "old worker."
 )
 
 
@@ -39,13 +60,15 @@ def _json(ref: str, description: str) -> dict[str, Any]:
 
 ERRORS_COMMON = {
     "405": _error("Only POST is allowed."),
+    "429": _error("Too many failed authentications from this address; wait `Retry-After` seconds."),
     "413": _error("The body is larger than the limit (FRLM_API_MAX_BODY, 64 KiB by default)."),
 }
 
 SIGNED_ERRORS = {
     "400": _error("Malformed JSON or invalid fields; `fields` names each field's errors."),
     "401": _error(
-        "Missing, stale, replayed or bad signature. A bad signature counts against the worker."
+        "Missing, stale, replayed, non-canonical or bad signature; counts against the "
+        "sending address (see 429), not the worker."
     ),
     "404": _error("No worker with this id: register first."),
     "410": _error("The worker was deregistered: stop, or register again."),
@@ -81,7 +104,7 @@ def schema(server_url: str = "") -> dict[str, Any]:
             "description": (
                 "Workers join a venue with an enrolment token, then beat and leave with "
                 "signed requests. Every error answers JSON {error, fix, fields?}: what is "
-                "wrong and what to do.\n\n" + SIGNING
+                "wrong and what to do.\n\n" + SIGNING + "\n\n" + THROTTLE + "\n\n" + TAKE_BACK
             ),
         },
         "servers": [{"url": server_url or "/"}],
@@ -90,10 +113,7 @@ def schema(server_url: str = "") -> dict[str, Any]:
                 "post": {
                     "operationId": "worker_register",
                     "summary": "Register a worker in the enrolment token's venue",
-                    "description": (
-                        "A worker that registers again with the same name and key (a restart) "
-                        "gets a new id; its previous registration is retired."
-                    ),
+                    "description": TAKE_BACK,
                     "security": [{"enrolmentToken": []}],
                     "requestBody": {
                         "required": True,
@@ -106,8 +126,14 @@ def schema(server_url: str = "") -> dict[str, Any]:
                     "responses": {
                         "201": _json("Registered", "Registered."),
                         "400": _error("Malformed JSON or invalid fields (see `fields`)."),
-                        "401": _error("No token, or an unknown, expired or revoked one."),
-                        "409": _error("The venue has a worker of this name with another key."),
+                        "401": _error(
+                            "No token, or an unknown, expired or revoked one; or a "
+                            "`challenge_sig` that is not the key's signature."
+                        ),
+                        "409": _error(
+                            "The name is held: with another key (choose another name), or "
+                            "with this key (the body's `challenge` is to be signed)."
+                        ),
                         **ERRORS_COMMON,
                     },
                 }
@@ -233,9 +259,20 @@ def schema(server_url: str = "") -> dict[str, Any]:
                         "price_out": {**price, "description": "Dollars per 1,000 output tokens."},
                         "public_key": {
                             "type": "string",
-                            "description": "base64 of the 32-byte ed25519 public key.",
+                            "description": "Standard base64 of the 32-byte ed25519 public key.",
                             "minLength": 44,
                             "maxLength": 44,
+                        },
+                        "challenge": {
+                            "type": "string",
+                            "description": "Only to take back a held name: the 409's challenge.",
+                        },
+                        "challenge_sig": {
+                            "type": "string",
+                            "description": (
+                                "base64 signature by the worker's key of the canonical JSON of "
+                                "{challenge, name, public_key, venue}."
+                            ),
                         },
                     },
                 },
@@ -318,6 +355,10 @@ def schema(server_url: str = "") -> dict[str, Any]:
                             "type": "object",
                             "additionalProperties": {"type": "array", "items": {"type": "string"}},
                             "description": "Each invalid field's errors.",
+                        },
+                        "challenge": {
+                            "type": "string",
+                            "description": "On a 409 for a name held with this key: sign it.",
                         },
                     },
                 },

@@ -1,14 +1,16 @@
 """What the fleet has learned about each worker: Beta scores with forgetting for completion,
 agreement and validation, BOINC's consecutive-valid count, consecutive failures and an
-EWMA of latency. Kept in Redis, updated atomically by a Lua script, so every conductor
-learns from every other."""
+EWMA of latency, and strikes that halve every FRLM_STRIKE_HALF_LIFE_S. Kept in Redis,
+updated atomically by Lua scripts, so every conductor learns from every other."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Literal
 
 import redis
+from django.conf import settings
 
 from frlm_web.redis_client import LuaScript
 
@@ -79,7 +81,7 @@ class Reputation:
     failures: int = 0  # consecutive failed completions
     latency_ms: float | None = None  # EWMA of observed latency
     samples: int = 0
-    strikes: int = 0  # bad signatures and forged results
+    strikes: float = 0.0  # forged results and attestations, fading with their half-life
 
     def mean(self, signal: Signal) -> float | None:
         """The Beta mean of a signal, or None while there is no evidence on it."""
@@ -109,7 +111,7 @@ class Reputation:
             "consecutive_valid": self.consecutive_valid,
             "failures": self.failures,
             "latency_ms": _round(self.latency_ms, 1),
-            "strikes": self.strikes,
+            "strikes": round(self.strikes, 2),
         }
 
 
@@ -117,7 +119,9 @@ def _round(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def _parse(worker_id: str, flat: dict[bytes, bytes] | list[bytes], strikes: int = 0) -> Reputation:
+def _parse(
+    worker_id: str, flat: dict[bytes, bytes] | list[bytes], strikes: float = 0.0
+) -> Reputation:
     if isinstance(flat, list):
         flat = dict(zip(flat[::2], flat[1::2], strict=True))
     data = {k.decode(): v.decode() for k, v in flat.items()}
@@ -141,6 +145,57 @@ def strikes_key(worker_id: str) -> str:
     return f"frlm:worker:{worker_id}:strikes"
 
 
+# A worker's strikes are kept as "<count>@<epoch seconds>": the count as it stood then.
+# Reading decays it to now; a strike decays it and adds one, so a worker that forged once
+# long ago is not halved for ever (the other terms forget too). The key expires once what
+# is left no longer matters. A bare number (written before strikes decayed) reads as is.
+# KEYS[1]: the strikes key. ARGV: now, half-life in seconds. Returns the count after it.
+_STRIKE = """
+local raw = redis.call('GET', KEYS[1])
+local now = tonumber(ARGV[1])
+local half = tonumber(ARGV[2])
+local count = 0
+if raw then
+  local n, at = string.match(raw, '^([^@]+)@(.+)$')
+  if n then count = tonumber(n) * math.pow(0.5, math.max(0, now - tonumber(at)) / half)
+  else count = tonumber(raw) or 0 end
+end
+count = count + 1
+local ttl = math.max(1, math.ceil(half * 30))
+redis.call('SET', KEYS[1], string.format('%.17g@%.6f', count, now), 'EX', ttl)
+return string.format('%.17g', count)
+"""
+_STRIKE_SCRIPT = LuaScript(_STRIKE)
+
+
+def _half_life_s() -> float:
+    return max(1e-3, float(settings.FRLM_STRIKE_HALF_LIFE_S))
+
+
+def strike_add(client: redis.Redis, worker_id: str, now: float | None = None) -> float:
+    """One more strike against the worker; its strikes after it, decayed to now."""
+    now = time.time() if now is None else now
+    reply = _STRIKE_SCRIPT(
+        keys=[strikes_key(worker_id)], args=[repr(now), repr(_half_life_s())], client=client
+    )
+    return float(reply.decode() if isinstance(reply, bytes) else reply)
+
+
+def strikes_at(raw: bytes | str | None, now: float | None = None) -> float:
+    """The strikes in a stored value, decayed to `now`."""
+    if not raw:
+        return 0.0
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    count, sep, at = text.partition("@")
+    try:
+        if not sep:
+            return float(count)
+        now = time.time() if now is None else now
+        return float(count) * 0.5 ** (max(0.0, now - float(at)) / _half_life_s())
+    except ValueError:
+        return 0.0
+
+
 def load(client: redis.Redis, worker_ids: list[str]) -> dict[str, Reputation]:
     """Every named worker's reputation in one round trip."""
     if not worker_ids:
@@ -150,8 +205,9 @@ def load(client: redis.Redis, worker_ids: list[str]) -> dict[str, Reputation]:
         pipe.hgetall(rep_key(wid))
         pipe.get(strikes_key(wid))
     replies = pipe.execute()
+    now = time.time()
     return {
-        wid: _parse(wid, replies[2 * i], int(replies[2 * i + 1] or 0))
+        wid: _parse(wid, replies[2 * i], strikes_at(replies[2 * i + 1], now))
         for i, wid in enumerate(worker_ids)
     }
 
@@ -206,7 +262,7 @@ class Reputations:
         replies = pipe.execute()
         updated = []
         for obs, flat in zip(pending, replies, strict=True):
-            strikes = self.known[obs.worker_id].strikes if obs.worker_id in self.known else 0
+            strikes = self.known[obs.worker_id].strikes if obs.worker_id in self.known else 0.0
             rep = _parse(obs.worker_id, flat, strikes)
             self.known[obs.worker_id] = rep
             updated.append(rep)

@@ -6,6 +6,7 @@ JSON API and the in-process runtime report the same thing the same way."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import re
@@ -22,7 +23,7 @@ from frlm_web import presence
 from frlm_web.redis_client import get_redis
 from workers import keys
 from workers.models import EnrolmentToken, Venue, Worker, token_digest
-from workers.reputation import strikes_key
+from workers.reputation import strike_add, strikes_at, strikes_key
 from workers.venues import Link, LiveWorker, presence_group
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,9 @@ REGISTRATION_FIELDS = (
     "price_out",
     "public_key",
 )
+# A worker taking back its name (a restart) answers the server's challenge with these.
+PROOF_FIELDS = ("challenge", "challenge_sig")
+CHALLENGE_RE = re.compile(r"^[A-Za-z0-9_-]{43}$")  # secrets.token_urlsafe(32)
 HEARTBEAT_FIELDS = ("inflight", "memory_mb", "latency_ms", "pid", "draining")
 
 
@@ -58,6 +62,8 @@ class Registration(TypedDict, total=False):
     price_in: float  # dollars per 1,000 tokens
     price_out: float
     public_key: str  # base64 of the 32-byte ed25519 public key
+    challenge: str  # only to take back a name: the challenge the server answered 409 with
+    challenge_sig: str  # the worker's signature of challenge_claim(...)
 
 
 class Figures(TypedDict, total=False):
@@ -100,6 +106,23 @@ class WorkerUnknown(WorkerError):
 
 class WorkerGone(WorkerError):
     status = 410
+
+
+class ChallengeRequired(NameTaken):
+    """The name is held by a registration with this key: prove to be that worker by
+    signing `challenge` (a restart registers again this way)."""
+
+    def __init__(self, message: str, fix: str, challenge: str) -> None:
+        super().__init__(message, fix, {"name": ["held by a live registration with this key"]})
+        self.challenge = challenge
+
+
+class ChallengeRejected(WorkerError):
+    status = 401
+
+
+class Unavailable(WorkerError):
+    status = 503
 
 
 # --- enrolment tokens --------------------------------------------------------------------
@@ -173,10 +196,12 @@ def registration_clean(data: Any, venue: Venue) -> Registration:
             "send the registration as a JSON object; see /api/openapi.json",
         )
     errors: dict[str, list[str]] = {}
-    for key in sorted(set(data) - set(REGISTRATION_FIELDS)):
-        errors.setdefault(key, []).append(
-            "unknown field; allowed: " + ", ".join(REGISTRATION_FIELDS)
-        )
+    allowed = REGISTRATION_FIELDS + PROOF_FIELDS
+    for key in sorted(set(data) - set(allowed)):
+        errors.setdefault(key, []).append("unknown field; allowed: " + ", ".join(allowed))
+    for key in PROOF_FIELDS:
+        if key in data and not isinstance(data[key], str):
+            errors.setdefault(key, []).append("must be a string")
     name = data.get("name")
     if not isinstance(name, str) or not NAME_RE.match(name):
         errors.setdefault("name", []).append(
@@ -230,11 +255,16 @@ def registration_clean(data: Any, venue: Venue) -> Registration:
     }
 
 
-def worker_register(plaintext_token: str, data: Any) -> Worker:
-    """1. check the token, 2. check every field, 3. retire the worker's previous
-    registration if it comes back with the same name and key (a restart: its old id leaves
-    presence, so the conductor re-dispatches what the old process held), 4. create the
-    worker. It joins presence with its first heartbeat, once it consumes its queues."""
+def worker_register(plaintext_token: str, data: Any, *, in_process: bool = False) -> Worker:
+    """1. check the token, 2. check every field, 3. if the name is held by a live
+    registration, take it back only for the same key and only with proof of holding that
+    key: its signature over a fresh challenge (ChallengeRequired hands one out; a restart
+    answers it); the previous registration is retired, so its id leaves presence and the
+    conductor re-dispatches what the old process held, 4. create the worker. It joins
+    presence with its first heartbeat, once it consumes its queues.
+
+    `in_process`: the caller runs with the database's rights (LocalControl), which prove
+    more than a signature would; the HTTP API never sets it."""
     token = token_check(plaintext_token)
     reg = registration_clean(data, token.venue)
     try:
@@ -250,9 +280,12 @@ def worker_register(plaintext_token: str, data: Any) -> Worker:
                         f"venue {token.venue.name!r} already has a worker named {reg['name']!r} "
                         f"({old.id}) with another key",
                         "choose another name, or stop that worker (it deregisters on SIGTERM) "
-                        "or deregister it in the admin",
+                        "or have the operator deregister it in the admin",
                         {"name": ["taken in this venue by a worker with another key"]},
                     )
+            if previous and not in_process:
+                _possession_check(token.venue, reg, data)
+            for old in previous:
                 _retire(old, "registered again")
             worker = Worker.objects.create(
                 name=reg["name"],
@@ -274,6 +307,79 @@ def worker_register(plaintext_token: str, data: Any) -> Worker:
         ) from exc
     log.info("worker %s registered as %s in venue %s", worker.id, worker.name, worker.venue)
     return worker
+
+
+# --- taking a name back: proof of holding its key ----------------------------------------
+def challenge_claim(challenge: str, venue: str, name: str, public_key: str) -> dict[str, str]:
+    """What a worker signs to take its name back."""
+    return {"challenge": challenge, "venue": venue, "name": name, "public_key": public_key}
+
+
+def _challenge_key(challenge: str) -> str:
+    return f"frlm:api:challenge:{challenge}"
+
+
+def worker_challenge(venue: Venue, name: str, public_key: str) -> str:
+    """A fresh single-use challenge for taking back `name` in `venue` with `public_key`,
+    kept FRLM_API_CHALLENGE_TTL_S."""
+    challenge = secrets.token_urlsafe(32)
+    bound = json.dumps([venue.name, name, public_key])
+    ttl = max(1, int(settings.FRLM_API_CHALLENGE_TTL_S))
+    try:
+        get_redis().set(_challenge_key(challenge), bound, ex=ttl)
+    except redis.RedisError as exc:
+        raise Unavailable(
+            "Redis is unreachable; no challenge could be made to take this name back",
+            "retry in a few seconds",
+        ) from exc
+    return challenge
+
+
+def _challenge_take(challenge: Any) -> list[str] | None:
+    """What a challenge was given for, once: it is gone after this."""
+    if not isinstance(challenge, str) or not CHALLENGE_RE.match(challenge):
+        return None
+    try:
+        pipe = get_redis().pipeline()  # MULTI: only one taker sees it
+        pipe.get(_challenge_key(challenge))
+        pipe.delete(_challenge_key(challenge))
+        bound = pipe.execute()[0]
+    except redis.RedisError as exc:
+        raise Unavailable("Redis is unreachable; the challenge cannot be checked", "retry") from exc
+    return json.loads(bound) if bound else None
+
+
+def _possession_check(venue: Venue, reg: Registration, data: dict[str, Any]) -> None:
+    """Nothing when `data` answers a challenge given for this venue, name and key with
+    that key's signature; else ChallengeRequired (with a fresh challenge) or
+    ChallengeRejected. The public key alone proves nothing: it is in every receipt."""
+    what = "signature, by the worker's key, of the canonical JSON of"
+    fix = (
+        "prove this is the same worker: send the registration again with `challenge` set to "
+        f"the `challenge` of this answer and `challenge_sig` the base64 {what} "
+        "{challenge, name, public_key, venue}; a different worker must choose another name"
+    )
+    name = reg["name"]
+    if "challenge" not in data:
+        raise ChallengeRequired(
+            f"venue {venue.name!r} has a live worker named {name!r} with this key",
+            fix,
+            worker_challenge(venue, name, reg["public_key"]),
+        )
+    if _challenge_take(data.get("challenge")) != [venue.name, name, reg["public_key"]]:
+        raise ChallengeRequired(
+            "the challenge is unknown, expired, already used or for another worker",
+            fix,
+            worker_challenge(venue, name, reg["public_key"]),
+        )
+    claim = challenge_claim(data["challenge"], venue.name, name, reg["public_key"])
+    if not keys.verify(reg["public_key"], claim, data.get("challenge_sig", "")):
+        raise ChallengeRejected(
+            "challenge_sig is not the signature of the challenge by this worker's key",
+            f"sign with the key whose public half is `public_key`: the {what} "
+            "{challenge, name, public_key, venue}, standard base64",
+            {"challenge_sig": ["not this key's signature of the challenge"]},
+        )
 
 
 def _retire(worker: Worker, why: str) -> None:
@@ -425,19 +531,20 @@ def worker_mark_lost(worker_id: str) -> bool:
 
 
 # --- strikes -----------------------------------------------------------------------------
-def worker_strike(worker_id: str, reason: str) -> int:
-    """Count a bad signature or a forged result against the worker; its reputation reads
-    the counter. Returns the worker's strikes so far."""
+def worker_strike(worker_id: str, reason: str) -> float:
+    """Count a forged result or attestation against the worker; its reputation reads the
+    count, which halves every FRLM_STRIKE_HALF_LIFE_S. Returns the worker's strikes now."""
     client = get_redis()
-    pipe = client.pipeline()
-    pipe.incr(strikes_key(worker_id))
+    count = strike_add(client, worker_id)
     # The latest reasons, for whoever investigates.
+    pipe = client.pipeline()
     pipe.lpush(strikes_key(worker_id) + ":why", f"{timezone.now():%Y-%m-%dT%H:%M:%SZ} {reason}")
     pipe.ltrim(strikes_key(worker_id) + ":why", 0, 99)
-    count = int(pipe.execute()[0])
-    log.warning("strike %d against worker %s: %s", count, worker_id, reason)
+    pipe.execute()
+    log.warning("strike against worker %s (now %.2f): %s", worker_id, count, reason)
     return count
 
 
-def worker_strikes(worker_id: str) -> int:
-    return int(get_redis().get(strikes_key(worker_id)) or 0)
+def worker_strikes(worker_id: str) -> float:
+    """The worker's strikes now, to two decimals (as people read them)."""
+    return round(strikes_at(get_redis().get(strikes_key(worker_id))), 2)

@@ -8,7 +8,7 @@ import pytest
 
 from frlm_web.redis_client import get_redis
 from workers.circuit import CLOSED, HALF_OPEN, OPEN, Breakers
-from workers.reputation import Observation, Reputations, load
+from workers.reputation import Observation, Reputations, load, strike_add, strikes_at
 
 
 @pytest.fixture
@@ -69,8 +69,20 @@ def test_it_follows_latency_with_an_ewma_shared_by_every_ledger(client) -> None:
 
 def test_it_halves_the_score_per_strike(client) -> None:
     wid = fresh()
-    client.incr(f"frlm:worker:{wid}:strikes")
-    assert load(client, [wid])[wid].score == 0.5
+    strike_add(client, wid)
+    assert load(client, [wid])[wid].score == pytest.approx(0.5, abs=1e-3)
+    strike_add(client, wid)
+    assert load(client, [wid])[wid].score == pytest.approx(0.25, abs=1e-3)
+
+
+def test_it_halves_a_strike_every_half_life(client, settings) -> None:
+    settings.FRLM_STRIKE_HALF_LIFE_S = 100.0
+    wid = fresh()
+    strike_add(client, wid, now=1000.0)
+    assert strike_add(client, wid, now=1100.0) == pytest.approx(1.5)
+    stored = client.get(f"frlm:worker:{wid}:strikes")
+    assert strikes_at(stored, now=1300.0) == pytest.approx(1.5 / 4)
+    assert strikes_at(b"3", now=1e12) == 3.0  # a count from before strikes faded
 
 
 def test_it_opens_after_five_failures_and_closes_after_three_good_probes(client) -> None:

@@ -13,7 +13,8 @@ from frlm_web.redis_client import get_redis
 from tests.helpers import finish, launch, named, scripted, trace, wait_until
 from traces import store
 from workers.jobs import encode_result, results_stream
-from workers.reputation import Observation, Reputations, load, strikes_key
+from workers.reputation import Observation, Reputations, load
+from workers.services import worker_strikes
 from workers.swarm import ProfileFileError, SwarmProfile, devices, profile_load
 
 
@@ -160,7 +161,7 @@ def test_it_rejects_a_forged_result_and_counts_it_against_the_worker(swarm_facto
     wait_until(lambda: running_on(run, None), what="the batch to start")
     client = get_redis()
     forger = swarm.live()[0]["worker_id"]
-    before = int(client.get(strikes_key(forger)) or 0)
+    before = worker_strikes(forger)
     for sq in ("1.1", "2.1", "3.1", "4.1"):
         client.xadd(
             results_stream(run.id),
@@ -181,7 +182,7 @@ def test_it_rejects_a_forged_result_and_counts_it_against_the_worker(swarm_facto
     rejected = [e for e in named(trace(run), "SubQuery.Return") if e["status"] == "rejected"]
     assert len(rejected) == 4
     assert all(e["worker_id"] == forger for e in rejected)
-    assert int(client.get(strikes_key(forger)) or 0) == before + 4
+    assert worker_strikes(forger) == pytest.approx(before + 4, abs=0.05)  # fading, slowly
 
 
 def test_it_accepts_only_what_distinct_workers_agree_on(swarm_factory) -> None:

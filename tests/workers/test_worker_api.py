@@ -20,6 +20,7 @@ from frlm_web.redis_client import get_redis
 from workers import keys
 from workers.models import EnrolmentToken, Venue, Worker
 from workers.services import (
+    challenge_claim,
     token_create,
     worker_deregister,
     worker_mark_lost,
@@ -29,7 +30,7 @@ from workers.services import (
 from workers.signing import request_claim
 from workers.venues import live_workers
 
-pytestmark = pytest.mark.usefixtures("stack")
+pytestmark = pytest.mark.usefixtures("stack", "api_failures_cleared")
 
 
 def registration(key: Any, **over: Any) -> dict[str, Any]:
@@ -44,19 +45,6 @@ def registration(key: Any, **over: Any) -> dict[str, Any]:
         "public_key": keys.public_b64(key),
         **over,
     }
-
-
-@pytest.fixture
-def venue(transactional_db) -> Venue:
-    # Presence lives in Redis, which outlives each test's database.
-    for name in ("apitest", "apitest2"):
-        get_redis().delete(f"frlm:presence:venue:{name}", f"frlm:presence:venue:{name}:info")
-    return Venue.objects.create(name="apitest", kind="edge")
-
-
-@pytest.fixture
-def token(venue: Venue) -> str:
-    return token_create(venue, ttl=timedelta(hours=1), label="test")[1]
 
 
 def register(client: Client, token: str, body: Any) -> Any:
@@ -77,6 +65,7 @@ def signed_post(
     *,
     stamp: str | None = None,
     sign_body: bytes | None = None,
+    **extra: Any,
 ) -> Any:
     raw = json.dumps(body).encode()
     stamp = stamp or str(int(time.time()))
@@ -88,6 +77,7 @@ def signed_post(
         raw,
         content_type="application/json",
         headers={"X-FRLM-Timestamp": stamp, "X-FRLM-Signature": sig},
+        **extra,
     )
 
 
@@ -190,7 +180,12 @@ def test_it_refuses_a_second_worker_of_the_same_name_in_a_venue(client, venue, t
 def test_it_gives_a_restarted_worker_a_new_id_and_retires_the_old(client, token):
     key = keys.generate()
     first = joined(token, key)
-    second = register(client, token, registration(key)).json()["worker_id"]
+    held = register(client, token, registration(key))
+    assert held.status_code == 409 and first.status == "active"
+    challenge = held.json()["challenge"]
+    claim = challenge_claim(challenge, "apitest", "gpu-1", keys.public_b64(key))
+    answer = {"challenge": challenge, "challenge_sig": keys.sign(key, claim)}
+    second = register(client, token, registration(key, **answer)).json()["worker_id"]
     assert second != first.id
     first.refresh_from_db()
     assert first.status == "deregistered"
@@ -250,7 +245,7 @@ def test_it_refuses_and_logs_requests_for_unknown_or_deregistered_workers(client
     assert f"deregistered worker {worker.id}" in logged
 
 
-def test_it_refuses_bad_signatures_and_counts_them_against_the_worker(client, token):
+def test_it_refuses_bad_signatures_without_counting_them_against_the_worker(client, token):
     key = keys.generate()
     worker = joined(token, key)
     path = f"/api/workers/{worker.id}/heartbeat"
@@ -261,7 +256,7 @@ def test_it_refuses_bad_signatures_and_counts_them_against_the_worker(client, to
         assert response.status_code == 401
         assert "does not match" in response.json()["error"]
     assert unsigned.status_code == 401 and "X-FRLM-Signature" in unsigned.json()["error"]
-    assert worker_strikes(worker.id) == 2
+    assert worker_strikes(worker.id) == 0  # whoever sent them is not known to be the worker
     assert live_workers(get_redis(), "apitest") == []
 
 
@@ -317,10 +312,10 @@ def test_it_documents_every_endpoint_and_error_in_the_openapi_schema(client):
     ]
     assert routes and set(routes) <= set(schema["paths"])
     register_op = schema["paths"]["/api/workers/register"]["post"]
-    assert {"201", "400", "401", "409", "413"} <= set(register_op["responses"])
+    assert {"201", "400", "401", "409", "413", "429"} <= set(register_op["responses"])
     for action in ("heartbeat", "deregister"):
         op = schema["paths"][f"/api/workers/{{worker_id}}/{action}"]["post"]
-        assert {"400", "401", "404", "410", "413"} <= set(op["responses"])
+        assert {"400", "401", "404", "410", "413", "429"} <= set(op["responses"])
         headers = {p["name"] for p in op["parameters"] if p["in"] == "header"}
         assert headers == {"X-FRLM-Timestamp", "X-FRLM-Signature"}
     properties = schema["components"]["schemas"]["Registration"]["properties"]
@@ -333,6 +328,8 @@ def test_it_documents_every_endpoint_and_error_in_the_openapi_schema(client):
         "price_in",
         "price_out",
         "public_key",
+        "challenge",
+        "challenge_sig",
     }
 
 
@@ -377,8 +374,9 @@ def test_it_makes_tokens_in_the_admin_and_shows_the_plaintext_once(venue):
     assert plaintext not in browser.get("/admin/workers/enrolmenttoken/").content.decode()
 
 
-def test_it_survives_a_fuzz_of_its_own_openapi_schema(transactional_db, venue, token):
+def test_it_survives_a_fuzz_of_its_own_openapi_schema(transactional_db, venue, token, settings):
     """schemathesis generates requests from /api/openapi.json against the app: no 5xx."""
+    settings.FRLM_API_FAIL_LIMIT = 10**9  # its many bad requests must not lock it out
     schemathesis = pytest.importorskip("schemathesis")
     from django.core.wsgi import get_wsgi_application
 

@@ -1,0 +1,41 @@
+"""Fixtures of the worker API tests: a venue, a token of it, and the per-address failure
+counts cleared around each test (they live in Redis, which outlives each test)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+
+from frlm_web.redis_client import get_redis
+from workers.models import Venue
+from workers.services import token_create
+
+
+@pytest.fixture
+def venue(transactional_db) -> Venue:
+    # Presence lives in Redis, which outlives each test's database.
+    for name in ("apitest", "apitest2"):
+        get_redis().delete(f"frlm:presence:venue:{name}", f"frlm:presence:venue:{name}:info")
+    return Venue.objects.create(name="apitest", kind="edge")
+
+
+@pytest.fixture
+def token(venue: Venue) -> str:
+    return token_create(venue, ttl=timedelta(hours=1), label="test")[1]
+
+
+@pytest.fixture
+def api_failures_cleared(stack) -> Iterator[None]:
+    """No address starts throttled, and none leaves throttled for the next test (the
+    stack's own web server counts failures in the same Redis)."""
+
+    def clear() -> None:
+        client = get_redis()
+        for key in client.scan_iter("frlm:api:fail:*"):
+            client.delete(key)
+
+    clear()
+    yield
+    clear()
