@@ -26,6 +26,7 @@ from workers import keys, services
 from workers.models import Worker
 from workers.openapi import schema
 from workers.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, request_claim, sha256_hex
+from workers.venues import Link
 
 log = logging.getLogger(__name__)
 
@@ -233,45 +234,19 @@ def _address(request: HttpRequest) -> str:
     return str(request.META.get("REMOTE_ADDR") or "unknown")[:64]
 
 
-def _fail_key(request: HttpRequest) -> str:
-    return f"frlm:api:fail:{_address(request)}"
-
-
 def _failed(request: HttpRequest) -> None:
-    """Count a request that failed to authenticate against its address, in a window that
-    starts with the first failure."""
-    window = max(1, int(settings.FRLM_API_FAIL_WINDOW_S))
-    key = _fail_key(request)
-    try:
-        pipe = get_redis().pipeline()  # MULTI: the count never outlives its window
-        pipe.set(key, 0, ex=window, nx=True)
-        pipe.incr(key)
-        pipe.execute()
-    except redis.RedisError:
-        log.warning("could not count a failed request from %s: Redis is unreachable", key)
+    services.auth_failed(_address(request))
 
 
 def _throttled(request: HttpRequest) -> JsonResponse | None:
     """A 429 when the address has failed FRLM_API_FAIL_LIMIT times in its window: it is
     not even checked until the window ends."""
-    key = _fail_key(request)
-    try:
-        pipe = get_redis().pipeline(transaction=False)
-        pipe.get(key)
-        pipe.ttl(key)
-        count, ttl = pipe.execute()
-    except redis.RedisError:
-        return None  # the signature check still stands
-    if int(count or 0) < settings.FRLM_API_FAIL_LIMIT:
+    retry = services.auth_throttle(_address(request))
+    if retry is None:
         return None
-    retry = int(ttl) if ttl and ttl > 0 else max(1, int(settings.FRLM_API_FAIL_WINDOW_S))
     log.warning("throttled %s %s from %s", request.method, request.path, _address(request))
     response = error(
-        429,
-        f"too many requests from {_address(request)} failed to authenticate "
-        f"(at least {settings.FRLM_API_FAIL_LIMIT} in {settings.FRLM_API_FAIL_WINDOW_S:g} s)",
-        f"wait the Retry-After seconds ({retry}), then sign requests with the worker's own "
-        "key and the current time, and register with a valid enrolment token",
+        429, services.throttled_error(_address(request)), services.throttled_fix(retry)
     )
     response["Retry-After"] = str(retry)
     return response
@@ -281,7 +256,8 @@ def _throttled(request: HttpRequest) -> JsonResponse | None:
 def heartbeat(request: HttpRequest, worker: Worker) -> JsonResponse:
     try:
         figures = services.figures_clean(_json_body(request))
-        entry = services.worker_heartbeat(worker, figures)
+        link: Link = {"connection": "broker", "address": _address(request)}
+        entry = services.worker_heartbeat(worker, figures, link)
     except services.WorkerError as exc:
         return _from(exc)
     except redis.RedisError:

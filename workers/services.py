@@ -530,6 +530,55 @@ def worker_mark_lost(worker_id: str) -> bool:
     return bool(updated)
 
 
+# --- failed authentication, counted per address ------------------------------------------
+def _fail_key(address: str) -> str:
+    return f"frlm:api:fail:{address[:64]}"
+
+
+def auth_failed(address: str) -> None:
+    """Count a request (API or gateway) that failed to authenticate against its address, in
+    a window that starts with the first failure. Nobody's strike: the caller proved nothing."""
+    window = max(1, int(settings.FRLM_API_FAIL_WINDOW_S))
+    key = _fail_key(address)
+    try:
+        pipe = get_redis().pipeline()  # MULTI: the count never outlives its window
+        pipe.set(key, 0, ex=window, nx=True)
+        pipe.incr(key)
+        pipe.execute()
+    except redis.RedisError:
+        log.warning("could not count a failed request from %s: Redis is unreachable", address)
+
+
+def auth_throttle(address: str) -> int | None:
+    """Seconds `address` must wait when it has failed FRLM_API_FAIL_LIMIT times in its
+    window, else None (also when Redis is away: the signature check still stands)."""
+    key = _fail_key(address)
+    try:
+        pipe = get_redis().pipeline(transaction=False)
+        pipe.get(key)
+        pipe.ttl(key)
+        count, ttl = pipe.execute()
+    except redis.RedisError:
+        return None
+    if int(count or 0) < settings.FRLM_API_FAIL_LIMIT:
+        return None
+    return int(ttl) if ttl and ttl > 0 else max(1, int(settings.FRLM_API_FAIL_WINDOW_S))
+
+
+def throttled_error(address: str) -> str:
+    return (
+        f"too many requests from {address} failed to authenticate (at least "
+        f"{settings.FRLM_API_FAIL_LIMIT} in {settings.FRLM_API_FAIL_WINDOW_S:g} s)"
+    )
+
+
+def throttled_fix(retry: int) -> str:
+    return (
+        f"wait {retry} s (Retry-After), then sign requests with the worker's own key and the "
+        "current time, and register with a valid enrolment token"
+    )
+
+
 # --- strikes -----------------------------------------------------------------------------
 def worker_strike(worker_id: str, reason: str) -> float:
     """Count a forged result or attestation against the worker; its reputation reads the

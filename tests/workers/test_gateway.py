@@ -145,6 +145,21 @@ def test_a_worker_must_sign_the_challenge_and_a_failure_is_no_strike(web, venues
     assert challenge["type"] == "challenge" and answer["type"] == "error"
 
 
+def test_failed_hellos_are_throttled_per_address(web, venues, api_failures_cleared) -> None:
+    """Unauthenticated failures count against the address, as on the worker API: past the
+    limit the gateway refuses before it checks anything, and the worker has no strike."""
+    victim, _ = _registered("throttled")
+    _, stranger = _registered("guesser")
+    for _ in range(settings.FRLM_API_FAIL_LIMIT):
+        with connect(ws_url(web), open_timeout=10) as ws:
+            assert _hello(ws, victim, stranger)["type"] == "error"
+    with connect(ws_url(web), open_timeout=10) as ws:
+        refused = json.loads(ws.recv(timeout=10))
+    assert refused["type"] == "error" and "too many requests" in refused["error"]
+    assert "Retry-After" in refused["fix"]
+    assert get_redis().get(strikes_key(victim)) is None
+
+
 def test_a_worker_answers_and_reports_only_for_jobs_it_holds(web, venues) -> None:
     """A registered, authenticated worker claims another's job, forges events of the run,
     and reports a Run.Done: none of it reaches the run's streams."""

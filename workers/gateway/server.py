@@ -96,10 +96,17 @@ class GatewayConsumer(AsyncWebsocketConsumer):
 
     async def connect(self) -> None:
         self.link: WorkerLink | None = None
+        self._hello_timer: asyncio.TimerHandle | None = None
         self.nonce = secrets.token_urlsafe(24)
         client = self.scope.get("client") or ["", 0]
         self.address = str(client[0] or "")
         await self.accept()
+        retry = await sync_to_async(services.auth_throttle, thread_sensitive=False)(self.address)
+        if retry is not None:
+            await self.refuse(
+                4429, services.throttled_error(self.address), services.throttled_fix(retry)
+            )
+            return
         await self.send(encode({"type": "challenge", "nonce": self.nonce, "version": VERSION}))
         self._hello_timer = asyncio.get_running_loop().call_later(
             HELLO_TIMEOUT_S, lambda: asyncio.ensure_future(self._no_hello())
@@ -116,7 +123,8 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             await self.refuse(4400, str(exc), "follow workers/gateway/protocol.py")
 
     async def disconnect(self, code: int) -> None:
-        self._hello_timer.cancel()
+        if self._hello_timer is not None:
+            self._hello_timer.cancel()
         if self.link is not None:
             await self.link.lost(f"its connection closed (code {code})")
 
@@ -124,6 +132,12 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         log.warning("gateway: refused %s (%s): %s", self.address, self._who(), error)
         await self.send(encode({"type": "error", "error": error, "fix": fix}))
         await self.close(code=code)
+
+    async def unauthenticated(self, code: int, error: str, fix: str) -> None:
+        """A hello that proves nothing: counted against the address (as the worker API
+        counts its failures, workers.services.auth_failed), never against a worker."""
+        await sync_to_async(services.auth_failed, thread_sensitive=False)(self.address)
+        await self.refuse(code, error, fix)
 
     def _who(self) -> str:
         return self.link.worker.id if self.link else "before hello"
@@ -143,20 +157,21 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         worker = await database_sync_to_async(_load_worker)(worker_id[:64])
         fix = "register with an enrolment token (POST /api/workers/register), then say hello"
         if worker is None:
-            await self.refuse(4404, f"no worker {worker_id[:64]!r}", fix)
+            await self.unauthenticated(4404, f"no worker {worker_id[:64]!r}", fix)
             return
         if worker.status == Worker.Status.DEREGISTERED:
-            await self.refuse(4410, f"worker {worker.id} was deregistered", fix)
+            await self.unauthenticated(4410, f"worker {worker.id} was deregistered", fix)
             return
         if not keys.verify(worker.public_key, hello_claim(worker.id, self.nonce), sig):
-            await self.refuse(
+            await self.unauthenticated(
                 4401,
                 "the signature does not match this worker's registered key",
                 "sign workers.gateway.protocol.hello_claim(worker_id, nonce) with the key "
                 "the worker registered",
             )
             return
-        self._hello_timer.cancel()
+        if self._hello_timer is not None:
+            self._hello_timer.cancel()
         if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
             slots = worker.concurrency
         self.link = WorkerLink(self, worker, min(slots, worker.concurrency))
