@@ -145,6 +145,26 @@ def test_a_worker_must_sign_the_challenge_and_a_failure_is_no_strike(web, venues
     assert challenge["type"] == "challenge" and answer["type"] == "error"
 
 
+def test_a_worker_sees_no_prompt_but_those_of_its_own_queues(web, venues) -> None:
+    """Connected and authenticated while another venue's run fans out: nothing but pings."""
+    wid, key = _registered("eavesdropper")
+    seen: list[str] = []
+    with connect(ws_url(web), open_timeout=10) as ws:
+        assert _hello(ws, wid, key)["type"] == "welcome"
+        run = launch(task="sniah", tokens=60_000, seed=3)  # on local and edge
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            run.refresh_from_db()
+            if run.done:
+                break
+            try:
+                seen.append(json.loads(ws.recv(timeout=0.5))["type"])
+            except TimeoutError:
+                continue
+    assert run.status == "succeeded" and run.subqueries > 0
+    assert set(seen) <= {"ping"}, seen
+
+
 def test_failed_hellos_are_throttled_per_address(web, venues, api_failures_cleared) -> None:
     """Unauthenticated failures count against the address, as on the worker API: past the
     limit the gateway refuses before it checks anything, and the worker has no strike."""
