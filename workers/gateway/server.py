@@ -276,14 +276,13 @@ class WorkerLink:
             log.error("gateway: %s is not a sub-query task; dropped", task[:80])
             return
         run_id, sq_id = job["run_id"], job["sq_id"]
-        if job["deadline"] < time.time() or await self.redis.sismember(
-            cancelled_key(run_id), sq_id
-        ):
+        if job["deadline"] < time.time():
             return  # nobody wants it any more (the conductor has moved on)
         self.held[sq_id] = Held(run_id, job["submit_span"])
         self._update_room()
         # Who holds it, before anything else can go wrong: if this worker vanishes now,
-        # the conductor knows which job to send elsewhere.
+        # the conductor knows which job to send elsewhere. In the same round trip: whether
+        # it was cancelled meanwhile (then the claim is a late reply the conductor ignores).
         claim = {
             "run_id": run_id,
             "sq_id": sq_id,
@@ -291,7 +290,14 @@ class WorkerLink:
             "worker_id": self.worker.id,
             "status": "started",
         }
-        await self.redis.xadd(results_stream(run_id), encode_result(claim))
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.sismember(cancelled_key(run_id), sq_id)
+        pipe.xadd(results_stream(run_id), encode_result(claim))
+        cancelled, _ = await pipe.execute()
+        if cancelled:
+            del self.held[sq_id]
+            self._update_room()
+            return
         if fragments.MARKER_OPEN in job["prompt"]:
             outgoing = await database_sync_to_async(_filled, thread_sensitive=False)(
                 job, self.run_context
