@@ -150,10 +150,17 @@ class HttpControl:
             data = {}
         if response.status_code >= 400 or not isinstance(data, dict):
             data = data if isinstance(data, dict) else {}
+            fix = str(data.get("fix") or "")
+            if response.status_code == 400 and not data:
+                # Django refuses a Host it does not serve with a bare 400 page.
+                fix = (
+                    f"if the server's log says DisallowedHost, add the host of --server "
+                    f"({httpx.URL(self.server).host}) to FRLM_ALLOWED_HOSTS on the server"
+                )
             raise ControlError(
                 response.status_code,
                 str(data.get("error") or f"{method} {path} answered {response.status_code}"),
-                str(data.get("fix") or ""),
+                fix,
                 data.get("fields") if isinstance(data.get("fields"), dict) else None,
                 str(data.get("challenge") or ""),
             )

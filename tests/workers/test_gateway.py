@@ -259,3 +259,13 @@ def test_a_silent_worker_is_dropped_and_its_jobs_go_elsewhere(far) -> None:
     after = lost["ts"] / 1e9 - stopped_at
     assert settings.FRLM_GATEWAY_SILENCE_S - 1.5 < after < settings.FRLM_GATEWAY_SILENCE_S + 2
     assert other.worker_id in {e["worker_id"] for e in named(events, "SubQuery.Execute", "end")}
+
+
+def test_a_server_that_refuses_the_host_name_gets_a_hint() -> None:
+    from workers.client import ControlError, HttpControl
+
+    with endpoint(lambda _: (400, b"<h1>Bad Request (400)</h1>")) as (url, _):
+        control = HttpControl(url.removesuffix("/v1"), "frlmt_x", keys.generate())
+        with pytest.raises(ControlError) as refused:
+            control.register({"name": "n", "venue": "v"})  # type: ignore[typeddict-item]
+    assert "add the host of --server (127.0.0.1) to FRLM_ALLOWED_HOSTS" in str(refused.value)
