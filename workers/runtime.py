@@ -96,6 +96,9 @@ class WorkerRuntime:
     registration: Registration
     key: Ed25519PrivateKey
     trusted_prefetch: int = 2
+    # A worker on another machine may consume the broker only for a trusted venue; one of
+    # an untrusted venue joins through the gateway (workers/gateway).
+    require_trusted: bool = False
     registered: Registered | None = None
     tally: Tally = field(default_factory=Tally)
     draining: bool = False
@@ -108,6 +111,15 @@ class WorkerRuntime:
         3. run the Celery consumer on the worker's own queue and its venue's queue, with
         heartbeats from the moment it consumes until it has finished its work."""
         self.registered = reg = self.control.register(self.registration)
+        if self.require_trusted and not reg["trusted"]:
+            self.control.deregister(reg["worker_id"])
+            raise ControlError(
+                403,
+                f"venue {reg['venue']} is not trusted: its workers take jobs through the "
+                "gateway, never from the broker",
+                "drop --connect broker (the worker then joins through the gateway), or have "
+                "the operator mark the venue trusted",
+            )
         log.warning(
             "worker %s registered as %s in venue %s; consuming %s and %s",
             reg["worker_id"],

@@ -90,7 +90,8 @@ def finals(run_id: str, count: int) -> list[dict[str, Any]]:
 def test_it_registers_over_http_beats_consumes_signs_and_leaves_on_sigterm(
     stack, server, transactional_db
 ):
-    venue = Venue.objects.create(name="rtremote", kind="edge")
+    # A trusted pod: only those consume the broker from another machine.
+    venue = Venue.objects.create(name="rtremote", kind="datacenter", trusted=True)
     _, token = token_create(venue, label="runtime test")
     proc = worker_proc(
         stack,
@@ -220,6 +221,31 @@ def test_it_refuses_to_start_with_a_bad_token(stack, server, subprocess_env):
     assert out.returncode != 0
     assert "could not register: this enrolment token is not known" in out.stderr
     assert "frlm_token" in out.stderr
+
+
+def test_a_worker_of_an_untrusted_venue_may_not_consume_the_broker(
+    stack, server, subprocess_env, transactional_db
+):
+    import subprocess
+
+    venue = Venue.objects.create(name="rtuntrusted", kind="edge", trusted=False)
+    _, token = token_create(venue, label="runtime test")
+    out = subprocess.run(
+        [sys.executable, "manage.py", "frlm_worker", "--venue", "rtuntrusted"]
+        + ["--server", server, "--token", token, "--connect", "broker", "--name", "rt-u-1"],
+        cwd=settings.BASE_DIR,
+        env=subprocess_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode != 0
+    assert "venue rtuntrusted is not trusted: its workers take jobs through the gateway" in (
+        out.stderr
+    )
+    # It left no registration behind that could hold a name or a place in presence.
+    assert Worker.objects.get(name="rt-u-1").status == Worker.Status.DEREGISTERED
+    assert live("rtuntrusted", "rt-u-1") is None
 
 
 def test_it_registers_the_stacks_workers_under_their_ids(stack):

@@ -155,7 +155,11 @@ class Command(BaseCommand):
             self._gateway(options, control, registration, key)
             return
         runtime = WorkerRuntime(
-            control, registration, key, trusted_prefetch=settings.FRLM_WORKER_PREFETCH
+            control,
+            registration,
+            key,
+            trusted_prefetch=settings.FRLM_WORKER_PREFETCH,
+            require_trusted=isinstance(control, HttpControl),
         )
         try:
             runtime.run()
