@@ -193,7 +193,7 @@ def test_it_names_a_bad_or_foreign_countersignature(client):
     assert "receipt 1 of 3 (seq 1, span sq0, worker w1): wrong conductor key" in verify("rC2")
     # Checked elsewhere than on the conductor's machine, against the conductor's key.
     assert "OK: 3 receipts" in verify("rC2", "--conductor-key", keys.public_b64(other))
-    assert "--conductor-key: public_key is not valid base64" in verify(
+    assert "--conductor-key: public_key is not the standard base64" in verify(
         "rC2", "--conductor-key", "nope!"
     )
 
