@@ -176,8 +176,8 @@ class Federation:
         assert popen is not None
         return popen.pid
 
-    def batch(self, venue: str, n: int) -> tuple[float, int, float, float]:
-        """One batch: seconds, failed, web CPU s and workers' CPU s."""
+    def batch(self, venue: str, n: int) -> tuple[float, int, float, float, str]:
+        """One batch: seconds, failed, web CPU s, workers' CPU s and the run's id."""
         workers = [p.pid for name, p in self.procs.items() if name.startswith(venue)]
         before = cpu_s([self.web_pid()]), cpu_s(workers)
         run = run_to_end(
@@ -195,7 +195,7 @@ class Federation:
         elapsed, failed = run.answer.split()
         web = cpu_s([self.web_pid()]) - before[0]
         work = cpu_s(workers) - before[1]
-        return float(elapsed), int(failed), web, work
+        return float(elapsed), int(failed), web, work, str(run.id)
 
     def failover(self, n: int) -> tuple[float, float]:
         """Kill a worker of host 0 while it holds jobs; seconds from the kill to Worker.Lost
@@ -256,6 +256,44 @@ class Federation:
         return min(lost) / 1e9 - killed, min(retry) / 1e9 - killed
 
 
+def where_time_goes(run_id: str) -> str:
+    """Medians over the run's sub-queries, from its trace: publish to execution start (the
+    hand-off), execution beyond the model's own time (the worker), and the model."""
+    from traces import store
+
+    events = []
+    for _ in range(100):
+        events = store.read_events(run_id)
+        if any(e["name"] == "Run.Init" and e["phase"] == "end" for e in events):
+            break
+        time.sleep(0.1)
+    submits = {
+        e["span_id"]: e["ts"]
+        for e in events
+        if e["name"] == "SubQuery.Submit" and e["phase"] == "start"
+    }
+    starts = {
+        e["span_id"]: e for e in events if e["name"] == "SubQuery.Execute" and e["phase"] == "start"
+    }
+    handoff, worker, model = [], [], []
+    for e in events:
+        if e["name"] != "SubQuery.Execute" or e["phase"] != "end" or e["span_id"] not in starts:
+            continue
+        begun = starts[e["span_id"]]
+        if begun["parent_id"] in submits:
+            handoff.append((begun["ts"] - submits[begun["parent_id"]]) / 1e6)
+        model_ms = float(e["attrs"].get("model_ms") or 0)
+        model.append(model_ms)
+        worker.append(float(e.get("ms") or 0) - model_ms)
+    if not model:
+        return "no trace"
+    med = statistics.median
+    return (
+        f"hand-off {med(handoff):6.1f} ms, worker {med(worker):5.1f} ms, "
+        f"model {med(model):6.1f} ms (medians)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=256)
@@ -279,7 +317,7 @@ def main() -> None:
 
     slots = args.workers * args.slots
     ideal = math.ceil(args.n / slots) * args.latency_ms / 1000
-    rows: dict[str, list[tuple[float, int, float, float]]] = {"gw": [], "bk": []}
+    rows: dict[str, list[tuple[float, int, float, float, str]]] = {"gw": [], "bk": []}
     failovers: list[tuple[float, float]] = []
     with ExitStack() as exits:
         fed = Federation(args, exits)
@@ -294,6 +332,7 @@ def main() -> None:
                 rows[venue].append(fed.batch(venue, args.n))
         for _ in range(args.repeat):
             failovers.append(fed.failover(args.n))
+        spent = {v: where_time_goes(rows[v][-1][4]) for v in rows}
 
     label = {"gw": "gateway", "bk": "broker "}
     print(
@@ -305,13 +344,14 @@ def main() -> None:
     print(f"  harness floor (no FRLM)   {floor:7.3f} s  {floor / ideal:6.3f}x ideal")
     best = {}
     for venue in ("gw", "bk"):
-        for i, (t, failed, web, work) in enumerate(rows[venue], 1):
+        for i, (t, failed, web, work, _) in enumerate(rows[venue], 1):
             print(
                 f"  {label[venue]} try {i}         {t:7.3f} s  {t / ideal:6.3f}x ideal  "
                 f"failed {failed}  CPU per sub-query: web {web * 1000 / args.n:5.2f} ms, workers "
                 f"{work * 1000 / args.n:5.2f} ms"
             )
         best[venue] = min(t for t, *_ in rows[venue])
+        print(f"  {label[venue]} last try: {spent[venue]}")
     for venue in ("gw", "bk"):
         times = [t for t, *_ in rows[venue]]
         print(
