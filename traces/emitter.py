@@ -23,11 +23,14 @@ from traces.schema import Event
 EVENTS_STREAM = "frlm:events"
 DEAD_LETTER_STREAM = "frlm:events:dead"
 
-# KEYS[1] = the stream; ARGV = run_id, event json, run_id, event json, ...
-_APPEND = """
+# ARGV = run_id, event json, run_id, event json, ... The stream is named in the script, not
+# passed in KEYS: EVAL needs read access to the keys it declares, and a venue worker's
+# Redis user may append to the stream but not read it (frlm_web/redis_acl.py); the XADD
+# inside needs write access only.
+_APPEND = f"""
 for i = 1, #ARGV, 2 do
   local seq = redis.call('INCR', 'frlm:seq:' .. ARGV[i])
-  redis.call('XADD', KEYS[1], '*', 'seq', seq, 'e', ARGV[i + 1])
+  redis.call('XADD', '{EVENTS_STREAM}', '*', 'seq', seq, 'e', ARGV[i + 1])
 end
 return #ARGV / 2
 """
@@ -165,9 +168,7 @@ class Emitter:
         for event in events:
             args.append(event["run_id"])
             args.append(json.dumps(event, separators=(",", ":"), default=str))
-        _APPEND_SCRIPT(
-            keys=[EVENTS_STREAM], args=args, client=self.client if pipe is None else pipe
-        )
+        _APPEND_SCRIPT(keys=[], args=args, client=self.client if pipe is None else pipe)
 
     @contextmanager
     def batch(self, pipe: redis.client.Pipeline | None = None) -> Iterator[None]:
