@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from frlm_web import redis_acl
 from frlm_web.env import envbool, envfloat, envint, envlist, envmap, envstr
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -102,7 +103,21 @@ LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 
 # --- Redis, Celery, Channels -------------------------------------------------------------
-REDIS_URL = envstr("FRLM_REDIS_URL", "redis://127.0.0.1:6379/0")
+# The Redis this instance uses, without credentials (or with an external Redis's own).
+FRLM_REDIS_URL = envstr("FRLM_REDIS_URL", "redis://127.0.0.1:6379/0")
+# Redis ACL users per role (frlm_web/redis_acl.py), made by the stack when it starts its own
+# redis-server. On by default so that a CLI command in another shell talks to such a
+# Redis as its role; off for a Redis of your own without FRLM's users.
+FRLM_REDIS_ACL = envbool("FRLM_REDIS_ACL", True)
+# Whom this process connects as. The stack sets it for each process it starts; a command
+# run by the operator on the server's machine is `admin` (it holds SECRET_KEY, from which
+# every role's password derives, so a narrower default would only pretend).
+FRLM_REDIS_ROLE = envstr("FRLM_REDIS_ROLE", "admin")
+REDIS_URL = (
+    redis_acl.role_url(FRLM_REDIS_URL, FRLM_REDIS_ROLE, SECRET_KEY)
+    if FRLM_REDIS_ACL
+    else FRLM_REDIS_URL
+)
 
 CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = None

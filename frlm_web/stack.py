@@ -18,7 +18,7 @@ from pathlib import Path
 import redis
 from django.conf import settings
 
-from frlm_web import presence
+from frlm_web import presence, redis_acl
 
 
 class StackError(RuntimeError):
@@ -45,6 +45,7 @@ class Proc:
     argv: list[str]
     ready: Callable[[], bool]
     popen: subprocess.Popen | None = None
+    role: str = "admin"  # whom it connects to Redis as (frlm_web/redis_acl.py)
 
 
 def free_port() -> int:
@@ -74,6 +75,7 @@ def web_proc(port: int) -> Proc:
             "frlm_web.asgi:application",
         ],
         lambda: port_open(port),
+        role="web",
     )
 
 
@@ -93,7 +95,12 @@ class Stack:
         self.venues = venues
         self.env = {**os.environ, **(env or {})}
         self.web_port = web_port
-        self.redis_url = self.env.get("FRLM_REDIS_URL", settings.REDIS_URL)
+        # Redis ACL users per role when this stack's Redis has them: each process is given
+        # its own role's URL; the stack itself is admin. A URL with credentials of its own
+        # (an external Redis with its own auth) is passed on as it is.
+        self.redis_base_url = self.env.get("FRLM_REDIS_URL", settings.FRLM_REDIS_URL)
+        self.acl = settings.FRLM_REDIS_ACL and not redis_acl.has_credentials(self.redis_base_url)
+        self.redis_url = self.role_url("admin")
         self.client = redis.Redis.from_url(self.redis_url)
         self.start_redis = start_redis
         self.redis_persist = redis_persist
@@ -115,6 +122,12 @@ class Stack:
                 if self.redis_persist
                 else ["--save", "", "--appendonly", "no"]
             )
+            # The users are in place before any client connects: loaded at start.
+            acl = (
+                ["--aclfile", str(redis_acl.write_acl_file(self.acl_file, settings.SECRET_KEY))]
+                if self.acl
+                else []
+            )
             plan.append(
                 Proc(
                     "redis",
@@ -127,6 +140,7 @@ class Stack:
                         "--dir",
                         str(self.state_dir),
                         *persist,
+                        *acl,
                     ],
                     self._redis_up,
                 )
@@ -137,6 +151,7 @@ class Stack:
                 "simserver",
                 [*manage, "frlm_simserver", "--host", "127.0.0.1", "--port", str(sim_port)],
                 lambda: self._http_ok(f"{settings.FRLM_SIM_URL}/models"),
+                role="simserver",
             )
         )
         plan.append(
@@ -144,6 +159,7 @@ class Stack:
                 "recorder",
                 [*manage, "frlm_recorder"],
                 lambda: bool(self.client.exists("frlm:recorder:alive")),
+                role="recorder",
             )
         )
         plan.append(
@@ -151,6 +167,7 @@ class Stack:
                 "forwarder",
                 [*manage, "frlm_forwarder"],
                 lambda: bool(self.client.exists("frlm:forwarder:alive")),
+                role="forwarder",
             )
         )
         plan.append(
@@ -165,6 +182,7 @@ class Stack:
                     str(self.conductor_concurrency),
                 ],
                 lambda: self._alive("conductor", "conductor-1"),
+                role="conductor",
             )
         )
         for venue in self.venues:
@@ -191,6 +209,7 @@ class Stack:
                 f"swarm-{venue.name}",
                 argv,
                 lambda: len(presence.alive(self.client, group)) >= venue.workers,
+                role="worker",
             )
         argv = [
             *manage,
@@ -205,8 +224,30 @@ class Stack:
         for key, value in venue.sim.items():
             argv += [f"--sim-{key.replace('_', '-')}", str(value)]
         return Proc(
-            f"worker-{venue.member}", argv, lambda: self._alive(f"venue:{venue.name}", venue.member)
+            f"worker-{venue.member}",
+            argv,
+            lambda: self._alive(f"venue:{venue.name}", venue.member),
+            role="worker",
         )
+
+    # --- credentials -------------------------------------------------------------------
+    @property
+    def acl_file(self) -> Path:
+        return self.state_dir / "redis.acl"
+
+    def role_url(self, role: str) -> str:
+        if not self.acl:
+            return self.redis_base_url
+        return redis_acl.role_url(self.redis_base_url, role, settings.SECRET_KEY)
+
+    def role_env(self, role: str) -> dict[str, str]:
+        """A process's environment: its role's Redis URL. A worker is not given the
+        server's secret key, from which every role's password derives; it holds its own
+        credentials only."""
+        env = {**self.env, "FRLM_REDIS_URL": self.role_url(role), "FRLM_REDIS_ROLE": role}
+        if role == "worker":
+            env.pop("FRLM_SECRET_KEY", None)
+        return env
 
     # --- start and stop ----------------------------------------------------------------
     def start(self, timeout: float = 90.0) -> None:
@@ -219,7 +260,7 @@ class Stack:
         proc.popen = subprocess.Popen(
             proc.argv,
             cwd=settings.BASE_DIR,
-            env=self.env,
+            env=self.role_env(proc.role),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -292,6 +333,13 @@ class Stack:
     def _redis_up(self) -> bool:
         try:
             return bool(self.client.ping())
+        except redis.AuthenticationError as exc:
+            raise StackError(
+                f"the Redis at {self.redis_base_url} refuses this stack's admin user ({exc}): "
+                "it was not started by this stack with this FRLM_SECRET_KEY. Stop it, or "
+                "give its own credentials in FRLM_REDIS_URL, or set FRLM_REDIS_ACL=0 for a "
+                "Redis without FRLM's users"
+            ) from exc
         except redis.RedisError:
             return False
 

@@ -23,11 +23,14 @@ from traces.schema import Event
 EVENTS_STREAM = "frlm:events"
 DEAD_LETTER_STREAM = "frlm:events:dead"
 
-# KEYS[1] = the stream; ARGV = run_id, event json, run_id, event json, ... (append_args)
-APPEND_LUA = """
+# ARGV = run_id, event json, run_id, event json, ... (append_args). The stream is named in
+# the script, not passed in KEYS: EVAL needs read access to the keys it declares, and a
+# venue worker's Redis user may append to the stream but not read it
+# (frlm_web/redis_acl.py); the XADD inside needs write access only.
+APPEND_LUA = f"""
 for i = 1, #ARGV, 2 do
   local seq = redis.call('INCR', 'frlm:seq:' .. ARGV[i])
-  redis.call('XADD', KEYS[1], '*', 'seq', seq, 'e', ARGV[i + 1])
+  redis.call('XADD', '{EVENTS_STREAM}', '*', 'seq', seq, 'e', ARGV[i + 1])
 end
 return #ARGV / 2
 """
@@ -171,9 +174,7 @@ class Emitter:
         if not events or not self.enabled:
             return
         _APPEND_SCRIPT(
-            keys=[EVENTS_STREAM],
-            args=append_args(events),
-            client=self.client if pipe is None else pipe,
+            keys=[], args=append_args(events), client=self.client if pipe is None else pipe
         )
 
     @contextmanager

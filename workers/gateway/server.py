@@ -35,7 +35,7 @@ from django.conf import settings
 
 from frlm_web import presence
 from frlm_web.redis_client import get_redis
-from traces.emitter import APPEND_LUA, EVENTS_STREAM, append_args
+from traces.emitter import APPEND_LUA, append_args
 from workers import fragments, keys, services
 from workers.gateway.protocol import (
     MAX_EVENTS,
@@ -359,7 +359,7 @@ class WorkerLink:
         }
         pipe = self.redis.pipeline(transaction=False)
         if events:
-            pipe.eval(APPEND_LUA, 1, EVENTS_STREAM, *append_args(events))
+            pipe.eval(APPEND_LUA, 0, *append_args(events))
         pipe.xadd(results_stream(held.run_id), encode_result(stamped))  # type: ignore[arg-type]
         await pipe.execute()
         del self.held[sq_id]
@@ -415,7 +415,7 @@ class WorkerLink:
 
     async def _append(self, events: list[dict[str, Any]]) -> None:
         if events:
-            await self.redis.eval(APPEND_LUA, 1, EVENTS_STREAM, *append_args(events))  # type: ignore[arg-type]
+            await self.redis.eval(APPEND_LUA, 0, *append_args(events))  # type: ignore[arg-type]
 
     # --- presence -----------------------------------------------------------------------
     async def _beat(self, raw: Any) -> None:
