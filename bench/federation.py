@@ -35,7 +35,7 @@ from pathlib import Path
 from _stack import run_to_end
 from fanout import harness_floor, timed_program
 
-from frlm_web import netlab
+from frlm_web import netlab, redis_acl
 from frlm_web.stack import Stack, free_port
 
 SUBQUERY_TIMEOUT_S = 60
@@ -129,7 +129,10 @@ class Federation:
         flags = ["--connect", "gateway"]
         if venue == "bk":
             # A trusted pod: it consumes the Celery queues itself, through its host's wire.
-            env["FRLM_REDIS_URL"] = f"redis://{host.host_ip}:{self.redis[i].port}/0"
+            # With the `worker` role's credentials (what frlm_broker_url prints).
+            env["FRLM_REDIS_URL"] = redis_acl.role_url(
+                f"redis://{host.host_ip}:{self.redis[i].port}/0", "worker", settings.SECRET_KEY
+            )
             flags = ["--connect", "broker"]
         argv = [
             sys.executable,

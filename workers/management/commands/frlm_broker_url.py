@@ -10,7 +10,8 @@ from workers.models import Venue
 class Command(BaseCommand):
     help = (
         "Print the Redis URL a worker of a trusted venue uses to consume Celery directly "
-        "(FRLM_REDIS_URL=... manage.py frlm_worker --server URL --token TOKEN --venue VENUE). "
+        "(FRLM_REDIS_URL=... manage.py frlm_worker --server URL --token TOKEN --venue VENUE "
+        "--connect broker). "
         "It names the `worker` Redis user, which takes jobs and delivers results but cannot "
         "read other runs' events or touch reputation, strikes, breakers or budgets. Workers "
         "of untrusted venues get no broker access at all."
