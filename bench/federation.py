@@ -259,7 +259,7 @@ class Federation:
         return min(lost) / 1e9 - killed, min(retry) / 1e9 - killed
 
 
-def where_time_goes(run_id: str) -> str:
+def where_time_goes(run_id: str, slots: int) -> str:
     """Medians over the run's sub-queries, from its trace: publish to execution start (the
     hand-off), execution beyond the model's own time (the worker), and the model."""
     from traces import store
@@ -290,10 +290,26 @@ def where_time_goes(run_id: str) -> str:
         worker.append(float(e.get("ms") or 0) - model_ms)
     if not model:
         return "no trace"
+    # A slot's refill: a worker of W slots starts its (k+W)-th job in the slot its k-th
+    # finished job freed; the gap is time the slot stood idle.
+    refill = []
+    by_worker: dict[str, tuple[list[int], list[int]]] = {}
+    for e in events:
+        if e["name"] == "SubQuery.Execute" and e["phase"] in ("start", "end"):
+            pair = by_worker.setdefault(e["worker_id"] or "", ([], []))
+            pair[0 if e["phase"] == "start" else 1].append(e["ts"])
+    for starts_ts, ends_ts in by_worker.values():
+        starts_ts.sort()
+        ends_ts.sort()
+        refill += [
+            (starts_ts[k + slots] - ends_ts[k]) / 1e6
+            for k in range(min(len(starts_ts) - slots, len(ends_ts)))
+        ]
     med = statistics.median
     return (
         f"hand-off {med(handoff):6.1f} ms, worker {med(worker):5.1f} ms, "
-        f"model {med(model):6.1f} ms (medians)"
+        f"model {med(model):6.1f} ms, slot refill {med(refill) if refill else 0:5.1f} ms "
+        "(medians)"
     )
 
 
@@ -335,7 +351,7 @@ def main() -> None:
                 rows[venue].append(fed.batch(venue, args.n))
         for _ in range(args.repeat):
             failovers.append(fed.failover(args.n))
-        spent = {v: where_time_goes(rows[v][-1][4]) for v in rows}
+        spent = {v: where_time_goes(rows[v][-1][4], args.slots) for v in rows}
 
     label = {"gw": "gateway", "bk": "broker "}
     print(

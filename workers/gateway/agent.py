@@ -24,7 +24,7 @@ import websockets
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from websockets.sync.client import ClientConnection, connect
 
-from traces.emitter import Emitter, Event
+from traces.emitter import Emitter, Event, Span
 from workers import keys, signing
 from workers.backends import ModelError, ModelSpec, chat
 from workers.client import HttpControl, Registered
@@ -224,8 +224,8 @@ class GatewayAgent:
             self.tally.end(job["sq_id"])
 
     def _work(self, job: Job) -> None:
-        """Execute span begun (sent at once: the trace shows it running), fragments noted,
-        the model asked, the span ended and the signed result sent in one message."""
+        """Fragments noted, the model asked, the Execute span (opened by the server) ended
+        and the signed result sent, all in one message."""
         relay = Relay(job["run_id"], venue=self.venue, worker_id=self.worker_id)
         base: Result = {
             "run_id": job["run_id"],
@@ -238,15 +238,16 @@ class GatewayAgent:
         except ModelError as exc:
             self._done(job, signed({**base, "status": "error", "error": str(exc)}), [])
             return
-        span = relay.start(
-            "SubQuery.Execute",
-            parent=job["submit_span"],
-            depth=job["depth"],
-            sq_id=job["sq_id"],
-            model=spec.label,
-        )
-        self._send({"type": "began", "sq_id": job["sq_id"], "events": relay.take()})
         extra: dict[str, Any] = job  # type: ignore[assignment]
+        # The server opened the Execute span as it sent the job; this worker ends it.
+        span = Span(
+            relay,
+            "SubQuery.Execute",
+            str(extra["execute_span"]),
+            job["submit_span"],
+            job["depth"],
+            time.time_ns(),
+        )
         error = extra.get("error")
         if not error:
             with relay.batch():
@@ -267,11 +268,12 @@ class GatewayAgent:
             except ValueError as exc:
                 error = f"cannot attest: {exc}"
         if error:
-            span.end("error", error=error)
+            span.end("error", error=error, model=spec.label)
             self._done(job, signed({**base, "status": "error", "error": error}), relay.take())
             return
         span.end(
             "ok",
+            model=spec.label,
             payload=reply.text,
             tokens_in=reply.tokens_in,
             tokens_out=reply.tokens_out,

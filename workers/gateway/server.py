@@ -4,8 +4,8 @@
    (no strike when it cannot: an unauthenticated caller is nobody's fault but its own);
 2. pump: while the worker has a free slot, take the next job of its own queue or its
    venue's (the same Redis lists Celery workers consume, so the conductor cannot tell the
-   two kinds apart), tell the conductor who holds it, read its fragments here (byte range,
-   sha256) and send it;
+   two kinds apart), tell the conductor who holds it, open its Execute span, read its
+   fragments here (byte range, sha256) and send it;
 3. relay: the worker's results and span events go to the run's result stream and the event
    stream, stamped with the identity it proved; a result for a job it does not hold, or an
    event of another kind or another run, is dropped;
@@ -29,6 +29,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from asgiref.sync import sync_to_async
+from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
@@ -73,11 +74,11 @@ def async_redis() -> aioredis.Redis:
 
 @dataclasses.dataclass
 class Held:
-    """A job the worker holds: given to it and not yet answered."""
+    """A job the worker holds: given to it and not yet answered, and its Execute span."""
 
     run_id: str
     submit_span: str
-    execute_span: str = ""
+    execute_span: str
 
 
 class GatewayConsumer(AsyncWebsocketConsumer):
@@ -93,6 +94,15 @@ class GatewayConsumer(AsyncWebsocketConsumer):
     def __init__(self, *args: Any, run_context: RunContext, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.run_context = run_context
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        """As Channels dispatches, without closing stale database connections in the sync
+        thread before every message (a thread hop per result): the handlers here reach the
+        database only through database_sync_to_async, which does that itself."""
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"no handler for message type {message['type']}")
+        await handler(message)
 
     async def connect(self) -> None:
         self.link: WorkerLink | None = None
@@ -278,11 +288,13 @@ class WorkerLink:
         run_id, sq_id = job["run_id"], job["sq_id"]
         if job["deadline"] < time.time():
             return  # nobody wants it any more (the conductor has moved on)
-        self.held[sq_id] = Held(run_id, job["submit_span"])
+        held = self.held[sq_id] = Held(run_id, job["submit_span"], secrets.token_hex(8))
         self._update_room()
-        # Who holds it, before anything else can go wrong: if this worker vanishes now,
-        # the conductor knows which job to send elsewhere. In the same round trip: whether
-        # it was cancelled meanwhile (then the claim is a late reply the conductor ignores).
+        # In one round trip: who holds it, before anything else can go wrong (if this
+        # worker vanishes now, the conductor knows which job to send elsewhere); the start
+        # of its Execute span, which the server opens as it hands the job over (the worker
+        # ends it: one message a job from the worker, not two); and whether it was
+        # cancelled meanwhile (then the claim is a late reply the conductor ignores).
         claim = {
             "run_id": run_id,
             "sq_id": sq_id,
@@ -290,13 +302,17 @@ class WorkerLink:
             "worker_id": self.worker.id,
             "status": "started",
         }
+        start = self._execute_event(job, held, "start", "ok")
         pipe = self.redis.pipeline(transaction=False)
         pipe.sismember(cancelled_key(run_id), sq_id)
-        pipe.xadd(results_stream(run_id), encode_result(claim))
-        cancelled, _ = await pipe.execute()
+        pipe.xadd(results_stream(run_id), encode_result(claim))  # type: ignore[arg-type]
+        pipe.eval(APPEND_LUA, 0, *append_args([start]))  # type: ignore[list-item]
+        cancelled, _, _ = await pipe.execute()
         if cancelled:
             del self.held[sq_id]
             self._update_room()
+            end = self._execute_event(job, held, "end", "cancelled", ms=0.0)
+            await self._append([end])
             return
         if fragments.MARKER_OPEN in job["prompt"]:
             outgoing = await database_sync_to_async(_filled, thread_sensitive=False)(
@@ -304,7 +320,33 @@ class WorkerLink:
             )
         else:
             outgoing = dict(job)
+        outgoing["execute_span"] = held.execute_span
         await self.consumer.send(encode({"type": "job", "job": outgoing}))
+
+    def _execute_event(
+        self, job: Job, held: Held, phase: str, status: str, **fields: Any
+    ) -> dict[str, Any]:
+        """An event of the job's Execute span, in this worker's name."""
+        event: dict[str, Any] = {
+            "run_id": held.run_id,
+            "event_id": secrets.token_hex(8),
+            "span_id": held.execute_span,
+            "parent_id": held.submit_span,
+            "links": [],
+            "name": "SubQuery.Execute",
+            "phase": phase,
+            "ts": time.time_ns(),
+            "status": status,
+            "venue": self.venue,
+            "worker_id": self.worker.id,
+            "depth": job["depth"],
+            # The model asked for; the worker's end event says which served it.
+            "attrs": {"sq_id": job["sq_id"], "model": str(job["model"].get("model", ""))},
+        }
+        if "ms" in fields:
+            event["ms"] = fields.pop("ms")
+        event["attrs"].update(fields)
+        return event
 
     def run_context(self, run_id: str) -> str | None:
         """The run's context file, asked of the database once per run (in a worker thread)."""
@@ -316,9 +358,7 @@ class WorkerLink:
     async def on_message(self, message: dict[str, Any]) -> None:
         self.heard = time.monotonic()
         kind = message["type"]
-        if kind == "began":
-            await self._began(message)
-        elif kind == "done":
+        if kind == "done":
             await self._done(message)
         elif kind == "beat":
             await self._beat(message.get("figures"))
@@ -328,16 +368,6 @@ class WorkerLink:
                 self.rtt_ms = round(max(0.0, time.monotonic() - float(sent)) * 1000, 2)
         else:
             raise ProtocolError(f"unknown message type {kind[:40]!r}")
-
-    async def _began(self, message: dict[str, Any]) -> None:
-        held = self._held(message)
-        if held is None:
-            return
-        events = self._events(message, held)
-        for event in events:
-            if event["name"] == "SubQuery.Execute" and event["phase"] == "start":
-                held.execute_span = event["span_id"]
-        await self._append(events)
 
     async def _done(self, message: dict[str, Any]) -> None:
         held = self._held(message)
@@ -386,8 +416,15 @@ class WorkerLink:
         for item in raw:
             if not isinstance(item, dict) or item.get("name") not in WORKER_EVENTS:
                 raise ProtocolError("a worker reports only " + ", ".join(sorted(WORKER_EVENTS)))
-            parent = held.submit_span if item["name"] == "SubQuery.Execute" else held.execute_span
-            if item.get("parent_id") != parent or not parent:
+            # The worker ends the Execute span the server opened, and hangs its instants
+            # under it; nothing else.
+            if item["name"] == "SubQuery.Execute":
+                if item.get("span_id") != held.execute_span or item.get("phase") != "end":
+                    raise ProtocolError("a worker only ends the Execute span it was given")
+                parent = held.submit_span
+            else:
+                parent = held.execute_span
+            if item.get("parent_id") != parent:
                 raise ProtocolError(f"a {item['name']} event hangs under the wrong span")
             attrs = item.get("attrs") if isinstance(item.get("attrs"), dict) else {}
             event = {
