@@ -306,7 +306,18 @@ def where_time_goes(run_id: str, slots: int) -> str:
             for k in range(min(len(starts_ts) - slots, len(ends_ts)))
         ]
     med = statistics.median
+    first_out = min(submits.values())
+    first_run = min(e["ts"] for e in starts.values())
+    ends = [e for e in events if e["name"] == "SubQuery.Submit" and e["phase"] == "end"]
+    last_run = max(
+        e["ts"] for e in events if e["name"] == "SubQuery.Execute" and e["phase"] == "end"
+    )
+    last_settled = max(e["ts"] for e in ends) if ends else last_run
+    shares = sorted((len(v[1]) for v in by_worker.values()), reverse=True)
+    first = (first_run - first_out) / 1e6
     return (
+        f"jobs per worker {'/'.join(map(str, shares))}; first job out to first running "
+        f"{first:5.1f} ms, last running to last settled {(last_settled - last_run) / 1e6:5.1f} ms; "
         f"hand-off {med(handoff):6.1f} ms, worker {med(worker):5.1f} ms, "
         f"model {med(model):6.1f} ms, slot refill {med(refill) if refill else 0:5.1f} ms "
         "(medians)"
