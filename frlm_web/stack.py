@@ -60,8 +60,14 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
-def web_proc(port: int) -> Proc:
-    """The web server (daphne: HTTP and WebSockets) on a loopback port."""
+def web_proc(port: int, host: str | None = None) -> Proc:
+    """The web server (daphne: HTTP and WebSockets), on loopback unless FRLM_WEB_HOST (or
+    `host`) names another address: workers on other machines reach it there. Its WebSocket
+    messages may be as large as a gateway job with its fragments (daphne's default: 1 MiB)."""
+    from workers.gateway.protocol import MAX_MESSAGE_BYTES
+
+    host = host or os.environ.get("FRLM_WEB_HOST") or "127.0.0.1"
+    probe = "127.0.0.1" if host in ("0.0.0.0", "127.0.0.1") else host  # noqa: S104
     return Proc(
         "web",
         [
@@ -69,12 +75,16 @@ def web_proc(port: int) -> Proc:
             "-m",
             "daphne",
             "-b",
-            "127.0.0.1",
+            host,
             "-p",
             str(port),
+            "--websocket-max-message-size",
+            str(MAX_MESSAGE_BYTES),
+            "--websocket-max-frame-size",
+            str(MAX_MESSAGE_BYTES),
             "frlm_web.asgi:application",
         ],
-        lambda: port_open(port),
+        lambda: port_open(port, probe),
         role="web",
     )
 
