@@ -314,10 +314,13 @@ def where_time_goes(run_id: str, slots: int) -> str:
     )
     last_settled = max(e["ts"] for e in ends) if ends else last_run
     shares = sorted((len(v[1]) for v in by_worker.values()), reverse=True)
+    done_at = sorted((max(v[1]) - first_out) / 1e6 for v in by_worker.values() if v[1])
+    finish = "/".join(f"{ms:.0f}" for ms in done_at)
     first = (first_run - first_out) / 1e6
     return (
-        f"jobs per worker {'/'.join(map(str, shares))}; first job out to first running "
-        f"{first:5.1f} ms, last running to last settled {(last_settled - last_run) / 1e6:5.1f} ms; "
+        f"jobs per worker {'/'.join(map(str, shares))}, each done after {finish} ms; "
+        f"first job out to first running {first:5.1f} ms, last running to last settled "
+        f"{(last_settled - last_run) / 1e6:5.1f} ms; "
         f"hand-off {med(handoff):6.1f} ms, worker {med(worker):5.1f} ms, "
         f"model {med(model):6.1f} ms, slot refill {med(refill) if refill else 0:5.1f} ms "
         "(medians)"
