@@ -149,3 +149,14 @@ def endpoint(
     finally:
         server.shutdown()
         server.server_close()
+
+
+def forget_reputations() -> None:
+    """The stack's workers start from no evidence: reputation lives in the session's Redis,
+    and a test that counts replicas must not depend on how many runs came before it (the
+    redundant tier copies a worker's work with probability 1/consecutive-valid)."""
+    from frlm_web.redis_client import get_redis
+    from workers.reputation import rep_key
+
+    client = get_redis()
+    client.delete(*[rep_key(wid) for wid in stack_worker_ids()] or ["frlm:rep:-"])

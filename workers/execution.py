@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 from django.conf import settings
 
@@ -49,6 +50,20 @@ def served(spec: ModelSpec) -> ModelSpec:
             "with (FRLM_ENDPOINTS, FRLM_OPENAI_BASE_URL, or frlm_worker --base-url)"
         )
     return spec
+
+
+def reply_fields(reply: ChatResult) -> dict[str, Any]:
+    """What the Execute span's end records of a model reply (its text becomes the span's
+    payload)."""
+    return {
+        "payload": reply.text,
+        "tokens_in": reply.tokens_in,
+        "tokens_out": reply.tokens_out,
+        "cost": reply.cost,
+        "model_ms": reply.ms,
+        "request_hash": reply.request_hash,
+        "replayed": reply.replayed or None,
+    }
 
 
 def ok_result(job: Job, base: Result, worker_id: str, reply: ChatResult) -> Result:

@@ -11,7 +11,7 @@ from frlm_web.redis_client import get_redis
 from traces.emitter import Emitter, Span
 from workers import fragments, venues
 from workers.backends import ModelError, ModelSpec, chat
-from workers.execution import ok_result, served, signed
+from workers.execution import ok_result, reply_fields, served, signed
 from workers.jobs import Job, Result, cancelled_key, encode_result, results_stream
 from workers.sim.device import on_device
 
@@ -70,20 +70,7 @@ def subquery_execute(job: Job) -> None:
     except ValueError as exc:
         _fail(emitter, span, stream, base, f"cannot attest: {exc}")
         return
-    _finish(
-        emitter,
-        span,
-        stream,
-        result,
-        "ok",
-        payload=reply.text,
-        tokens_in=reply.tokens_in,
-        tokens_out=reply.tokens_out,
-        cost=reply.cost,
-        model_ms=reply.ms,
-        request_hash=reply.request_hash,
-        replayed=reply.replayed or None,
-    )
+    _finish(emitter, span, stream, result, "ok", **reply_fields(reply))
 
 
 def _load_fragments(emitter: Emitter, span: Span, job: Job) -> str:

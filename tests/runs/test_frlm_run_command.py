@@ -10,7 +10,7 @@ import pytest
 
 from frlm_web.stack import free_port
 from runs.models import Run
-from tests.helpers import endpoint, named, trace
+from tests.helpers import endpoint, forget_reputations, named, trace
 
 pytestmark = [pytest.mark.stack]
 
@@ -151,6 +151,7 @@ def test_it_fails_the_run_when_the_endpoint_answers_garbage(venues, subprocess_e
 
 
 def test_it_prints_what_verification_and_receipts_cost_and_a_budget_stop(venues, subprocess_env):
+    forget_reputations()
     args = ("--task", "sniah", "--tokens", "200000", "--seed", "3", "--venues", "local,edge")
     done = frlm_run(subprocess_env, *args, "--policy", "tier=redundant")
     assert done.returncode == 0, done.stderr

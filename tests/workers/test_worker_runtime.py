@@ -196,27 +196,24 @@ def test_it_finishes_running_work_on_sigterm_then_deregisters(stack, transaction
         stack.kill(proc.name)
 
 
-def test_it_refuses_to_start_with_a_bad_token(stack, server, subprocess_env):
+def frlm_worker(env: dict[str, str], *args: str) -> Any:
+    """`manage.py frlm_worker ARGS` run to its end (for the ways it refuses to start)."""
     import subprocess
 
-    Venue.objects.get_or_create(name="rtremote")
-    out = subprocess.run(
-        [
-            sys.executable,
-            "manage.py",
-            "frlm_worker",
-            "--venue",
-            "rtremote",
-            "--server",
-            server,
-            "--token",
-            "frlmt_nope",
-        ],
+    return subprocess.run(
+        [sys.executable, "manage.py", "frlm_worker", *args],
         cwd=settings.BASE_DIR,
-        env=subprocess_env,
+        env=env,
         capture_output=True,
         text=True,
         timeout=60,
+    )
+
+
+def test_it_refuses_to_start_with_a_bad_token(stack, server, subprocess_env):
+    Venue.objects.get_or_create(name="rtremote")
+    out = frlm_worker(
+        subprocess_env, "--venue", "rtremote", "--server", server, "--token", "frlmt_nope"
     )
     assert out.returncode != 0
     assert "could not register: this enrolment token is not known" in out.stderr
@@ -226,18 +223,12 @@ def test_it_refuses_to_start_with_a_bad_token(stack, server, subprocess_env):
 def test_a_worker_of_an_untrusted_venue_may_not_consume_the_broker(
     stack, server, subprocess_env, transactional_db
 ):
-    import subprocess
-
     venue = Venue.objects.create(name="rtuntrusted", kind="edge", trusted=False)
     _, token = token_create(venue, label="runtime test")
-    out = subprocess.run(
-        [sys.executable, "manage.py", "frlm_worker", "--venue", "rtuntrusted"]
-        + ["--server", server, "--token", token, "--connect", "broker", "--name", "rt-u-1"],
-        cwd=settings.BASE_DIR,
-        env=subprocess_env,
-        capture_output=True,
-        text=True,
-        timeout=60,
+    out = frlm_worker(
+        subprocess_env,
+        *("--venue", "rtuntrusted", "--server", server, "--token", token),
+        *("--connect", "broker", "--name", "rt-u-1"),
     )
     assert out.returncode != 0
     assert "venue rtuntrusted is not trusted: its workers take jobs through the gateway" in (

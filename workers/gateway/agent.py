@@ -28,7 +28,7 @@ from traces.emitter import Emitter, Event, Span
 from workers import keys, signing
 from workers.backends import ModelError, ModelSpec, chat
 from workers.client import HttpControl, Registered
-from workers.execution import ok_result, served, signed
+from workers.execution import ok_result, reply_fields, served, signed
 from workers.gateway.protocol import MAX_MESSAGE_BYTES, PATH, decode, encode, hello_claim
 from workers.jobs import Job, Result
 from workers.runtime import Tally
@@ -271,17 +271,7 @@ class GatewayAgent:
             span.end("error", error=error, model=spec.label)
             self._done(job, signed({**base, "status": "error", "error": error}), relay.take())
             return
-        span.end(
-            "ok",
-            model=spec.label,
-            payload=reply.text,
-            tokens_in=reply.tokens_in,
-            tokens_out=reply.tokens_out,
-            cost=reply.cost,
-            model_ms=reply.ms,
-            request_hash=reply.request_hash,
-            replayed=reply.replayed or None,
-        )
+        span.end("ok", model=spec.label, **reply_fields(reply))
         self._done(job, signed(result), relay.take())
 
     def _done(self, job: Job, result: Result, events: list[Event]) -> None:
