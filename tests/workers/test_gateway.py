@@ -100,6 +100,13 @@ def test_a_dropped_worker_loses_its_jobs_to_another_at_once(far) -> None:
     assert first < settings.FRLM_VENUE_HEARTBEAT_TTL_S - 0.5, f"re-dispatched {first:.2f} s after"
     executes = named(events, "SubQuery.Execute", "end")
     assert other.worker_id in {e["worker_id"] for e in executes}
+    # No span is left open by the worker that is gone: the server ends what it held.
+    assert {e["span_id"] for e in named(events, "SubQuery.Execute", "start")} == {
+        e["span_id"] for e in executes
+    }
+    dropped = [e for e in executes if e["worker_id"] == slow.worker_id]
+    assert dropped and all(e["status"] == "error" for e in dropped)
+    assert all(e["attrs"]["error"].startswith("worker lost: ") for e in dropped)
 
 
 # --- what a hostile worker can send ---------------------------------------------------------

@@ -77,8 +77,11 @@ class Held:
     """A job the worker holds: given to it and not yet answered, and its Execute span."""
 
     run_id: str
+    sq_id: str
     submit_span: str
     execute_span: str
+    depth: int
+    model: str  # the model the job asks for
 
 
 class GatewayConsumer(AsyncWebsocketConsumer):
@@ -237,7 +240,9 @@ class WorkerLink:
         )
 
     async def lost(self, why: str) -> None:
-        """Out of presence now, and every run it held work of told to look."""
+        """Out of presence now; every run it held work of told to look; and the Execute
+        spans the server opened for that work ended as lost, so the trace has no span
+        left open by a worker that is gone."""
         if self.closed:
             return
         self.closed = True
@@ -246,9 +251,12 @@ class WorkerLink:
         await sync_to_async(_withdraw, thread_sensitive=False)(self.venue, self.worker.id)
         if self.held:
             pipe = self.redis.pipeline(transaction=False)
+            ends = []
             for sq_id, held in self.held.items():
                 hint = {"run_id": held.run_id, "sq_id": sq_id, "status": "lost"}
                 pipe.xadd(results_stream(held.run_id), {**hint, "worker_id": self.worker.id})
+                ends.append(self._execute_event(held, "end", "error", error=f"worker lost: {why}"))
+            pipe.eval(APPEND_LUA, 0, *append_args(ends))  # type: ignore[arg-type]
             await pipe.execute()
         log.warning(
             "gateway: worker %s left: %s; it held %d job(s)", self.worker.id, why, len(self.held)
@@ -288,7 +296,14 @@ class WorkerLink:
         run_id, sq_id = job["run_id"], job["sq_id"]
         if job["deadline"] < time.time():
             return  # nobody wants it any more (the conductor has moved on)
-        held = self.held[sq_id] = Held(run_id, job["submit_span"], secrets.token_hex(8))
+        held = self.held[sq_id] = Held(
+            run_id,
+            sq_id,
+            job["submit_span"],
+            secrets.token_hex(8),
+            job["depth"],
+            str(job["model"].get("model", "")),
+        )
         self._update_room()
         # In one round trip: who holds it, before anything else can go wrong (if this
         # worker vanishes now, the conductor knows which job to send elsewhere); the start
@@ -302,7 +317,7 @@ class WorkerLink:
             "worker_id": self.worker.id,
             "status": "started",
         }
-        start = self._execute_event(job, held, "start", "ok")
+        start = self._execute_event(held, "start", "ok")
         pipe = self.redis.pipeline(transaction=False)
         pipe.sismember(cancelled_key(run_id), sq_id)
         pipe.xadd(results_stream(run_id), encode_result(claim))  # type: ignore[arg-type]
@@ -311,7 +326,7 @@ class WorkerLink:
         if cancelled:
             del self.held[sq_id]
             self._update_room()
-            end = self._execute_event(job, held, "end", "cancelled", ms=0.0)
+            end = self._execute_event(held, "end", "cancelled", ms=0.0)
             await self._append([end])
             return
         if fragments.MARKER_OPEN in job["prompt"]:
@@ -323,9 +338,7 @@ class WorkerLink:
         outgoing["execute_span"] = held.execute_span
         await self.consumer.send(encode({"type": "job", "job": outgoing}))
 
-    def _execute_event(
-        self, job: Job, held: Held, phase: str, status: str, **fields: Any
-    ) -> dict[str, Any]:
+    def _execute_event(self, held: Held, phase: str, status: str, **fields: Any) -> dict[str, Any]:
         """An event of the job's Execute span, in this worker's name."""
         event: dict[str, Any] = {
             "run_id": held.run_id,
@@ -339,9 +352,9 @@ class WorkerLink:
             "status": status,
             "venue": self.venue,
             "worker_id": self.worker.id,
-            "depth": job["depth"],
+            "depth": held.depth,
             # The model asked for; the worker's end event says which served it.
-            "attrs": {"sq_id": job["sq_id"], "model": str(job["model"].get("model", ""))},
+            "attrs": {"sq_id": held.sq_id, "model": held.model},
         }
         if "ms" in fields:
             event["ms"] = fields.pop("ms")
