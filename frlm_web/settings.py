@@ -146,8 +146,11 @@ FRLM_CONTEXT_DIR = Path(envstr("FRLM_CONTEXT_DIR", str(DATA_DIR / "contexts")))
 FRLM_CONDUCTOR_KEY_FILE = Path(
     envstr("FRLM_CONDUCTOR_KEY_FILE", str(DATA_DIR / "keys" / "conductor.key"))
 )
-# "auto" uses bubblewrap when it is installed; "none" runs the REPL with rlimits only.
+# "auto" and "bwrap" run the REPL in bubblewrap and refuse runs where it cannot work; only
+# "none", asked for by name, runs it unisolated (rlimits only, marked NOT ISOLATED).
 FRLM_SANDBOX_ISOLATION = envstr("FRLM_SANDBOX_ISOLATION", "auto")
+# Whom the REPL runs as when the service runs as root (nobody by default).
+FRLM_SANDBOX_UID = envint("FRLM_SANDBOX_UID", 65534)
 
 # The simulated model server, the embedded default model.
 FRLM_SIM_HOST = envstr("FRLM_SIM_HOST", "127.0.0.1")

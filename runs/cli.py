@@ -138,6 +138,11 @@ def format_summary(s: dict[str, Any]) -> str:
         how = "all of it" if turn is None else f"root turns 1-{turn}, live after"
         lines.append(f"replay of  {s['replay_of']} (from its cassette: {how})")
     lines.append(f"sandbox    {s['isolation'] or '-'}")
+    if (s["isolation"] or "").startswith("NOT ISOLATED"):
+        lines.append(
+            "WARNING    the REPL ran WITHOUT A SANDBOX (FRLM_SANDBOX_ISOLATION=none): its code "
+            "could read this machine's files, secrets and network"
+        )
     lines.append(f"trace      python manage.py frlm_trace {s['run_id']}")
     return "\n".join(lines)
 

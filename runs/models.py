@@ -86,6 +86,12 @@ class Run(models.Model):
         return f"{self.id}: {self.question[:60]}"
 
     @property
+    def unisolated(self) -> bool:
+        """Its REPL ran without bubblewrap, because the operator set
+        FRLM_SANDBOX_ISOLATION=none (runs.sandbox.host marks the isolation text so)."""
+        return self.isolation.startswith("NOT ISOLATED")
+
+    @property
     def done(self) -> bool:
         return self.status in {
             self.Status.SUCCEEDED,

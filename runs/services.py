@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 
 from frlm_web.redis_client import get_redis
@@ -13,6 +14,7 @@ from runs.engine.policy import Policy, PolicyError
 from runs.engine.progress import request_cancel
 from runs.models import Run
 from runs.program_templates import program_question
+from runs.sandbox import isolation_problem
 from runs.taskgen import make_task
 from traces import store
 from workers.backends import ModelSpec, cassette_spec
@@ -52,7 +54,7 @@ def run_create(
     """1. check every input and report all problems at once, 2. put the context where the
     REPL can read it, 3. save the run as queued. Nothing is saved when anything is wrong.
     ``program`` names a program template (runs.program_templates) the question is run with."""
-    errors: dict[str, str] = {}
+    errors: dict[str, str] = _check_sandbox()
     run = Run(
         question=(question or "").strip(),
         root_model=root_model.to_dict(),
@@ -113,6 +115,13 @@ def run_create(
     return run
 
 
+def _check_sandbox() -> dict[str, str]:
+    """A run whose REPL could not be isolated is refused before it exists: the sandbox fails
+    closed (FRLM_SANDBOX_ISOLATION=none is the operator's way to opt out, by name)."""
+    problem = isolation_problem(settings.FRLM_SANDBOX_ISOLATION, settings.FRLM_SANDBOX_UID)
+    return {"sandbox": problem} if problem else {}
+
+
 def _check_venues(names: list[str]) -> dict[str, str]:
     if not names:
         return {"venues": "name at least one venue, e.g. local"}
@@ -141,7 +150,7 @@ def run_replay(
     """A new run that re-executes `source` from its cassette: all of it (no model calls,
     same answer and span structure), or its first `from_turn` root turns and then live,
     with changed policy or models (a what-if). Nothing is saved when anything is wrong."""
-    errors: dict[str, str] = {}
+    errors: dict[str, str] = _check_sandbox()
     if not source.done:
         errors["run"] = f"run {source.id} is {source.status}; replay it once it has finished"
     elif source.context_source == Run.Source.IMPORTED:

@@ -9,6 +9,7 @@ import json
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db import transaction
@@ -24,6 +25,7 @@ from runs.engine.progress import read_progress
 from runs.forms import POLICY_FIELDS, ReplayForm, RunForm, place_errors
 from runs.models import Run
 from runs.program_templates import PROGRAM_TEMPLATES
+from runs.sandbox import isolation_problem
 from runs.selectors import visible_runs
 from runs.services import RunInputError, run_cancel, run_create, run_launch, run_replay
 from traces.diff import TraceDiffError, run_diff
@@ -148,9 +150,16 @@ def run_new(request: HttpRequest) -> HttpResponse:
     """GET: the form. POST: create the run (every input checked by run_create), start
     it, and go to its page; else the form again with each error beside its field."""
     live = _live_venues()
+    # Said before anyone fills the form in: runs cannot start while the sandbox cannot.
+    refused = isolation_problem(settings.FRLM_SANDBOX_ISOLATION, settings.FRLM_SANDBOX_UID)
     if request.method != "POST":
         form = RunForm(user=request.user, live=live)
-        ctx = {"form": form, "policy_fields": POLICY_FIELDS, "programs": PROGRAM_TEMPLATES}
+        ctx = {
+            "form": form,
+            "policy_fields": POLICY_FIELDS,
+            "programs": PROGRAM_TEMPLATES,
+            "sandbox_problem": refused,
+        }
         return render(request, "runs/new.html", ctx)
     form = RunForm(request.POST, request.FILES, user=request.user, live=live)
     if form.is_valid():
@@ -173,7 +182,12 @@ def run_new(request: HttpRequest) -> HttpResponse:
             form.add_error(None, str(exc))
         else:
             return redirect("run", run_id=run.id)
-    ctx = {"form": form, "policy_fields": POLICY_FIELDS, "programs": PROGRAM_TEMPLATES}
+    ctx = {
+        "form": form,
+        "policy_fields": POLICY_FIELDS,
+        "programs": PROGRAM_TEMPLATES,
+        "sandbox_problem": refused,
+    }
     return render(request, "runs/new.html", ctx, status=400)
 
 

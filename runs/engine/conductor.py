@@ -195,6 +195,7 @@ class Conductor:
             cpu_s=self.policy.repl_cpu_s,
             memory_mb=self.policy.cell_memory_mb,
             output_chars=self.policy.output_chars,
+            scratch_mb=self.policy.scratch_mb,
         )
         sandbox_root = Path(settings.FRLM_SANDBOX_DIR)
         sandbox_root.mkdir(parents=True, exist_ok=True)
@@ -211,6 +212,7 @@ class Conductor:
             workdir_root=sandbox_root,
             isolation=settings.FRLM_SANDBOX_ISOLATION,
             context_index=context.index_path,
+            uid=settings.FRLM_SANDBOX_UID,
         ) as sandbox:
             if depth == 0:
                 self.loaded(sandbox, context, parent)

@@ -26,6 +26,7 @@ class Policy:
     cell_timeout_s: float = 60.0  # wall clock of one REPL cell
     repl_cpu_s: int = 600  # CPU seconds of one REPL process, over all its cells
     cell_memory_mb: int = 2048  # memory of the REPL process
+    scratch_mb: int = 256  # the REPL's writable space (a tmpfs), and its largest file
     output_chars: int = 8000  # REPL output shown to the root model per cell
     # Where sub-queries go: "score" (the scheduler: each to the worker expected to finish it
     # first, weighed by reputation, price and load), "shared" (one queue per venue, taken by
@@ -152,6 +153,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "cell_timeout_s": (0.5, 3600),
     "repl_cpu_s": (1, 86_400),
     "cell_memory_mb": (128, 65_536),
+    "scratch_mb": (1, 65_536),
     "output_chars": (200, 1_000_000),
     "explore": (0.0, 1.0),
     "weight_latency": (0.0, 100.0),

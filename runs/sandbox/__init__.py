@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from runs.sandbox.cells import CellResult, SandboxLimits
-from runs.sandbox.host import Sandbox, SandboxError
+from runs.sandbox.host import UNISOLATED, Sandbox, SandboxError, isolation_problem
 from runs.sandbox.protocol import Handler, SandboxCallError
 
 __all__ = [
@@ -13,4 +13,6 @@ __all__ = [
     "SandboxCallError",
     "SandboxError",
     "SandboxLimits",
+    "UNISOLATED",
+    "isolation_problem",
 ]

@@ -5,18 +5,23 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 # Room for the threads and subprocesses a cell may legitimately start.
 _NPROC_HEADROOM = 256
 
 
-def nproc_limit() -> int | None:
-    """RLIMIT_NPROC for the REPL, or None where it would not bind (root is exempt)."""
-    if os.geteuid() == 0:
+def nproc_limit(user: tuple[int, int] | None, pids: Any) -> int | None:
+    """RLIMIT_NPROC for the REPL running as ``user`` (None: as this process), or None where
+    the pids cgroup already binds or the limit would not (root is exempt)."""
+    if pids is not None and pids.active:
+        return None
+    uid = user[0] if user is not None else os.geteuid()
+    if uid == 0:
         return None
     # The limit counts every task of this user, the service's own included, so it has to
     # sit above what already runs or the REPL could not even start.
-    return _tasks_of_user(os.getuid()) + _NPROC_HEADROOM
+    return _tasks_of_user(uid) + _NPROC_HEADROOM
 
 
 def _tasks_of_user(uid: int) -> int:

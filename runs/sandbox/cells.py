@@ -13,6 +13,8 @@ class SandboxLimits:
     cpu_s: int = 300  # CPU seconds for the whole REPL process (RLIMIT_CPU)
     memory_mb: int = 1024  # address space of the REPL process (RLIMIT_AS)
     output_chars: int = 20000  # stdout + stderr kept per cell; the middle is cut out
+    scratch_mb: int = 256  # the REPL's writable space (a tmpfs); also its largest file
+    open_files: int = 256  # file descriptors the REPL process may hold (RLIMIT_NOFILE)
 
 
 @dataclass

@@ -7,13 +7,15 @@ project.
 Protocol: newline-delimited JSON on two pipes that are neither fd 0, 1 nor 2, so whatever the
 cell writes to stdout or stderr (even with ``os.write``) can never be mistaken for a message.
 
-host -> child  {"type": "exec", "code": str}
+host -> child  {"type": "exec", "code": str, "cell": str}
                {"type": "fold", "text": str}  (older conversation kept in `folded`)
                {"type": "reply", "ok": bool, "result": Any, "error": str}
 child -> host  {"type": "ready", "context_chars": int, "cpu_s": float}
                {"type": "call", "name": str, "kwargs": dict}
                {"type": "done", "error": None | "exception" | "memory", "exc_type": str | None,
-                "exc_message": str | None, "final": str | None, "cpu_s": float}
+                "exc_message": str | None, "final": str | None, "cpu_s": float,
+                "cell": the exec's "cell", so a "done" forged by a thread the cell left
+                running is told apart (it cannot know the next cell's random id)}
                {"type": "folded", "count": int}
 
 `context` is a lazytext.LazyText over the context file (never read whole); lazytext.py and
@@ -386,22 +388,49 @@ def set_limits(config: dict[str, Any]) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if config.get("nproc"):
         resource.setrlimit(resource.RLIMIT_NPROC, (config["nproc"], config["nproc"]))
+    # No file larger than the scratch space (Python ignores SIGXFSZ: a write past it raises
+    # OSError EFBIG), and a bounded number of descriptors.
+    file_bytes = config["file_bytes"]
+    resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (config["open_files"], config["open_files"]))
+
+
+def close_inherited(keep: set[int]) -> None:
+    """Close every descriptor but ``keep`` before any cell runs: whatever else a launcher
+    left open (bubblewrap's mount sources are descriptors of host directories) must not
+    reach the cell."""
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # the listing's own descriptor, already gone
 
 
 def open_context(config: dict[str, Any]) -> lazytext.LazyText:
-    """The context file, never read whole: the conductor's offset index when it sent one,
-    else one streaming pass here."""
-    index_path = config.get("context_index")
-    index = lazytext.load_index(index_path) if index_path else None
-    return lazytext.LazyText(config["context_path"], index)
+    """The context, never read whole, from the descriptor the host opened (the file's path
+    names it but need not be reachable here): the conductor's offset index when it sent
+    one, else one streaming pass here."""
+    index = None
+    if config.get("index_fd") is not None:
+        with os.fdopen(config["index_fd"], encoding="utf-8") as handle:
+            index = lazytext.ContextIndex(json.load(handle))
+    handle = os.fdopen(config["context_fd"], "rb")
+    return lazytext.LazyText(config["context_path"], index, handle=handle)
 
 
 def main(argv: list[str]) -> int:
     config = json.loads(argv[1])
+    keep = {0, 1, 2, config["in_fd"], config["out_fd"], config["context_fd"]}
+    if config.get("index_fd") is not None:
+        keep.add(config["index_fd"])
+    close_inherited(keep)
     channel = Channel(config["in_fd"], config["out_fd"])
+    context = open_context(config)
     SAVED_OUTPUT_FDS.update({fd: os.dup(fd) for fd in (1, 2)})
     set_limits(config)
-    repl = Repl(channel, open_context(config))
+    repl = Repl(channel, context)
     restore_streams()
     context_chars = len(repl.namespace["context"])
     channel.send(encode({"type": "ready", "context_chars": context_chars, "cpu_s": cpu_seconds()}))
@@ -410,7 +439,7 @@ def main(argv: list[str]) -> int:
         if message is None:
             return 0
         if message.get("type") == "exec":
-            channel.send(encode(repl.run_cell(message["code"])))
+            channel.send(encode({**repl.run_cell(message["code"]), "cell": message.get("cell")}))
         elif message.get("type") == "fold":
             repl.namespace.setdefault("folded", []).append(message["text"])
             channel.send(encode({"type": "folded", "count": len(repl.namespace["folded"])}))

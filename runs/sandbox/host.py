@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shutil
 import tempfile
 import time
@@ -42,6 +43,9 @@ from runs.sandbox.protocol import (
 logger = logging.getLogger(__name__)
 
 ISOLATION_CHOICES = ("auto", "bwrap", "none")
+# Whom the REPL runs as when the service is root: nobody, unless the operator says otherwise.
+DEFAULT_SANDBOX_UID = 65534
+UNISOLATED = "NOT ISOLATED"
 
 # The REPL reads the conductor's offset index, or, without one, makes it in one streaming
 # pass over the context: seconds for a few GB, not minutes.
@@ -67,6 +71,7 @@ class Sandbox:
         workdir_root: Path,
         isolation: str = "auto",
         context_index: Path | None = None,
+        uid: int = DEFAULT_SANDBOX_UID,
     ) -> None:
         if isolation not in ISOLATION_CHOICES:
             raise ValueError(f"isolation must be one of {ISOLATION_CHOICES}, not {isolation!r}")
@@ -77,6 +82,7 @@ class Sandbox:
         self._limits = limits
         self._workdir_root = Path(workdir_root)
         self._requested_isolation = isolation
+        self._user = bwrap.sandbox_user(uid)
         self._pids: PidsLimit | None = None
         self.isolation = "not started"
         self.isolation_kind = "none"
@@ -103,13 +109,12 @@ class Sandbox:
             raise SandboxError("a Sandbox can be started only once")
         if not self._context_path.is_file():
             raise SandboxError(f"the context file {self._context_path} does not exist")
-        self.isolation_kind, self.isolation = _choose_isolation(self._requested_isolation)
+        self.isolation_kind, self.isolation = _choose_isolation(
+            self._requested_isolation, self._user, self._limits
+        )
         self._pids = PidsLimit()
         if self._pids.active:
-            self.isolation = self.isolation.replace(
-                "no process-count limit (running as root)",
-                f"at most {self._pids.limit} processes (pids cgroup)",
-            )
+            self.isolation += f"; at most {self._pids.limit} processes (pids cgroup)"
         self._workdir_root.mkdir(parents=True, exist_ok=True)
         scratch = tempfile.mkdtemp(prefix="repl-", dir=self._workdir_root)
         self._scratch = Path(scratch).resolve()
@@ -131,9 +136,12 @@ class Sandbox:
         assert child is not None
         out = Capture(self._limits.output_chars)
         err = Capture(self._limits.output_chars)
-        child.queue(encode({"type": "exec", "code": code}))
+        # A random id per cell: a "done" that does not carry it was not sent by this cell's
+        # REPL loop but forged, say by a thread an earlier cell left running.
+        cell = secrets.token_hex(8)
+        child.queue(encode({"type": "exec", "code": code, "cell": cell}))
         try:
-            outcome = self._run_cell(child, out, err)
+            outcome = self._run_cell(child, out, err, cell)
         except BaseException:
             # Interrupted from outside (KeyboardInterrupt, a task time limit) in mid-cell: the
             # REPL's state is unknown, so the next cell gets a fresh one.
@@ -174,7 +182,7 @@ class Sandbox:
     # -- running a cell ----------------------------------------------------------------------
 
     def _run_cell(
-        self, child: ReplProcess, out: Capture, err: Capture
+        self, child: ReplProcess, out: Capture, err: Capture, cell: str
     ) -> dict[str, Any] | Literal["timeout", "died", "protocol"]:
         """Pump the pipes until the cell is done; the clock stops while the handler runs."""
         used = 0.0
@@ -191,6 +199,9 @@ class Sandbox:
             if message is None:
                 return "timeout"
             if message.get("type") == "done":
+                if message.get("cell") != cell:
+                    logger.warning("REPL process sent a 'done' for another cell: forged")
+                    return "protocol"
                 child.drain(out, err)
                 return message
             if message.get("type") != "call":
@@ -271,25 +282,43 @@ class Sandbox:
     def _spawn(self) -> None:
         """Start a REPL process and wait until it has loaded the context."""
         assert self._scratch is not None
-        env = bwrap.clean_env(self._scratch)
-        command = bwrap.repl_command(
-            env,
-            self._scratch,
-            self._context_path,
-            self._context_index,
-            bwrap=self.isolation_kind == "bwrap",
-            tmp_bytes=self._limits.memory_mb * 1024 * 1024,
-        )
-        config = {
-            "context_path": str(self._context_path),
-            "context_index": str(self._context_index) if self._context_index else None,
-            "memory_mb": self._limits.memory_mb,
-            "cpu_s": self._limits.cpu_s,
-            "nproc": nproc_limit(),
-        }
         if self._pids is not None:
-            command = self._pids.wrap(command)
-        child = ReplProcess(command, env, self._scratch, config)
+            self._pids.settle()  # the processes of a REPL killed just before
+        isolated = self.isolation_kind == "bwrap"
+        # Under bubblewrap the scratch space is the sandbox's own tmpfs; unisolated, a
+        # directory on the host with a file-size limit only.
+        env = bwrap.clean_env(bwrap.SANDBOX_SCRATCH if isolated else self._scratch)
+        mounts = bwrap.Mounts()
+        try:
+            # The REPL reads the context through a descriptor opened here: its user need not
+            # be able to open the file, and under bubblewrap the path is not even there.
+            context_fd = mounts.open(self._context_path, os.O_RDONLY)
+            index_fd = (
+                mounts.open(self._context_index, os.O_RDONLY) if self._context_index else None
+            )
+            command = bwrap.repl_command(
+                env,
+                mounts,
+                bwrap=isolated,
+                scratch_bytes=self._limits.scratch_mb * 1024 * 1024,
+                user=self._user if isolated else None,
+            )
+            config = {
+                "context_path": str(self._context_path),
+                "context_fd": context_fd,
+                "index_fd": index_fd,
+                "memory_mb": self._limits.memory_mb,
+                "cpu_s": self._limits.cpu_s,
+                "file_bytes": self._limits.scratch_mb * 1024 * 1024,
+                "open_files": self._limits.open_files,
+                "nproc": nproc_limit(self._user if isolated else None, self._pids),
+            }
+            if self._pids is not None:
+                command = self._pids.wrap(command)
+            cwd = Path("/") if isolated else self._scratch
+            child = ReplProcess(command, env, cwd, config, pass_fds=tuple(mounts.fds))
+        finally:
+            mounts.close()
         out, err = Capture(4000), Capture(4000)
         try:
             ready = child.next_message(_START_TIMEOUT_S, out, err)
@@ -304,21 +333,42 @@ class Sandbox:
         self._cpu_baseline = float(ready.get("cpu_s") or 0.0)
 
 
-def _choose_isolation(requested: str) -> tuple[str, str]:
-    """(isolation_kind, a sentence describing what is in force)."""
-    # Root is exempt from RLIMIT_NPROC, so say so rather than imply a fork limit.
-    as_root = "; no process-count limit (running as root)" if os.geteuid() == 0 else ""
+def isolation_problem(requested: str, uid: int = DEFAULT_SANDBOX_UID) -> str | None:
+    """Why a run cannot start its REPL with ``requested`` isolation here, or None.
+
+    Asked before a run is created, so that a machine without working bubblewrap refuses the
+    run with this sentence instead of running root-model code unisolated."""
+    if requested not in ISOLATION_CHOICES:
+        return f"FRLM_SANDBOX_ISOLATION must be one of {', '.join(ISOLATION_CHOICES)}"
     if requested == "none":
-        reason = "isolation='none' was requested"
-    else:
-        problem = bwrap.bwrap_problem()
-        if problem is None:
-            return "bwrap", f"bwrap: no network, read-only system, private /tmp, rlimits{as_root}"
-        if requested == "bwrap":
-            raise SandboxError(f"isolation='bwrap' was requested but {problem}")
-        reason = problem
-    # Without namespaces a cell can also read the host's files and /proc/<pid>/environ.
-    return "none", f"process + rlimits (no network or filesystem isolation: {reason}){as_root}"
+        return None
+    problem = bwrap.bwrap_problem(bwrap.sandbox_user(uid))
+    if problem is None:
+        return None
+    return f"the REPL sandbox cannot start: {problem}; {bwrap.INSTALL_HINT}"
+
+
+def _choose_isolation(
+    requested: str, user: tuple[int, int] | None, limits: SandboxLimits
+) -> tuple[str, str]:
+    """(isolation_kind, a sentence describing what is in force).
+
+    Fails closed: without working bubblewrap only an explicit ``none`` runs the REPL, and
+    its sentence starts with NOT ISOLATED so that no page or report can hide it."""
+    if requested == "none":
+        who = "root" if os.geteuid() == 0 else f"uid {os.geteuid()}"
+        return "none", (
+            f"{UNISOLATED} (FRLM_SANDBOX_ISOLATION=none): the REPL runs as {who} with rlimits "
+            f"only and can read this machine's files, secrets and network"
+        )
+    problem = bwrap.bwrap_problem(user)
+    if problem is not None:
+        raise SandboxError(f"the REPL sandbox cannot start: {problem}; {bwrap.INSTALL_HINT}")
+    who = f"uid {user[0]}, not root" if user else f"uid {os.geteuid()}"
+    return "bwrap", (
+        f"bwrap: no network, read-only system, {limits.scratch_mb} MB scratch tmpfs, "
+        f"{who}, no capabilities, rlimits"
+    )
 
 
 def _remove_tree(path: Path) -> None:

@@ -27,7 +27,7 @@ import os
 import re
 import resource
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, BinaryIO
 
 INDEX_STEP = 1 << 16  # bytes between two checkpoints of the offset index
 BLOCK_CHARS = 1 << 20  # characters decoded at once by the streaming operations
@@ -72,35 +72,43 @@ class ContextIndex:
         return self.char_marks[at], self.byte_marks[at]
 
 
-def build_index(path: str) -> ContextIndex:
+def build_index(path: str, handle: BinaryIO | None = None) -> ContextIndex:
     """One streaming pass: the checkpoints, the length in characters, the sha256, and how
-    many bytes are not valid UTF-8 (with the offset of the first)."""
+    many bytes are not valid UTF-8 (with the offset of the first). Reads ``handle`` when
+    given (from its start), else opens ``path``."""
+    if handle is not None:
+        handle.seek(0)
+        return _index_of(path, handle)
+    with open(path, "rb") as opened:
+        return _index_of(path, opened)
+
+
+def _index_of(path: str, handle: BinaryIO) -> ContextIndex:
     digest = hashlib.sha256()
     decoder = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
     char_marks, byte_marks = [0], [0]
     chars = consumed = invalid = 0
     first_invalid: int | None = None
-    with open(path, "rb") as handle:
-        while block := handle.read(READ_BYTES):
-            digest.update(block)
-            for at in range(0, len(block), INDEX_STEP):
-                piece = block[at : at + INDEX_STEP]
-                start = byte_marks[-1]  # where the decoded text of this piece begins
-                text = decoder.decode(piece)
-                if not text.isascii() and (bad := _ESCAPED.search(text)) is not None:
-                    if first_invalid is None:
-                        head = text[: bad.start()].encode("utf-8", "surrogateescape")
-                        first_invalid = start + len(head)
-                    invalid += len(_ESCAPED.findall(text))
-                consumed += len(piece)
-                chars += len(text)
-                char_marks.append(chars)
-                byte_marks.append(consumed - len(decoder.getstate()[0]))
-        tail = decoder.decode(b"", final=True)
-        if tail:
-            invalid += len(_ESCAPED.findall(tail))
-            first_invalid = consumed - len(tail) if first_invalid is None else first_invalid
-            chars += len(tail)
+    while block := handle.read(READ_BYTES):
+        digest.update(block)
+        for at in range(0, len(block), INDEX_STEP):
+            piece = block[at : at + INDEX_STEP]
+            start = byte_marks[-1]  # where the decoded text of this piece begins
+            text = decoder.decode(piece)
+            if not text.isascii() and (bad := _ESCAPED.search(text)) is not None:
+                if first_invalid is None:
+                    head = text[: bad.start()].encode("utf-8", "surrogateescape")
+                    first_invalid = start + len(head)
+                invalid += len(_ESCAPED.findall(text))
+            consumed += len(piece)
+            chars += len(text)
+            char_marks.append(chars)
+            byte_marks.append(consumed - len(decoder.getstate()[0]))
+    tail = decoder.decode(b"", final=True)
+    if tail:
+        invalid += len(_ESCAPED.findall(tail))
+        first_invalid = consumed - len(tail) if first_invalid is None else first_invalid
+        chars += len(tail)
     if char_marks[-1] != chars or byte_marks[-1] != consumed:
         char_marks.append(chars)
         byte_marks.append(consumed)
@@ -247,10 +255,13 @@ class Fragment:
 class LazyText:
     """The context: a UTF-8 file read by byte ranges, offered with the interface of a str."""
 
-    def __init__(self, path: str, index: ContextIndex | None = None) -> None:
+    def __init__(
+        self, path: str, index: ContextIndex | None = None, handle: BinaryIO | None = None
+    ) -> None:
         self.path = path
-        self.index = index if index is not None else build_index(path)
-        self._handle = open(path, "rb")  # noqa: SIM115 - held for the life of the REPL
+        # Held for the life of the REPL; the REPL gets it as a descriptor from the host.
+        self._handle = handle if handle is not None else open(path, "rb")  # noqa: SIM115
+        self.index = index if index is not None else build_index(path, self._handle)
 
     # -- reading -------------------------------------------------------------------------
 

@@ -65,6 +65,21 @@ class PidsLimit:
         join = 'echo $$ > "$0" && exec "$@"'
         return ["/bin/sh", "-c", join, str(self.path / "cgroup.procs"), *command]
 
+    def settle(self, timeout: float = 3.0) -> None:
+        """Wait until the processes of a killed REPL are gone: the kernel tears a pid
+        namespace down asynchronously, and a fresh REPL started before that would find the
+        group full (a fork bomb fills it)."""
+        if self.path is None:
+            return
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if int((self.path / "pids.current").read_text()) == 0:
+                    return
+            except (OSError, ValueError):
+                return
+            time.sleep(0.01)
+
     def remove(self) -> None:
         """Remove the group once its processes are gone (they were killed just before)."""
         if self.path is None:

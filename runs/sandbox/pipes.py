@@ -24,7 +24,14 @@ _DRAIN_MAX_READS = 256
 class ReplProcess:
     """One REPL process and the four pipes to it (control in/out, stdout, stderr)."""
 
-    def __init__(self, command: list[str], env: dict[str, str], cwd: Path, config: dict) -> None:
+    def __init__(
+        self,
+        command: list[str],
+        env: dict[str, str],
+        cwd: Path,
+        config: dict,
+        pass_fds: tuple[int, ...] = (),
+    ) -> None:
         to_child_r, self._to_child = os.pipe()
         self._from_child, from_child_w = os.pipe()
         self._stdout, stdout_w = os.pipe()
@@ -36,7 +43,7 @@ class ReplProcess:
                 stdin=subprocess.DEVNULL,
                 stdout=stdout_w,
                 stderr=stderr_w,
-                pass_fds=(to_child_r, from_child_w),
+                pass_fds=(to_child_r, from_child_w, *pass_fds),
                 env=env,
                 cwd=cwd,
                 # Its own process group, so that one killpg takes everything it started.

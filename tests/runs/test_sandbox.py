@@ -331,7 +331,7 @@ def test_it_hides_the_host_environment(
     assert "HOME" in result.stdout
 
 
-def test_it_works_in_its_scratch_dir(make_sandbox: MakeSandbox, tmp_path: Path) -> None:
+def test_it_works_in_its_scratch_dir(make_sandbox: MakeSandbox) -> None:
     sandbox = make_sandbox()
     result = sandbox.execute(
         "import os\n"
@@ -339,8 +339,58 @@ def test_it_works_in_its_scratch_dir(make_sandbox: MakeSandbox, tmp_path: Path) 
         "print(os.getcwd() == os.environ['HOME'], os.listdir('.'))"
     )
     assert result.stdout == "True ['notes.txt']\n"
-    (scratch,) = (tmp_path / "work").iterdir()
-    assert (scratch / "notes.txt").read_text() == "kept"
+    assert sandbox.execute("print(open('notes.txt').read())").stdout == "kept\n"
+
+
+@needs_bwrap
+def test_its_scratch_space_is_a_capped_tmpfs_off_the_host_disk(
+    make_sandbox: MakeSandbox, tmp_path: Path
+) -> None:
+    sandbox = make_sandbox(limits=SandboxLimits(scratch_mb=8))
+    assert "8 MB scratch tmpfs" in sandbox.isolation
+    result = sandbox.execute(
+        "import errno, os\n"
+        "def fill(name, size):\n"
+        "    try:\n"
+        "        with open(name, 'wb') as f:\n"
+        "            f.write(b'x' * size)\n"
+        "        return 'wrote'\n"
+        "    except OSError as exc:\n"
+        "        os.remove(name)\n"
+        "        return errno.errorcode[exc.errno]\n"
+        "print(fill('one', 9 << 20), fill('a', 5 << 20), fill('b', 5 << 20))"
+    )
+    # One file past the cap: RLIMIT_FSIZE; two under it that add up past it: the tmpfs full.
+    assert result.stdout.split() == ["EFBIG", "wrote", "ENOSPC"]
+    assert not any(path.name in ("one", "a", "b") for path in tmp_path.rglob("*"))
+
+
+def test_it_limits_file_size_and_descriptors_without_isolation(
+    make_sandbox: MakeSandbox, tmp_path: Path
+) -> None:
+    sandbox = make_sandbox(isolation="none", limits=SandboxLimits(scratch_mb=4, open_files=64))
+    result = sandbox.execute(
+        "import resource\n"
+        "limits = (resource.RLIMIT_FSIZE, resource.RLIMIT_NOFILE)\n"
+        "print(*(resource.getrlimit(limit) for limit in limits))\n"
+        "handles = []\n"
+        "try:\n"
+        "    for _ in range(100):\n"
+        "        handles.append(open('/dev/null'))\n"
+        "except OSError as exc:\n"
+        "    print('descriptors', exc.errno)\n"
+        "for handle in handles:\n"
+        "    handle.close()\n"
+        "try:\n"
+        "    open('big', 'wb').write(b'x' * (5 << 20))\n"
+        "except OSError as exc:\n"
+        "    print('file', exc.errno)\n"
+    )
+    assert result.stdout.splitlines() == [
+        f"({4 << 20}, {4 << 20}) (64, 64)",
+        "descriptors 24",  # EMFILE
+        "file 27",  # EFBIG
+    ]
 
 
 def test_it_removes_the_scratch_dir_on_close(make_sandbox: MakeSandbox, tmp_path: Path) -> None:
@@ -415,7 +465,7 @@ def test_it_reaches_the_network_without_isolation(make_sandbox: MakeSandbox) -> 
             "print('connected')"
         )
     assert sandbox.isolation_kind == "none"
-    assert "no network or filesystem isolation" in sandbox.isolation
+    assert sandbox.isolation.startswith("NOT ISOLATED (FRLM_SANDBOX_ISOLATION=none)")
     assert result.stdout == "connected\n"
 
 
@@ -423,18 +473,22 @@ def test_it_refuses_to_start_when_bwrap_is_required_but_missing(
     make_sandbox: MakeSandbox, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PATH", "/nonexistent")
-    with pytest.raises(SandboxError, match="bubblewrap not installed"):
+    with pytest.raises(SandboxError, match="bubblewrap is not installed"):
         make_sandbox(isolation="bwrap")
 
 
-def test_it_falls_back_to_rlimits_when_bwrap_is_missing(
-    make_sandbox: MakeSandbox, monkeypatch: pytest.MonkeyPatch
+def test_it_refuses_auto_when_bwrap_is_missing(
+    make_sandbox: MakeSandbox, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    """Fails closed: before issue 17, auto fell back to rlimits only and ran the cell."""
     monkeypatch.setenv("PATH", "/nonexistent")
-    sandbox = make_sandbox(isolation="auto")
-    assert sandbox.isolation_kind == "none"
-    assert "isolation: bubblewrap not installed" in sandbox.isolation
-    assert sandbox.execute("print(len(context))").stdout == "45\n"
+    with pytest.raises(SandboxError) as refused:
+        make_sandbox(isolation="auto")
+    message = str(refused.value)
+    assert "bubblewrap is not installed" in message
+    assert "apt-get install -y bubblewrap" in message
+    assert "FRLM_SANDBOX_ISOLATION=none" in message
+    assert not (tmp_path / "work").exists() or not any((tmp_path / "work").iterdir())
 
 
 @needs_bwrap

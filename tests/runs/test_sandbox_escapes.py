@@ -1,0 +1,740 @@
+"""The escape battery: hostile REPL programs, each either contained or refused.
+
+Every program is what a signed-in user (or a prompt injection in the context) can make the
+root model run. Each runs in a real REPL process under bubblewrap, as the conductor starts
+it, against a host that holds secrets the program hunts for: a secret in another process's
+environment, a 0600 key file, the database, a listening TCP port and an abstract unix
+socket. After each, the same REPL (or its replacement) must still answer a plain cell.
+
+The same programs, with bubblewrap unavailable and the default isolation (``auto``), must
+be refused before a run exists: nothing runs unisolated unless the operator says ``none``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from string import Template
+
+import pytest
+from django.conf import settings
+
+from runs.sandbox import CellResult, Sandbox, SandboxError, SandboxLimits, isolation_problem
+from runs.sandbox.bwrap import CHILD_SCRIPT
+
+_NO_BWRAP = isolation_problem("bwrap")
+# The refusals below run everywhere; containment needs bubblewrap to contain.
+needs_bwrap = pytest.mark.skipif(_NO_BWRAP is not None, reason=f"no bubblewrap: {_NO_BWRAP}")
+
+LIMITS = SandboxLimits(cell_wall_s=8, cpu_s=60, memory_mb=512, output_chars=4000, scratch_mb=32)
+CONTEXT = "The launch code is in the vault.\n" * 100
+
+
+@dataclass
+class Host:
+    """What the programs hunt for, and what must look the same after each of them."""
+
+    secret: str
+    root: Path
+    secret_file: Path
+    context: Path
+    port: int
+    abstract: str
+    canary_pid: int
+    connections: list[str] = field(default_factory=list)
+
+    def fields(self) -> dict[str, object]:
+        return {
+            "secret_file": str(self.secret_file),
+            "context": str(self.context),
+            "port": self.port,
+            "abstract": self.abstract,
+            "host_pid": os.getpid(),
+            "canary_pid": self.canary_pid,
+            "host_dir": str(self.root),
+            "conductor_key": str(settings.FRLM_CONDUCTOR_KEY_FILE),
+            "database": str(settings.DATABASES["default"]["NAME"]),
+            "child_script": str(CHILD_SCRIPT),
+            "redis_port": _redis_port(),
+        }
+
+
+def _redis_port() -> int:
+    return int(settings.FRLM_REDIS_URL.rsplit(":", 1)[1].split("/")[0])
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
+    root = tmp_path_factory.mktemp("host")
+    secret = "frlm-canary-" + os.urandom(8).hex()
+    secret_file = root / "conductor.key"
+    secret_file.write_text(secret)
+    secret_file.chmod(0o600)
+    context = root / "context.txt"
+    context.write_text(CONTEXT)
+    canary = subprocess.Popen(
+        ["sleep", "600"], env={"PATH": "/usr/bin:/bin", "FRLM_SECRET_KEY": secret}
+    )
+    listener = socket.create_server(("127.0.0.1", 0))
+    abstract = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    abstract_name = "frlm-canary-" + os.urandom(4).hex()
+    abstract.bind("\0" + abstract_name)
+    abstract.listen()
+    state = Host(
+        secret=secret,
+        root=root,
+        secret_file=secret_file,
+        context=context,
+        port=listener.getsockname()[1],
+        abstract=abstract_name,
+        canary_pid=canary.pid,
+    )
+
+    def accept(server: socket.socket, what: str) -> None:
+        while True:
+            try:
+                connection, _ = server.accept()
+            except OSError:
+                return
+            state.connections.append(what)
+            connection.close()
+
+    for server, what in ((listener, "tcp"), (abstract, "abstract")):
+        threading.Thread(target=accept, args=(server, what), daemon=True).start()
+    yield state
+    canary.kill()
+    canary.wait()
+    listener.close()
+    abstract.close()
+
+
+@pytest.fixture
+def sandbox(host: Host, tmp_path: Path) -> Iterator[Sandbox]:
+    with Sandbox(
+        host.context, handler=_handler, limits=LIMITS, workdir_root=tmp_path, isolation="bwrap"
+    ) as started:
+        yield started
+
+
+def _handler(name: str, kwargs: dict[str, object]) -> object:
+    return "ok"
+
+
+# -- the programs ---------------------------------------------------------------------------
+# Each prints what it got; ``check`` says what containment means for it, beyond what every
+# program is checked for (no secret in the output, the host's files and listeners untouched,
+# and a plain cell afterwards).
+
+Check = Callable[[CellResult, Host], None]
+
+
+def refused(*words: str) -> Check:
+    """The program printed one line per attempt, each starting with 'refused'."""
+
+    def check(result: CellResult, host: Host) -> None:
+        lines = result.stdout.split("\n")[:-1]
+        assert lines and all(line.startswith("refused") for line in lines), result.stdout
+        for word in words:
+            assert word in result.stdout, result.stdout
+
+    return check
+
+
+def ended(*errors: str) -> Check:
+    """The cell ended with one of ``errors`` (None: normally)."""
+
+    def check(result: CellResult, host: Host) -> None:
+        assert result.error in errors, (result.error, result.error_message, result.stderr[-500:])
+
+    return check
+
+
+def printed(expected: str) -> Check:
+    def check(result: CellResult, host: Host) -> None:
+        assert result.stdout.strip() == expected, result.stdout + result.stderr[-500:]
+
+    return check
+
+
+TRY = """
+def attempt(what, action):
+    try:
+        got = action()
+    except BaseException as exc:
+        print('refused', what, type(exc).__name__)
+    else:
+        print('GOT', what, repr(got)[:200])
+"""
+
+
+@dataclass(frozen=True)
+class Program:
+    name: str
+    code: str
+    check: Check
+    wall_s: float | None = None
+
+
+PROGRAMS = [
+    # files
+    Program(
+        "read /etc/shadow",
+        TRY + "attempt('shadow', lambda: open('/etc/shadow').read())",
+        refused("FileNotFoundError"),
+    ),
+    Program(
+        "read the conductor's signing key",
+        TRY + "attempt('key', lambda: open('$conductor_key', 'rb').read())",
+        refused(),
+    ),
+    Program(
+        "read a 0600 secret file of the host",
+        TRY + "attempt('secret', lambda: open('$secret_file').read())",
+        refused(),
+    ),
+    Program(
+        "open the database to make itself superuser",
+        TRY + "import sqlite3\n"
+        "attempt('db', lambda: sqlite3.connect('file:$database?mode=rw', uri=True)"
+        ".execute('update auth_user set is_superuser=1').rowcount)",
+        refused(),
+    ),
+    Program(
+        "write a file into the host's directories",
+        TRY + "attempt('write', lambda: open('$host_dir/pwned', 'w').write('x'))\n"
+        "attempt('etc', lambda: open('/etc/pwned', 'w').write('x'))\n"
+        "attempt('usr', lambda: open('/usr/pwned', 'w').write('x'))",
+        refused(),
+    ),
+    Program(
+        "hunt the whole file system for the secret",
+        "import os, sys\nfound = []\n"
+        "for top, dirs, files in os.walk('/'):\n"
+        "    if top.startswith(('/proc', '/usr', '/sys', '/dev', sys.base_prefix)):\n"
+        "        dirs[:] = []\n"
+        "        continue\n"
+        "    for name in files:\n"
+        "        try:\n"
+        "            if b'frlm-canary' in open(os.path.join(top, name), 'rb').read(1 << 20):\n"
+        "                found.append(os.path.join(top, name))\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "print('found', found, sorted(os.listdir('/')))",
+        lambda result, host: _assert_in("found []", result.stdout),
+    ),
+    Program(
+        "rewrite the REPL's own code",
+        TRY + "attempt('child', lambda: open('$child_script', 'a').write('#'))",
+        refused(),
+    ),
+    Program(
+        "rewrite the context",
+        TRY + "import os\n"
+        "attempt('path', lambda: open('$context', 'r+').write('x'))\n"
+        "for fd in [int(fd) for fd in os.listdir('/proc/self/fd')]:\n"
+        "    try:\n"
+        "        target = os.readlink(f'/proc/self/fd/{fd}')\n"
+        "    except OSError:\n"
+        "        continue\n"
+        "    if target.endswith('context.txt'):\n"
+        "        attempt('reopen', lambda: os.open(f'/proc/self/fd/{fd}', os.O_WRONLY))\n"
+        "        attempt('write', lambda: os.write(fd, b'x'))",
+        refused("reopen", "write"),
+    ),
+    Program(
+        "symlinks and hard links out of the scratch space",
+        TRY + "import os\n"
+        "os.symlink('$secret_file', 'to-secret')\n"
+        "os.symlink('/etc/shadow', 'to-shadow')\n"
+        "attempt('symlink secret', lambda: open('to-secret').read())\n"
+        "attempt('symlink shadow', lambda: open('to-shadow').read())\n"
+        "attempt('hard link', lambda: os.link('/usr/bin/env', 'env'))",
+        refused(),
+    ),
+    Program(
+        "escape through /proc/<pid>/root and /proc/<pid>/cwd",
+        TRY + "import os\n"
+        "attempt('pid 1 root', lambda: os.listdir('/proc/1/root'))\n"
+        "attempt('pid 1 cwd', lambda: os.listdir('/proc/1/cwd'))\n"
+        "attempt('secret via root', lambda: open('/proc/self/root$secret_file').read())",
+        refused(),
+    ),
+    Program(
+        "chroot and pivot_root",
+        TRY + "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "def ok(rc):\n    assert rc == 0, ctypes.get_errno()\n    return rc\n"
+        "attempt('chroot', lambda: os.chroot('/tmp'))\n"
+        "attempt('pivot_root', lambda: ok(libc.syscall(155, b'/tmp', b'/tmp')))",
+        refused(),
+    ),
+    Program(
+        "open_by_handle_at (the 'shocker' container escape)",
+        TRY + "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "handle = ctypes.create_string_buffer(8 + 128)\n"
+        "ctypes.memmove(handle, (128).to_bytes(4, 'little'), 4)\n"
+        "mount_id = ctypes.c_int()\n"
+        "libc.name_to_handle_at(-100, b'/usr', handle, ctypes.byref(mount_id), 0)\n"
+        "def reopen():\n"
+        "    fd = libc.open_by_handle_at(-100, handle, 0)\n"
+        "    assert fd >= 0, ctypes.get_errno()\n"
+        "attempt('open_by_handle_at', reopen)",
+        refused("AssertionError"),
+    ),
+    # environment and /proc secrets
+    Program(
+        "read its own environment",
+        "import os\nprint(sorted(os.environ))",
+        printed(
+            "['HOME', 'LANG', 'PATH', 'PWD', 'PYTHONDONTWRITEBYTECODE', 'PYTHONIOENCODING', "
+            "'TMPDIR']"
+        ),
+    ),
+    Program(
+        "read every /proc/<pid>/environ and the conductor's",
+        TRY + "import os\n"
+        "pids = [p for p in os.listdir('/proc') if p.isdigit()]\n"
+        "for pid in pids + ['$host_pid', '$canary_pid']:\n"
+        "    attempt(pid, lambda: 1/0 if b'frlm-canary' not in open(f'/proc/{pid}/environ', 'rb')"
+        ".read() else 'found')",
+        refused(),
+    ),
+    Program(
+        "see the host's processes",
+        "import os\nprint(len([p for p in os.listdir('/proc') if p.isdigit()]) <= 3,"
+        " os.path.exists('/proc/$host_pid'), os.path.exists('/proc/$canary_pid'))",
+        printed("True False False"),
+    ),
+    Program(
+        "read the kernel log and the keyring",
+        TRY + "attempt('kmsg', lambda: open('/dev/kmsg').read(100))\n"
+        "attempt('keys', lambda: 1/0 if 'frlm' not in open('/proc/keys').read() else 'found')",
+        refused(),
+    ),
+    # network
+    Program(
+        "connect to a TCP port on the host's loopback",
+        TRY + "import socket\n"
+        "attempt('tcp', lambda: socket.create_connection(('127.0.0.1', $port), timeout=2))",
+        refused(),
+    ),
+    Program(
+        "connect to Redis",
+        TRY + "import socket\n"
+        "attempt('redis', lambda: socket.create_connection(('127.0.0.1', $redis_port), timeout=2))",
+        refused(),
+    ),
+    Program(
+        "resolve names and send UDP out",
+        TRY + "import socket\n"
+        "attempt('dns', lambda: socket.getaddrinfo('pypi.org', 443))\n"
+        "attempt('udp', lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM)"
+        ".sendto(b'x', ('10.213.0.1', 53)))",
+        refused(),
+    ),
+    Program(
+        "connect to an abstract unix socket of the host",
+        TRY + "import socket\n"
+        "def connect():\n"
+        "    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+        "    s.connect('\\0$abstract')\n"
+        "attempt('abstract', connect)",
+        refused(),
+    ),
+    # processes and signals
+    Program(
+        "fork bomb",
+        "import os, time\n"
+        "for _ in range(100000):\n"
+        "    try:\n"
+        "        os.fork()\n"
+        "    except OSError:\n"
+        "        time.sleep(0.01)\n",
+        ended("timeout", "crashed", "exception", "cpu"),
+        wall_s=3,
+    ),
+    Program(
+        "memory bomb",
+        "blocks = []\nwhile True:\n    blocks.append(bytearray(64 << 20))",
+        ended("memory"),
+    ),
+    Program(
+        "CPU-burning threads and an endless loop",
+        "import threading\n"
+        "for _ in range(4):\n"
+        "    threading.Thread(target=lambda: [None for _ in iter(int, 1)], daemon=True).start()\n"
+        "while True:\n    pass",
+        ended("timeout"),
+        wall_s=2,
+    ),
+    Program(
+        "kill its parent, pid 1 and everything it can see",
+        "import os, signal\n"
+        "for pid in (os.getppid(), 1, $host_pid, $canary_pid):\n"
+        "    try:\n"
+        "        os.kill(pid, signal.SIGKILL)\n"
+        "    except OSError as exc:\n"
+        "        print('refused', pid, type(exc).__name__)\n"
+        "os.kill(-1, signal.SIGKILL)",
+        lambda result, host: _assert_canary_alive(host),
+    ),
+    Program(
+        "ptrace its parent",
+        TRY + "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "def attach(pid):\n"
+        "    assert libc.ptrace(16, pid, 0, 0) == 0, ctypes.get_errno()\n"
+        "attempt('ppid', lambda: attach(os.getppid()))\n"
+        "attempt('pid 1', lambda: attach(1))",
+        refused("AssertionError"),
+    ),
+    Program(
+        "become root: setuid, ctypes, setuid programs",
+        TRY + "import ctypes, os, subprocess\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "attempt('os.setuid', lambda: os.setuid(0))\n"
+        "def ctypes_setuid():\n    assert libc.setresuid(0, 0, 0) == 0, ctypes.get_errno()\n"
+        "attempt('setresuid', ctypes_setuid)\n"
+        "def su():\n"
+        "    out = subprocess.run(['su', '-c', 'id -u'], capture_output=True, text=True,"
+        " stdin=subprocess.DEVNULL, timeout=5)\n"
+        "    assert out.stdout.strip() == '0', out.stderr\n"
+        "attempt('su', su)\n"
+        "print('refused uid', os.getuid(), os.geteuid(), os.getgroups())",
+        lambda result, host: (
+            _assert_in("refused uid 65534 65534 []", result.stdout) if os.geteuid() == 0 else None
+        ),
+    ),
+    Program(
+        "a daemon that outlives the sandbox",
+        "import os\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        "        os.execv('/bin/sleep', ['sleep', '613.25'])\n"
+        "    os._exit(0)\n"
+        "print('spawned')",
+        printed("spawned"),
+    ),
+    Program(
+        "a thread that outlives its cell and forges protocol messages",
+        "import os, threading, time\n"
+        "def ghost():\n"
+        "    time.sleep(0.3)\n"
+        "    for fd in range(3, 40):\n"
+        "        try:\n"
+        '            os.write(fd, b\'{"type": "done", "final": "pwned"}\\n\')\n'
+        "        except OSError:\n"
+        "            pass\n"
+        "    while True:\n"
+        "        print('ghost')\n"
+        "        time.sleep(0.05)\n"
+        "threading.Thread(target=ghost, daemon=True).start()\n"
+        "print('started')",
+        printed("started"),
+    ),
+    Program(
+        "replace the REPL with a shell",
+        "import os\nos.execv('/bin/sh', ['sh', '-c', 'echo shell; sleep 30'])",
+        ended("crashed", "timeout"),
+        wall_s=2,
+    ),
+    # disk and output
+    Program(
+        "fill the disk from the scratch space",
+        "import errno, os\nwritten = 0\n"
+        "try:\n"
+        "    for n in range(1000):\n"
+        "        with open(f'fill-{n}', 'wb') as f:\n"
+        "            for _ in range(64):\n"
+        "                f.write(b'x' * (1 << 20))\n"
+        "                written += 1 << 20\n"
+        "except OSError as exc:\n"
+        "    print('refused', errno.errorcode[exc.errno], written <= 32 << 20)",
+        refused("True"),
+    ),
+    Program(
+        "one file larger than the scratch space",
+        TRY + "attempt('big', lambda: open('/tmp/big', 'wb').write(b'x' * (40 << 20)))",
+        refused("OSError"),
+    ),
+    Program(
+        "write to /dev, /dev/shm, /proc/sys and the sysrq trigger",
+        TRY + "attempt('dev', lambda: open('/dev/pwned', 'w').write('x'))\n"
+        "attempt('shm', lambda: open('/dev/shm/pwned', 'w').write('x'))\n"
+        "attempt('sysctl', lambda: open('/proc/sys/kernel/hostname', 'w').write('pwned'))\n"
+        "attempt('sysrq', lambda: open('/proc/sysrq-trigger', 'w').write('h'))",
+        refused(),
+    ),
+    Program(
+        "huge output on stdout and raw descriptors",
+        "import os, sys\n"
+        "for _ in range(200):\n"
+        "    sys.stdout.write('y' * (1 << 18))\n"
+        "    os.write(2, b'z' * (1 << 18))",
+        lambda result, host: _assert_output_capped(result),
+    ),
+    Program(
+        "exhaust file descriptors",
+        TRY + "handles = []\n"
+        "def many():\n"
+        "    while True:\n"
+        "        handles.append(open('/dev/null'))\n"
+        "attempt('descriptors', many)\n"
+        "print('refused', len(handles) < 300)\n"
+        "for handle in handles:\n    handle.close()",
+        refused("True"),
+    ),
+    # the policy's limits from inside
+    Program(
+        "lift the rlimits",
+        TRY + "import resource\n"
+        "names = ('RLIMIT_AS', 'RLIMIT_CPU', 'RLIMIT_FSIZE', 'RLIMIT_NOFILE', 'RLIMIT_NPROC')\n"
+        "for name in names:\n"
+        "    limit = getattr(resource, name)\n"
+        "    soft, hard = resource.getrlimit(limit)\n"
+        "    if hard == resource.RLIM_INFINITY:\n"
+        "        print('refused', name, 'unlimited already')\n"
+        "        continue\n"
+        "    attempt(name, lambda: resource.setrlimit(limit, (hard + 1, hard + 1)))",
+        refused(),
+    ),
+    Program(
+        "lift the process cap through the cgroup file system",
+        TRY + "import os\n"
+        "attempt('sys', lambda: os.listdir('/sys/fs/cgroup'))\n"
+        "def write_own():\n"
+        "    path = open('/proc/self/cgroup').read().strip().split(':')[-1]\n"
+        "    open('/sys/fs/cgroup' + path + '/pids.max', 'w').write('max')\n"
+        "attempt('pids.max', write_own)\n"
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "def mount_cgroup():\n"
+        "    os.makedirs('/tmp/cg', exist_ok=True)\n"
+        "    rc = libc.mount(b'cgroup2', b'/tmp/cg', b'cgroup2', 0, None)\n"
+        "    assert rc == 0, ctypes.get_errno()\n"
+        "attempt('mount cgroup', mount_cgroup)",
+        refused(),
+    ),
+    Program(
+        "a namespace of its own to remount the host",
+        TRY + "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "def remount():\n"
+        "    libc.unshare(0x10000000 | 0x20000)  # a user and a mount namespace, if allowed\n"
+        "    os.makedirs('/tmp/m', exist_ok=True)\n"
+        "    libc.mount(b'proc', b'/tmp/m', b'proc', 0, None)\n"
+        "    found = [p for p in os.listdir('/tmp/m') if p == '$host_pid']\n"
+        "    assert found, 'host processes not visible'\n"
+        "attempt('remount', remount)\n"
+        "attempt('secret', lambda: open('$secret_file').read())",
+        refused(),
+    ),
+]
+
+
+def _assert_in(needle: str, haystack: str) -> None:
+    assert needle in haystack, haystack
+
+
+def _assert_canary_alive(host: Host) -> None:
+    os.kill(host.canary_pid, 0)  # raises if the signal reached it
+
+
+def _assert_output_capped(result: CellResult) -> None:
+    assert len(result.stdout) + len(result.stderr) <= LIMITS.output_chars + 200
+    assert result.stdout.startswith("y") and result.stderr.startswith("z")
+
+
+def _survivors(marker: str) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path("/proc", entry, "cmdline").read_bytes()
+            except OSError:
+                continue
+            if marker.encode() in cmdline:
+                pids.append(int(entry))
+    return pids
+
+
+def _host_files(host: Host) -> dict[str, str]:
+    """What the programs must not change on the host."""
+    return {
+        path.name: hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in (host.context, host.secret_file, CHILD_SCRIPT)
+    }
+
+
+@needs_bwrap
+@pytest.mark.parametrize("program", PROGRAMS, ids=[p.name for p in PROGRAMS])
+def test_a_hostile_program_is_contained(program: Program, host: Host, tmp_path: Path) -> None:
+    before = _host_files(host)
+    connections = len(host.connections)
+    limits = LIMITS if program.wall_s is None else _with_wall(program.wall_s)
+    code = Template(program.code).substitute(host.fields())
+    with Sandbox(
+        host.context, handler=_handler, limits=limits, workdir_root=tmp_path, isolation="bwrap"
+    ) as sandbox:
+        result = sandbox.execute(code)
+        said = result.stdout + result.stderr
+        assert host.secret not in said
+        assert "GOT" not in result.stdout, result.stdout
+        program.check(result, host)
+        # The REPL (or the fresh one that replaced it) still answers a plain cell. A thread
+        # the program left behind may spoil the next cell; the host then sees the forgery and
+        # replaces the REPL, and the cell after that works.
+        plain = sandbox.execute("print(len(context))")
+        if plain.error == "crashed" and plain.restarted:
+            assert "control pipe" in (plain.error_message or "")
+            plain = sandbox.execute("print(len(context))")
+        assert str(len(CONTEXT)) in plain.stdout, (plain.error, plain.stderr[-500:])
+    assert _host_files(host) == before
+    assert len(host.connections) == connections
+    assert not (host.root / "pwned").exists()
+    assert not Path("/etc/pwned").exists() and not Path("/usr/pwned").exists()
+    # Nothing it started lives on once the sandbox is closed.
+    time.sleep(0.1)
+    assert _survivors("613.25") == []
+    assert list(tmp_path.iterdir()) == []
+
+
+def _with_wall(wall_s: float) -> SandboxLimits:
+    return SandboxLimits(
+        cell_wall_s=wall_s,
+        cpu_s=LIMITS.cpu_s,
+        memory_mb=LIMITS.memory_mb,
+        output_chars=LIMITS.output_chars,
+        scratch_mb=LIMITS.scratch_mb,
+    )
+
+
+def test_the_battery_has_at_least_thirty_programs() -> None:
+    assert len(PROGRAMS) >= 30
+    assert len({p.name for p in PROGRAMS}) == len(PROGRAMS)
+
+
+# -- without bubblewrap: refused before anything runs -----------------------------------------
+
+
+@pytest.fixture
+def no_bwrap(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setattr(settings, "FRLM_SANDBOX_ISOLATION", "auto")
+    assert shutil.which("bwrap") is None
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("program", PROGRAMS, ids=[p.name for p in PROGRAMS])
+def test_without_bubblewrap_the_program_is_refused(
+    program: Program, host: Host, tmp_path: Path, no_bwrap: None
+) -> None:
+    """Before issue 17 ``auto`` fell back to rlimits only and ran these as the service user."""
+    from runs.models import Run
+    from runs.services import ContextSpec, RunInputError, run_create
+    from tests.helpers import scripted
+    from workers.backends import model_spec
+
+    marker = tmp_path / "ran"
+    code = f"open({str(marker)!r}, 'w').close()\n" + Template(program.code).substitute(
+        host.fields()
+    )
+    with pytest.raises(RunInputError) as refusal:
+        run_create(
+            question=scripted(code),
+            context=ContextSpec(text=CONTEXT),
+            root_model=model_spec("sim", role="root"),
+            worker_model=model_spec("sim", role="worker"),
+            venues=["local"],
+        )
+    message = refusal.value.errors["sandbox"]
+    assert "bubblewrap is not installed" in message
+    assert "FRLM_SANDBOX_ISOLATION=none" in message
+    assert not Run.objects.exists()
+    # And the sandbox itself, asked directly, refuses too.
+    with pytest.raises(SandboxError, match="FRLM_SANDBOX_ISOLATION=none"):
+        Sandbox(host.context, handler=_handler, workdir_root=tmp_path / "w").start()
+    assert not marker.exists()
+
+
+@pytest.mark.django_db
+def test_the_launcher_says_why_a_run_is_refused(client, no_bwrap: None) -> None:
+    from django.contrib.auth.models import User
+
+    client.force_login(User.objects.create_user("sam", password="pw-for-tests"))
+    form = client.get("/runs/new").content.decode()
+    assert "Runs cannot start on this server." in form
+    assert "apt-get install -y bubblewrap" in form
+    reply = client.post(
+        "/runs/new",
+        {
+            "question": "What is the launch code? ```repl\nprint(open('/etc/shadow').read())\n```",
+            "context_source": "task",
+            "task_name": "sniah",
+            "task_tokens": 40_000,
+            "task_seed": 1,
+            "root_kind": "sim",
+            "worker_kind": "sim",
+            "venues": ["local"],
+        },
+    )
+    assert reply.status_code == 400
+    page = reply.content.decode()
+    assert "the REPL sandbox cannot start: bubblewrap is not installed" in page
+    assert "FRLM_SANDBOX_ISOLATION=none" in page
+    assert "What is the launch code?" in page  # what the user typed is kept
+
+
+@needs_bwrap
+def test_killing_the_host_side_leaves_no_repl_behind(host: Host, tmp_path: Path) -> None:
+    """The conductor's thread dies (here: the sandbox is dropped without close, and its
+    bubblewrap killed): --die-with-parent and the pid namespace take the REPL with it."""
+    sandbox = Sandbox(host.context, handler=_handler, limits=LIMITS, workdir_root=tmp_path)
+    sandbox.start()
+    sandbox.execute("import os\nif os.fork() == 0:\n    os.execv('/bin/sleep', ['sleep', '613.5'])")
+    deadline = time.monotonic() + 5
+    while not _survivors("613.5") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _survivors("613.5")
+    child = sandbox._child  # noqa: SLF001 - the REPL's bubblewrap, killed as a crash would
+    assert child is not None
+    os.killpg(child.pid, signal.SIGKILL)
+    sandbox.close()
+    time.sleep(0.2)
+    assert _survivors("613.5") == []
+
+
+# -- opted out by name: said where no one can miss it -----------------------------------------
+
+
+@pytest.mark.django_db
+def test_an_unisolated_run_is_marked_on_its_page_and_in_frlm_run(client, host: Host) -> None:
+    from django.contrib.auth.models import User
+
+    from runs.cli import format_summary, summarise
+    from runs.models import Run
+
+    with Sandbox(host.context, handler=_handler, workdir_root=host.root, isolation="none") as s:
+        isolation = s.isolation
+    assert isolation.startswith("NOT ISOLATED (FRLM_SANDBOX_ISOLATION=none)")
+    owner = User.objects.create_user("kim", password="pw-for-tests")
+    run = Run.objects.create(
+        question="q",
+        root_model={"kind": "sim", "model": "frlm-sim-root"},
+        worker_model={"kind": "sim", "model": "frlm-sim-worker"},
+        venues=["local"],
+        status=Run.Status.SUCCEEDED,
+        isolation=isolation,
+        owner=owner,
+    )
+    assert run.unisolated
+    client.force_login(owner)
+    page = client.get(f"/runs/{run.id}").content.decode()
+    assert 'id="run-unisolated"' in page and "NOT ISOLATED." in page
+    printed = format_summary(summarise(run))
+    assert "WARNING    the REPL ran WITHOUT A SANDBOX" in printed
