@@ -205,7 +205,13 @@ def costs() -> None:
         ("receipt issue (sign, check, countersign)", per_op_us(issue, n)),
     ]
     started = time.perf_counter()
-    report = chain_verify("bench", issued, worker_keys={"w1": worker_pub})
+    report = chain_verify(
+        "bench",
+        issued,
+        recorded={"count": len(issued), "head": chain.head},
+        worker_keys={"w1": worker_pub},
+        conductor_key=keys.public_b64(conductor),
+    )
     rows.append(("receipt check in chain_verify", (time.perf_counter() - started) / n * 1e6))
     assert report["ok"], report
     print("\ncost per operation (one thread):")

@@ -132,7 +132,7 @@ def format_summary(s: dict[str, Any]) -> str:
         f"models     root {s['root_model']}, workers {s['worker_model']} "
         f"on {', '.join(s['venues'])}"
     )
-    lines.extend(_accounts_lines(s.get("accounts")))
+    lines.extend(_accounts_lines(s.get("accounts"), s["run_id"]))
     if s.get("replay_of"):
         turn = s["replay_turn"]
         how = "all of it" if turn is None else f"root turns 1-{turn}, live after"
@@ -147,7 +147,7 @@ def format_summary(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _accounts_lines(accounts: dict[str, Any] | None) -> list[str]:
+def _accounts_lines(accounts: dict[str, Any] | None, run_id: str) -> list[str]:
     """Verification share, budget and receipts, where the run has them."""
     if not accounts:
         return []
@@ -171,8 +171,13 @@ def _accounts_lines(accounts: dict[str, Any] | None) -> list[str]:
     r = accounts.get("receipts") or {}
     if r.get("count"):
         verdicts = ", ".join(f"{n} {k}" for k, n in sorted(r.get("verdicts", {}).items()))
+        # The verdicts are the replies'; the chain is checked by frlm_receipts, not here.
         lines.append(
-            f"receipts   {r['count']} ({verdicts}), paid ${r['paid']:.4f} of "
-            f"${r['cost']:.4f} claimed; check: frlm_receipts verify"
+            f"receipts   {r['count']} issued (replies {verdicts}), paid ${r['paid']:.4f} of "
+            f"${r['cost']:.4f} claimed"
+        )
+        lines.append(
+            f"           chain {str(r.get('head'))[:16]}..., not checked here: "
+            f"manage.py frlm_receipts verify {run_id}"
         )
     return lines

@@ -221,24 +221,33 @@ class RunAccounts:
     def receipt(self, payee: Payee, verdict: str, *, depth: int) -> None:
         """The receipt of one reply once its verdict is known, countersigned by this
         conductor and emitted under the sub-query's span."""
-        attrs = self.chain.issue(
-            span=payee.span,
-            attempt=payee.attempt,
-            worker=payee.worker_id,
-            input_sha256=sha256_text(payee.prompt),
-            output_sha256=sha256_text(payee.text),
-            tokens_in=payee.tokens_in,
-            tokens_out=payee.tokens_out,
-            price_in=payee.price.per_1k_in,
-            price_out=payee.price.per_1k_out,
-            cost=payee.cost,
-            verdict=verdict,
-            worker_sign=lambda _receipt: payee.sig,
-            worker_key=payee.worker_key,
-            conductor_key=receipts.conductor_key(),
-            # The fanout verified this signature over this claim when the reply arrived.
-            worker_sig_checked=True,
-        )
+        # Issued and tallied in one step, so the summary's head is the chain's last hash
+        # whichever thread's event goes out first: frlm_receipts checks the chain against it.
+        with self._lock:
+            attrs = self.chain.issue(
+                span=payee.span,
+                attempt=payee.attempt,
+                worker=payee.worker_id,
+                input_sha256=sha256_text(payee.prompt),
+                output_sha256=sha256_text(payee.text),
+                tokens_in=payee.tokens_in,
+                tokens_out=payee.tokens_out,
+                price_in=payee.price.per_1k_in,
+                price_out=payee.price.per_1k_out,
+                cost=payee.cost,
+                verdict=verdict,
+                worker_sign=lambda _receipt: payee.sig,
+                worker_key=payee.worker_key,
+                conductor_key=receipts.conductor_key(),
+                # The fanout verified this signature over this claim when the reply arrived.
+                worker_sig_checked=True,
+            )
+            summary = self._receipts
+            summary["count"] += 1
+            summary["paid"] += attrs["receipt"]["paid"]
+            summary["cost"] += attrs["receipt"]["cost"]
+            summary["verdicts"][verdict] = summary["verdicts"].get(verdict, 0) + 1
+            summary["head"] = attrs["hash"]
         self.emitter.instant(
             receipts.RECEIPT_EVENT,
             parent=payee.span,
@@ -247,13 +256,6 @@ class RunAccounts:
             worker_id=payee.worker_id,
             attrs=dict(attrs),
         )
-        with self._lock:
-            summary = self._receipts
-            summary["count"] += 1
-            summary["paid"] += attrs["receipt"]["paid"]
-            summary["cost"] += attrs["receipt"]["cost"]
-            summary["verdicts"][verdict] = summary["verdicts"].get(verdict, 0) + 1
-            summary["head"] = attrs["hash"]
 
     def figures(self, verification: dict[str, Any], hedges: int) -> RunAccountsFigures:
         with self._lock:

@@ -13,7 +13,10 @@ binding its word on the whole receipt to the worker's word on the work. The chai
 is its last receipt's hash.
 
 Receipts live in the run's trace as `Receipt.Emit` instant events whose attrs are
-ReceiptAttrs; `frlm_receipts verify RUN_ID` checks them (receipts_verify)."""
+ReceiptAttrs; `frlm_receipts verify RUN_ID` checks them (receipts_verify). A chain vouches
+for nothing by itself: it is checked against the conductor's own public key, the keys the
+worker registry issued, and the count and chain hash the run recorded when it ended
+(Run.accounts["receipts"]), so a chain cut short, lengthened or issued again does not pass."""
 
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ from typing import Any, TypedDict
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.conf import settings
 
+from runs.models import Run
 from traces import store
 from workers import keys
 from workers.attestation import utc_now
@@ -250,26 +254,35 @@ class ReceiptChain:
 # --- checking a chain ----------------------------------------------------------------------
 
 
+class RecordedChain(TypedDict):
+    """What a run recorded of its chain when it ended (Run.accounts["receipts"])."""
+
+    count: int
+    head: str | None  # the last receipt's hash; None when there is none
+
+
 class BrokenLink(TypedDict):
-    position: int  # 1-based, in seq order
+    position: int  # 1-based, in seq order; past the trace's last for receipts missing there
     seq: int | None
     span: str | None
     worker: str | None
-    problem: str  # malformed, wrong run, hash mismatch, unregistered worker key, bad worker
-    # signature, wrong conductor key, bad countersignature, gap, duplicate, broken prev
+    problem: str  # malformed, wrong run, hash mismatch, unknown worker, unregistered worker
+    # key, bad worker signature, wrong conductor key, bad countersignature, gap, duplicate,
+    # broken prev, chain hash mismatch, extra receipt, missing receipts
     detail: str
 
 
 class ChainReport(TypedDict):
     run: str
     ok: bool
-    count: int
+    count: int  # receipts in the trace
+    recorded: RecordedChain
     head: str | None  # the chain's hash, when it is whole
     broken: BrokenLink | None
     workers_registered: int  # workers whose key was checked against the registry
     workers_unknown: list[str]  # workers of the chain the registry does not know
-    conductor_key: str | None
-    conductor_key_pinned: bool  # checked against this conductor's own key file
+    conductor_key: str  # the key every countersignature was checked against
+    conductor_key_from: str  # where it came from
 
 
 def _malformed(attrs: Any) -> str | None:
@@ -303,14 +316,15 @@ def chain_verify(
     run_id: str,
     entries: list[Any],
     *,
-    worker_keys: Mapping[str, str] | None = None,
-    conductor_key: str | None = None,
+    recorded: RecordedChain,
+    worker_keys: Mapping[str, str],
+    conductor_key: str,
+    conductor_key_from: str = "given",
 ) -> ChainReport:
     """Check a run's receipts (Receipt.Emit attrs, in any order: they are taken in seq
-    order) and name the first broken link. `worker_keys` maps worker id to its registered
-    public key; `conductor_key` pins the countersigning key (else every receipt must carry
-    the same one)."""
-    registered = dict(worker_keys or {})
+    order) and name the first broken link. `recorded` is what the run recorded of its
+    chain, `worker_keys` maps worker id to its registered public key, and `conductor_key`
+    is the conductor's: a receipt signed by any other worker or conductor key is broken."""
 
     def seq_of(entry: Any) -> float:
         try:
@@ -327,44 +341,94 @@ def chain_verify(
         "run": run_id,
         "ok": True,
         "count": len(ordered),
+        "recorded": recorded,
         "head": None,
         "broken": None,
-        "workers_registered": sum(1 for w in workers if w in registered),
-        "workers_unknown": [w for w in workers if w not in registered],
+        "workers_registered": sum(1 for w in workers if w in worker_keys),
+        "workers_unknown": [w for w in workers if w not in worker_keys],
         "conductor_key": conductor_key,
-        "conductor_key_pinned": conductor_key is not None,
+        "conductor_key_from": conductor_key_from,
     }
     prev_hash: str | None = None
     prev_seq = 0
-    pinned = conductor_key
     for position, attrs in enumerate(ordered, start=1):
-        problem = _link_problem(run_id, attrs, registered, pinned, prev_hash, prev_seq)
+        if position > recorded["count"]:
+            problem = _extra_problem(recorded)
+        else:
+            problem = _link_problem(
+                run_id, attrs, worker_keys, conductor_key, prev_hash, prev_seq
+            ) or _end_problem(position, attrs, recorded)
         if problem is not None:
-            receipt = attrs.get("receipt") if isinstance(attrs, dict) else None
-            receipt = receipt if isinstance(receipt, dict) else {}
-            report["ok"] = False
-            report["broken"] = {
-                "position": position,
-                "seq": receipt.get("seq") if isinstance(receipt.get("seq"), int) else None,
-                "span": receipt.get("span"),
-                "worker": receipt.get("worker"),
-                "problem": problem[0],
-                "detail": problem[1],
-            }
-            return report
-        pinned = pinned or attrs["conductor_key"]
+            return _broken(report, position, attrs, problem)
         prev_hash = attrs["hash"]
         prev_seq = attrs["receipt"]["seq"]
+    if len(ordered) < recorded["count"]:
+        return _broken(report, len(ordered) + 1, None, _missing_problem(len(ordered), recorded))
     report["head"] = prev_hash
-    report["conductor_key"] = pinned
     return report
+
+
+def _broken(
+    report: ChainReport, position: int, attrs: Any, problem: tuple[str, str]
+) -> ChainReport:
+    """The report, broken at `position` (attrs None: a receipt missing from the trace)."""
+    receipt = attrs.get("receipt") if isinstance(attrs, dict) else None
+    receipt = receipt if isinstance(receipt, dict) else {}
+    seq = receipt.get("seq") if attrs is not None else position
+    report["ok"] = False
+    report["broken"] = {
+        "position": position,
+        "seq": seq if isinstance(seq, int) else None,
+        "span": receipt.get("span"),
+        "worker": receipt.get("worker"),
+        "problem": problem[0],
+        "detail": problem[1],
+    }
+    return report
+
+
+def _last_hash(recorded: RecordedChain) -> str:
+    return f"the last hashing to {recorded['head'][:16]}..." if recorded["head"] else "none"
+
+
+def _end_problem(position: int, attrs: Any, recorded: RecordedChain) -> tuple[str, str] | None:
+    """The run's last receipt by count must be the one the run recorded as its chain's end:
+    a chain issued again ends elsewhere, though every link of it holds."""
+    if position != recorded["count"] or attrs["hash"] == recorded["head"]:
+        return None
+    return (
+        "chain hash mismatch",
+        f"this is the run's last receipt by count, but it hashes to {attrs['hash'][:16]}... "
+        f"and the run recorded its chain as ending in {str(recorded['head'])[:16]}...: "
+        "this chain is not the one the run issued, and nothing should be paid on it",
+    )
+
+
+def _extra_problem(recorded: RecordedChain) -> tuple[str, str]:
+    return (
+        "extra receipt",
+        f"the run recorded {recorded['count']} receipts ({_last_hash(recorded)}); this one "
+        "was added to its trace after the run closed its chain: it is not the conductor's "
+        "record of the run, and nothing should be paid on it",
+    )
+
+
+def _missing_problem(count: int, recorded: RecordedChain) -> tuple[str, str]:
+    first, last = count + 1, recorded["count"]
+    which = f"receipt {first} is" if first == last else f"receipts {first} to {last} are"
+    return (
+        "missing receipts",
+        f"{which} missing at the end (the run recorded {last}, {_last_hash(recorded)}). "
+        "If the run has just ended, the recorder may not have stored them yet: check again "
+        "shortly; if they stay missing, the trace was cut and cannot show what the run paid",
+    )
 
 
 def _link_problem(
     run_id: str,
     attrs: Any,
     registered: Mapping[str, str],
-    conductor_key: str | None,
+    conductor_key: str,
     prev_hash: str | None,
     prev_seq: int,
 ) -> tuple[str, str] | None:
@@ -383,7 +447,13 @@ def _link_problem(
             "its content was changed after it was issued",
         )
     known = registered.get(receipt["worker"])
-    if known is not None and attrs["worker_key"] != known:
+    if known is None:
+        return (
+            "unknown worker",
+            f"worker {receipt['worker']} is not in the registry: its key was not issued here, "
+            "so its signature proves nothing (check where that worker registered)",
+        )
+    if attrs["worker_key"] != known:
         return (
             "unregistered worker key",
             f"signed with a key that is not worker {receipt['worker']}'s registered key",
@@ -394,11 +464,11 @@ def _link_problem(
             f"worker {receipt['worker']}'s signature does not cover this receipt's work "
             "(attempt, output sha256, tokens)",
         )
-    if conductor_key is not None and attrs["conductor_key"] != conductor_key:
+    if attrs["conductor_key"] != conductor_key:
         return (
             "wrong conductor key",
-            "countersigned with a key that is not the conductor's"
-            + (" (the one of this chain's first receipt)" if prev_hash else ""),
+            f"countersigned with {str(attrs['conductor_key'])[:12]}..., not the conductor's "
+            f"key {conductor_key[:12]}...",
         )
     if not keys.verify(
         attrs["conductor_key"],
@@ -439,11 +509,56 @@ def registered_worker_keys(worker_ids: list[str]) -> dict[str, str]:
     return dict(Worker.objects.filter(id__in=worker_ids).values_list("id", "public_key"))
 
 
+def run_recorded_chain(run_id: str) -> RecordedChain:
+    """The count and hash of the chain the run's conductor issued, as it recorded them on
+    the run when it ended (runs.trust.accounts.ReceiptSummary). ValueError when the run has
+    none: without them a chain cut short would look whole."""
+    run = Run.objects.filter(id=run_id).only("status", "accounts").first()
+    if run is None:
+        raise ValueError(
+            f"run {run_id} is not in this server's database, where its conductor recorded how "
+            "many receipts it issued and their chain hash: check it on that server"
+        )
+    if not run.done:
+        raise ValueError(
+            f"run {run_id} is still {run.status}: its conductor records how many receipts it "
+            "issued, and their chain hash, when it ends; check again then"
+        )
+    summary = run.accounts.get("receipts") if isinstance(run.accounts, dict) else None
+    summary = summary if isinstance(summary, dict) else {}
+    count, head = summary.get("count"), summary.get("head")
+    if (
+        not isinstance(count, int)
+        or isinstance(count, bool)
+        or count < 0
+        or not (head is None if count == 0 else isinstance(head, str))
+    ):
+        raise ValueError(
+            f"run {run_id} recorded no count and hash of its receipt chain (it ended without "
+            "its accounts: its conductor was lost, or it was imported), so whether its trace "
+            "holds the whole chain cannot be checked"
+        )
+    return {"count": count, "head": head}
+
+
 def receipts_verify(run_id: str, *, conductor_key: str | None = None) -> ChainReport:
-    """Check the receipt chain stored in a run's trace against the worker registry and the
-    conductor's public key: `conductor_key` when given (checking on another machine than
-    the conductor's), else this machine's key file's."""
+    """Check the receipt chain stored in a run's trace against the count and hash the run
+    recorded, the worker registry, and the conductor's public key: `conductor_key` when
+    given (checking on another machine than the conductor's), else this machine's key
+    file's. ValueError when there is no trace, no recorded chain, or no key to check with."""
     entries = run_receipts(run_id)
+    pinned, pinned_from = conductor_key, "given with --conductor-key"
+    if pinned is None:
+        pinned, pinned_from = conductor_public_key(), "this server's key file"
+    if pinned is None:
+        raise ValueError(
+            f"no conductor key to check run {run_id}'s receipts against: there is no key file "
+            f"here ({settings.FRLM_CONDUCTOR_KEY_FILE}, FRLM_CONDUCTOR_KEY_FILE), and a chain "
+            "cannot vouch for its own key. Give the conductor's public key with "
+            "--conductor-key B64; `manage.py frlm_receipts key` prints it where the conductor "
+            "runs"
+        )
+    recorded = run_recorded_chain(run_id)
     ids = sorted(
         {
             e["receipt"]["worker"]
@@ -456,36 +571,40 @@ def receipts_verify(run_id: str, *, conductor_key: str | None = None) -> ChainRe
     return chain_verify(
         run_id,
         entries,
+        recorded=recorded,
         worker_keys=registered_worker_keys(ids),
-        conductor_key=conductor_key or conductor_public_key(),
+        conductor_key=pinned,
+        conductor_key_from=pinned_from,
     )
 
 
 def format_report(report: ChainReport) -> str:
     if report["ok"]:
-        lines = [f"OK: {report['count']} receipts of run {report['run']}, chain whole"]
+        lines = [
+            f"OK: {report['count']} receipts of run {report['run']}, chain whole and as the "
+            "run recorded it"
+        ]
         if report["head"]:
             lines.append(f"chain hash: {report['head']}")
     else:
         broken = report["broken"]
         assert broken is not None
-        lines = [
-            f"BROKEN: receipt {broken['position']} of {report['count']} "
-            f"(seq {broken['seq']}, span {broken['span']}, worker {broken['worker']}): "
-            f"{broken['problem']}",
-            f"  {broken['detail']}",
-        ]
+        if broken["position"] > report["count"]:  # missing from the trace's end
+            top = (
+                f"BROKEN: {broken['problem']}: the trace holds {report['count']} of the "
+                f"{report['recorded']['count']} the run recorded"
+            )
+        else:
+            top = (
+                f"BROKEN: receipt {broken['position']} of {report['count']} (seq "
+                f"{broken['seq']}, span {broken['span']}, worker {broken['worker']}): "
+                f"{broken['problem']}"
+            )
+        lines = [top, f"  {broken['detail']}"]
     unknown = report["workers_unknown"]
     lines.append(
         f"worker keys checked against the registry: {report['workers_registered']}"
         + (f"; not registered here: {', '.join(unknown)}" if unknown else "")
     )
-    lines.append(
-        "conductor key: "
-        + (
-            f"pinned to {report['conductor_key']}"
-            if report["conductor_key_pinned"]
-            else "not pinned (no key file here): every receipt must carry the first one's"
-        )
-    )
+    lines.append(f"conductor key: {report['conductor_key']} ({report['conductor_key_from']})")
     return "\n".join(lines)

@@ -158,7 +158,9 @@ def test_it_prints_what_verification_and_receipts_cost_and_a_budget_stop(venues,
     out = done.stdout
     assert "match: yes" in out
     assert "verify     " in out and "replica" in out and "% of all" in out
-    assert "receipts   " in out and "accepted" in out and "frlm_receipts verify" in out
+    assert "receipts   " in out and "(replies " in out and "accepted" in out
+    run_id = out.split()[1]  # "run        <id>  (succeeded)"
+    assert f"not checked here: manage.py frlm_receipts verify {run_id}" in out
 
     stopped = frlm_run(subprocess_env, *args, "--policy", "budget_usd=0.004", "--json")
     assert stopped.returncode == 1  # not succeeded

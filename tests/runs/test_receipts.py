@@ -4,15 +4,22 @@ written through the real emitter and recorder, and checked by `frlm_receipts ver
 from __future__ import annotations
 
 import copy
+import io
 import json
 import subprocess
 import sys
+import threading
 from decimal import Decimal
 
 import pytest
 import redis
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.core.management import CommandError, call_command
 
+from runs.engine.policy import Policy
+from runs.models import Run
+from runs.trust.accounts import Payee, RunAccounts
+from runs.trust.budget import Price
 from runs.trust.receipts import (
     ReceiptChain,
     chain_verify,
@@ -30,9 +37,13 @@ WORKER_KEYS = {"w1": keys.generate(), "w2": keys.generate()}
 
 
 @pytest.fixture
-def client(stack, settings, tmp_path):
+def client(stack, venues, settings, tmp_path):
+    """Redis for the trace, and workers w1 and w2 registered with their keys."""
     settings.FRLM_TRACE_DIR = tmp_path / "traces"
     settings.FRLM_CONDUCTOR_KEY_FILE = tmp_path / "keys" / "conductor.key"
+    edge = Venue.objects.get(name="edge")
+    for worker, key in WORKER_KEYS.items():
+        Worker.objects.create(id=worker, name=worker, venue=edge, public_key=keys.public_b64(key))
     url = stack.redis_url.rsplit("/", 1)[0] + "/6"
     conn = redis.Redis.from_url(url)
     conn.flushdb()
@@ -40,13 +51,22 @@ def client(stack, settings, tmp_path):
     conn.flushdb()
 
 
-def issue(run_id: str, n: int, chain: ReceiptChain | None = None) -> list[dict]:
-    """n receipts of run_id, alternating workers w1 and w2, from one chain."""
+def issue(
+    run_id: str,
+    n: int,
+    chain: ReceiptChain | None = None,
+    *,
+    conductor: Ed25519PrivateKey | None = None,
+    worker_keys: dict[str, Ed25519PrivateKey] = WORKER_KEYS,
+) -> list[dict]:
+    """n receipts of run_id, alternating the first two workers of `worker_keys`, from one
+    chain, countersigned by `conductor` (default: this machine's key file's)."""
     chain = chain or ReceiptChain(run_id)
+    names = sorted(worker_keys)
     made = []
     for i in range(n):
-        worker = f"w{i % 2 + 1}"
-        key = WORKER_KEYS[worker]
+        worker = names[i % 2]
+        key = worker_keys[worker]
         made.append(
             chain.issue(
                 span=f"sq{i}",
@@ -62,10 +82,46 @@ def issue(run_id: str, n: int, chain: ReceiptChain | None = None) -> list[dict]:
                 verdict="accepted",
                 worker_sign=lambda receipt, key=key: receipt_worker_sign(receipt, key),
                 worker_key=keys.public_b64(key),
-                conductor_key=conductor_key(),
+                conductor_key=conductor or conductor_key(),
             )
         )
     return made
+
+
+def record(run_id: str, issued: list[dict], *, status: str = Run.Status.SUCCEEDED) -> None:
+    """The run's row as its conductor leaves it: the count and hash of the chain it issued
+    (runs.trust.accounts.ReceiptSummary)."""
+    Run.objects.create(
+        id=run_id,
+        question="q",
+        context_source=Run.Source.TEXT,
+        context_path="",
+        root_model={},
+        worker_model={},
+        status=status,
+        accounts={
+            "receipts": {
+                "count": len(issued),
+                "paid": sum(a["receipt"]["paid"] for a in issued),
+                "cost": sum(a["receipt"]["cost"] for a in issued),
+                "verdicts": {"accepted": len(issued)},
+                "head": issued[-1]["hash"] if issued else None,
+            }
+        },
+    )
+
+
+def recountersigned(issued: list[dict], conductor: Ed25519PrivateKey) -> list[dict]:
+    """The same receipts and worker signatures, countersigned by another conductor."""
+    return [
+        receipt_attrs(
+            attrs["receipt"],
+            worker_sig=attrs["worker_sig"],
+            worker_key=attrs["worker_key"],
+            conductor_key=conductor,
+        )
+        for attrs in issued
+    ]
 
 
 def write(client: redis.Redis, run_id: str, receipts: list[dict]) -> None:
@@ -85,21 +141,18 @@ def write(client: redis.Redis, run_id: str, receipts: list[dict]) -> None:
         pass
 
 
-def verify(run_id: str, *options: str) -> str:
-    out = []
-
-    class Sink:
-        def write(self, text: str) -> None:
-            out.append(text)
-
-        def flush(self) -> None:
-            pass
-
+def receipts_command(*args: str) -> str:
+    """What `frlm_receipts ARGS` prints, and its error last."""
+    out = io.StringIO()
     try:
-        call_command("frlm_receipts", "verify", run_id, *options, stdout=Sink())
+        call_command("frlm_receipts", *args, stdout=out)
     except CommandError as exc:
-        return "".join(out) + f"\nCommandError: {exc}"
-    return "".join(out)
+        return out.getvalue() + f"\nCommandError: {exc}"
+    return out.getvalue()
+
+
+def verify(run_id: str, *options: str) -> str:
+    return receipts_command("verify", run_id, *options)
 
 
 def test_it_verifies_a_whole_chain_written_through_the_recorder(client, venues):
@@ -108,6 +161,7 @@ def test_it_verifies_a_whole_chain_written_through_the_recorder(client, venues):
     assert [a["receipt"]["seq"] for a in made] == [1, 2, 3, 4, 5]
     assert made[0]["receipt"]["prev"] is None
     assert made[3]["receipt"]["prev"] == made[2]["hash"] == receipt_hash(made[2]["receipt"])
+    record("rOK", made)
     write(client, "rOK", made)
 
     text = verify("rOK")
@@ -120,6 +174,7 @@ def test_it_names_a_tampered_receipt(client):
     made = issue("rT", 4)
     tampered = copy.deepcopy(made)
     tampered[2]["receipt"]["cost"] = 0.001  # cheaper after the fact
+    record("rT", made)
     write(client, "rT", tampered)
 
     text = verify("rT")
@@ -133,12 +188,14 @@ def test_it_names_a_rehashed_forgery_by_its_worker_signature(client):
     forged = copy.deepcopy(made)
     forged[1]["receipt"]["tokens_out"] = 9000
     forged[1]["hash"] = receipt_hash(forged[1]["receipt"])
+    record("rF", made)
     write(client, "rF", forged)
     assert "receipt 2 of 3 (seq 2, span sq1, worker w2): bad worker signature" in verify("rF")
 
 
 def test_it_names_a_gap_where_a_receipt_was_removed(client):
     made = issue("rG", 5)
+    record("rG", made)
     write(client, "rG", made[:2] + made[3:])
     text = verify("rG")
     assert "BROKEN: receipt 3 of 4 (seq 4, span sq3, worker w2): gap" in text
@@ -147,6 +204,7 @@ def test_it_names_a_gap_where_a_receipt_was_removed(client):
 
 def test_it_names_a_receipt_that_comes_twice(client):
     made = issue("rD", 3)
+    record("rD", made)
     write(client, "rD", [*made, made[1]])
     text = verify("rD")
     assert "BROKEN: receipt 3 of 4 (seq 2, span sq1, worker w2): duplicate" in text
@@ -164,6 +222,7 @@ def test_it_names_a_broken_prev_link(client):
         worker_key=keys.public_b64(key),
         conductor_key=conductor_key(),
     )
+    record("rP", made)
     write(client, "rP", [*made[:2], relinked])
     text = verify("rP")
     assert "receipt 3 of 3 (seq 3, span sq2, worker w1): broken prev" in text
@@ -173,23 +232,15 @@ def test_it_names_a_bad_or_foreign_countersignature(client):
     made = issue("rC", 3)
     swapped = copy.deepcopy(made)
     swapped[1]["conductor_sig"] = made[0]["conductor_sig"]
+    record("rC", made)
     write(client, "rC", swapped)
     assert "receipt 2 of 3 (seq 2, span sq1, worker w2): bad countersignature" in verify("rC")
 
     # Countersigned, consistently, by some other conductor: not this one's key.
     other = keys.generate()
-    foreign = []
-    for attrs in issue("rC2", 3):
-        receipt = attrs["receipt"]
-        foreign.append(
-            receipt_attrs(
-                receipt,
-                worker_sig=attrs["worker_sig"],
-                worker_key=attrs["worker_key"],
-                conductor_key=other,
-            )
-        )
-    write(client, "rC2", foreign)
+    genuine = issue("rC2", 3)
+    record("rC2", genuine)
+    write(client, "rC2", recountersigned(genuine, other))
     assert "receipt 1 of 3 (seq 1, span sq0, worker w1): wrong conductor key" in verify("rC2")
     # Checked elsewhere than on the conductor's machine, against the conductor's key.
     assert "OK: 3 receipts" in verify("rC2", "--conductor-key", keys.public_b64(other))
@@ -199,27 +250,143 @@ def test_it_names_a_bad_or_foreign_countersignature(client):
 
 
 def test_it_names_a_receipt_copied_from_another_run(client):
-    write(client, "rR", issue("rOther", 2))
+    copied = issue("rOther", 2)
+    record("rR", copied)
+    write(client, "rR", copied)
     assert "receipt 1 of 2 (seq 1, span sq0, worker w1): wrong run" in verify("rR")
 
 
-def test_it_checks_worker_keys_against_the_registry(client, venues):
-    venue = Venue.objects.get(name="edge")
-    Worker.objects.create(
-        id="w2", name="w2", venue=venue, public_key=keys.public_b64(keys.generate())
-    )
-    write(client, "rW", issue("rW", 3))
-    text = verify("rW")
-    assert "receipt 2 of 3 (seq 2, span sq1, worker w2): unregistered worker key" in text
+def test_it_names_a_worker_the_registry_does_not_know(client):
+    # Its key was never issued here: its signature proves only that someone signed.
+    strangers = {"w1": WORKER_KEYS["w1"], "w9": keys.generate()}
+    made = issue("rU", 3, worker_keys=strangers)
+    record("rU", made)
+    write(client, "rU", made)
+    text = verify("rU")
+    assert "BROKEN: receipt 2 of 3 (seq 2, span sq1, worker w9): unknown worker" in text
+    assert "worker w9 is not in the registry" in text
+    assert "checked against the registry: 1; not registered here: w9" in text
+    assert "broken at receipt 2: unknown worker" in text
 
-    Worker.objects.filter(id="w2").update(public_key=keys.public_b64(WORKER_KEYS["w2"]))
-    text = verify("rW")
-    assert "OK: 3 receipts" in text
-    assert "checked against the registry: 1; not registered here: w1" in text
+
+def test_it_names_a_worker_key_other_than_the_registered_one(client):
+    # w2's name on work signed with another key, and countersigned all the same.
+    impostor = {"w1": WORKER_KEYS["w1"], "w2": keys.generate()}
+    made = issue("rS", 3, worker_keys=impostor)
+    record("rS", made)
+    write(client, "rS", made)
+    text = verify("rS")
+    assert "BROKEN: receipt 2 of 3 (seq 2, span sq1, worker w2): unregistered worker key" in text
+
+
+# --- the chain the run recorded, and the conductor's key -----------------------------------
+
+
+def test_it_names_the_last_receipt_dropped_from_the_trace(client):
+    made = issue("rTail", 4)
+    record("rTail", made)
+    write(client, "rTail", made[:3])
+    text = verify("rTail")
+    assert "BROKEN: missing receipts: the trace holds 3 of the 4 the run recorded" in text
+    assert "receipt 4 is missing at the end" in text
+    assert "broken at receipt 4: missing receipts" in text
+    assert not text.startswith("OK")
+
+
+def test_it_names_a_chain_whose_receipts_were_all_dropped(client):
+    made = issue("rGone", 3)
+    record("rGone", made)
+    write(client, "rGone", [])
+    text = verify("rGone")
+    assert "BROKEN: missing receipts: the trace holds 0 of the 3 the run recorded" in text
+    assert "receipts 1 to 3 are missing at the end" in text
+    assert "broken at receipt 1: missing receipts" in text
+
+
+def test_it_names_a_receipt_appended_after_the_run_recorded_its_chain(client):
+    made = issue("rExtra", 4)
+    record("rExtra", made[:3])  # the run ended with 3; a fourth, well signed, came after
+    write(client, "rExtra", made)
+    text = verify("rExtra")
+    assert "BROKEN: receipt 4 of 4 (seq 4, span sq3, worker w2): extra receipt" in text
+    assert "the run recorded 3 receipts" in text
+    assert "broken at receipt 4: extra receipt" in text
+
+
+def test_it_names_a_chain_that_ends_elsewhere_than_the_run_recorded(client):
+    made = issue("rHead", 3)
+    other = issue("rHead", 3)  # as many receipts, issued again at another time
+    record("rHead", made)
+    write(client, "rHead", other)
+    text = verify("rHead")
+    assert "BROKEN: receipt 3 of 3 (seq 3, span sq2, worker w1): chain hash mismatch" in text
+
+
+def test_it_refuses_a_forged_chain_when_no_conductor_key_is_pinned(
+    client, subprocess_env, settings
+):
+    # A wholly forged chain, its own conductor and workers: with no key to pin, it would
+    # vouch for itself. The conductor that ran it keeps its key on another machine.
+    genuine = issue("rNoKey", 3, conductor=keys.generate())
+    forgers = {"f1": keys.generate(), "f2": keys.generate()}
+    forged = issue("rNoKey", 3, conductor=keys.generate(), worker_keys=forgers)
+    record("rNoKey", genuine)
+    write(client, "rNoKey", forged)
+    env = {
+        **subprocess_env,
+        "FRLM_TRACE_DIR": str(settings.FRLM_TRACE_DIR),
+        "FRLM_CONDUCTOR_KEY_FILE": str(settings.FRLM_CONDUCTOR_KEY_FILE),
+    }
+    args = [sys.executable, "manage.py", "frlm_receipts", "verify", "rNoKey", "--json"]
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stdout
+    assert done.stdout == ""
+    assert "no conductor key to check run rNoKey's receipts against" in done.stderr
+    assert "--conductor-key" in done.stderr and "frlm_receipts key" in done.stderr
+    assert not settings.FRLM_CONDUCTOR_KEY_FILE.exists()  # a checker makes no key
+
+
+def test_it_names_a_chain_countersigned_by_another_conductor(client, settings):
+    real, other = keys.generate(), keys.generate()
+    record("rOC", issue("rOC", 3, conductor=real))
+    # Issued again, worker signatures and all, under another conductor's key.
+    write(client, "rOC", issue("rOC", 3, conductor=other))
+    assert "no conductor key to check" in verify("rOC")
+
+    text = verify("rOC", "--conductor-key", keys.public_b64(real))
+    assert "BROKEN: receipt 1 of 3 (seq 1, span sq0, worker w1): wrong conductor key" in text
+    assert f"conductor key: {keys.public_b64(real)} (given with --conductor-key)" in text
+
+    settings.FRLM_CONDUCTOR_KEY_FILE.parent.mkdir(parents=True)
+    settings.FRLM_CONDUCTOR_KEY_FILE.write_text(keys.private_b64(real) + "\n")
+    text = verify("rOC")
+    assert "receipt 1 of 3 (seq 1, span sq0, worker w1): wrong conductor key" in text
+    assert f"conductor key: {keys.public_b64(real)} (this server's key file)" in text
+
+
+def test_it_refuses_a_run_that_recorded_no_chain_to_compare(client):
+    made = issue("rLive", 2)
+    write(client, "rLive", made)
+    assert "run rLive is not in this server's database" in verify("rLive")
+    record("rLive", made)
+    Run.objects.filter(id="rLive").update(status=Run.Status.RUNNING, accounts={})
+    assert "run rLive is still running" in verify("rLive")
+    Run.objects.filter(id="rLive").update(status=Run.Status.FAILED)
+    text = verify("rLive")
+    assert "run rLive recorded no count and hash of its receipt chain" in text
+    assert not text.startswith("OK")
+
+
+def test_it_prints_the_conductors_public_key(client, settings):
+    assert "no conductor key file" in receipts_command("key")
+    key = conductor_key()
+    assert receipts_command("key").strip() == keys.public_b64(key)
 
 
 def test_it_exits_non_zero_and_reports_json(client, subprocess_env, settings):
-    write(client, "rJ", issue("rJ", 4)[1:])  # the first receipt is missing
+    made = issue("rJ", 4)
+    record("rJ", made)
+    write(client, "rJ", made[1:])  # the first receipt is missing
     env = {
         **subprocess_env,
         "FRLM_TRACE_DIR": str(settings.FRLM_TRACE_DIR),
@@ -232,9 +399,12 @@ def test_it_exits_non_zero_and_reports_json(client, subprocess_env, settings):
     assert report["ok"] is False and report["count"] == 3
     assert report["broken"]["problem"] == "gap"
     assert report["broken"]["detail"] == "receipt 1 missing before receipt 2"
+    assert report["recorded"] == {"count": 4, "head": made[-1]["hash"]}
     assert "broken at receipt 1: gap" in done.stderr
 
-    write(client, "rJ2", issue("rJ2", 2))
+    made = issue("rJ2", 2)
+    record("rJ2", made)
+    write(client, "rJ2", made)
     done = subprocess.run(args[:4] + ["rJ2", "--json"], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["ok"] is True
@@ -296,7 +466,13 @@ def test_it_issues_plain_numbers_and_refuses_impossible_ones(settings, tmp_path)
 
 
 def test_it_reports_a_malformed_receipt_instead_of_crashing():
-    report = chain_verify("r1", [{"receipt": {"seq": 1}, "hash": "x"}])
+    report = chain_verify(
+        "r1",
+        [{"receipt": {"seq": 1}, "hash": "x"}],
+        recorded={"count": 1, "head": "x"},
+        worker_keys={},
+        conductor_key=keys.public_b64(keys.generate()),
+    )
     assert report["ok"] is False
     assert report["broken"]["problem"] == "malformed"
     assert "lacks worker_sig" in report["broken"]["detail"]
@@ -329,5 +505,59 @@ def test_it_pays_only_replies_not_judged_wrong_and_the_payment_is_countersigned(
     forged = copy.deepcopy([*made, rejected])
     forged[2]["receipt"]["paid"] = 0.5
     forged[2]["hash"] = receipt_hash(forged[2]["receipt"])
+    record("rPay", [*made, rejected])
     write(client, "rPay", forged)
     assert "receipt 3 of 3 (seq 3, span sq9, worker w1): bad countersignature" in verify("rPay")
+
+
+def test_it_records_the_chain_hash_of_the_last_receipt_issued_whatever_emits_last(
+    settings, tmp_path
+):
+    # Two sub-queries receipted at once: the first one's event is slow to go out, so the
+    # second's lands first. The run must still record the chain's end, or a whole chain
+    # would fail its check against the run.
+    settings.FRLM_CONDUCTOR_KEY_FILE = tmp_path / "conductor.key"
+    first_out, second_done = threading.Event(), threading.Event()
+
+    class SlowFirstEmitter:
+        def instant(self, name: str, **fields: object) -> None:
+            if fields["attrs"]["receipt"]["seq"] == 1:
+                first_out.set()
+                second_done.wait(10)
+
+    accounts = RunAccounts("rRace", Policy.from_dict({}), SlowFirstEmitter())
+
+    def receipt(i: int) -> None:
+        key = WORKER_KEYS["w1"]
+        claim = {
+            "run_id": "rRace",
+            "sq_id": f"{i}.1",
+            "worker_id": "w1",
+            "status": "ok",
+            "text_sha256": sha256_text(f"reply {i}"),
+            "tokens_in": 10,
+            "tokens_out": 2,
+        }
+        payee = Payee(
+            span=f"sq{i}",
+            attempt=f"{i}.1",
+            worker_id="w1",
+            worker_key=keys.public_b64(key),
+            prompt=f"prompt {i}",
+            text=f"reply {i}",
+            tokens_in=10,
+            tokens_out=2,
+            cost=0.01,
+            price=Price(0.001, 0.002),
+            sig=keys.sign(key, claim),
+        )
+        accounts.receipt(payee, "accepted", depth=1)
+
+    slow = threading.Thread(target=receipt, args=(1,))
+    slow.start()
+    assert first_out.wait(10)
+    receipt(2)
+    second_done.set()
+    slow.join(10)
+    summary = accounts.figures({}, 0)["receipts"]
+    assert (summary["count"], summary["head"]) == (2, accounts.chain.head)

@@ -4,17 +4,19 @@ import json
 from argparse import ArgumentParser
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from runs.trust.receipts import format_report, receipts_verify
+from runs.trust.receipts import conductor_public_key, format_report, receipts_verify
 from workers import keys
 
 
 class Command(BaseCommand):
     help = (
-        "Check a run's receipts: every worker signature, every conductor countersignature "
-        "and every link of the chain. Prints OK with the count, or names the first broken "
-        "link and exits non-zero."
+        "Check a run's receipts: every worker signature against the registry's keys, every "
+        "conductor countersignature against the conductor's key, every link of the chain, "
+        "and its count and hash against what the run recorded. Prints OK with the count, or "
+        "names the first broken link and exits non-zero."
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
@@ -28,26 +30,39 @@ class Command(BaseCommand):
             "--conductor-key",
             metavar="B64",
             help="the conductor's public key (base64) when checking on another machine; "
-            "default: the key of FRLM_CONDUCTOR_KEY_FILE here",
+            "default: the key of FRLM_CONDUCTOR_KEY_FILE here (without either, nothing is "
+            "checked)",
+        )
+        actions.add_parser(
+            "key", help="print the conductor's public key, for --conductor-key elsewhere"
         )
 
-    def handle(
-        self,
-        *args: Any,
-        action: str,
-        run_id: str,
-        as_json: bool,
-        conductor_key: str | None,
-        **options: Any,
-    ) -> None:
-        """1. read the run's Receipt.Emit events and check the chain (a malformed id or key,
-        or a run with no trace, is a one-line error, exit 1), 2. print the report, 3. exit 2
-        when the chain is broken."""
+    def handle(self, *args: Any, action: str, **options: Any) -> None:
+        if action == "key":
+            self.key()
+        else:
+            self.verify(options["run_id"], options["as_json"], options["conductor_key"])
+
+    def key(self) -> None:
+        public = conductor_public_key()
+        if public is None:
+            raise CommandError(
+                f"no conductor key file here ({settings.FRLM_CONDUCTOR_KEY_FILE}): the "
+                "conductor makes it when it first countersigns; run this where the conductor "
+                "runs, with its FRLM_CONDUCTOR_KEY_FILE"
+            )
+        self.stdout.write(public)
+
+    def verify(self, run_id: str, as_json: bool, conductor_key: str | None) -> None:
+        """1. read the run's Receipt.Emit events and what the run recorded of its chain, and
+        check the chain (a malformed id or key, a run with no trace or no recorded chain, or
+        no conductor key to check with is a one-line error, exit 1), 2. print the report,
+        3. exit 2 when the chain is broken."""
         try:
             if conductor_key is not None:
                 keys.public_from_b64(conductor_key)
             report = receipts_verify(run_id, conductor_key=conductor_key)
-        except ValueError as exc:  # a malformed id or key, a run with no trace
+        except ValueError as exc:
             raise CommandError(
                 f"--conductor-key: {exc}" if isinstance(exc, keys.BadKey) else str(exc)
             ) from exc
