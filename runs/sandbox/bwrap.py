@@ -19,6 +19,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from runs.sandbox import seccomp
+
 CHILD_SCRIPT = Path(__file__).resolve().with_name("child.py")
 # The only project code the REPL sees: the child and the two stdlib-only modules it imports.
 CHILD_MODULES = tuple(CHILD_SCRIPT.with_name(name) for name in ("lazytext.py", "patterns.py"))
@@ -39,6 +41,14 @@ class Mounts:
     def open(self, path: Path | str, flags: int) -> int:
         fd = os.open(path, flags | os.O_CLOEXEC)
         self.fds.append(fd)
+        return fd
+
+    def data(self, name: str, content: bytes) -> int:
+        """A descriptor holding ``content`` from its start (bubblewrap reads it to the end)."""
+        fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        self.fds.append(fd)
+        os.write(fd, content)
+        os.lseek(fd, 0, os.SEEK_SET)
         return fd
 
     def close(self) -> None:
@@ -198,6 +208,8 @@ def bwrap_arguments(
         # Copied in, readable by anyone in here, whatever the checkout's modes.
         fd = mounts.open(script, os.O_RDONLY)
         args += ["--perms", "0444", "--ro-bind-data", str(fd), str(script)]
+    if seccomp.supported():
+        args += ["--seccomp", str(mounts.data("frlm-seccomp", seccomp.program()))]
     # The root is a tmpfs holding the mount points; read-only, nothing can be written beside them.
     args += ["--chdir", str(SANDBOX_SCRATCH), "--remount-ro", "/"]
     return args

@@ -26,7 +26,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
-from runs.sandbox import bwrap
+from runs.sandbox import bwrap, seccomp
 from runs.sandbox.accounting import nproc_limit, tree_cpu_seconds
 from runs.sandbox.cells import CellResult, SandboxLimits, cell_error_message, death_verdict
 from runs.sandbox.pids import PidsLimit
@@ -365,9 +365,10 @@ def _choose_isolation(
     if problem is not None:
         raise SandboxError(f"the REPL sandbox cannot start: {problem}; {bwrap.INSTALL_HINT}")
     who = f"uid {user[0]}, not root" if user else f"uid {os.geteuid()}"
+    filtered = "seccomp" if seccomp.supported() else "no seccomp filter on this CPU"
     return "bwrap", (
         f"bwrap: no network, read-only system, {limits.scratch_mb} MB scratch tmpfs, "
-        f"{who}, no capabilities, rlimits"
+        f"{who}, no capabilities, {filtered}, rlimits"
     )
 
 

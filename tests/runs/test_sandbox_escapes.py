@@ -522,6 +522,22 @@ PROGRAMS = [
         refused(),
     ),
     Program(
+        "the kernel's riskiest doors: namespaces, eBPF, keyrings, io_uring, perf, userfaultfd",
+        TRY + "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "def call(number, *args):\n"
+        "    rc = libc.syscall(number, *args)\n"
+        "    assert rc < 0, rc\n"
+        "    return ctypes.get_errno()\n"
+        "def nested():\n"
+        "    assert libc.unshare(0x10000000) == 0, ctypes.get_errno()\n"
+        "attempt('user namespace', nested)\n"
+        "for name, number in (('bpf', 321), ('keyctl', 250), ('io_uring_setup', 425),"
+        " ('perf_event_open', 298), ('userfaultfd', 323), ('setns', 308), ('fsopen', 430)):\n"
+        "    errno_ = call(number, 0, 0, 0, 0, 0)\n"
+        "    print('refused' if errno_ == 1 else 'GOT', name, errno_)",
+        refused("user namespace", "bpf", "io_uring_setup"),
+    ),
+    Program(
         "a namespace of its own to remount the host",
         TRY + "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
         "def remount():\n"
