@@ -11,12 +11,20 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "frlm_web.settings")
 django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
+from frlm_web.checks import refuse_to_serve  # noqa: E402
 from frlm_web.routing import websocket_urlpatterns  # noqa: E402
+
+# daphne runs no system checks: the refusal they would give is given here.
+refuse_to_serve()
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        # daphne serves no files itself. The handler answers /static/ from the finders
+        # (static/ and the apps' own, such as the admin's) with DEBUG off as well, so there
+        # is no collectstatic step to forget; conditional GETs are answered 304.
+        "http": ASGIStaticFilesHandler(django_asgi_app),
         # Each route brings its own checks (frlm_web/routing.py): browsers' sockets an
         # origin check and the session, the workers' gateway a signed challenge.
         "websocket": URLRouter(websocket_urlpatterns),

@@ -51,9 +51,10 @@ ROLES: dict[str, str] = {
     # (they hold SECRET_KEY, so they could derive any role's password anyway).
     "admin": "~* &* +@all",
     # The web server: pages read presence, progress, reputation (read only), breakers
-    # (read only); the worker API records strikes and keeps its replay cache in
-    # frlm:api:*; launching a run queues it on Celery's `runs`; cancelling writes the run's
-    # cancel flag; the live page registers watchers; the channel layer lives under asgi*.
+    # (read only); the worker API records strikes and keeps its replay cache and its
+    # throttles in frlm:api:*, the sign-in forms theirs in frlm:login:*; launching a run
+    # queues it on Celery's `runs`; cancelling writes the run's cancel flag; the live page
+    # registers watchers; the channel layer lives under asgi*.
     # The worker gateway it hosts pops jobs from the workers' queues, reads the cancelled
     # sets, delivers results to the run's stream and appends the workers' events.
     "web": " ".join(
@@ -62,6 +63,7 @@ ROLES: dict[str, str] = {
             _CELERY_RUNS,
             _CELERY_WORKER_QUEUES,
             "~frlm:presence:* ~frlm:run:* ~frlm:api:* ~frlm:health:* ~frlm:live:*",
+            "~frlm:login:*",  # failed sign-ins per address and username
             "~frlm:worker:*",  # strikes (frlm:worker:<id>:strikes and :why)
             "%R~frlm:rep:* %R~frlm:circuit:*",
             "%R~frlm:recorder:alive %R~frlm:forwarder:alive",

@@ -3,20 +3,48 @@ checkout on one machine (SQLite, Redis on localhost, the simulated model)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
-from frlm_web import redis_acl
+from frlm_web import redis_acl, secret
 from frlm_web.env import envbool, envfloat, envint, envlist, envmap, envstr
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 # Everything the product writes at run time (database, traces, blobs, logs, pids).
 DATA_DIR = Path(envstr("FRLM_DATA_DIR", str(BASE_DIR / "var")))
 
-# A stable development key is only acceptable because DEBUG defaults to on; production
-# sets FRLM_SECRET_KEY (and DEBUG off) in the environment.
-SECRET_KEY = envstr("FRLM_SECRET_KEY", "frlm-insecure-development-key-set-FRLM_SECRET_KEY")
-DEBUG = envbool("FRLM_DEBUG", True)
-ALLOWED_HOSTS = envlist("FRLM_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
+# Without FRLM_SECRET_KEY, a random key kept in the data directory: every process of this
+# installation reads the same one (the Redis passwords derive from it), and it is nobody
+# else's. Debug pages show settings and tracebacks to whoever asks: on only when asked for.
+SECRET_KEY = envstr("FRLM_SECRET_KEY", "") or secret.stored_key(DATA_DIR / "secret_key")
+DEBUG = envbool("FRLM_DEBUG", False)
+# Loopback always: the stack, its readiness probes and the tests speak to 127.0.0.1.
+ALLOWED_HOSTS = list(
+    dict.fromkeys(["127.0.0.1", "localhost", "[::1]", *envlist("FRLM_ALLOWED_HOSTS", [])])
+)
+
+# Behind an HTTPS proxy (README, "Production"): the proxy says the request came over TLS
+# (it must set X-Forwarded-Proto itself, and daphne must be reachable only through it),
+# plain HTTP is redirected, cookies travel over TLS only, and browsers remember to use it.
+FRLM_HTTPS = envbool("FRLM_HTTPS", False)
+if FRLM_HTTPS:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = True
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = envint("FRLM_HSTS_SECONDS", 365 * 24 * 3600)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = envbool("FRLM_HSTS_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = envbool("FRLM_HSTS_PRELOAD", True)
+    # A form posted from the public name (a proxy may rewrite Host): each allowed host over
+    # HTTPS, a leading dot meaning its subdomains.
+    CSRF_TRUSTED_ORIGINS = envlist(
+        "FRLM_CSRF_TRUSTED_ORIGINS",
+        [
+            f"https://*{host}" if host.startswith(".") else f"https://{host}"
+            for host in envlist("FRLM_ALLOWED_HOSTS", [])
+            if host != "*"
+        ],
+    )
 
 INSTALLED_APPS = [
     "daphne",
@@ -101,6 +129,10 @@ STATIC_ROOT = DATA_DIR / "static"
 
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
+# Failed sign-ins counted per source address and per username: past the limit within the
+# window, either is answered 429 until the window ends (frlm_web/accounts.py).
+FRLM_LOGIN_FAIL_LIMIT = envint("FRLM_LOGIN_FAIL_LIMIT", 10)
+FRLM_LOGIN_FAIL_WINDOW_S = envfloat("FRLM_LOGIN_FAIL_WINDOW_S", 300.0)
 
 # --- Redis, Celery, Channels -------------------------------------------------------------
 # The Redis this instance uses, without credentials (or with an external Redis's own).
@@ -190,6 +222,13 @@ FRLM_API_MAX_BODY = envint("FRLM_API_MAX_BODY", 64 * 1024)
 # the limit within the window, that address is answered 429 until the window ends.
 FRLM_API_FAIL_LIMIT = envint("FRLM_API_FAIL_LIMIT", 20)
 FRLM_API_FAIL_WINDOW_S = envfloat("FRLM_API_FAIL_WINDOW_S", 60.0)
+# Heartbeats one worker may send over HTTP in a window (by default three times what it
+# should): past them it is answered 429, without a strike, until the window ends.
+FRLM_API_HEARTBEAT_WINDOW_S = envfloat("FRLM_API_HEARTBEAT_WINDOW_S", 10.0)
+FRLM_API_HEARTBEAT_LIMIT = envint(
+    "FRLM_API_HEARTBEAT_LIMIT",
+    3 * math.ceil(FRLM_API_HEARTBEAT_WINDOW_S / FRLM_WORKER_HEARTBEAT_S),
+)
 # How long a challenge to take back a worker's name (a restart) may be answered.
 FRLM_API_CHALLENGE_TTL_S = envfloat("FRLM_API_CHALLENGE_TTL_S", 60.0)
 # A strike against a worker (a forged result or attestation) halves its reputation; the

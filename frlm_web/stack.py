@@ -63,8 +63,12 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
 def web_proc(port: int, host: str | None = None) -> Proc:
     """The web server (daphne: HTTP and WebSockets), on loopback unless FRLM_WEB_HOST (or
     `host`) names another address: workers on other machines reach it there. Its WebSocket
-    messages may be as large as a gateway job with its fragments (daphne's default: 1 MiB)."""
+    messages may be as large as a gateway job with its fragments (daphne's default: 1 MiB).
+    Behind the HTTPS proxy (FRLM_HTTPS) a request's address is the one the proxy forwards:
+    the sign-in and worker API throttles count per client, not all as the proxy."""
     from workers.gateway.protocol import MAX_MESSAGE_BYTES
+
+    proxied = ["--proxy-headers"] if settings.FRLM_HTTPS else []
 
     host = host or os.environ.get("FRLM_WEB_HOST") or "127.0.0.1"
     probe = "127.0.0.1" if host in ("0.0.0.0", "127.0.0.1") else host  # noqa: S104
@@ -82,6 +86,7 @@ def web_proc(port: int, host: str | None = None) -> Proc:
             str(MAX_MESSAGE_BYTES),
             "--websocket-max-frame-size",
             str(MAX_MESSAGE_BYTES),
+            *proxied,
             "frlm_web.asgi:application",
         ],
         lambda: port_open(port, probe),

@@ -1,11 +1,9 @@
 from __future__ import annotations
 
-from django.conf import settings
 from django.contrib import admin
-from django.contrib.staticfiles.urls import staticfiles_urlpatterns
-from django.urls import include, path, re_path
-from django.views.static import serve
+from django.urls import include, path
 
+from frlm_web import accounts
 from runs.selectors import recent_run_ids, run_started_bounds, run_visible
 from traces import views as trace_views
 from workers import api as worker_api
@@ -20,7 +18,10 @@ run_reads = {
 }
 
 urlpatterns = [
+    # Both sign-in forms count failures and refuse past the limit (frlm_web/accounts.py).
+    path("admin/login/", accounts.throttled_sign_in(admin.site.login)),
     path("admin/", admin.site.urls),
+    path("accounts/login/", accounts.login, name="login"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("", include("runs.urls")),
     path("venues", worker_views.venues_page, run_reads, name="venues"),
@@ -57,12 +58,3 @@ urlpatterns = [
     path("api/openapi.json", worker_api.openapi, name="api-openapi"),
     path("vendor/plotly.min.js", trace_views.plotly_js, name="plotly-js"),
 ]
-
-# daphne serves no static files itself: in development the finders answer, in production
-# what `collectstatic` gathered in STATIC_ROOT.
-if settings.DEBUG:
-    urlpatterns += staticfiles_urlpatterns()
-else:
-    urlpatterns += [
-        re_path(r"^static/(?P<path>.*)$", serve, {"document_root": settings.STATIC_ROOT}),
-    ]

@@ -254,6 +254,18 @@ def _throttled(request: HttpRequest) -> JsonResponse | None:
 
 @signed
 def heartbeat(request: HttpRequest, worker: Worker) -> JsonResponse:
+    retry = services.heartbeat_throttle(worker.id)
+    if retry is not None:
+        limit = settings.FRLM_API_HEARTBEAT_LIMIT
+        window = settings.FRLM_API_HEARTBEAT_WINDOW_S
+        response = error(
+            429,
+            f"worker {worker.id} sent more than {limit} heartbeats in {window:g} s",
+            f"wait {retry} s (Retry-After); beat every "
+            f"{float(settings.FRLM_WORKER_HEARTBEAT_S):g} s, as registration said",
+        )
+        response["Retry-After"] = str(retry)
+        return response
     try:
         figures = services.figures_clean(_json_body(request))
         link: Link = {"connection": "broker", "address": _address(request)}

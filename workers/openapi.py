@@ -145,7 +145,10 @@ def schema(server_url: str = "") -> dict[str, Any]:
                     "description": (
                         "Send every `heartbeat_s` seconds. A worker whose heartbeats stop "
                         "leaves presence within seconds and is marked lost; its sub-queries "
-                        "are sent elsewhere. A lost worker that beats again is active again."
+                        "are sent elsewhere. A lost worker that beats again is active again. "
+                        "More than FRLM_API_HEARTBEAT_LIMIT beats in "
+                        "FRLM_API_HEARTBEAT_WINDOW_S (10 s; by default three times the "
+                        "beats due) are answered 429 with `Retry-After`, without a strike."
                     ),
                     "parameters": [
                         {"name": "worker_id", "in": "path", "required": True, "schema": WORKER_ID},

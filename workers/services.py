@@ -19,7 +19,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from frlm_web import presence
+from frlm_web import presence, throttle
 from frlm_web.redis_client import get_redis
 from workers import keys
 from workers.models import EnrolmentToken, Venue, Worker, token_digest
@@ -538,31 +538,25 @@ def _fail_key(address: str) -> str:
 def auth_failed(address: str) -> None:
     """Count a request (API or gateway) that failed to authenticate against its address, in
     a window that starts with the first failure. Nobody's strike: the caller proved nothing."""
-    window = max(1, int(settings.FRLM_API_FAIL_WINDOW_S))
-    key = _fail_key(address)
-    try:
-        pipe = get_redis().pipeline()  # MULTI: the count never outlives its window
-        pipe.set(key, 0, ex=window, nx=True)
-        pipe.incr(key)
-        pipe.execute()
-    except redis.RedisError:
-        log.warning("could not count a failed request from %s: Redis is unreachable", address)
+    throttle.hit(_fail_key(address), settings.FRLM_API_FAIL_WINDOW_S)
 
 
 def auth_throttle(address: str) -> int | None:
     """Seconds `address` must wait when it has failed FRLM_API_FAIL_LIMIT times in its
     window, else None (also when Redis is away: the signature check still stands)."""
-    key = _fail_key(address)
-    try:
-        pipe = get_redis().pipeline(transaction=False)
-        pipe.get(key)
-        pipe.ttl(key)
-        count, ttl = pipe.execute()
-    except redis.RedisError:
+    return throttle.wait(
+        _fail_key(address), settings.FRLM_API_FAIL_LIMIT, settings.FRLM_API_FAIL_WINDOW_S
+    )
+
+
+def heartbeat_throttle(worker_id: str) -> int | None:
+    """Count a heartbeat of an authenticated worker: the seconds it must wait when it sent
+    more than FRLM_API_HEARTBEAT_LIMIT in its window, else None. Beating too often is no
+    strike, only refused: each beat writes presence, so a flood costs Redis."""
+    counted = throttle.hit(f"frlm:api:beat:{worker_id}", settings.FRLM_API_HEARTBEAT_WINDOW_S)
+    if counted is None or counted[0] <= settings.FRLM_API_HEARTBEAT_LIMIT:
         return None
-    if int(count or 0) < settings.FRLM_API_FAIL_LIMIT:
-        return None
-    return int(ttl) if ttl and ttl > 0 else max(1, int(settings.FRLM_API_FAIL_WINDOW_S))
+    return counted[1]
 
 
 def throttled_error(address: str) -> str:

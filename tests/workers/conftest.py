@@ -28,13 +28,14 @@ def token(venue: Venue) -> str:
 
 @pytest.fixture
 def api_failures_cleared(stack) -> Iterator[None]:
-    """No address starts throttled, and none leaves throttled for the next test (the
-    stack's own web server counts failures in the same Redis)."""
+    """No address or worker starts throttled, and none leaves throttled for the next test
+    (the stack's own web server counts in the same Redis)."""
 
     def clear() -> None:
         client = get_redis()
-        for key in client.scan_iter("frlm:api:fail:*"):
-            client.delete(key)
+        for pattern in ("frlm:api:fail:*", "frlm:api:beat:*"):
+            for key in client.scan_iter(pattern):
+                client.delete(key)
 
     clear()
     yield

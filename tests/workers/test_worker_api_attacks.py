@@ -16,7 +16,7 @@ from django.core.wsgi import get_wsgi_application
 
 from frlm_web.redis_client import get_redis
 from tests.workers.test_worker_api import joined, register, registration, signed_post
-from workers import keys, reputation
+from workers import keys, reputation, services
 from workers.client import ControlError, HttpControl, LocalControl
 from workers.models import Worker
 from workers.services import worker_strike, worker_strikes
@@ -91,6 +91,40 @@ def test_it_throttles_an_address_after_too_many_failures(client, token, settings
     # Another address is not held up by this one.
     assert signed_post(client, path, {}, key, REMOTE_ADDR="192.0.2.7").status_code == 200
     assert worker_strikes(worker.id) == 0
+
+
+def test_it_throttles_an_address_that_tries_bad_enrolment_tokens(client, token, settings):
+    settings.FRLM_API_FAIL_LIMIT = 3
+    settings.FRLM_API_FAIL_WINDOW_S = 60
+    for guess in ("frlmt_guess1", "frlmt_guess2", "frlmt_guess3"):
+        assert register(client, guess, registration(keys.generate())).status_code == 401
+    # The real token now waits too: it is not even checked until the window ends.
+    blocked = register(client, token, registration(keys.generate()))
+    assert blocked.status_code == 429, blocked.json()
+    assert 0 < int(blocked["Retry-After"]) <= 60
+    assert not Worker.objects.filter(name="gpu-1").exists()
+
+
+def test_it_refuses_a_worker_that_floods_heartbeats_without_a_strike(client, token, settings):
+    settings.FRLM_API_HEARTBEAT_LIMIT = 3
+    settings.FRLM_API_HEARTBEAT_WINDOW_S = 60
+    key, other_key = keys.generate(), keys.generate()
+    worker = joined(token, key)
+    other = joined(token, other_key, name="gpu-2")
+    path = f"/api/workers/{worker.id}/heartbeat"
+    now = int(time.time())
+    # Each request signed afresh (another timestamp), as a flooding worker would.
+    for ago in range(3):
+        assert signed_post(client, path, {}, key, stamp=str(now - ago)).status_code == 200
+    flooded = signed_post(client, path, {}, key, stamp=str(now - 3))
+    assert flooded.status_code == 429, flooded.json()
+    assert 0 < int(flooded["Retry-After"]) <= 60
+    assert "heartbeats" in flooded.json()["error"] and "Retry-After" in flooded.json()["fix"]
+    assert worker_strikes(worker.id) == 0
+    # Neither the address nor another worker is held up: beating too often is no failure.
+    assert services.auth_throttle("127.0.0.1") is None
+    other_path = f"/api/workers/{other.id}/heartbeat"
+    assert signed_post(client, other_path, {}, other_key).status_code == 200
 
 
 # --- 2. replay with a re-encoded signature -----------------------------------------------
