@@ -257,7 +257,7 @@ def main() -> None:
     venues = [VenueSpec("local", 8, sim, "bench-local"), VenueSpec("edge", 8, sim, "bench-edge")]
     from django.conf import settings
 
-    work = Path(settings.DATA_DIR) / "bench-context"
+    work = Path(settings.FRLM_CONTEXT_DIR) / "bench"  # under the default FRLM_CONTEXT_ROOTS
     work.mkdir(parents=True, exist_ok=True)
     print(
         "context benchmark: simulated model, 2 venues x 8 worker slots, "

@@ -4,6 +4,7 @@ checkout on one machine (SQLite, Redis on localhost, the simulated model)."""
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 from frlm_web import redis_acl, secret
@@ -174,6 +175,13 @@ CHANNEL_LAYERS = {
 FRLM_TRACE_DIR = Path(envstr("FRLM_TRACE_DIR", str(DATA_DIR / "traces")))
 FRLM_SANDBOX_DIR = Path(envstr("FRLM_SANDBOX_DIR", str(DATA_DIR / "sandbox")))
 FRLM_CONTEXT_DIR = Path(envstr("FRLM_CONTEXT_DIR", str(DATA_DIR / "contexts")))
+# The folders (separated by os.pathsep, ":" on Linux) under which a staff user may name a
+# file or folder on the server as a run's context. The services run as root: anything
+# else (/etc/shadow, the keys) must stay out of reach. The server's own files are refused
+# even under a root (runs/engine/context.py, `server_files`).
+FRLM_CONTEXT_ROOTS = [
+    Path(p) for p in envstr("FRLM_CONTEXT_ROOTS", str(FRLM_CONTEXT_DIR)).split(os.pathsep) if p
+]
 # The conductor's ed25519 key: it countersigns every receipt (made on first use).
 FRLM_CONDUCTOR_KEY_FILE = Path(
     envstr("FRLM_CONDUCTOR_KEY_FILE", str(DATA_DIR / "keys" / "conductor.key"))

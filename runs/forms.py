@@ -10,6 +10,7 @@ from typing import Any
 from django import forms
 from django.conf import settings
 
+from runs.engine.context import context_roots
 from runs.engine.policy import RANGES, Policy
 from runs.program_templates import PROGRAM_TEMPLATES
 from runs.services import ContextSpec, RunInputError
@@ -94,7 +95,8 @@ class RunForm(forms.Form):
         required=False,
         label="Path",
         widget=forms.TextInput(attrs={"placeholder": "/data/corpus or /data/notes.txt"}),
-        help_text="A text file or a folder of text files on this server (staff only).",
+        help_text="A text file or a folder of text files on this server, under a folder "
+        "FRLM_CONTEXT_ROOTS allows (staff only).",
     )
     task_name = forms.ChoiceField(
         choices=[(name, name) for name in sorted(TASKS)], initial="sniah", label="Task"
@@ -187,6 +189,13 @@ class RunForm(forms.Form):
         endpoints = [(name, f"{name} ({url})") for name, url in settings.FRLM_ENDPOINTS.items()]
         for role in ("root", "worker"):
             self.fields[f"{role}_endpoint"].choices = endpoints
+        if user is not None and user.is_staff:
+            roots = context_roots()
+            allowed = ", ".join(map(str, roots)) or "none"
+            self.fields["context_path"].help_text += f" Here: {allowed}."
+            if roots:
+                placeholder = f"{roots[0]}/notes.txt"
+                self.fields["context_path"].widget.attrs["placeholder"] = placeholder
 
     def context_field(self) -> str:
         source = self.cleaned_data.get("context_source") if hasattr(self, "cleaned_data") else None

@@ -78,7 +78,7 @@ def run_create(
             run.question = run.question or task.question
     elif context.path is not None:
         try:
-            ctx.check_path(context.path)
+            path = ctx.check_path(context.path)
         except ctx.ContextError as exc:
             errors["context"] = str(exc)
     elif context.text is not None:
@@ -104,7 +104,6 @@ def run_create(
         run.expected_answer = task.expected_answer
         run.context_chars = task.context_chars
     elif context.path is not None:
-        path = ctx.check_path(context.path)
         run.context_source = Run.Source.PATH
     else:
         path = ctx.write_text(run.id, context.text or "")
@@ -169,9 +168,10 @@ def run_replay(
     except PolicyError as exc:
         errors["policy"] = str(exc)
     try:
-        ctx.check_path(source.context_path)
+        written_here = source.context_source != Run.Source.PATH
+        ctx.check_path(source.context_path, ctx.context_roots(written_here=written_here))
     except ctx.ContextError as exc:
-        errors["context"] = f"the recorded run's context is gone: {exc}"
+        errors["context"] = f"the recorded run's context cannot be read again: {exc}"
     errors.update(_check_venues(list(source.venues)))
     if errors:
         raise RunInputError(errors)

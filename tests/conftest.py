@@ -4,7 +4,9 @@ model server, the recorder, a conductor, venue workers) shared by the session.""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -91,6 +93,18 @@ def venues(stack: Stack, transactional_db) -> list[str]:
         rows.append(Worker(**row, venue=venue))
     Worker.objects.bulk_create(rows, ignore_conflicts=True)
     return [v.name for v in stack.venues]
+
+
+@pytest.fixture
+def context_root() -> Iterator[Path]:
+    """A fresh folder in the context store, which is the default FRLM_CONTEXT_ROOTS: where a
+    test puts a file it names as a server path (the stack's conductor reads only under the
+    roots, and tmp_path is under none)."""
+    from runs.engine.context import context_dir
+
+    folder = Path(tempfile.mkdtemp(prefix="test-", dir=context_dir()))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture

@@ -4,15 +4,18 @@ text file the REPL reads, with the offset index that lets it be read by byte ran
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypedDict
+from stat import S_ISREG
+from typing import BinaryIO, TypedDict
 
 from django.conf import settings
 
-from runs.sandbox.lazytext import ContextIndex, build_index, load_index
+from runs.sandbox.lazytext import ContextIndex, build_index, file_identity
 
 # Files in a context folder that are read; anything else is skipped as not text.
 TEXT_SUFFIXES = {
@@ -32,19 +35,74 @@ def looks_binary(path: Path) -> bool:
     return b"\x00" in head
 
 
-def check_path(raw: str) -> Path:
-    """A readable, non-empty text file or a folder holding some: else ContextError."""
+def context_roots(*, written_here: bool = False) -> list[Path]:
+    """The folders a context may be read from, resolved: FRLM_CONTEXT_ROOTS for a path a
+    user gave; the context store for a file the product wrote itself (an upload, a
+    generated task), whatever the roots are."""
+    if written_here:
+        return [_real(settings.FRLM_CONTEXT_DIR)]
+    return [_real(root) for root in settings.FRLM_CONTEXT_ROOTS]
+
+
+def server_files() -> list[Path]:
+    """The server's own files and folders, resolved: never a context, even under a root an
+    operator configured (a root may well be the data directory)."""
+    data = Path(settings.DATA_DIR)
+    database = settings.DATABASES["default"]
+    found = [
+        settings.FRLM_CONDUCTOR_KEY_FILE,
+        data / "keys",
+        data / "workers",  # the venue workers' keys (workers.runtime.default_key_file)
+        data / "stack",  # the Redis ACL file, pids and logs
+        data / "secret_key",  # SECRET_KEY when the environment gives none (frlm_web.secret)
+        settings.FRLM_SANDBOX_DIR,
+        settings.FRLM_TRACE_DIR,  # every run's prompts and replies
+    ]
+    for name in {str(database["NAME"]), str(database.get("TEST", {}).get("NAME") or "")} - {""}:
+        found += [Path(name + suffix) for suffix in ("", "-wal", "-shm", "-journal")]
+    return [_real(path) for path in found]
+
+
+def check_place(path: Path, raw: str, roots: Sequence[Path]) -> None:
+    """ContextError unless the resolved ``path`` lies under one of ``roots`` and is none of
+    the server's own files (checked first: a key under a root is still a key)."""
+    where = _roots_text(roots)
+    if path.suffix == ".key" or any(
+        path == own or path.is_relative_to(own) or own.is_relative_to(path)
+        for own in server_files()
+    ):
+        raise ContextError(
+            f"context path {raw!r} is or holds one of the server's own files (its database, "
+            "keys, sandbox or process state), which are never read as a context; give a "
+            f"file under {where}, or upload it instead"
+        )
+    if not any(path.is_relative_to(root) for root in roots):
+        raise ContextError(
+            f"context path {raw!r} is outside the folders contexts may be read from "
+            f"({where}); move the file under one of them, have the operator add its folder "
+            f"to FRLM_CONTEXT_ROOTS (folders separated by {os.pathsep!r}), or upload it instead"
+        )
+
+
+def check_path(raw: str, roots: Sequence[Path] | None = None) -> Path:
+    """A readable, non-empty text file or a folder holding some, under one of ``roots``
+    (FRLM_CONTEXT_ROOTS unless given), resolved: else ContextError. Its place is checked
+    before it is looked at, so nothing is told about files outside the roots."""
     if not raw or not raw.strip():
         raise ContextError("the context path is empty: give a file or a folder of text files")
-    path = Path(raw).expanduser().resolve()
+    roots = context_roots() if roots is None else roots
+    path = _real(Path(raw).expanduser())
+    check_place(path, raw, roots)
     if not path.exists():
         raise ContextError(f"context path {raw!r} does not exist; check the spelling")
     if not os.access(path, os.R_OK):
         raise ContextError(f"context path {raw!r} cannot be read (permission denied)")
     if path.is_dir():
-        if not folder_files(path):
+        if not folder_files(path, roots):
             raise ContextError(f"context folder {raw!r} holds no readable text files")
         return path
+    if not path.is_file():
+        raise ContextError(f"context path {raw!r} is not a regular file or a folder")
     if path.stat().st_size == 0:
         raise ContextError(f"context file {raw!r} is empty")
     if looks_binary(path):
@@ -52,7 +110,55 @@ def check_path(raw: str) -> Path:
     return path
 
 
-def folder_files(folder: Path) -> list[Path]:
+def open_checked(path: Path, roots: Sequence[Path]) -> BinaryIO:
+    """The file at ``path`` open for reading, checked as opened: what the descriptor holds
+    must be a regular file in an allowed place. The path was checked before, but it may
+    have been swapped since (for a symlink to a key, say); this is what the conductor reads."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ContextError(
+            f"context file {path} cannot be opened ({exc.strerror}); if it was replaced by "
+            "a symbolic link since the run was checked, give the real file"
+        ) from exc
+    handle = os.fdopen(fd, "rb")
+    try:
+        stat = os.fstat(fd)
+        if not S_ISREG(stat.st_mode):
+            raise ContextError(f"context file {path} is no longer a regular file")
+        check_place(_opened_path(fd, path, stat), str(path), roots)
+    except BaseException:
+        handle.close()
+        raise
+    return handle
+
+
+def _opened_path(fd: int, path: Path, stat: os.stat_result) -> Path:
+    """Where the open file really is: the kernel says (Linux); elsewhere the path, resolved
+    now, must still lead to the very file that was opened."""
+    try:
+        return Path(os.readlink(f"/proc/self/fd/{fd}"))
+    except OSError:
+        real = _real(path)
+        now = real.stat()
+        if (now.st_dev, now.st_ino) != (stat.st_dev, stat.st_ino):
+            raise ContextError(f"context file {path} changed while it was opened") from None
+        return real
+
+
+def _real(path: Path | str) -> Path:
+    return Path(os.path.realpath(path))
+
+
+def _roots_text(roots: Sequence[Path]) -> str:
+    if not roots:
+        return "none: FRLM_CONTEXT_ROOTS is empty"
+    return os.pathsep.join(str(root) for root in roots)
+
+
+def folder_files(folder: Path, roots: Sequence[Path]) -> list[Path]:
+    """The text files of ``folder``, in order; ContextError for one that leads out of the
+    roots or to the server's own files (a symlink), rather than leaving it out unsaid."""
     found: list[Path] = []
     for root, dirs, files in os.walk(folder):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
@@ -60,32 +166,32 @@ def folder_files(folder: Path) -> list[Path]:
             path = Path(root) / name
             if name.startswith(".") or path.suffix.lower() not in TEXT_SUFFIXES:
                 continue
-            if os.access(path, os.R_OK) and path.stat().st_size > 0 and not looks_binary(path):
+            check_place(_real(path), str(path), roots)
+            if (
+                path.is_file()
+                and os.access(path, os.R_OK)
+                and path.stat().st_size > 0
+                and not looks_binary(path)
+            ):
                 found.append(path)
     return found
 
 
-def materialise(run_id: str, source: Path) -> tuple[Path, int]:
-    """The one file the REPL reads, and its length in characters. A file is used where it
-    is; a folder becomes one file with a header line before each document."""
-    if source.is_file():
-        return source, _char_count(source)
+def materialise(run_id: str, source: Path, roots: Sequence[Path]) -> Path:
+    """A folder as the one file the REPL reads, a header line before each document, each
+    read through a descriptor checked as opened (open_checked)."""
     target = context_dir() / f"{run_id}.txt"
     tmp = target.with_suffix(".tmp")
-    chars = 0
     with open(tmp, "w", encoding="utf-8") as out:
-        for path in folder_files(source):
-            header = f"=== {path.relative_to(source)} ===\n"
-            out.write(header)
-            chars += len(header)
-            with open(path, encoding="utf-8", errors="replace") as fh:
-                while chunk := fh.read(1 << 20):
+        for path in folder_files(source, roots):
+            out.write(f"=== {path.relative_to(source)} ===\n")
+            raw = open_checked(_real(path), roots)
+            with io.TextIOWrapper(raw, encoding="utf-8", errors="replace") as text:
+                while chunk := text.read(1 << 20):
                     out.write(chunk)
-                    chars += len(chunk)
             out.write("\n")
-            chars += 1
     os.replace(tmp, target)
-    return target, chars
+    return target
 
 
 class Encoding(TypedDict):
@@ -120,26 +226,29 @@ class PreparedContext:
         }
 
 
-def context_prepare(run_id: str, source: Path) -> PreparedContext:
-    """1. a folder becomes one file (streamed), 2. the offset index is taken from the cache
-    when the file is unchanged (size, mtime, inode), else built in one streaming pass and
-    stored. Memory stays bounded by one read block whatever the size; bytes that are not
-    UTF-8 are counted and shown as U+FFFD, never a failure halfway through a run."""
-    path = materialise(run_id, source)[0] if source.is_dir() else source
-    target = index_file(path)
-    index = cached_index(path)
-    if index is None:
-        index = build_index(str(path))
-        tmp = target.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({**index.to_dict(), "fingerprint": fingerprint(path)}))
-        os.replace(tmp, target)
-    return PreparedContext(path, target, index)
-
-
-def fingerprint(path: Path) -> list[int]:
-    """What says a file is unchanged without reading it: size, mtime and inode."""
-    stat = path.stat()
-    return [stat.st_size, stat.st_mtime_ns, stat.st_ino]
+def context_prepare(
+    run_id: str, source: Path, roots: Sequence[Path] | None = None
+) -> PreparedContext:
+    """1. a folder becomes one file (streamed), 2. the file is opened and checked as opened
+    (open_checked: a path swapped after it was checked fails here), 3. the offset index of
+    what was opened is taken from the cache when the file is unchanged (its identity), else
+    built in one streaming pass and stored. The index records that identity, and the REPL's
+    host opens only that file (runs/sandbox/host.py). Memory stays bounded by one read block
+    whatever the size; bytes that are not UTF-8 are counted and shown as U+FFFD, never a
+    failure halfway through a run."""
+    roots = context_roots() if roots is None else roots
+    if source.is_dir():
+        source, roots = materialise(run_id, source, roots), context_roots(written_here=True)
+    with open_checked(source, roots) as handle:
+        identity = file_identity(os.fstat(handle.fileno()))
+        target = index_file(source)
+        index = cached_index(target, identity)
+        if index is None:
+            index = build_index(str(source), handle)
+            tmp = target.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(json.dumps({**index.to_dict(), "fingerprint": identity}))
+            os.replace(tmp, target)
+    return PreparedContext(source, target, index)
 
 
 def index_file(path: Path) -> Path:
@@ -149,16 +258,16 @@ def index_file(path: Path) -> Path:
     return directory / f"{key}.offsets.json"
 
 
-def cached_index(path: Path) -> ContextIndex | None:
-    """The stored offset index of ``path`` if the file has not changed since; else None."""
-    target = index_file(path)
+def cached_index(target: Path, identity: list[int]) -> ContextIndex | None:
+    """The offset index stored at ``target`` if it was built from the file of this
+    identity, unchanged since; else None."""
     try:
         data = json.loads(target.read_text())
     except (OSError, ValueError):
         return None
-    if data.get("fingerprint") != fingerprint(path):
+    if data.get("fingerprint") != identity:
         return None
-    return load_index(str(target))
+    return ContextIndex(data)
 
 
 def write_text(run_id: str, text: str) -> Path:
@@ -171,11 +280,3 @@ def context_dir() -> Path:
     directory = Path(settings.FRLM_CONTEXT_DIR)
     directory.mkdir(parents=True, exist_ok=True)
     return directory
-
-
-def _char_count(path: Path) -> int:
-    chars = 0
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        while chunk := fh.read(1 << 20):
-            chars += len(chunk)
-    return chars

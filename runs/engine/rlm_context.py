@@ -8,7 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runs.engine.context import ContextError, PreparedContext, check_path, context_prepare
+from runs.engine.context import (
+    ContextError,
+    PreparedContext,
+    check_path,
+    context_prepare,
+    context_roots,
+)
 from runs.engine.finish import RunAbort
 from runs.models import Run
 from runs.sandbox import SandboxCallError
@@ -27,9 +33,11 @@ class RlmContext:
 
 def run_context(run: Run) -> tuple[PreparedContext, RlmContext]:
     """The context as one UTF-8 file with its offset index (runs.engine.context), read in one
-    streaming pass at most: the conductor never holds the text."""
+    streaming pass at most: the conductor never holds the text. Its place is checked again
+    here, as it is opened: the path may have changed since the run was created."""
+    roots = context_roots(written_here=run.context_source != Run.Source.PATH)
     try:
-        prepared = context_prepare(run.id, check_path(run.context_path))
+        prepared = context_prepare(run.id, check_path(run.context_path, roots), roots)
     except ContextError as exc:
         raise RunAbort(f"context: {exc}") from exc
     except OSError as exc:

@@ -15,6 +15,7 @@ process and its pipes), ``bwrap`` (the command line and its isolation), ``accoun
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
@@ -29,6 +30,7 @@ from typing import Any, Literal
 from runs.sandbox import bwrap, seccomp
 from runs.sandbox.accounting import nproc_limit, tree_cpu_seconds
 from runs.sandbox.cells import CellResult, SandboxLimits, cell_error_message, death_verdict
+from runs.sandbox.lazytext import file_identity
 from runs.sandbox.pids import PidsLimit
 from runs.sandbox.pipes import Capture, ReplProcess, render_outputs
 from runs.sandbox.protocol import (
@@ -54,6 +56,19 @@ _START_TIMEOUT_S = 60.0
 
 class SandboxError(RuntimeError):
     """The sandbox itself cannot work (bubblewrap missing, the REPL does not start, misuse)."""
+
+
+def _check_identity(context_fd: int, index_fd: int, path: Path) -> None:
+    """The conductor checked the context's place as it opened it and wrote that file's
+    identity into the offset index (runs/engine/context.py): the REPL gets nothing else, so
+    a path swapped since (for a symlink to a key, say) is refused, not read."""
+    raw = os.pread(index_fd, os.fstat(index_fd).st_size, 0)
+    expected = json.loads(raw).get("fingerprint")
+    if expected != file_identity(os.fstat(context_fd)):
+        raise SandboxError(
+            f"the context file {path} is not the file the conductor checked and indexed "
+            "(it was replaced or changed since); start the run again"
+        )
 
 
 class Sandbox:
@@ -296,6 +311,8 @@ class Sandbox:
             index_fd = (
                 mounts.open(self._context_index, os.O_RDONLY) if self._context_index else None
             )
+            if index_fd is not None:
+                _check_identity(context_fd, index_fd, self._context_path)
             command = bwrap.repl_command(
                 env,
                 mounts,

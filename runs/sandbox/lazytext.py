@@ -126,9 +126,11 @@ def _index_of(path: str, handle: BinaryIO) -> ContextIndex:
     )
 
 
-def load_index(path: str) -> ContextIndex:
-    with open(path, encoding="utf-8") as handle:
-        return ContextIndex(json.load(handle))
+def file_identity(stat: os.stat_result) -> list[int]:
+    """Which file, unchanged, an offset index was built from: device, inode, size and
+    mtime. Stored with the index (runs/engine/context.py); the REPL's host opens the
+    context only if the file it opened has this identity (runs/sandbox/host.py)."""
+    return [stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns]
 
 
 def memory_limit_bytes() -> int | None:

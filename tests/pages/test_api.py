@@ -60,8 +60,8 @@ def test_it_serves_aggregates_and_the_diff_of_a_replay(venues):
     assert client.get(f"/api/diff?a={run.id}&b=rnothere").status_code == 404
 
 
-def test_it_keeps_server_paths_to_staff(venues, tmp_path):
-    notes = tmp_path / "notes.txt"
+def test_it_keeps_server_paths_to_staff(venues, context_root):
+    notes = context_root / "notes.txt"
     notes.write_text("a line of text\n")
     form = {
         "question": "What is in it?",

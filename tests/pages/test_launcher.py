@@ -54,7 +54,8 @@ def test_it_shows_each_error_beside_its_field(page, web):
     page.click("#launch")
     page.wait_for_selector(".field-errors")
     assert "question is empty" in page.inner_text("#field-question .field-errors")
-    assert "does not exist" in page.inner_text("#field-context_path .field-errors")
+    # Outside FRLM_CONTEXT_ROOTS: refused for that, before anything is said of the file.
+    assert "outside the folders" in page.inner_text("#field-context_path .field-errors")
     assert "policy.quorum must be between 0.05 and 1.0" in page.inner_text(
         "#field-quorum .field-errors"
     )

@@ -46,8 +46,8 @@ def test_it_solves_a_generated_task_with_workers_reading_fragments(
     assert all(e["bytes"] < 2_000 for e in prompts)
 
 
-def test_it_selects_fragments_and_records_the_choice(venues: list[str], tmp_path: Path) -> None:
-    corpus = tmp_path / "corpus.txt"
+def test_it_selects_fragments_and_records_the_choice(venues: list[str], context_root: Path) -> None:
+    corpus = context_root / "corpus.txt"
     lines = [f"Line {i}: the ferry timetable lists crossings to the islands." for i in range(3000)]
     lines[2222] = "The launch window opens on Tuesday at dawn, said the flight director."
     corpus.write_text("\n".join(lines))
@@ -127,8 +127,10 @@ def test_it_refuses_a_fragment_outside_the_run(venues: list[str]) -> None:
     assert run.subqueries == 0
 
 
-def test_it_reads_a_corpus_with_invalid_utf8_and_says_so(venues: list[str], tmp_path: Path) -> None:
-    corpus = tmp_path / "broken.txt"
+def test_it_reads_a_corpus_with_invalid_utf8_and_says_so(
+    venues: list[str], context_root: Path
+) -> None:
+    corpus = context_root / "broken.txt"
     corpus.write_bytes(b"good start\n" * 5000 + b"bad \xff\xfe bytes\n" + b"good end\n" * 5000)
     program = scripted("print(len(context), context.count('\\ufffd'), context[-9:])")
     run = finish(launch_path(corpus, program))
@@ -139,9 +141,9 @@ def test_it_reads_a_corpus_with_invalid_utf8_and_says_so(venues: list[str], tmp_
 
 
 def test_it_fails_clearly_when_the_context_vanishes_before_the_run(
-    venues: list[str], tmp_path: Path
+    venues: list[str], context_root: Path
 ) -> None:
-    corpus = tmp_path / "gone.txt"
+    corpus = context_root / "gone.txt"
     corpus.write_text("here for now")
     with transaction.atomic():
         run = run_create(

@@ -52,8 +52,16 @@ def test_it_answers_a_generated_needle_task_as_json(venues, subprocess_env):
     assert named(events, "Run.Done")[0]["attrs"]["correct"] is True
 
 
-def test_it_prints_a_summary_and_progress(venues, subprocess_env, tmp_path):
-    corpus = tmp_path / "corpus"
+@pytest.fixture
+def notes(context_root):
+    """A text file under the context roots, for runs whose context is beside the point."""
+    path = context_root / "notes.md"
+    path.write_text("The launch window opens on Tuesday at dawn.\n")
+    return path
+
+
+def test_it_prints_a_summary_and_progress(venues, subprocess_env, context_root):
+    corpus = context_root / "corpus"
     corpus.mkdir()
     (corpus / "a.txt").write_text("The launch window opens on Tuesday at dawn.\n" * 50)
     (corpus / "b.md").write_text("Budget notes: the rover costs nine million.\n" * 50)
@@ -76,46 +84,50 @@ def test_it_prints_a_summary_and_progress(venues, subprocess_env, tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--question", "", "--context", "README.md"], "--question: the question is empty"),
-        (["--question", "q", "--context", "/nonexistent/corpus"], "does not exist"),
+        (["--question", "", "--context", "NOTES"], "--question: the question is empty"),
+        (["--question", "q", "--context", "ROOT/nonexistent/corpus"], "does not exist"),
+        (["--question", "q", "--context", "README.md"], "is outside the folders"),
         (
-            ["--question", "q", "--context", "README.md", "--policy", "quorum=3"],
+            ["--question", "q", "--context", "NOTES", "--policy", "quorum=3"],
             "policy.quorum must be between 0.05 and 1.0, got 3",
         ),
-        (["--question", "q", "--context", "README.md", "--venues", "mars"], "unknown venue mars"),
+        (["--question", "q", "--context", "NOTES", "--venues", "mars"], "unknown venue mars"),
         (["--question", "q"], "give a context"),
         (["--task", "nope"], "invalid choice"),
         (["--task", "sniah", "--tokens", "5"], "tokens"),
         (
-            ["--question", "q", "--context", "README.md", "--root-model", "gpt"],
+            ["--question", "q", "--context", "NOTES", "--root-model", "gpt"],
             "unknown root model",
         ),
     ],
 )
-def test_it_rejects_bad_input_with_a_clear_message(venues, subprocess_env, args, message):
+def test_it_rejects_bad_input_with_a_clear_message(
+    venues, subprocess_env, notes, context_root, args, message
+):
     before = Run.objects.count()
+    args = [a.replace("NOTES", str(notes)).replace("ROOT", str(context_root)) for a in args]
     done = frlm_run(subprocess_env, *args, timeout=60)
     assert done.returncode != 0
     assert message in done.stderr
     assert Run.objects.count() == before  # nothing half-made
 
 
-def test_it_rejects_a_binary_context(venues, subprocess_env, tmp_path):
-    blob = tmp_path / "model.bin"
+def test_it_rejects_a_binary_context(venues, subprocess_env, context_root):
+    blob = context_root / "model.bin"
     blob.write_bytes(b"\x00\x01\x02" * 100)
     done = frlm_run(subprocess_env, "--question", "q", "--context", str(blob), timeout=60)
     assert done.returncode != 0
     assert "is binary, not text" in done.stderr
 
 
-def test_it_fails_the_run_when_the_model_endpoint_is_down(venues, subprocess_env):
+def test_it_fails_the_run_when_the_model_endpoint_is_down(venues, subprocess_env, notes):
     url = f"http://127.0.0.1:{free_port()}/v1"
     done = frlm_run(
         subprocess_env,
         "--question",
         "q",
         "--context",
-        "README.md",
+        str(notes),
         "--root-model",
         "openai:some-model",
         "--base-url",
@@ -130,14 +142,14 @@ def test_it_fails_the_run_when_the_model_endpoint_is_down(venues, subprocess_env
     assert named(events, "Run.Decode", "end")[0]["status"] == "error"
 
 
-def test_it_fails_the_run_when_the_endpoint_answers_garbage(venues, subprocess_env):
+def test_it_fails_the_run_when_the_endpoint_answers_garbage(venues, subprocess_env, notes):
     with endpoint(lambda _: (200, b"<html>this is not an API</html>")) as (url, _):
         done = frlm_run(
             subprocess_env,
             "--question",
             "q",
             "--context",
-            "README.md",
+            str(notes),
             "--root-model",
             "openai:m",
             "--base-url",

@@ -168,6 +168,7 @@ def test_it_keeps_the_offset_index_until_the_file_changes(
     tmp_path: Path, settings: pytest.FixtureRequest
 ) -> None:
     settings.FRLM_CONTEXT_DIR = tmp_path / "contexts"  # type: ignore[attr-defined]
+    settings.FRLM_CONTEXT_ROOTS = [tmp_path]  # type: ignore[attr-defined]
     path = tmp_path / "corpus.txt"
     path.write_text("first version\n" * 100)
     first = context_prepare("r1", path)
@@ -243,13 +244,14 @@ def test_it_handles_a_zero_byte_context(tmp_path: Path) -> None:
     ],
 )
 def test_it_refuses_an_empty_or_binary_context_before_the_run(
-    tmp_path: Path, content: bytes, message: str
+    tmp_path: Path, settings: pytest.FixtureRequest, content: bytes, message: str
 ) -> None:
     from runs.services import ContextSpec, RunInputError, run_create
     from workers.backends import model_spec
     from workers.models import Venue
 
     Venue.objects.get_or_create(name="local")
+    settings.FRLM_CONTEXT_ROOTS = [tmp_path]  # type: ignore[attr-defined]
     path = tmp_path / "context.bin"
     path.write_bytes(content)
     with pytest.raises(RunInputError) as caught:
