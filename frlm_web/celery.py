@@ -65,6 +65,10 @@ def _announce(**_: object) -> None:
 
     _presence = presence.from_environment(get_redis())
     if _presence is not None:
+        # Announced before the other worker_ready handlers run: a restarted conductor's
+        # orphan check (runs.tasks) tells a dead predecessor from itself by this entry's
+        # pid, and the thread's first beat could otherwise come after that check.
+        _presence.beat()
         _presence.start()
 
 

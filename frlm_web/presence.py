@@ -69,12 +69,15 @@ class PresenceThread(threading.Thread):
         self.every_s = every_s
         self.stopping = threading.Event()
 
+    def beat(self) -> None:
+        try:
+            announce(self.client, self.group, self.member, self.info)
+        except redis.RedisError:
+            pass  # Redis away for a moment: the next beat tries again.
+
     def run(self) -> None:
         while not self.stopping.is_set():
-            try:
-                announce(self.client, self.group, self.member, self.info)
-            except redis.RedisError:
-                pass  # Redis away for a moment: the next beat tries again.
+            self.beat()
             self.stopping.wait(self.every_s)
 
     def stop(self) -> None:
