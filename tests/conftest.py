@@ -75,6 +75,22 @@ def web(stack: Stack) -> Iterator[str]:
 
 
 @pytest.fixture
+def sign_in_counts_cleared(stack: Stack) -> Iterator[None]:
+    """No address or username starts with failed sign-ins counted, and none leaves with them
+    (the stack's web server counts them in the same Redis, per 127.0.0.1)."""
+    from frlm_web.redis_client import get_redis
+
+    def clear() -> None:
+        client = get_redis()
+        for key in client.scan_iter("frlm:login:*"):
+            client.delete(key)
+
+    clear()
+    yield
+    clear()
+
+
+@pytest.fixture
 def venues(stack: Stack, transactional_db) -> list[str]:
     """The stack's venues as rows (a transactional test empties the tables after itself)."""
     from workers.models import Venue, Worker, venue_defaults

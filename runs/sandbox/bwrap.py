@@ -56,8 +56,10 @@ class Mounts:
             os.close(self.fds.pop())
 
 
-# Inside bubblewrap the scratch space is a tmpfs of its own at /tmp, whatever the host uses.
+# Inside bubblewrap the scratch space is a tmpfs of its own at /tmp, whatever the host uses,
+# and the REPL's own code sits in a fixed place beside it (the checkout may live in /tmp).
 SANDBOX_SCRATCH = Path("/tmp")
+SANDBOX_CODE = Path("/frlm")
 
 
 def repl_command(
@@ -73,7 +75,8 @@ def repl_command(
     ``bwrap``, started as ``user`` (uid, gid) when given. Descriptors it needs are opened
     into ``mounts``."""
     interpreter = base_interpreter()
-    command = program or [str(interpreter), "-I", "-S", str(CHILD_SCRIPT)]
+    script = SANDBOX_CODE / CHILD_SCRIPT.name if bwrap else CHILD_SCRIPT
+    command = program or [str(interpreter), "-I", "-S", str(script)]
     if user is not None:
         command = [*drop_to(user), *command]
     if bwrap:
@@ -203,11 +206,11 @@ def bwrap_arguments(
         args += ["--ro-bind", str(prefix), str(prefix)]
     args += ["--proc", "/proc", "--dev", "/dev"]
     args += ["--perms", "1777", "--size", str(scratch_bytes), "--tmpfs", str(SANDBOX_SCRATCH)]
-    args += _parents(CHILD_SCRIPT)
+    args += ["--perms", "0755", "--dir", str(SANDBOX_CODE)]
     for script in (CHILD_SCRIPT, *CHILD_MODULES):
-        # Copied in, readable by anyone in here, whatever the checkout's modes.
+        # Copied in, readable by anyone in here, whatever the checkout's modes and place.
         fd = mounts.open(script, os.O_RDONLY)
-        args += ["--perms", "0444", "--ro-bind-data", str(fd), str(script)]
+        args += ["--perms", "0444", "--ro-bind-data", str(fd), str(SANDBOX_CODE / script.name)]
     if seccomp.supported():
         args += ["--seccomp", str(mounts.data("frlm-seccomp", seccomp.program()))]
     # The root is a tmpfs holding the mount points; read-only, nothing can be written beside them.

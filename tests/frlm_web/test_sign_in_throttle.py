@@ -3,30 +3,14 @@ on both sign-in forms, with the counts in the stack's real Redis."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from django.contrib.auth import get_user_model
-
-from frlm_web.redis_client import get_redis
 
 PASSWORD = "correct horse battery staple"
 
 
 @pytest.fixture
-def counts_cleared(stack) -> Iterator[None]:
-    def clear() -> None:
-        client = get_redis()
-        for key in client.scan_iter("frlm:login:*"):
-            client.delete(key)
-
-    clear()
-    yield
-    clear()
-
-
-@pytest.fixture
-def limit(settings, counts_cleared) -> int:
+def limit(settings, sign_in_counts_cleared) -> int:
     settings.FRLM_LOGIN_FAIL_LIMIT = 3
     settings.FRLM_LOGIN_FAIL_WINDOW_S = 120
     return 3

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 
 import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from frlm_web.redis_client import get_redis
 from tests.pages.helpers import PASSWORD, make_user
 
 
@@ -22,20 +20,6 @@ def get(url: str) -> tuple[int, dict[str, str], bytes]:
             return response.status, dict(response.headers), response.read()
     except urllib.error.HTTPError as exc:
         return exc.code, dict(exc.headers), exc.read()
-
-
-@pytest.fixture
-def sign_in_counts_cleared(stack) -> Iterator[None]:
-    """The failures this test makes from 127.0.0.1 must not hold up the next test's form."""
-
-    def clear() -> None:
-        client = get_redis()
-        for key in client.scan_iter("frlm:login:*"):
-            client.delete(key)
-
-    clear()
-    yield
-    clear()
 
 
 def test_it_serves_static_files_with_debug_off(web, venues):

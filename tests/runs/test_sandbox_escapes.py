@@ -233,8 +233,10 @@ PROGRAMS = [
     ),
     Program(
         "rewrite the REPL's own code",
-        TRY + "attempt('child', lambda: open('$child_script', 'a').write('#'))",
-        refused(),
+        TRY + "attempt('child', lambda: open('$child_script', 'a').write('#'))\n"
+        "attempt('own copy', lambda: open('/frlm/child.py', 'a').write('#'))\n"
+        "attempt('beside it', lambda: open('/frlm/sitecustomize.py', 'w').write('#'))",
+        refused("own copy", "beside it"),
     ),
     Program(
         "rewrite the context",

@@ -6,11 +6,13 @@ receipt chain checked by `frlm_receipts verify`."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from django.core.management import call_command
 
 from frlm_web.redis_client import get_redis
+from runs.engine.fanout.hedging import HEDGE_SHARE
 from runs.trust.accounts import DEFAULT_TOKENS_OUT
 from runs.trust.receipts import receipts_verify
 from tests.helpers import finish, launch, named, scripted, trace
@@ -177,9 +179,11 @@ def test_it_hedges_a_straggler_and_cancels_the_slower_twin(swarm_factory):
     assert slow & {e["attrs"]["hedged_worker"] for e in hedges}
     assert all(e["worker_id"] != e["attrs"]["hedged_worker"] for e in hedges)
     # Jobs queued on the slow worker (more than its two slots) wait on its straggling ones:
-    # they are hedged too.
+    # they are hedged too, unless stragglers elsewhere (a loaded machine) took the batch's
+    # whole hedge allowance first (seen in CI: every hedge went to a running straggler).
     held = [e for e in named(events, "SubQuery.Submit", "start") if e["worker_id"] in slow]
-    if len(held) > 2:
+    allowance = max(1, math.floor(HEDGE_SHARE * 48))
+    if len(held) > 2 and len(hedges) < allowance:
         assert any(e["attrs"].get("queued") for e in hedges), [e["attrs"] for e in hedges]
     assert all(e["attrs"]["threshold_ms"] > 0 and e["attrs"]["quantile"] == "p95" for e in hedges)
     cancels = [e for e in named(events, "SubQuery.Cancel") if "hedged" in e["attrs"]["reason"]]
