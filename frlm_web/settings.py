@@ -191,6 +191,9 @@ FRLM_CONDUCTOR_KEY_FILE = Path(
 FRLM_SANDBOX_ISOLATION = envstr("FRLM_SANDBOX_ISOLATION", "auto")
 # Whom the REPL runs as when the service runs as root (nobody by default).
 FRLM_SANDBOX_UID = envint("FRLM_SANDBOX_UID", 65534)
+# The longest model reply, run answer or event payload kept whole (longer ones are cut and
+# flagged): far above any real model's output.
+FRLM_MAX_REPLY_CHARS = envint("FRLM_MAX_REPLY_CHARS", 1_000_000)
 
 # The simulated model server, the embedded default model.
 FRLM_SIM_HOST = envstr("FRLM_SIM_HOST", "127.0.0.1")

@@ -18,6 +18,7 @@ from typing import Any
 import redis
 
 from frlm_web.redis_client import LuaScript
+from traces import caps
 from traces.schema import Event
 
 EVENTS_STREAM = "frlm:events"
@@ -155,6 +156,9 @@ class Emitter:
         if metrics:
             event["attrs"] = {**event["attrs"], **metrics}
         if payload is not None:
+            payload, whole = caps.cut(payload)
+            if whole:
+                event["attrs"] = {**event["attrs"], "payload_cut_from": whole}
             ref = sha256_text(payload)
             event["payload_ref"] = ref
             # The recorder moves the text into the blob store and keeps only the ref.

@@ -14,6 +14,7 @@ import httpx
 import openai
 from django.conf import settings
 
+from traces import caps
 from traces.cassette import cassette, request_hash
 from workers.pricing import cost_of
 
@@ -105,6 +106,7 @@ class ChatResult:
     model: str
     request_hash: str = ""
     replayed: bool = False
+    cut_from: int = 0  # the reply's whole length when it was cut to FRLM_MAX_REPLY_CHARS
 
 
 def _api_key(spec: ModelSpec) -> str:
@@ -219,6 +221,7 @@ def _result(spec: ModelSpec, response: Any, ms: float) -> ChatResult:
         ) from exc
     if not isinstance(text, str):
         raise ModelError(f"the model endpoint {spec.base_url} returned no text content")
+    text, cut_from = caps.cut(text)
     usage = response.get("usage") or {}
     try:
         tokens_in = int(usage.get("prompt_tokens") or 0)
@@ -226,5 +229,11 @@ def _result(spec: ModelSpec, response: Any, ms: float) -> ChatResult:
     except (AttributeError, TypeError, ValueError):
         tokens_in = tokens_out = 0
     return ChatResult(
-        text, tokens_in, tokens_out, cost_of(spec.model, tokens_in, tokens_out), ms, spec.model
+        text,
+        tokens_in,
+        tokens_out,
+        cost_of(spec.model, tokens_in, tokens_out),
+        ms,
+        spec.model,
+        cut_from=cut_from,
     )

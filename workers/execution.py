@@ -63,6 +63,7 @@ def reply_fields(reply: ChatResult) -> dict[str, Any]:
         "model_ms": reply.ms,
         "request_hash": reply.request_hash,
         "replayed": reply.replayed or None,
+        "cut_from": reply.cut_from or None,
     }
 
 

@@ -32,6 +32,7 @@ from runs.engine.turns import RootTurns
 from runs.models import Run
 from runs.orphans import CONDUCTOR_GROUP
 from runs.sandbox import CellResult, Sandbox, SandboxLimits
+from traces import caps
 from traces.emitter import Emitter, Span
 from workers.backends import ModelSpec
 
@@ -160,6 +161,8 @@ class Conductor:
             raise RunAbort("the run was cancelled", status=Run.Status.CANCELLED)
 
     def finish(self, status: str, answer: str, error: str, wall_ms: float, run_span: Span) -> None:
+        # A FINAL the REPL built far past any real answer is kept cut, and says so.
+        answer, _whole = caps.cut(answer)
         correct, figures = run_record(
             self.run,
             status=status,

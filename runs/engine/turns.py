@@ -82,6 +82,7 @@ class RootTurns:
             cost=reply.cost,
             request_hash=reply.request_hash,
             replayed=reply.replayed or None,
+            cut_from=reply.cut_from or None,
         )
         messages.append({"role": "assistant", "content": reply.text})
         return reply.text

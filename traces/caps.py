@@ -1,0 +1,34 @@
+"""A cap on what comes back: a model's reply, a run's answer, an event's payload.
+
+A reply far longer than any real model writes (a broken or hostile endpoint, a REPL that
+builds a huge FINAL) is cut to FRLM_MAX_REPLY_CHARS and says so in its own last line, so it
+is never stored, relayed or printed whole; the caller records how long it was.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+
+DEFAULT_LIMIT = 1_000_000
+_MARK_ROOM = 200
+
+
+def reply_limit() -> int:
+    # Emitters also run in scripts that never configure Django (benches): the default then.
+    if not settings.configured:
+        return DEFAULT_LIMIT
+    return int(getattr(settings, "FRLM_MAX_REPLY_CHARS", DEFAULT_LIMIT))
+
+
+def cut(text: str, limit: int | None = None) -> tuple[str, int]:
+    """(``text``, 0) within ``limit`` characters (default FRLM_MAX_REPLY_CHARS); else its
+    first ``limit`` characters with a closing line that says so, and its whole length."""
+    limit = reply_limit() if limit is None else limit
+    # Room for the closing line: a text cut once passes again unchanged.
+    if len(text) <= limit + _MARK_ROOM:
+        return text, 0
+    mark = (
+        f"\n[frlm: cut: {len(text):,} characters, the first {limit:,} kept; "
+        "FRLM_MAX_REPLY_CHARS sets the limit]"
+    )
+    return text[:limit] + mark, len(text)
