@@ -4,13 +4,11 @@ than any real model writes are cut, say so, and are never stored whole."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tests.helpers import finish, launch, named, scripted, trace
+from tests.helpers import endpoint, finish, launch, named, scripted, trace
 from traces import caps
 from traces.emitter import Emitter
 from workers.backends import ModelSpec, chat
@@ -28,24 +26,8 @@ def flooding_endpoint() -> Iterator[str]:
             "usage": {"prompt_tokens": 5, "completion_tokens": 7},
         }
     ).encode()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - the http.server name
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(reply)))
-            self.end_headers()
-            self.wfile.write(reply)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
-    server.server_close()
+    with endpoint(lambda _request: (200, reply)) as (url, _seen):
+        yield url
 
 
 def test_a_huge_model_reply_is_cut_and_flagged(flooding_endpoint: str, settings) -> None:
