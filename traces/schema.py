@@ -26,6 +26,8 @@ NAMES = frozenset(
         "Verify.Redundant",
         "Verify.Objective",
         "Verify.Attest",
+        "Verify.Probe",
+        "Verify.Flag",
         "Memory.CacheHit",
         "Memory.CacheMiss",
         "Weights.Fetch",

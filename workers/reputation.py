@@ -26,12 +26,20 @@ LATENCY_ALPHA = 0.2
 # has been seen, then judged on what it did.
 MIN_EVIDENCE = 0.5
 
+# One proven lie (a wrong agreement or validation verdict) weighs this many good results:
+# slow to earn, fast to lose. With DECAY a record holds at most about 50 good results, so
+# one lie takes a worker's score below the scheduler's min_reputation at once, and it
+# earns its way back only slowly (issue 23). A run's policy.lie_penalty sets it.
+LIE_PENALTY = 250.0
+
 # KEYS[1]: the worker's hash. ARGV: decay, alpha, completion, agreement, validation,
-# latency_ms ("" for a signal not observed). Returns the hash after the update.
+# latency_ms ("" for a signal not observed), the weight of a failed agreement or
+# validation. Returns the hash after the update.
 _OBSERVE = """
 local key = KEYS[1]
 local decay = tonumber(ARGV[1])
 local alpha = tonumber(ARGV[2])
+local lie = tonumber(ARGV[7] or '1')
 local names = {'completion', 'agreement', 'validation'}
 for i, name in ipairs(names) do
   local v = ARGV[2 + i]
@@ -39,8 +47,10 @@ for i, name in ipairs(names) do
     v = tonumber(v)
     local a = tonumber(redis.call('HGET', key, name .. '_a') or '1')
     local b = tonumber(redis.call('HGET', key, name .. '_b') or '1')
+    local weight = 1
+    if name ~= 'completion' then weight = lie end
     a = 1 + (a - 1) * decay + v
-    b = 1 + (b - 1) * decay + (1 - v)
+    b = 1 + (b - 1) * decay + (1 - v) * weight
     redis.call('HSET', key, name .. '_a', tostring(a), name .. '_b', tostring(b))
     if name == 'completion' then
       if v >= 0.5 then redis.call('HSET', key, 'failures', '0')
@@ -229,8 +239,9 @@ class Reputations:
     """Records observations in Redis, batched into one round trip per flush, and keeps
     each worker's latest reputation for the scheduler."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, lie_penalty: float = 1.0) -> None:
         self.client = client
+        self.lie_penalty = lie_penalty  # the weight of one failed agreement or validation
         self._pending: list[Observation] = []
         self.known: dict[str, Reputation] = {}
 
@@ -256,6 +267,7 @@ class Reputations:
                     _arg(obs.agreement),
                     _arg(obs.validation),
                     "" if obs.latency_ms is None else repr(float(obs.latency_ms)),
+                    repr(float(self.lie_penalty)),
                 ],
                 client=pipe,
             )

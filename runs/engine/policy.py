@@ -55,8 +55,20 @@ class Policy:
     verify_venues: str = ""
     # The high-trust tier's sample: the share of answers a validator re-runs when only
     # workers that have not passed the trust gate vouch for them, and when one that has does.
-    validate_rate: float = 0.5
+    # validate_rate applies to a worker that has not yet passed check_warmup checks (all
+    # of a new worker's answers, so a cold swarm's first round is as safe as its tenth).
+    validate_rate: float = 1.0
     validate_trusted_rate: float = 0.02
+    # Checks of workers nobody vouches for (redundant and high-trust tiers; issue 23): a
+    # worker's answers are all checked until it has passed check_warmup checks in a row,
+    # then at 1/its count of consecutive valid results but never below check_floor; one
+    # proven lie weighs lie_penalty good results (its score collapses and it is checked on
+    # every answer again) and its recent answers are re-checked. probe_rate is the share of
+    # known-answer probes mixed into each batch; a new worker gets one per batch as well.
+    check_floor: float = 0.06
+    check_warmup: int = 10
+    probe_rate: float = 0.02
+    lie_penalty: float = 250.0
     # Hedging: a sub-query still running past this quantile of its venue's latency (in this
     # run) gets a duplicate on another worker once no fresh work is waiting; the first
     # acceptable reply wins and the other is cancelled. "off" never hedges.
@@ -167,6 +179,10 @@ RANGES: dict[str, tuple[float, float]] = {
     "fold_tokens": (500, 10_000_000),
     "validate_rate": (0.0, 1.0),
     "validate_trusted_rate": (0.0, 1.0),
+    "check_floor": (0.0, 1.0),
+    "check_warmup": (0, 1000),
+    "probe_rate": (0.0, 1.0),
+    "lie_penalty": (1.0, 10_000.0),
     "budget_usd": (0.0, 1_000_000.0),
     "subquery_budget_usd": (0.0, 1_000_000.0),
 }

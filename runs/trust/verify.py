@@ -381,6 +381,61 @@ def should_replicate(consecutive_valid: int, rng: random.Random) -> bool:
     return rng.random() < 1.0 / consecutive_valid
 
 
+@dataclass(frozen=True)
+class CheckRule:
+    """How often a worker nobody vouches for is checked (issue 23). Below `warmup` passed
+    checks it is new: every answer is checked (and it is sent probes), so a cold swarm
+    starts with evidence. Past it, the rate falls with its consecutive-valid count (BOINC's
+    1/count) but never below `floor`, so a worker that turns liar after a long good record
+    is still caught within a few answers."""
+
+    floor: float = 0.06
+    warmup: int = TRUST_AFTER
+    new_rate: float = 1.0  # the rate below warmup (the high-trust tier's validate_rate)
+
+    def rate(self, consecutive_valid: int, *, suspect: bool = False) -> float:
+        if suspect:
+            return 1.0
+        if consecutive_valid < self.warmup:
+            return self.new_rate
+        return max(self.floor, 1.0 / max(1, consecutive_valid))
+
+    def why(self, consecutive_valid: int, *, suspect: bool = False) -> str:
+        """The reason recorded on the span for checking an answer at this rate."""
+        if suspect:
+            return "suspect: the worker was caught lying recently"
+        if consecutive_valid < self.warmup:
+            return f"new worker: {consecutive_valid} of {self.warmup} checks passed"
+        if 1.0 / max(1, consecutive_valid) > self.floor:
+            return f"sampled at 1/{consecutive_valid} (its consecutive valid results)"
+        return f"sampled at the floor of {100 * self.floor:g}%"
+
+
+class Sampler:
+    """Which answers of each worker are checked, at the rate CheckRule gives: systematic
+    sampling per worker, not a coin per answer. Each worker's credit grows by its rate per
+    answer and an answer is checked when it reaches 1, so a worker at 6% is never more than
+    17 answers without a check; the credit starts at a random phase the worker cannot
+    know, so it cannot tell which of its answers will be checked."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self._rng = rng
+        self._credit: dict[str, float] = {}
+
+    def take(self, worker_id: str, rate: float) -> bool:
+        if rate >= 1.0:
+            return True
+        if rate <= 0.0:
+            return False
+        credit = self._credit.get(worker_id)
+        if credit is None:
+            credit = self._rng.random()
+        credit += rate
+        checked = credit >= 1.0
+        self._credit[worker_id] = credit - 1.0 if checked else credit
+        return checked
+
+
 def should_validate(
     agreeing_counts: Sequence[int],
     rng: random.Random,
@@ -420,16 +475,24 @@ class OverheadFigures(TypedDict):
     by_kind: dict[str, int]
     overhead: float  # extra / primary: plain two-fold replication is 1.0
     share: float  # extra / (primary + extra): the part of all sub-queries spent verifying
+    cost: float  # dollars the extra sub-queries cost, as their workers reported it
+    cost_by_kind: dict[str, float]
 
 
 class VerificationTally:
     """Counts a run's sub-queries: the primary ones (one per question the program asked)
-    and the extra ones spent on verification, by kind (replica, validator, recheck)."""
+    and the extra ones spent on verification, by kind (replica, validator, recheck, probe),
+    and what the extra ones cost."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._primary = 0
         self._extra: dict[str, int] = {}
+        self._cost: dict[str, float] = {}
+
+    def add_cost(self, kind: str, dollars: float) -> None:
+        with self._lock:
+            self._cost[kind] = self._cost.get(kind, 0.0) + dollars
 
     def add_primary(self, n: int = 1) -> None:
         with self._lock:
@@ -449,4 +512,6 @@ class VerificationTally:
                 "by_kind": dict(self._extra),
                 "overhead": extra / self._primary if self._primary else 0.0,
                 "share": extra / total if total else 0.0,
+                "cost": round(sum(self._cost.values()), 8),
+                "cost_by_kind": {k: round(v, 8) for k, v in self._cost.items()},
             }

@@ -128,3 +128,33 @@ def test_it_reopens_when_a_probe_fails_and_a_success_resets_the_count(client) ->
     other = Breakers(client, failures=2, cooldown_s=10, probes=3)
     other.check([scope], 13.0)
     assert other.state[scope].state == OPEN
+
+
+def test_it_drops_a_long_good_record_below_the_routing_gate_on_one_proven_lie(client) -> None:
+    # Slow to earn, fast to lose (issue 23): fifty good results, then one lie.
+    wid = fresh()
+    reputations = Reputations(client, lie_penalty=250)
+    for _ in range(50):
+        reputations.observe(Observation(wid, completion=True, agreement=True))
+    reputations.flush()
+    assert reputations.get(wid).score > 0.9
+    reputations.observe(Observation(wid, completion=True, agreement=False))
+    reputations.flush()
+    caught = reputations.get(wid)
+    assert caught.score < 0.2  # the scheduler's default min_reputation
+    assert caught.consecutive_valid == 0
+    # Earning it back takes far more good results than losing it took lies.
+    for _ in range(20):
+        reputations.observe(Observation(wid, completion=True, validation=True))
+    reputations.flush()
+    assert reputations.get(wid).score < 0.5
+
+
+def test_it_weighs_a_lie_as_one_result_without_a_penalty(client) -> None:
+    wid = fresh()
+    reputations = Reputations(client)
+    for _ in range(50):
+        reputations.observe(Observation(wid, agreement=True))
+    reputations.observe(Observation(wid, agreement=False))
+    reputations.flush()
+    assert reputations.get(wid).score > 0.9

@@ -205,8 +205,11 @@ class Fanout:
             judging=tier != "best_effort" or check is not None or defer_check,
         )
         self.scope.batch = state
-        self._dispatch(state.flights)
+        # Known-answer probes go out in the same dispatch as the work they hide among.
+        probes = self.judge.probes_for(state)
+        self._dispatch(state.flights + probes)
         self.tally.add_primary(len(state.flights))
+        self.judge.probe_round(state, probes)
         if check is not None:
             verdicts = self.judge.check_all(state, check, range(len(state.flights)))
             while verdicts:
@@ -363,5 +366,7 @@ class Fanout:
         with self.emitter.batch():
             for flight in state.replied:
                 self.spending.pay(flight)
+                if flight.kind:  # a copy or a probe: the cost of checking
+                    self.tally.add_cost(flight.kind, flight.outcome.cost)
             self.router.flush()
         state.replied.clear()

@@ -7,14 +7,15 @@ as. The judge sends its copies through the callback it is given, as any batch is
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from runs.engine.fanout.state import Batch, Flight, LimitExceeded, Outcome, Roster, Scope, Totals
-from runs.trust import verify
+from runs.trust import probes, verify
 from traces.emitter import Emitter, sha256_text
 from workers import attestation
 from workers.agreement import AgreementRule
@@ -39,6 +40,15 @@ class Judge:
     rng: random.Random
     public_key: Callable[[str], str | None]  # a worker's key (intake.Intake.public_key)
     send: Callable[[list[Flight]], None]  # dispatches copies, collects replies, as any batch
+    # Workers caught lying in this run, each with what caught it (issue 23).
+    caught: dict[str, str] = field(default_factory=dict)
+    # Answers of earlier batches taken unchecked, by worker: (sub-query span, number). They
+    # went back to the REPL already; if their worker is caught they are flagged.
+    returned: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+    sampler: verify.Sampler | None = None
+
+    def __post_init__(self) -> None:
+        self.sampler = verify.Sampler(self.rng)
 
     # --- objective: the call's own check ---------------------------------------------
     def check_all(
@@ -120,16 +130,46 @@ class Judge:
         )
         replies: dict[int, list[tuple[verify.Reply, Flight]]] = {}
         sent: dict[int, int] = {}  # copies sent, answered or not: the limit counts them all
-        todo: list[int] = []
+        why: dict[int, str] = {}  # why each checked answer was checked, for its span
         for pos, flight in enumerate(state.flights):
             if flight.outcome.status != "ok":
                 continue
             holder = state.holder(pos)
             replies[pos] = [(self._reply(holder), holder)]
             sent[pos] = 1
-            trust = self.reputations.get(holder.outcome.worker_id).consecutive_valid
-            if policy.agree > 1 and verify.should_replicate(trust, self.rng):
-                todo.append(pos)
+            if policy.agree > 1:
+                reason = self._sample(
+                    holder.outcome.worker_id,
+                    verify.CheckRule(
+                        floor=self.scope.policy.check_floor,
+                        warmup=self.scope.policy.check_warmup,
+                    ),
+                )
+                if reason:
+                    why[pos] = reason
+        self._rounds(state, policy, sorted(why), replies, sent, why)
+        # A worker caught in this batch has every other answer of it checked too: these
+        # have not gone back to the REPL yet, so the check corrects them.
+        again = [
+            pos
+            for pos in replies
+            if pos not in why and policy.agree > 1 and replies[pos][0][0].worker_id in self.caught
+        ]
+        for pos in again:
+            why[pos] = self._recheck_why(replies[pos][0][0].worker_id)
+        self._rounds(state, policy, again, replies, sent, why)
+        self._remember_unchecked(state, [p for p in replies if p not in why])
+
+    def _rounds(
+        self,
+        state: Batch,
+        policy: verify.RedundancyPolicy,
+        todo: list[int],
+        replies: dict[int, list[tuple[verify.Reply, Flight]]],
+        sent: dict[int, int],
+        why: dict[int, str],
+    ) -> None:
+        """Copies of the sub-queries at `todo` go out in rounds until each is judged."""
         while todo:
             copies: list[Flight] = []
             for pos in todo:
@@ -137,7 +177,7 @@ class Judge:
                 judged = [reply for reply, _ in replies[pos]]
                 decision = verify.redundant_decide(judged, policy)
                 if decision.outcome != "more" or sent[pos] >= policy.max_replicas:
-                    self._judge(state.flights[pos], decision, replies[pos])
+                    self._judge(state.flights[pos], decision, replies[pos], why.get(pos, ""))
                     continue
                 for _ in range(min(decision.dispatch, policy.max_replicas - sent[pos])):
                     # Distinct workers: those that answered, and the copies going out now.
@@ -159,6 +199,7 @@ class Judge:
         flight: Flight,
         decision: verify.Decision,
         replies: list[tuple[verify.Reply, Flight]],
+        why: str = "",
     ) -> None:
         """Record the verdict on the sub-query's span, teach reputation who was right, and
         make the accepted answer (or the lack of one) the sub-query's outcome."""
@@ -171,7 +212,8 @@ class Judge:
                 mode=decision.mode,
                 reason=f"no agreement within {self.scope.policy.max_replicas} replicas",
             )
-        attrs = dict(decision.attrs())
+        attrs: dict[str, Any] = dict(decision.attrs())
+        attrs["why"] = why
         if attrs.get("text"):
             attrs["text"] = attrs["text"][:QUOTE_CHARS]
         self.emitter.instant(
@@ -186,6 +228,8 @@ class Judge:
         right = verify.judgements(decision)
         for worker_id, ok in right.items():
             self.reputations.observe(Observation(worker_id, agreement=ok))
+            if not ok:
+                self._caught(worker_id, f"outvoted on sub-query {flight.outcome.index}")
         for reply, replier in replies:
             if decision.outcome != "accept":
                 replier.verdict = "unresolved"
@@ -224,29 +268,48 @@ class Judge:
         return trusted
 
     def high_trust(self, state: Batch) -> None:
-        """A validator re-runs a sample of the answers: often those only workers below the
-        trust gate vouch for, rarely the others (verify.should_validate); each re-run comes
-        back with the validator's signed attestation (Verify.Attest). A divergence takes
-        the validator's answer and counts against the worker."""
+        """A validator re-runs a sample of the answers: all of a new worker's (until it has
+        passed policy.check_warmup checks), then at 1/its consecutive-valid count but never
+        below policy.check_floor, and rarely those of a trusted venue's workers; each re-run
+        comes back with the validator's signed attestation (Verify.Attest). A divergence
+        takes the validator's answer and counts against the worker, whose other answers in
+        the batch are then re-run too."""
         venues_ = self.validator_venues()
-        copies: list[Flight] = []
+        policy = self.scope.policy
+        rule = verify.CheckRule(
+            floor=policy.check_floor, warmup=policy.check_warmup, new_rate=policy.validate_rate
+        )
+        why: dict[int, str] = {}
+        answered: list[int] = []
         for pos, flight in enumerate(state.flights):
             holder = state.holder(pos)
             if flight.outcome.status != "ok" or holder.outcome.status != "ok":
                 continue
+            answered.append(pos)
             worker = holder.outcome.worker_id
-            trusted = bool(self.roster.workers.get(worker, {}).get("trusted"))
-            record = self.reputations.get(worker)
-            passed = record.mean("validation")
-            if not verify.should_validate(
-                [verify.TRUST_AFTER if trusted else record.consecutive_valid],
-                self.rng,
-                untrusted_rate=self.scope.policy.validate_rate,
-                trusted_rate=self.scope.policy.validate_trusted_rate,
-                suspect=not trusted and passed is not None and passed < SUSPECT_BELOW,
-            ):
+            if self.roster.workers.get(worker, {}).get("trusted"):
+                if self.rng.random() < policy.validate_trusted_rate:
+                    why[pos] = f"trusted venue, sampled at {100 * policy.validate_trusted_rate:g}%"
                 continue
-            copy = self._copy(state, pos, "validator", {worker})
+            reason = self._sample(worker, rule)
+            if reason:
+                why[pos] = reason
+        self._validate(state, sorted(why), venues_, why)
+        again = [
+            p for p in answered if p not in why and state.holder(p).outcome.worker_id in self.caught
+        ]
+        for pos in again:
+            why[pos] = self._recheck_why(state.holder(pos).outcome.worker_id)
+        self._validate(state, again, venues_, why)
+        self._remember_unchecked(state, [p for p in answered if p not in why])
+
+    def _validate(
+        self, state: Batch, positions: list[int], venues_: frozenset[str], why: dict[int, str]
+    ) -> None:
+        copies: list[Flight] = []
+        for pos in positions:
+            holder = state.holder(pos)
+            copy = self._copy(state, pos, "validator", {holder.outcome.worker_id})
             copy.venues, copy.judged = venues_, holder
             copies.append(copy)
         if not copies:
@@ -254,9 +317,138 @@ class Judge:
         self.tally.add_extra("validator", len(copies))
         self.send(copies)
         for copy in copies:
-            self._attest(state.flights[copy.replica_of], copy)
+            self._attest(state.flights[copy.replica_of], copy, why.get(copy.replica_of, ""))
 
-    def _attest(self, flight: Flight, copy: Flight) -> None:
+    # --- how often a worker is checked, and what happens when one is caught ----------
+
+    def _sample(self, worker: str, rule: verify.CheckRule) -> str:
+        """Why this answer of `worker` is checked, or "" when it is not (verify.Sampler at
+        the rate the rule gives its record)."""
+        record = self.reputations.get(worker)
+        means = [record.mean("validation"), record.mean("agreement")]
+        suspect = worker in self.caught or any(m is not None and m < SUSPECT_BELOW for m in means)
+        assert self.sampler is not None
+        if self.sampler.take(worker, rule.rate(record.consecutive_valid, suspect=suspect)):
+            return rule.why(record.consecutive_valid, suspect=suspect)
+        return ""
+
+    def _recheck_why(self, worker: str) -> str:
+        return f"recheck: its worker was caught ({self.caught[worker]})"
+
+    def _caught(self, worker: str, how: str) -> None:
+        """A proven lie: the worker is checked on every answer for the rest of the run, and
+        what it answered unchecked in earlier batches (already back in the REPL, so past
+        correcting) is flagged in the trace."""
+        first = worker not in self.caught
+        self.caught.setdefault(worker, how)
+        earlier = self.returned.pop(worker, [])
+        if not (first or earlier):
+            return
+        self.emitter.instant(
+            "Verify.Flag",
+            parent=self.scope.parent,
+            depth=self.scope.depth,
+            status="rejected",
+            worker_id=worker or None,
+            caught_by=how,
+            flagged=[span for span, _ in earlier],
+            subqueries=[number for _, number in earlier],
+            reason=(
+                f"caught lying ({how}); {len(earlier)} earlier answer(s) of it were taken "
+                "unchecked and have gone back to the program: treat them as suspect"
+                if earlier
+                else f"caught lying ({how}); it is checked on every answer from now on"
+            ),
+        )
+
+    def _remember_unchecked(self, state: Batch, positions: list[int]) -> None:
+        for pos in positions:
+            holder, flight = state.holder(pos), state.flights[pos]
+            if flight.span is not None and holder.outcome.worker_id:
+                self.returned.setdefault(holder.outcome.worker_id, []).append(
+                    (flight.span.span_id, flight.outcome.index)
+                )
+
+    # --- known-answer probes -----------------------------------------------------------
+
+    def probes_for(self, state: Batch) -> list[Flight]:
+        """Probes to mix into the batch (runs.trust.probes): one for each untrusted worker
+        that has not yet passed policy.check_warmup checks, and policy.probe_rate of the
+        batch for workers drawn at random. Each goes to its worker only; nothing in the job
+        tells it from the batch's other work."""
+        if state.tier not in ("redundant", "high_trust"):
+            return []
+        policy = self.scope.policy
+        untrusted = {
+            wid: w
+            for wid, w in self.roster.workers.items()
+            if not w.get("trusted") and w["venue"] in self.scope.answer_venues
+        }
+        if not untrusted:
+            return []
+        prompts = [f.prompt for f in state.flights]
+        targets = [
+            wid
+            for wid in sorted(untrusted)
+            if self.reputations.get(wid).consecutive_valid < policy.check_warmup
+        ]
+        warming = len(targets)
+        targets += [
+            self.rng.choice(sorted(untrusted))
+            for _ in range(probes.probe_count(len(prompts), policy.probe_rate, self.rng))
+        ]
+        flights = []
+        for n, wid in enumerate(targets):
+            probe = dataclasses.replace(
+                probes.make_probe(prompts, self.rng),
+                why="new worker: answers probes before its work goes unchecked"
+                if n < warming
+                else f"sampled: {100 * policy.probe_rate:g}% of each batch are probes",
+            )
+            flight = Flight(
+                Outcome(0),
+                probe.prompt,
+                venues=frozenset({untrusted[wid]["venue"]}),
+                kind="probe",
+                probe=probe,
+            )
+            flight.tried = set(self.roster.workers) - {wid}
+            flights.append(flight)
+        if flights:
+            self.tally.add_extra("probe", len(flights))
+        return flights
+
+    def probe_round(self, state: Batch, sent: list[Flight]) -> None:
+        """Each probe's reply against its known answer (Verify.Probe); a failed one is a
+        proven lie."""
+        for flight in sent:
+            assert flight.probe is not None
+            if flight.outcome.status != "ok":
+                continue
+            worker = flight.outcome.worker_id
+            passed = probes.probe_passed(flight.probe, flight.outcome.text)
+            self.emitter.instant(
+                "Verify.Probe",
+                parent=flight.span.span_id if flight.span else self.scope.parent,
+                depth=self.scope.depth,
+                status="ok" if passed else "rejected",
+                links=[flight.span.span_id] if flight.span else [],
+                worker_id=worker or None,
+                venue=flight.outcome.venue or None,
+                sq=flight.outcome.index,
+                tier="probe",
+                source=flight.probe.source,
+                ok=passed,
+                expected=flight.probe.answer[:QUOTE_CHARS],
+                why=flight.probe.why,
+            )
+            flight.verdict = "accepted" if passed else "rejected"
+            if worker:
+                self.reputations.observe(Observation(worker, validation=passed))
+                if not passed:
+                    self._caught(worker, f"failed probe sub-query {flight.outcome.index}")
+
+    def _attest(self, flight: Flight, copy: Flight, why: str = "") -> None:
         """Check a validator's attestation of `copy.judged` and act on its verdict."""
         judged = copy.judged
         assert judged is not None
@@ -294,9 +486,11 @@ class Judge:
             status="ok" if agreed else "rejected",
             worker_id=worker or None,
             sq=flight.outcome.index,
-            attrs={"tier": "high_trust", **signed},
+            attrs={"tier": "high_trust", "why": why, **signed},
         )
         self.reputations.observe(Observation(worker, validation=agreed))
+        if not agreed:
+            self._caught(worker, f"a validator diverged on sub-query {flight.outcome.index}")
         judged.verdict = "accepted" if agreed else "rejected"
         copy.verdict = "validator"
         if not agreed:

@@ -56,7 +56,7 @@ class Router:
         self.emitter = emitter
         self.accounts = accounts
         self.rng = rng
-        self.reputations = Reputations(client)
+        self.reputations = Reputations(client, lie_penalty=scope.policy.lie_penalty)
         self.breakers = Breakers(client)
         policy = scope.policy
         self.weights = scheduler.Weights(

@@ -11,6 +11,7 @@ from typing import Any
 
 from runs.engine.policy import CHOICES, Policy
 from runs.trust.budget import Reservation
+from runs.trust.probes import Probe
 from traces.emitter import Span
 from workers.backends import ModelSpec
 from workers.jobs import Result
@@ -90,7 +91,9 @@ class Flight:
     replica_of: int = -1  # a copy's: the position in its batch of the sub-query it copies
     venues: frozenset[str] = frozenset()  # where it may run; empty: the run's answer venues
     original: int = 0  # a copy's: the number of the sub-query it copies
-    kind: str = ""  # "" an answer; a copy made to judge one: replica, recheck, validator
+    kind: str = ""  # "" an answer; a copy made to judge one: replica, recheck, validator;
+    # "probe": a known-answer question mixed into the batch (runs.trust.probes)
+    probe: Probe | None = None
     judged: Flight | None = None  # a validator's: the reply it re-runs
     reservation: Reservation | None = None  # its budget reservation while it is out
     result: Result | None = None  # the signed reply, kept for its receipt

@@ -1,0 +1,107 @@
+"""Known-answer probes (gold questions) mixed into a batch's real work (issue 23).
+
+A probe is an extractive question whose answer the conductor knows: a few sentences and
+"Which sentence mentions W?", where W is a word that only one of them holds; the answer is
+that sentence, as written. Its sentences come from the run's own context where it can (the
+text of the batch's own prompts, so a probe reads like the work around it), and from a
+probe bank otherwise (sentences made up from word lists, each with a number no other
+sentence has). Plain functions: nothing here dispatches or emits.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from workers.agreement import AgreementRule, agree
+
+_WORD = re.compile(r"[a-z0-9]+")
+_SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
+# The words of the question itself: a sentence holding one of them could tie with the answer.
+_ASK_WORDS = frozenset({"which", "sentence", "mentions"})
+SENTENCES = 4  # per probe: the answer and three others
+MAX_SENTENCE_CHARS = 300
+# A probe's answer is one sentence; a model may quote it or trim its full stop.
+RULE = AgreementRule(mode="similar", threshold=0.8)
+
+_ADJECTIVES = ("red", "quiet", "narrow", "old", "bright", "hollow", "green", "tall", "cold")
+_THINGS = ("lantern", "bridge", "mill", "tower", "gate", "barn", "well", "chapel", "dock")
+_PLACES = ("harbour", "valley", "market", "forest", "square", "ridge", "meadow", "canal")
+
+
+@dataclass(frozen=True)
+class Probe:
+    prompt: str
+    answer: str
+    source: str  # "context" (the batch's own text) or "bank"
+    why: str = ""  # why it was sent: a new worker's warm-up, or the batch's sample
+
+
+def _words(text: str) -> set[str]:
+    return set(_WORD.findall(text.lower()))
+
+
+def sentences_of(prompts: Sequence[str]) -> list[str]:
+    """The distinct sentences in the batch's prompts (each prompt's lines after its first,
+    which asks the question), short enough to quote."""
+    found: dict[str, None] = {}
+    for prompt in prompts:
+        _ask, _, text = prompt.strip().partition("\n")
+        for sentence in _SENTENCE.split(text):
+            sentence = sentence.strip()
+            if 3 <= len(sentence) <= MAX_SENTENCE_CHARS and not _words(sentence) & _ASK_WORDS:
+                found[sentence] = None
+    return list(found)
+
+
+def _compose(pool: list[str], rng: random.Random) -> tuple[str, str, str] | None:
+    """(text, answer, word) from up to SENTENCES sentences of `pool`, or None when no
+    sentence among those drawn has a word of its own."""
+    chosen = rng.sample(pool, min(SENTENCES, len(pool)))
+    order = list(range(len(chosen)))
+    rng.shuffle(order)
+    for i in order:
+        others = set().union(*(_words(s) for j, s in enumerate(chosen) if j != i))
+        own = sorted(w for w in _words(chosen[i]) - others if len(w) > 1 or w.isdigit())
+        if own:
+            return "\n".join(chosen), chosen[i], rng.choice(own)
+    return None
+
+
+def bank_sentences(rng: random.Random, n: int = SENTENCES) -> list[str]:
+    """Made-up sentences, each with a number of its own."""
+    numbers = rng.sample(range(10, 1000), n)
+    return [
+        f"The {rng.choice(_ADJECTIVES)} {rng.choice(_THINGS)} stands by the "
+        f"{rng.choice(_PLACES)} at mile {number}."
+        for number in numbers
+    ]
+
+
+def make_probe(prompts: Sequence[str], rng: random.Random) -> Probe:
+    """One probe, from the batch's own text when it has at least two sentences to choose
+    from, else from the bank."""
+    pool = sentences_of(prompts)
+    if len(pool) >= 2:
+        composed = _compose(pool, rng)
+        if composed is not None:
+            return _probe(*composed, source="context")
+    return _probe(*_compose(bank_sentences(rng), rng) or ("", "", ""), source="bank")
+
+
+def _probe(text: str, answer: str, word: str, *, source: str) -> Probe:
+    return Probe(prompt=f"Which sentence mentions {word}?\n{text}", answer=answer, source=source)
+
+
+def probe_passed(probe: Probe, reply: str) -> bool:
+    """Whether a reply gives the probe's known answer."""
+    return agree(reply.strip().strip("\"'"), probe.answer, RULE)
+
+
+def probe_count(batch_size: int, rate: float, rng: random.Random) -> int:
+    """How many probes to mix into a batch of this size at `rate`: the expected share,
+    the fraction settled by a draw so small batches get probes too."""
+    expected = batch_size * rate
+    return int(expected) + (1 if rng.random() < expected - int(expected) else 0)

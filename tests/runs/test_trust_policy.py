@@ -1,0 +1,102 @@
+"""The checking policy for workers nobody vouches for (issue 23), as plain functions: the
+rate a worker is checked at, the sampler that picks which answers, and known-answer probes."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from runs.engine.policy import Policy, PolicyError
+from runs.trust.probes import make_probe, probe_count, probe_passed, sentences_of
+from runs.trust.verify import CheckRule, Sampler, VerificationTally
+from workers.sim.reader import answer_prompt, wrong_answer
+
+BATCH = [f"Where is station {i}?\nStation {i} is north of the river." for i in range(40)]
+
+
+def test_it_checks_every_answer_of_a_new_worker():
+    rule = CheckRule(floor=0.06, warmup=10)
+    assert all(rule.rate(n) == 1.0 for n in range(10))
+    assert "new worker" in rule.why(3)
+
+
+def test_it_never_lets_the_rate_fall_below_the_floor():
+    rule = CheckRule(floor=0.06, warmup=10)
+    assert rule.rate(10) == pytest.approx(0.1)
+    assert rule.rate(1000) == 0.06
+    assert "floor" in rule.why(1000)
+
+
+def test_it_checks_every_answer_of_a_suspect_whatever_its_record():
+    assert CheckRule(floor=0.0).rate(10_000, suspect=True) == 1.0
+
+
+def test_it_lets_the_high_trust_tier_set_a_new_workers_rate():
+    assert CheckRule(warmup=10, new_rate=0.5).rate(3) == 0.5
+
+
+def test_it_never_leaves_a_worker_more_than_one_over_its_rate_answers_unchecked():
+    sampler = Sampler(random.Random(7))
+    picks = [sampler.take("w", 0.06) for _ in range(1000)]
+    checked = [i for i, p in enumerate(picks) if p]
+    gaps = [b - a for a, b in zip(checked, checked[1:], strict=False)]
+    assert 55 <= len(checked) <= 65
+    assert max(gaps) <= 17 and checked[0] <= 17
+
+
+def test_it_starts_each_worker_at_a_phase_it_cannot_know():
+    firsts = set()
+    for seed in range(20):
+        sampler = Sampler(random.Random(seed))
+        firsts.add(next(i for i in range(100) if sampler.take("w", 0.1)))
+    assert len(firsts) >= 5
+
+
+def test_it_builds_a_probe_from_the_batchs_own_text_that_an_honest_reader_answers():
+    rng = random.Random(1)
+    for _ in range(50):
+        probe = make_probe(BATCH, rng)
+        assert probe.source == "context"
+        assert probe.answer in probe.prompt
+        assert probe_passed(probe, answer_prompt(probe.prompt))
+        assert not probe_passed(probe, wrong_answer(probe.prompt, random.Random(3)))
+
+
+def test_it_falls_back_to_the_probe_bank_when_the_batch_has_no_text():
+    probe = make_probe(["What is two and two?"], random.Random(2))
+    assert probe.source == "bank"
+    assert probe_passed(probe, answer_prompt(probe.prompt))
+    assert probe_passed(probe, f'"{probe.answer}"')  # a quoted answer is still the answer
+
+
+def test_it_keeps_sentences_that_would_tie_with_the_answer_out_of_a_probe():
+    assert sentences_of(["Q\nThis sentence mentions nothing. The mill is old."]) == [
+        "The mill is old."
+    ]
+
+
+def test_it_mixes_in_the_expected_share_of_probes():
+    rng = random.Random(5)
+    assert probe_count(100, 0.02, rng) == 2
+    assert sum(probe_count(10, 0.05, rng) for _ in range(2000)) == pytest.approx(1000, rel=0.1)
+    assert probe_count(100, 0.0, rng) == 0
+
+
+def test_it_counts_what_checking_cost():
+    tally = VerificationTally()
+    tally.add_primary(10)
+    tally.add_extra("probe")
+    tally.add_cost("probe", 0.25)
+    tally.add_cost("replica", 0.5)
+    figures = tally.figures()
+    assert figures["cost"] == 0.75 and figures["cost_by_kind"]["probe"] == 0.25
+
+
+def test_it_takes_the_checking_policy_keys_and_refuses_bad_ones():
+    policy = Policy.from_dict({"check_floor": "0.1", "probe_rate": 0.05, "check_warmup": 3})
+    assert (policy.check_floor, policy.probe_rate, policy.check_warmup) == (0.1, 0.05, 3)
+    with pytest.raises(PolicyError, match="policy.check_floor must be between 0.0 and 1.0"):
+        Policy.from_dict({"check_floor": 2})
+    with pytest.raises(PolicyError, match="policy.lie_penalty"):
+        Policy.from_dict({"lie_penalty": 0})
