@@ -1,21 +1,26 @@
 """Trust benchmark: verification and hedging on real simulated swarms.
 
 Prints, measured in one run on real Redis, Celery workers, the worker runtime and the
-simulated model server (each scenario on a fresh private stack, so reputations start
-from nothing):
-1. a swarm where 30% of the workers lie, each making up its own wrong answer: under the
-   redundant tier, the error rate of accepted answers (target at most 1%) and the
-   verification overhead in extra sub-queries per primary one (target at most 25% once
-   reputations settle; plain two-fold replication costs 100% by construction);
-2. the same swarm with colluding liars (all give the same wrong answer to a question):
-   under the redundant tier alone (agreement cannot catch them), then under the high-trust
-   tier, where a trusted validator re-runs a sample chosen by who vouches for the answer;
-3. a swarm where 5% of the workers are ten times slower: the wall time of its first batch
+simulated model server (each scenario on a fresh private stack or with every reputation
+wiped, so reputations start from nothing), on both checking tiers (redundant: copies to
+other workers; high trust: a trusted validator re-runs a sample and signs what it found):
+1. a swarm where 30% of the workers lie, each making up its own wrong answer, then one
+   where they collude (all give the same wrong answer to a question): the error rate of
+   accepted answers in the first round (cold) and once reputations settle, and the
+   verification overhead in extra sub-queries (copies, validators, probes) per primary one
+   (targets: first round on the high-trust tier with colluders at most 2% wrong; settled
+   at most 1% wrong at at most 25% overhead);
+2. a swarm with no liar at all: the overhead (target at most 8%) and each worker's share
+   of the sub-queries against its fair share (target: none below half of it);
+3. a turncoat: one worker of 8 starts lying after the swarm's reputations have settled;
+   the sub-queries sent from the moment it turns until its share of the last 100 falls
+   below 5%, and how many of its lies were accepted (targets: at most 100 and 5);
+4. a swarm where 5% of the workers are ten times slower: the wall time of its first batch
    (nothing knows yet which workers are slow) with hedging against without, as a ratio of
    the same batch on a swarm with no slow worker (target at most 1.2x with hedging).
 
-    .venv/bin/python bench/trust.py [--workers 10] [--rounds 8] [--batch 100]
-        [--hedge-workers 20] [--repeat 3] [--skip verification|hedging]
+    .venv/bin/python bench/trust.py [--quick] [--workers 10] [--rounds 8] [--batch 100]
+        [--hedge-workers 20] [--repeat 3] [--skip verification|honest|turncoat|hedging]
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import argparse
 import statistics
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 from _stack import private_stack, run_to_end
@@ -83,6 +89,13 @@ def batch_program(round_: int, n: int) -> str:
 def one_batch(round_: int, n: int, venues: list[str], policy: dict) -> dict[str, float]:
     """One batch of n questions with known answers: wall time of the batch, accepted
     answers and how many of them were wrong, unresolved ones, primary and extra sub-queries."""
+    return batch_figures(round_, n, venues, policy)[0]
+
+
+def batch_figures(
+    round_: int, n: int, venues: list[str], policy: dict
+) -> tuple[dict[str, float], object]:
+    """one_batch's figures, and the run."""
     run = run_to_end(
         batch_program(round_, n),
         venues=venues,
@@ -101,7 +114,7 @@ def one_batch(round_: int, n: int, venues: list[str], policy: dict) -> dict[str,
         "unresolved": float(sum(r.startswith("[frlm:unresolved]") for r in replies)),
         "primary": float(figures["primary"]),
         "extra": float(figures["extra"]),
-    }
+    }, run
 
 
 def totals(rows: list[dict[str, float]]) -> dict[str, float]:
@@ -109,36 +122,147 @@ def totals(rows: list[dict[str, float]]) -> dict[str, float]:
     return {k: sum(r[k] for r in rows) for k in keys}
 
 
-def verification(args: argparse.Namespace, directory: Path, collude: bool) -> dict:
-    """Rounds of batches on a fresh swarm with 30% liars; figures for the first round
-    (cold) and for the second half (settled), per tier."""
+def reset_reputations() -> None:
+    """Forget what the fleet learned, so the next tier starts with a cold swarm."""
+    client = get_redis()
+    for pattern in ("frlm:rep:*", "frlm:worker:*:strikes", "frlm:circuit:*"):
+        keys = list(client.scan_iter(match=pattern, count=1000))
+        if keys:
+            client.delete(*keys)
+
+
+TIERS = {
+    "redundant": {"tier": "redundant"},
+    "high_trust": {"tier": "high_trust", "verify_venues": "local"},
+}
+
+
+def verification(args: argparse.Namespace, directory: Path, kind: str) -> dict:
+    """Rounds of batches on a fresh swarm (30% independent or colluding liars, or none);
+    figures for the first round (cold) and for the second half (settled), per tier, and
+    each worker's share of the settled rounds' sub-queries."""
     from frlm_web.stack import VenueSpec
 
-    name = "colluders" if collude else "liars"
-    profile = swarm_profile(directory, name, lie_share=0.3, collude=1.0 if collude else 0.0)
+    faults = {
+        "independent": {"lie_share": 0.3},
+        "colluding": {"lie_share": 0.3, "collude": 1.0},
+        "honest": {},
+    }[kind]
+    profile = swarm_profile(directory, kind, **faults)
+    # The validators: a trusted venue of the operator's own, which answers nothing else.
     venues = [VenueSpec("edge", swarm=str(profile), workers=args.workers)]
-    tiers = {"redundant": {"tier": "redundant"}}
-    if collude:
-        # The validators: a trusted venue of the operator's own, which answers nothing else.
-        venues.append(VenueSpec("local", concurrency=8))
-        tiers = {
-            "redundant": {"tier": "redundant"},
-            "high_trust": {"tier": "high_trust", "verify_venues": "local"},
-        }
+    venues.append(VenueSpec("local", concurrency=8))
     out: dict[str, dict] = {}
-    for tier, policy in tiers.items():
-        with private_stack(venues):
-            wait_for_workers("edge", args.workers)
-            rounds = [
-                one_batch(r, args.batch, ["edge", "local"] if collude else ["edge"], policy)
-                for r in range(args.rounds)
-            ]
-        out[tier] = {
-            "cold": totals(rounds[:1]),
-            "settled": totals(rounds[args.rounds // 2 :]),
-            "rounds": rounds,
-        }
+    with private_stack(venues):
+        wait_for_workers("edge", args.workers)
+        for tier, policy in TIERS.items():
+            reset_reputations()
+            rounds, shares = [], Counter()
+            for r in range(args.rounds):
+                row, run = batch_figures(r, args.batch, ["edge", "local"], policy)
+                rounds.append(row)
+                if r >= args.rounds // 2:
+                    shares.update(edge_senders(run.id))
+            out[tier] = {
+                "cold": totals(rounds[:1]),
+                "settled": totals(rounds[args.rounds // 2 :]),
+                "rounds": rounds,
+                "shares": shares,
+            }
     return out
+
+
+def run_events(run_id: str) -> list[dict]:
+    """The run's events once the recorder has stored its end."""
+    from traces import store
+
+    deadline = time.monotonic() + 30
+    while True:
+        events = store.read_events(run_id)
+        if any(e["name"] == "Run.Done" for e in events) or time.monotonic() > deadline:
+            return events
+        time.sleep(0.2)
+
+
+def edge_senders(run_id: str, since_ns: float = 0) -> Counter:
+    return Counter(
+        e["worker_id"]
+        for e in run_events(run_id)
+        if e["name"] == "SubQuery.Submit"
+        and e["phase"] == "start"
+        and e["venue"] == "edge"
+        and e["ts"] >= since_ns
+    )
+
+
+WINDOW = 100
+
+
+def turncoat(args: argparse.Namespace, directory: Path, tier: str) -> dict[str, float]:
+    """One worker of 8 turns liar once reputations have settled under the tier. Counts the
+    sub-queries sent to the swarm from that moment until the liar's share of the last
+    WINDOW falls below 5%, and the wrong answers accepted meanwhile (every one is its lie:
+    the others are honest)."""
+    from routing import process_started
+
+    from frlm_web.stack import VenueSpec
+    from workers.swarm import devices, profile_load
+    from workers.venues import live_workers
+
+    workers = 8
+    path = directory / f"turncoat-{tier}.toml"
+    path.write_text(
+        f"""description = "trust benchmark: one device starts lying after {args.warm_s:g} s"
+concurrency = 4
+[latency]
+median_ms = 30
+spread = 0.0
+[faults]
+lie_share = {1 / workers}
+lie_rate = 1.0
+lie_after_s = {args.warm_s}
+"""
+    )
+    (liar_name,) = [d.name for d in devices(profile_load(str(path)), "edge", workers, 0) if d.liar]
+    policy = TIERS[tier]
+    n = 64
+    venues = [VenueSpec("edge", swarm=str(path), workers=workers)]
+    venues.append(VenueSpec("local", concurrency=8))
+    with private_stack(venues):
+        wait_for_workers("edge", workers)
+        (entry,) = [w for w in live_workers(get_redis(), "edge") if w["label"] == liar_name]
+        liar = entry["worker_id"]
+        turns_at = process_started(int(entry["pid"])) + args.warm_s
+        round_ = 0
+        while time.time() < turns_at + 1:  # reputations settle while everyone is honest
+            batch_figures(round_, n, ["edge", "local"], policy)
+            round_ += 1
+        warm_rounds = round_
+        sent: list[str] = []
+        lies = 0
+        passed = None
+        while passed is None and len(sent) < 5000:
+            row, run = batch_figures(round_, n, ["edge", "local"], policy)
+            round_ += 1
+            lies += int(row["wrong"])
+            for e in sorted(run_events(run.id), key=lambda e: e["seq"]):
+                if (
+                    e["name"] == "SubQuery.Submit"
+                    and e["phase"] == "start"
+                    and e["venue"] == "edge"
+                    and e["ts"] >= turns_at * 1e9
+                ):
+                    sent.append(e["worker_id"])
+                    window = sent[-WINDOW:]
+                    if len(window) == WINDOW and window.count(liar) / WINDOW < 0.05:
+                        passed = len(sent)
+                        break
+    return {
+        "passed": float(passed if passed is not None else -1),
+        "liar_sent": float(sent[: passed or len(sent)].count(liar)),
+        "accepted_lies": float(lies),
+        "warm_rounds": float(warm_rounds),
+    }
 
 
 def hedging(args: argparse.Namespace, directory: Path) -> dict[str, list[float]]:
@@ -177,41 +301,85 @@ def rates(t: dict[str, float]) -> str:
     )
 
 
+def shares_line(shares: Counter, workers: int) -> str:
+    total = sum(shares.values())
+    if not total:
+        return "no sub-queries"
+    fair = 1 / workers
+    each = sorted(shares.get(w, 0) / total for w in shares)
+    each += [0.0] * (workers - len(each))
+    lowest = min(each)
+    return (
+        f"lowest share {100 * lowest:.1f}% = {lowest / fair:.2f}x its fair {100 * fair:.1f}% "
+        f"(target >= 0.50x); shares {' '.join(f'{100 * x:.0f}' for x in sorted(each))}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds, no hedging")
     parser.add_argument("--workers", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--warm-s", type=float, default=40.0)
     parser.add_argument("--hedge-workers", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--skip", choices=["verification", "hedging"], action="append", default=[])
+    parser.add_argument(
+        "--skip",
+        choices=["verification", "honest", "turncoat", "hedging"],
+        action="append",
+        default=[],
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.warm_s = 6, 45.0
+        args.skip.append("hedging")
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         found = {}
         if "verification" not in args.skip:
-            found["independent"] = verification(args, Path(tmp), collude=False)
-            found["colluding"] = verification(args, Path(tmp), collude=True)
+            found["independent"] = verification(args, Path(tmp), "independent")
+            found["colluding"] = verification(args, Path(tmp), "colluding")
+        if "honest" not in args.skip:
+            found["honest"] = verification(args, Path(tmp), "honest")
+        turned = {}
+        if "turncoat" not in args.skip:
+            turned = {tier: turncoat(args, Path(tmp), tier) for tier in TIERS}
         walls = hedging(args, Path(tmp)) if "hedging" not in args.skip else None
 
     print(
-        f"trust benchmark: {args.workers} workers, 30% of them liars, {args.rounds} rounds "
-        f"of {args.batch} questions; settled = rounds {args.rounds // 2 + 1}-{args.rounds}"
+        f"trust benchmark: {args.workers} workers, 30% of them liars (none in 'honest'), "
+        f"{args.rounds} rounds of {args.batch} questions; settled = rounds "
+        f"{args.rounds // 2 + 1}-{args.rounds}"
     )
     for kind, tiers in found.items():
         for tier, figures in tiers.items():
-            print(f"  {kind} liars, {tier} tier")
+            print(f"  {kind} {'workers' if kind == 'honest' else 'liars'}, {tier} tier")
             print(f"    cold    {rates(figures['cold'])}")
             print(f"    settled {rates(figures['settled'])}")
+            print(f"    all     {rates(totals(figures['rounds']))}")
             trail = "  ".join(
                 f"{100 * r['wrong'] / max(1, r['accepted']):.0f}/"
                 f"{100 * r['extra'] / r['primary']:.0f}"
                 for r in figures["rounds"]
             )
             print(f"    by round, error%/overhead%: {trail}")
+            if kind == "honest":
+                print(f"    settled {shares_line(figures['shares'], args.workers)}")
     if found:
-        print("  targets: error <= 1% of accepted answers; overhead <= 25% once settled")
+        print(
+            "  targets: colluders on the high-trust tier: cold error <= 2%; settled error "
+            "<= 1% at overhead <= 25%; honest only: overhead <= 8%"
+        )
         print("  plain two-fold replication: overhead 100% by construction")
+    for tier, t in turned.items():
+        print(
+            f"turncoat, {tier} tier: one worker of 8 turns liar after {args.warm_s:g} s: "
+            f"{t['passed']:.0f} sub-queries sent before its share of the last {WINDOW} fell "
+            f"below 5% ({t['liar_sent']:.0f} of them to it); its lies accepted: "
+            f"{t['accepted_lies']:.0f} (targets: <= 100 sub-queries, <= 5 lies); "
+            f"{t['warm_rounds']:.0f} honest rounds of 64 before it turned"
+        )
     if walls is not None:
         medians = {k: statistics.median(v) for k, v in walls.items()}
         base = medians["even"]
