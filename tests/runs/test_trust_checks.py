@@ -1,0 +1,93 @@
+"""Checks of workers nobody vouches for (issue 23) on real worker processes: known-answer
+probes for new workers, a turncoat with a long good record caught by a probe and its
+answers in the batch corrected, the reasons and the cost of checking in the trace and the
+accounts, and honest workers left alone."""
+
+from __future__ import annotations
+
+from frlm_web.redis_client import get_redis
+from tests.helpers import finish, launch, named, scripted, trace
+from workers.reputation import Observation, Reputations, load
+
+PROMPTS = "['Where is station %d?\\nStation %d is north of the river.' % (i, i) for i in range(N)]"
+
+
+def program(n: int) -> str:
+    return scripted(f"rs = llm_query_batched({PROMPTS.replace('N', str(n))})\nFINAL(repr(rs))")
+
+
+def ids(swarm, *, liars: bool) -> set[str]:
+    names = {d.name for d in swarm.devices if d.liar == liars}
+    return {w["worker_id"] for w in swarm.live() if w["label"] in names}
+
+
+def vouch(worker_ids: set[str], results: int = 40) -> None:
+    """Give each worker a long record of valid results, as a settled swarm has."""
+    reputations = Reputations(get_redis())
+    for wid in worker_ids:
+        for _ in range(results):
+            reputations.observe(Observation(wid, completion=True, agreement=True))
+    reputations.flush()
+
+
+def test_it_probes_each_new_worker_before_trusting_it_and_catches_a_liar(swarm_factory):
+    swarm = swarm_factory("probenew", 2, latency=20, lie_share=0.5)
+    (liar,) = ids(swarm, liars=True)
+    (honest,) = ids(swarm, liars=False)
+    run = finish(launch(question=program(8), venues=["probenew"], policy={"tier": "redundant"}))
+    assert run.status == "succeeded", run.error
+    events = trace(run)
+    verdicts = {e["worker_id"]: e for e in named(events, "Verify.Probe")}
+    assert set(verdicts) == {liar, honest}
+    assert verdicts[honest]["status"] == "ok" and verdicts[liar]["status"] == "rejected"
+    assert verdicts[liar]["attrs"]["source"] == "context"  # built from the batch's own text
+    assert "new worker" in verdicts[liar]["attrs"]["why"]
+    (flag,) = named(events, "Verify.Flag")
+    assert flag["worker_id"] == liar
+    assert flag["attrs"]["caught_by"].startswith("failed probe sub-query")
+    # Probes hide among the work: their Submit spans are ordinary ones to the worker.
+    probes = [e for e in named(events, "SubQuery.Submit", "start") if e["attrs"].get("copy")]
+    assert {e["worker_id"] for e in probes if e["attrs"]["copy"] == "probe"} == {liar, honest}
+    figures = run.accounts["verification"]
+    assert figures["by_kind"]["probe"] == 2 and "cost" in figures and "cost_by_kind" in figures
+    assert load(get_redis(), [liar])[liar].score < 0.2
+
+
+def test_it_catches_a_turncoat_with_a_good_record_and_corrects_its_answers(swarm_factory):
+    # Every worker has a long good record, so the floor alone would check few answers; the
+    # liar is caught by a probe, and then every answer of it in the batch is re-checked.
+    swarm = swarm_factory("turncoat", 3, latency=20, lie_share=0.34)
+    (liar,) = ids(swarm, liars=True)
+    vouch(ids(swarm, liars=False) | {liar})
+    policy = {
+        "tier": "redundant",
+        "check_floor": 0.0,
+        "probe_rate": 1.0,
+        "max_replicas": 3,
+        "explore": 0,
+        "min_reputation": 0.0,  # the liar keeps its share: its answers must be corrected
+    }
+    run = finish(launch(question=program(20), venues=["turncoat"], policy=policy))
+    assert run.status == "succeeded", run.error
+    replies = eval(run.answer)  # noqa: S307 (our own repr)
+    assert replies == [f"Station {i} is north of the river." for i in range(20)]
+    events = trace(run)
+    assert any(e["status"] == "rejected" for e in named(events, "Verify.Probe"))
+    # Caught, it is a suspect: each of its answers was checked, and outvoted.
+    outvoted = [v for v in named(events, "Verify.Redundant") if liar in v["attrs"]["disagreed"]]
+    assert outvoted
+    assert all(v["attrs"]["why"].startswith(("suspect", "recheck")) for v in outvoted)
+
+
+def test_it_leaves_honest_workers_with_a_good_record_mostly_unchecked(swarm_factory):
+    swarm = swarm_factory("honestfloor", 3, latency=20)
+    vouch(ids(swarm, liars=False), results=200)
+    policy = {"tier": "redundant", "probe_rate": 0.0, "check_floor": 0.1}
+    run = finish(launch(question=program(60), venues=["honestfloor"], policy=policy))
+    assert run.status == "succeeded", run.error
+    events = trace(run)
+    # At the floor of 10%: 60 answers, each worker checked every tenth answer or so.
+    checked = named(events, "Verify.Redundant")
+    assert 3 <= len(checked) <= 12
+    assert all("floor" in v["attrs"]["why"] for v in checked)
+    assert not named(events, "Verify.Flag")
