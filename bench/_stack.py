@@ -46,7 +46,8 @@ def private_stack(venues: list[VenueSpec], *, trusted: set[str] | None = None) -
         redis_persist=False,
     )
     try:
-        stack.start()
+        # Generous: a swarm of many worker processes starts slowly on a busy machine.
+        stack.start(timeout=float(os.environ.get("FRLM_BENCH_START_S", "300")))
         yield stack
     finally:
         stack.stop()

@@ -321,7 +321,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--batch", type=int, default=100)
-    parser.add_argument("--warm-s", type=float, default=40.0)
+    parser.add_argument("--warm-s", type=float, default=120.0)
     parser.add_argument("--hedge-workers", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument(
@@ -332,7 +332,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.quick:
-        args.rounds, args.warm_s = 6, 45.0
+        args.rounds, args.warm_s = 6, 100.0
         args.skip.append("hedging")
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
