@@ -120,8 +120,10 @@ class Judge:
 
     def redundant(self, state: Batch) -> None:
         """Copies of each answered sub-query go to other workers, in rounds, until its
-        answer is accepted or it is unresolved. An answer from a worker past the trust gate
-        is copied only now and then (verify.should_replicate)."""
+        answer is accepted or it is unresolved. Which answers are copied: all of a new
+        worker's and a suspect's, the others at 1/the worker's consecutive-valid count but
+        never below policy.check_floor (Judge._sample); a worker outvoted here has its other
+        answers of the batch copied too."""
         policy = verify.RedundancyPolicy(
             replicas=self.scope.policy.replicas,
             agree=self.scope.policy.agree,
