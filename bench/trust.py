@@ -315,6 +315,49 @@ def shares_line(shares: Counter, workers: int) -> str:
     )
 
 
+def report_kind(kind: str, tiers: dict, workers: int) -> None:
+    for tier, figures in tiers.items():
+        print(f"  {kind} {'workers' if kind == 'honest' else 'liars'}, {tier} tier")
+        print(f"    cold    {rates(figures['cold'])}")
+        print(f"    settled {rates(figures['settled'])}")
+        print(f"    all     {rates(totals(figures['rounds']))}")
+        trail = "  ".join(
+            f"{100 * r['wrong'] / max(1, r['accepted']):.0f}/{100 * r['extra'] / r['primary']:.0f}"
+            for r in figures["rounds"]
+        )
+        print(f"    by round, error%/overhead%: {trail}")
+        if kind == "honest":
+            print(f"    settled {shares_line(figures['shares'], workers)}")
+    print(end="", flush=True)
+
+
+def report_turncoat(tier: str, t: dict[str, float], warm_s: float) -> None:
+    print(
+        f"turncoat, {tier} tier: one worker of 8 turns liar after {warm_s:g} s: "
+        f"{t['passed']:.0f} sub-queries sent before its share of the last {WINDOW} fell "
+        f"below 5% ({t['liar_sent']:.0f} of them to it); its lies accepted: "
+        f"{t['accepted_lies']:.0f} (targets: <= 100 sub-queries, <= 5 lies); "
+        f"{t['warm_rounds']:.0f} honest rounds of 64 before it turned",
+        flush=True,
+    )
+
+
+def report_hedging(walls: dict[str, list[float]], hedge_workers: int) -> None:
+    medians = {k: statistics.median(v) for k, v in walls.items()}
+    base = medians["even"]
+    print(
+        f"hedging: {8 * hedge_workers} sub-queries on {hedge_workers} workers x 2 "
+        "slots (100 ms), a fresh swarm's first batch each time; 5% of workers 10x slower"
+    )
+    for label, values in walls.items():
+        tries = ", ".join(f"{v:.3f}" for v in values)
+        print(
+            f"  {label:<18} median {medians[label]:6.3f} s  ({medians[label] / base:4.2f}x "
+            f"the no-straggler time)  tries {tries}"
+        )
+    print("  target: with hedging at most 1.20x the no-straggler time")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds, no hedging")
@@ -335,65 +378,30 @@ def main() -> None:
         args.rounds, args.warm_s = 6, 100.0
         args.skip.append("hedging")
     started = time.monotonic()
-    with tempfile.TemporaryDirectory() as tmp:
-        found = {}
-        if "verification" not in args.skip:
-            found["independent"] = verification(args, Path(tmp), "independent")
-            found["colluding"] = verification(args, Path(tmp), "colluding")
-        if "honest" not in args.skip:
-            found["honest"] = verification(args, Path(tmp), "honest")
-        turned = {}
-        if "turncoat" not in args.skip:
-            turned = {tier: turncoat(args, Path(tmp), tier) for tier in TIERS}
-        walls = hedging(args, Path(tmp)) if "hedging" not in args.skip else None
-
     print(
         f"trust benchmark: {args.workers} workers, 30% of them liars (none in 'honest'), "
         f"{args.rounds} rounds of {args.batch} questions; settled = rounds "
-        f"{args.rounds // 2 + 1}-{args.rounds}"
+        f"{args.rounds // 2 + 1}-{args.rounds}",
+        flush=True,
     )
-    for kind, tiers in found.items():
-        for tier, figures in tiers.items():
-            print(f"  {kind} {'workers' if kind == 'honest' else 'liars'}, {tier} tier")
-            print(f"    cold    {rates(figures['cold'])}")
-            print(f"    settled {rates(figures['settled'])}")
-            print(f"    all     {rates(totals(figures['rounds']))}")
-            trail = "  ".join(
-                f"{100 * r['wrong'] / max(1, r['accepted']):.0f}/"
-                f"{100 * r['extra'] / r['primary']:.0f}"
-                for r in figures["rounds"]
-            )
-            print(f"    by round, error%/overhead%: {trail}")
-            if kind == "honest":
-                print(f"    settled {shares_line(figures['shares'], args.workers)}")
-    if found:
-        print(
-            "  targets: colluders on the high-trust tier: cold error <= 2%; settled error "
-            "<= 1% at overhead <= 25%; honest only: overhead <= 8%"
-        )
-        print("  plain two-fold replication: overhead 100% by construction")
-    for tier, t in turned.items():
-        print(
-            f"turncoat, {tier} tier: one worker of 8 turns liar after {args.warm_s:g} s: "
-            f"{t['passed']:.0f} sub-queries sent before its share of the last {WINDOW} fell "
-            f"below 5% ({t['liar_sent']:.0f} of them to it); its lies accepted: "
-            f"{t['accepted_lies']:.0f} (targets: <= 100 sub-queries, <= 5 lies); "
-            f"{t['warm_rounds']:.0f} honest rounds of 64 before it turned"
-        )
-    if walls is not None:
-        medians = {k: statistics.median(v) for k, v in walls.items()}
-        base = medians["even"]
-        print(
-            f"hedging: {8 * args.hedge_workers} sub-queries on {args.hedge_workers} workers x 2 "
-            "slots (100 ms), a fresh swarm's first batch each time; 5% of workers 10x slower"
-        )
-        for label, values in walls.items():
-            tries = ", ".join(f"{v:.3f}" for v in values)
+    with tempfile.TemporaryDirectory() as tmp:
+        kinds = [] if "verification" in args.skip else ["independent", "colluding"]
+        kinds += [] if "honest" in args.skip else ["honest"]
+        for kind in kinds:
+            report_kind(kind, verification(args, Path(tmp), kind), args.workers)
+        if kinds:
             print(
-                f"  {label:<18} median {medians[label]:6.3f} s  ({medians[label] / base:4.2f}x "
-                f"the no-straggler time)  tries {tries}"
+                "  targets: colluders on the high-trust tier: cold error <= 2%; settled error "
+                "<= 1% at overhead <= 25%; honest only: overhead <= 8%\n"
+                "  plain two-fold replication: overhead 100% by construction",
+                flush=True,
             )
-        print("  target: with hedging at most 1.20x the no-straggler time")
+        if "turncoat" not in args.skip:
+            for tier in TIERS:
+                report_turncoat(tier, turncoat(args, Path(tmp), tier), args.warm_s)
+        walls = hedging(args, Path(tmp)) if "hedging" not in args.skip else None
+    if walls is not None:
+        report_hedging(walls, args.hedge_workers)
     print(f"(bench wall time {time.monotonic() - started:.0f} s)")
 
 
