@@ -32,7 +32,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from _stack import private_stack, run_to_end
+from _stack import private_stack, run_to_end, stop_on_signals
 
 from frlm_web import presence
 from frlm_web.redis_client import get_redis
@@ -374,6 +374,7 @@ def main() -> None:
         default=[],
     )
     args = parser.parse_args()
+    stop_on_signals()
     if args.quick:
         args.rounds, args.warm_s = 6, 100.0
         args.skip.append("hedging")
