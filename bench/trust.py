@@ -155,6 +155,11 @@ def verification(args: argparse.Namespace, directory: Path, kind: str) -> dict:
     out: dict[str, dict] = {}
     with private_stack(venues):
         wait_for_workers("edge", args.workers)
+        time.sleep(SETTLE_S)  # the processes finish starting up before the first batch
+        # One unjudged batch gets every process going (a worker still warming up would
+        # time out and trip its breaker); then everything learned is forgotten, so the
+        # tier's first round is still a cold swarm's.
+        one_batch(-1, args.batch, ["edge"], {"tier": "best_effort"})
         for tier, policy in TIERS.items():
             reset_reputations()
             rounds, shares = [], Counter()
@@ -337,7 +342,8 @@ def report_turncoat(tier: str, t: dict[str, float], warm_s: float) -> None:
         f"{t['passed']:.0f} sub-queries sent before its share of the last {WINDOW} fell "
         f"below 5% ({t['liar_sent']:.0f} of them to it); its lies accepted: "
         f"{t['accepted_lies']:.0f} (targets: <= 100 sub-queries, <= 5 lies); "
-        f"{t['warm_rounds']:.0f} honest rounds of 64 before it turned",
+        f"{t['warm_rounds']:.0f} honest rounds of 64 before it turned"
+        + ("" if t["warm_rounds"] else " (it lied from the start: raise --warm-s)"),
         flush=True,
     )
 
@@ -364,7 +370,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--batch", type=int, default=100)
-    parser.add_argument("--warm-s", type=float, default=120.0)
+    parser.add_argument("--warm-s", type=float, default=150.0)
     parser.add_argument("--hedge-workers", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument(
@@ -376,7 +382,7 @@ def main() -> None:
     args = parser.parse_args()
     stop_on_signals()
     if args.quick:
-        args.rounds, args.warm_s = 6, 100.0
+        args.rounds, args.warm_s = 6, 150.0
         args.skip.append("hedging")
     started = time.monotonic()
     print(

@@ -65,9 +65,9 @@ class Policy:
     # proven lie weighs lie_penalty good results (its score collapses and it is checked on
     # every answer again) and its recent answers are re-checked. probe_rate is the share of
     # known-answer probes mixed into each batch; a new worker gets one per batch as well.
-    check_floor: float = 0.06
+    check_floor: float = 0.05
     check_warmup: int = 10
-    probe_rate: float = 0.02
+    probe_rate: float = 0.01
     lie_penalty: float = 250.0
     # Hedging: a sub-query still running past this quantile of its venue's latency (in this
     # run) gets a duplicate on another worker once no fresh work is waiting; the first

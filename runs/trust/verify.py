@@ -389,7 +389,7 @@ class CheckRule:
     1/count) but never below `floor`, so a worker that turns liar after a long good record
     is still caught within a few answers."""
 
-    floor: float = 0.06
+    floor: float = 0.05
     warmup: int = TRUST_AFTER
     new_rate: float = 1.0  # the rate below warmup (the high-trust tier's validate_rate)
 
@@ -414,8 +414,8 @@ class CheckRule:
 class Sampler:
     """Which answers of each worker are checked, at the rate CheckRule gives: systematic
     sampling per worker, not a coin per answer. Each worker's credit grows by its rate per
-    answer and an answer is checked when it reaches 1, so a worker at 6% is never more than
-    17 answers without a check; the credit starts at a random phase the worker cannot
+    answer and an answer is checked when it reaches 1, so a worker at 5% is never more than
+    20 answers without a check; the credit starts at a random phase the worker cannot
     know, so it cannot tell which of its answers will be checked."""
 
     def __init__(self, rng: random.Random) -> None:
