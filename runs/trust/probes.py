@@ -15,7 +15,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from workers.agreement import AgreementRule, agree
+from workers.agreement import normalise_exact
 
 _WORD = re.compile(r"[a-z0-9]+")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
@@ -23,8 +23,6 @@ _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
 _ASK_WORDS = frozenset({"which", "sentence", "mentions"})
 SENTENCES = 4  # per probe: the answer and three others
 MAX_SENTENCE_CHARS = 300
-# A probe's answer is one sentence; a model may quote it or trim its full stop.
-RULE = AgreementRule(mode="similar", threshold=0.8)
 
 _ADJECTIVES = ("red", "quiet", "narrow", "old", "bright", "hollow", "green", "tall", "cold")
 _THINGS = ("lantern", "bridge", "mill", "tower", "gate", "barn", "well", "chapel", "dock")
@@ -36,6 +34,7 @@ class Probe:
     prompt: str
     answer: str
     source: str  # "context" (the batch's own text) or "bank"
+    others: tuple[str, ...] = ()  # the probe's other sentences: naming one is wrong
     why: str = ""  # why it was sent: a new worker's warm-up, or the batch's sample
 
 
@@ -56,8 +55,8 @@ def sentences_of(prompts: Sequence[str]) -> list[str]:
     return list(found)
 
 
-def _compose(pool: list[str], rng: random.Random) -> tuple[str, str, str] | None:
-    """(text, answer, word) from up to SENTENCES sentences of `pool`, or None when no
+def _compose(pool: list[str], rng: random.Random) -> tuple[list[str], str, str] | None:
+    """(sentences, answer, word) from up to SENTENCES sentences of `pool`, or None when no
     sentence among those drawn has a word of its own."""
     chosen = rng.sample(pool, min(SENTENCES, len(pool)))
     order = list(range(len(chosen)))
@@ -66,7 +65,7 @@ def _compose(pool: list[str], rng: random.Random) -> tuple[str, str, str] | None
         others = set().union(*(_words(s) for j, s in enumerate(chosen) if j != i))
         own = sorted(w for w in _words(chosen[i]) - others if len(w) > 1 or w.isdigit())
         if own:
-            return "\n".join(chosen), chosen[i], rng.choice(own)
+            return chosen, chosen[i], rng.choice(own)
     return None
 
 
@@ -88,16 +87,30 @@ def make_probe(prompts: Sequence[str], rng: random.Random) -> Probe:
         composed = _compose(pool, rng)
         if composed is not None:
             return _probe(*composed, source="context")
-    return _probe(*_compose(bank_sentences(rng), rng) or ("", "", ""), source="bank")
+    return _probe(*_compose(bank_sentences(rng), rng) or ([], "", ""), source="bank")
 
 
-def _probe(text: str, answer: str, word: str, *, source: str) -> Probe:
-    return Probe(prompt=f"Which sentence mentions {word}?\n{text}", answer=answer, source=source)
+def _probe(sentences: list[str], answer: str, word: str, *, source: str) -> Probe:
+    return Probe(
+        prompt=f"Which sentence mentions {word}?\n" + "\n".join(sentences),
+        answer=answer,
+        source=source,
+        others=tuple(s for s in sentences if s != answer),
+    )
+
+
+def _bare(text: str) -> str:
+    return normalise_exact(text).strip("\"'`“”‘’ ").rstrip(".!?")
 
 
 def probe_passed(probe: Probe, reply: str) -> bool:
-    """Whether a reply gives the probe's known answer."""
-    return agree(reply.strip().strip("\"'"), probe.answer, RULE)
+    """Whether a reply gives the probe's known answer: it holds the answer sentence (quoted,
+    with or without its full stop, inside a longer reply) and none of the others. Near
+    misses fail: the other sentences may differ from the answer in one word only."""
+    said = _bare(reply)
+    if not said or _bare(probe.answer) not in said:
+        return False
+    return not any(_bare(other) in said for other in probe.others if other)
 
 
 def probe_count(batch_size: int, rate: float, rng: random.Random) -> int:

@@ -63,6 +63,17 @@ def test_it_builds_a_probe_from_the_batchs_own_text_that_an_honest_reader_answer
         assert not probe_passed(probe, wrong_answer(probe.prompt, random.Random(3)))
 
 
+def test_it_fails_a_near_miss_that_differs_from_the_answer_in_one_word():
+    batch = [f"Where is station 12-{i}?\nStation 12-{i} is north of the river." for i in range(30)]
+    rng = random.Random(4)
+    for _ in range(200):
+        probe = make_probe(batch, rng)
+        assert probe_passed(probe, answer_prompt(probe.prompt))
+        assert probe_passed(probe, f"The sentence is: {probe.answer}")
+        for seed in range(3):
+            assert not probe_passed(probe, wrong_answer(probe.prompt, random.Random(seed)))
+
+
 def test_it_falls_back_to_the_probe_bank_when_the_batch_has_no_text():
     probe = make_probe(["What is two and two?"], random.Random(2))
     assert probe.source == "bank"
