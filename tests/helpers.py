@@ -115,8 +115,8 @@ def endpoint(
     answer: Callable[[dict[str, Any]], tuple[int, bytes]],
 ) -> Iterator[tuple[str, list[dict[str, Any]]]]:
     """A one-route OpenAI-like server on 127.0.0.1: `answer` turns each POST (its path,
-    headers and JSON body, None when not JSON) into a status and body. Yields its base URL
-    and the requests seen."""
+    headers, JSON body or None when not JSON, and `raw` bytes) into a status and body.
+    Yields its base URL and the requests seen."""
     seen: list[dict[str, Any]] = []
 
     class Handler(BaseHTTPRequestHandler):
@@ -130,6 +130,7 @@ def endpoint(
                 "path": self.path,
                 "headers": {k.lower(): v for k, v in self.headers.items()},
                 "body": body,
+                "raw": raw,
             }
             seen.append(request)
             status, reply = answer(request)

@@ -40,9 +40,15 @@ from traces.interchange import (
     InterchangeError,
     ParsedTrace,
 )
+from traces.otlp_semconv import (
+    MODEL_SPANS,
+    SpanText,
+    chat_messages,
+    semconv_fields,
+    trace_fields,
+)
 from traces.schema import NAMES, STATUSES
 
-MODEL_SPANS = frozenset({"Run.Decode", "SubQuery.Execute"})
 SPAN_KIND_INTERNAL = 1
 SPAN_KIND_CLIENT = 3
 STATUS_CODE_OK = 1
@@ -223,9 +229,11 @@ def to_otlp(
     spans, loose = _group(events)
     finished = {sid: s for sid, s in spans.items() if s.start and s.end}
     trace_id = trace_id_for(run_id)
+    cancels = _cancelled_copies(loose)
     dropped = _hang_points(spans, finished, loose)
+    context = _Export(run_id, trace_id, finished, payload_text, _clipped(finished), cancels)
     otlp_spans = [
-        _otlp_span(run_id, trace_id, span, payload_text)
+        _otlp_span(context, span)
         for span in sorted(finished.values(), key=lambda s: (s.start or {})["seq"])
     ]
     resource = {
@@ -244,6 +252,55 @@ def to_otlp(
             }
         ]
     }
+
+
+@dataclass
+class _Export:
+    """What every span of one export needs to see beyond itself."""
+
+    run_id: str
+    trace_id: str
+    finished: dict[str, _Span]
+    payload_text: Callable[[str], str | None] | None
+    windows: dict[str, tuple[int, int]]  # span id -> (start, end) inside its parent's
+    cancels: dict[str, str]  # sq_id of a copy given up -> why
+
+    def text(self, ref: str | None) -> str | None:
+        return self.payload_text(ref) if ref and self.payload_text else None
+
+
+def _cancelled_copies(instants: list[dict[str, Any]]) -> dict[str, str]:
+    """The attempts the conductor gave up (SubQuery.Cancel names their sq_id): a hedge's
+    losing copy, or a copy no longer needed. Their workers may still finish them later."""
+    found: dict[str, str] = {}
+    for event in instants:
+        attrs = event.get("attrs") or {}
+        if event["name"] == "SubQuery.Cancel" and isinstance(attrs.get("sq_id"), str):
+            found[attrs["sq_id"]] = str(attrs.get("reason") or "cancelled by the conductor")
+    return found
+
+
+def _clipped(finished: dict[str, _Span]) -> dict[str, tuple[int, int]]:
+    """Each span's (start, end) clipped into its parent's clipped window: a copy the
+    conductor gave up ends on its worker after the sub-query and even the run were over,
+    and viewers measure a trace by its latest end."""
+    windows: dict[str, tuple[int, int]] = {}
+
+    def window(span: _Span, seen: frozenset[str]) -> tuple[int, int]:
+        if span.span_id in windows:
+            return windows[span.span_id]
+        start, end = int((span.start or {})["ts"]), int((span.end or {})["ts"])
+        parent = finished.get(span.parent_id or "")
+        if parent is not None and parent.span_id not in seen:
+            low, high = window(parent, seen | {span.span_id})
+            end = max(low, min(end, high))
+            start = max(low, min(start, end))
+        windows[span.span_id] = (start, end)
+        return start, end
+
+    for span in finished.values():
+        window(span, frozenset({span.span_id}))
+    return windows
 
 
 def _group(events: list[dict[str, Any]]) -> tuple[dict[str, _Span], list[dict[str, Any]]]:
@@ -298,20 +355,83 @@ def _finished_ancestor(
     return None
 
 
-def _otlp_span(
-    run_id: str,
-    trace_id: str,
-    span: _Span,
-    payload_text: Callable[[str], str | None] | None,
-) -> OtlpSpan:
+def _otlp_span(export: _Export, span: _Span) -> OtlpSpan:
     start, end = span.start or {}, span.end or {}
     name = start["name"]
     attrs = {**(start.get("attrs") or {}), **(end.get("attrs") or {})}
     status = end.get("status") or "ok"
+    fields = _frlm_fields_of(export, span, attrs)
+    gave_up = export.cancels.get(str(attrs.get("sq_id"))) if name == "SubQuery.Execute" else None
+    if gave_up is not None:
+        # The worker finished (or failed) a copy nobody waited for any more.
+        fields["frlm.cancelled_copy"] = True
+        fields["frlm.cancel_reason"] = gave_up
+        fields["frlm.hedge_loser"] = gave_up.startswith("hedged")
+        if status == "ok":
+            status, attrs = "cancelled", {**attrs, "reason": gave_up}
+    began, ended = export.windows[span.span_id]
+    if ended != int(end["ts"]) or began != int(start["ts"]):
+        fields["frlm.clipped"] = True
+        fields["frlm.recorded_start_ns"] = int(start["ts"])
+        fields["frlm.recorded_end_ns"] = int(end["ts"])
+    links = [link for link in start.get("links") or [] if link]
+    if any(not _HEX16.match(link) for link in links):
+        fields["frlm.links"] = links  # kept as text where OTLP links cannot say them
+    model, provider = model_name(attrs.get("model"))
+    otlp_status = _status(status, attrs)
+    fields.update(
+        semconv_fields(
+            name,
+            attrs,
+            _span_text(export, span, name, attrs),
+            model=model,
+            provider=provider,
+            tokens=(end.get("tokens_in"), end.get("tokens_out")),
+            cost=end.get("cost"),
+            status=status,
+            status_message=otlp_status.get("message"),
+        )
+    )
+    if span.parent_id is None or span.parent_id not in export.finished:
+        fields.update(_root_fields(export, span, attrs))
+    span_name = name
+    kind = SPAN_KIND_INTERNAL
+    if name in MODEL_SPANS:
+        kind = SPAN_KIND_CLIENT
+        span_name = f"chat {model}" if model else "chat"
+    otlp: OtlpSpan = {
+        "traceId": export.trace_id,
+        "spanId": span_id_for(span.span_id),
+        "name": span_name,
+        "kind": kind,
+        "startTimeUnixNano": str(began),
+        "endTimeUnixNano": str(ended),
+        "attributes": [],
+        "events": [
+            _otlp_event(p, export.payload_text, began, ended) for p in sorted(span.points, key=_seq)
+        ],
+        "links": [
+            {"traceId": export.trace_id, "spanId": link.lower()}
+            for link in links
+            if _HEX16.match(link)
+        ],
+        "status": otlp_status,
+    }
+    if span.parent_id:
+        otlp["parentSpanId"] = span_id_for(span.parent_id)
+    if status != "ok":
+        fields["error.type"] = status
+    otlp["attributes"] = _attributes(fields)
+    return otlp
+
+
+def _frlm_fields_of(export: _Export, span: _Span, attrs: dict[str, Any]) -> dict[str, Any]:
+    """Every FRLM field under frlm.*, so that an export imports back to the same tree."""
+    start, end = span.start or {}, span.end or {}
     fields: dict[str, Any] = {
-        "frlm.run_id": run_id,
-        "frlm.event_name": name,
-        "frlm.status": status,
+        "frlm.run_id": export.run_id,
+        "frlm.event_name": start["name"],
+        "frlm.status": end.get("status") or "ok",
         "frlm.span_id": span.span_id,
         "frlm.venue": end.get("venue") or start.get("venue"),
         "frlm.worker_id": end.get("worker_id") or start.get("worker_id"),
@@ -320,44 +440,39 @@ def _otlp_span(
     }
     for metric in ("ms", "tokens_in", "tokens_out", "cost"):
         fields[f"frlm.{metric}"] = end.get(metric)
-    fields.update(_payload_fields("frlm.start_payload", start.get("payload_ref"), payload_text))
-    fields.update(_payload_fields("frlm.end_payload", end.get("payload_ref"), payload_text))
+    fields.update(
+        _payload_fields("frlm.start_payload", start.get("payload_ref"), export.payload_text)
+    )
+    fields.update(_payload_fields("frlm.end_payload", end.get("payload_ref"), export.payload_text))
     fields.update({f"{_ATTRS}{key}": value for key, value in attrs.items()})
     end_keys = sorted((end.get("attrs") or {}).keys())
     if end_keys:
         fields["frlm.end_attr_keys"] = end_keys
-    links = [link for link in start.get("links") or [] if link]
-    if any(not _HEX16.match(link) for link in links):
-        fields["frlm.links"] = links  # kept as text where OTLP links cannot say them
-    span_name = name
-    kind = SPAN_KIND_INTERNAL
-    if name in MODEL_SPANS:
-        kind = SPAN_KIND_CLIENT
-        genai = _genai_fields(attrs.get("model"), end.get("tokens_in"), end.get("tokens_out"))
-        fields.update(genai)
-        model = genai.get("gen_ai.request.model")
-        span_name = f"chat {model}" if model else "chat"
-    otlp: OtlpSpan = {
-        "traceId": trace_id,
-        "spanId": span_id_for(span.span_id),
-        "name": span_name,
-        "kind": kind,
-        "startTimeUnixNano": str(start["ts"]),
-        "endTimeUnixNano": str(end["ts"]),
-        "attributes": [],
-        "events": [_otlp_event(p, payload_text) for p in sorted(span.points, key=_seq)],
-        "links": [
-            {"traceId": trace_id, "spanId": link.lower()} for link in links if _HEX16.match(link)
-        ],
-        "status": _status(status, attrs),
-    }
-    parent = span.parent_id
-    if parent:
-        otlp["parentSpanId"] = span_id_for(parent)
-    if status != "ok":
-        fields["error.type"] = status
-    otlp["attributes"] = _attributes(fields)
-    return otlp
+    return fields
+
+
+def _span_text(export: _Export, span: _Span, name: str, attrs: dict[str, Any]) -> SpanText:
+    """The span's input and output as texts: its own payloads, the question and answer on
+    a run, and on a worker's model call the prompt its sub-query sent."""
+    start, end = span.start or {}, span.end or {}
+    given = export.text(start.get("payload_ref"))
+    taken = export.text(end.get("payload_ref"))
+    if name == "Run.Init":
+        done = next((p for p in span.points if p["name"] == "Run.Done"), None)
+        question = attrs.get("question")
+        answer = export.text(done.get("payload_ref")) if done else None
+        return {"input": question if isinstance(question, str) else None, "output": answer}
+    if name == "SubQuery.Execute" and given is None:
+        parent = export.finished.get(span.parent_id or "")
+        given = export.text((parent.start or {}).get("payload_ref")) if parent else None
+    if name == "Run.Decode":
+        return {"input": given, "output": taken, "messages": chat_messages(given)}
+    return {"input": given, "output": taken}
+
+
+def _root_fields(export: _Export, span: _Span, attrs: dict[str, Any]) -> dict[str, Any]:
+    text = _span_text(export, span, (span.start or {})["name"], attrs)
+    return trace_fields(export.run_id, text.get("input"), text.get("output"))
 
 
 def _seq(event: dict[str, Any]) -> int:
@@ -384,7 +499,10 @@ def _payload_fields(
 
 
 def _otlp_event(
-    event: dict[str, Any], payload_text: Callable[[str], str | None] | None
+    event: dict[str, Any],
+    payload_text: Callable[[str], str | None] | None,
+    began: int,
+    ended: int,
 ) -> OtlpEvent:
     fields: dict[str, Any] = {
         "frlm.event_name": event["name"],
@@ -400,8 +518,11 @@ def _otlp_event(
     if event.get("links"):
         fields["frlm.links"] = list(event["links"])
     fields.update({f"{_ATTRS}{key}": value for key, value in (event.get("attrs") or {}).items()})
+    ts = max(began, min(int(event["ts"]), ended))
+    if ts != int(event["ts"]):
+        fields["frlm.recorded_ts_ns"] = int(event["ts"])  # kept inside its clipped span
     return {
-        "timeUnixNano": str(event["ts"]),
+        "timeUnixNano": str(ts),
         "name": event["name"],
         "attributes": _attributes(fields),
     }
@@ -418,20 +539,6 @@ def model_name(label: Any) -> tuple[str | None, str | None]:
     if at:
         return name, "openai" if "api.openai.com" in url else None
     return label, None
-
-
-def _genai_fields(label: Any, tokens_in: Any, tokens_out: Any) -> dict[str, Any]:
-    model, provider = model_name(label)
-    fields: dict[str, Any] = {
-        "gen_ai.operation.name": "chat",
-        "gen_ai.request.model": model,
-        "gen_ai.usage.input_tokens": tokens_in,
-        "gen_ai.usage.output_tokens": tokens_out,
-    }
-    if provider:
-        fields["gen_ai.provider.name"] = provider
-        fields["gen_ai.system"] = provider  # the name older viewers know
-    return fields
 
 
 # --- import -------------------------------------------------------------------------------
@@ -548,6 +655,10 @@ def _imported_span(
 def _frlm_fields(span: ImportedSpan, attrs: dict[str, Any]) -> None:
     """A span FRLM exported: every field comes back from its frlm.* attributes."""
     span.name = attrs["frlm.event_name"]
+    # A span clipped into its parent on export comes back with the times it recorded.
+    began, ended = attrs.get("frlm.recorded_start_ns"), attrs.get("frlm.recorded_end_ns")
+    if isinstance(began, int) and isinstance(ended, int) and 0 < began <= ended:
+        span.start_ns, span.end_ns = began, ended
     if attrs.get("frlm.status") in STATUSES:
         span.status = attrs["frlm.status"]
     span.venue = _text(attrs.get("frlm.venue"))
@@ -599,9 +710,12 @@ def _imported_event(event: Any, depth: int) -> ImportedEvent | None:
     name = attrs.get("frlm.event_name", event.get("name"))
     if name not in NAMES:
         return None  # not a step FRLM knows (an exception record, a log line...)
+    recorded = attrs.get("frlm.recorded_ts_ns")
     point = ImportedEvent(
         name=name,
-        ts_ns=_int(event.get("timeUnixNano"), "an event's timeUnixNano"),
+        ts_ns=recorded
+        if _number(recorded)
+        else _int(event.get("timeUnixNano"), "an event's timeUnixNano"),
         phase="progress" if attrs.get("frlm.phase") == "progress" else "instant",
         status=attrs["frlm.status"] if attrs.get("frlm.status") in STATUSES else "ok",
         venue=_text(attrs.get("frlm.venue")),
