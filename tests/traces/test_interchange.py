@@ -439,11 +439,12 @@ def rlms_log() -> list[dict]:
         "total_input_tokens": 30,
         "total_output_tokens": 2,
     }
+    # llm_query_batched: rlms logs each call with the batch's 1.5 s divided by three.
     batch = [
-        call("gpt-5-mini", "Count cities in part 3", "5", (300, 2), 1.5),
-        call("gpt-5-mini", "Count cities in part 4", "0", (300, 2), 1.5),
+        call("gpt-5-mini", "Count cities in part 3", "5", (300, 2), 0.5),
+        call("gpt-5-mini", "Count cities in part 4", "0", (300, 2), 0.5),
         call(
-            "gpt-5-mini", "Count cities in part 5", "Error: LM query failed - timeout", (0, 0), 1.5
+            "gpt-5-mini", "Count cities in part 5", "Error: LM query failed - timeout", (0, 0), 0.5
         ),
     ]
     return [
@@ -532,6 +533,60 @@ def test_it_imports_an_rlms_trajectory_log(venues, subprocess_env, tmp_path):
     child_span = next(n for n in _walk(root) if n.attrs.get("kind") == "rlm")
     assert [c.name for c in child_span.children] == ["Run.Decode", "Repl.Exec"]
     assert all(c.start_ns >= child_span.start_ns for c in child_span.children)
+
+
+def batched_log() -> tuple[list[dict], str, list[dict]]:
+    """An rlms log without run_context (the question is in the root's user turn) whose one
+    block ran llm_query_batched over 16 prompts in 160 ms: rlms logs each call at 10 ms."""
+    question = "Which parts mention Lyon?"
+    prompt = [
+        {"role": "system", "content": "You are tasked with answering a query..."},
+        {"role": "user", "content": "Your context is a str with 48000 total characters."},
+        {
+            "role": "user",
+            "content": "You have not interacted with the REPL environment yet.\n\nThink "
+            f'step-by-step ... to answer the original prompt: "{question}".\n\nYour next action:',
+        },
+    ]
+    calls = [call("gpt-5-mini", f"Part {i}: Lyon?", "no", (100, 1), 0.01) for i in range(16)]
+    first = iteration(
+        1,
+        "2026-01-31T11:05:10.000000",
+        1.0,
+        "```repl\nanswers = llm_query_batched(prompts)\n```",
+        [block("answers = llm_query_batched(prompts)", 0.2, calls)],
+    )
+    first["prompt"] = prompt
+    second = iteration(2, "2026-01-31T11:05:11.000000", 0.5, "FINAL(none)", [], final="none")
+    second["prompt"] = [*prompt, {"role": "assistant", "content": first["response"]}]
+    metadata = {**rlms_log()[0], "timestamp": "2026-01-31T11:05:08.000000"}
+    return [metadata, first, second], question, prompt
+
+
+def test_it_imports_an_rlms_batch_as_concurrent_calls_and_keeps_the_messages(
+    venues, subprocess_env, tmp_path
+):
+    records, question, prompt = batched_log()
+    path = tmp_path / "rlm_2026-01-31_11-05-08_batch.jsonl"
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    done = manage(subprocess_env, "frlm_import", str(path))
+    assert done.returncode == 0, done.stderr
+    run = Run.objects.get(id=done.stdout.strip())
+    assert run.question == question
+    events = store.read_events(run.id)
+    starts = {e["span_id"]: e["ts"] for e in named(events, "SubQuery.Execute", "start")}
+    ends = {e["span_id"]: e["ts"] for e in named(events, "SubQuery.Execute", "end")}
+    assert len(starts) == 16 and len(set(starts.values())) == 1
+    # Together they ran for the batch's 160 ms, as the log's 16 x 10 ms say; not end to end.
+    assert {ends[k] - starts[k] for k in starts} == {160_000_000}
+    submits = named(events, "SubQuery.Submit", "start")
+    assert all(e["attrs"]["batched"] for e in submits)
+    (cell,) = named(events, "Repl.Exec", "end")
+    (cell_start,) = named(events, "Repl.Exec", "start")
+    assert cell["ts"] - cell_start["ts"] == 200_000_000
+    decodes = named(events, "Run.Decode", "start")
+    assert json.loads(blobs.blob_get(decodes[0]["payload_ref"])) == prompt
+    assert json.loads(blobs.blob_get(decodes[1]["payload_ref"]))[-1]["role"] == "assistant"
 
 
 def _walk(node: SpanNode) -> list[SpanNode]:
