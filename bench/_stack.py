@@ -24,8 +24,14 @@ from frlm_web.stack import Stack, VenueSpec  # noqa: E402
 
 
 @contextmanager
-def private_stack(venues: list[VenueSpec], *, trusted: set[str] | None = None) -> Iterator[Stack]:
-    """`trusted`: the venues to trust, when not the product's default (only `local`)."""
+def private_stack(
+    venues: list[VenueSpec],
+    *,
+    trusted: set[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> Iterator[Stack]:
+    """`trusted`: the venues to trust, when not the product's default (only `local`);
+    `env`: settings for the stack's processes (FRLM_CELERY_EVENTS=1...)."""
     call_command("migrate", verbosity=0)
     from workers.models import Venue, venue_defaults
 
@@ -34,14 +40,14 @@ def private_stack(venues: list[VenueSpec], *, trusted: set[str] | None = None) -
         if trusted is not None:
             defaults["trusted"] = venue.name in trusted
         Venue.objects.get_or_create(name=venue.name, defaults=defaults)
-    env = {
-        "DJANGO_SETTINGS_MODULE": "frlm_web.settings",
-        "FRLM_DB_PATH": str(settings.DATABASES["default"]["NAME"]),
-    }
     stack = Stack(
         state_dir=Path(settings.DATA_DIR) / "stack",
         venues=venues,
-        env=env,
+        env={
+            "DJANGO_SETTINGS_MODULE": "frlm_web.settings",
+            "FRLM_DB_PATH": str(settings.DATABASES["default"]["NAME"]),
+            **(env or {}),
+        },
         start_redis=True,
         redis_persist=False,
     )

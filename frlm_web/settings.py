@@ -159,8 +159,18 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-CELERY_TASK_ROUTES = {"runs.tasks.*": {"queue": "runs"}}
+# The one task sent by name alone: a run to a conductor. A sub-query
+# (workers.subquery_execute) is always sent with the queue of the worker or venue the
+# router chose (runs/engine/fanout/transport.py), so it has no static route.
+CELERY_TASK_ROUTES = {"runs.conduct": {"queue": "runs"}}
 CELERY_TASK_DEFAULT_QUEUE = "runs"
+# Celery task events for a monitor such as Flower (off: every task then costs extra Redis
+# publishes, measured in README). On, conductors and workers start with -E and their
+# heartbeats, senders announce what they send, and the Redis roles may publish on the
+# events channel (frlm_web/redis_acl.py).
+FRLM_CELERY_EVENTS = envbool("FRLM_CELERY_EVENTS", False)
+CELERY_WORKER_SEND_TASK_EVENTS = FRLM_CELERY_EVENTS
+CELERY_TASK_SEND_SENT_EVENT = FRLM_CELERY_EVENTS
 
 CHANNEL_LAYERS = {
     "default": {

@@ -115,6 +115,11 @@ class Stack:
         # (an external Redis with its own auth) is passed on as it is.
         self.redis_base_url = self.env.get("FRLM_REDIS_URL", settings.FRLM_REDIS_URL)
         self.acl = settings.FRLM_REDIS_ACL and not redis_acl.has_credentials(self.redis_base_url)
+        # Celery task events for Flower, as the processes started will read the setting.
+        events = self.env.get("FRLM_CELERY_EVENTS", "").strip().lower()
+        self.celery_events = (
+            events in {"1", "true", "yes", "on"} if events else settings.FRLM_CELERY_EVENTS
+        )
         self.redis_url = self.role_url("admin")
         self.client = redis.Redis.from_url(self.redis_url)
         self.start_redis = start_redis
@@ -139,7 +144,14 @@ class Stack:
             )
             # The users are in place before any client connects: loaded at start.
             acl = (
-                ["--aclfile", str(redis_acl.write_acl_file(self.acl_file, settings.SECRET_KEY))]
+                [
+                    "--aclfile",
+                    str(
+                        redis_acl.write_acl_file(
+                            self.acl_file, settings.SECRET_KEY, events=self.celery_events
+                        )
+                    ),
+                ]
                 if self.acl
                 else []
             )
