@@ -30,7 +30,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.conf import settings
 from django.db import close_old_connections
 
+from frlm_web.redis_client import get_redis
 from workers import keys, signing
+from workers.alive import AliveLine
 from workers.client import Control, ControlError, Registered
 from workers.services import Figures, Registration
 
@@ -105,6 +107,7 @@ class WorkerRuntime:
     stopping: threading.Event = field(default_factory=threading.Event)
     beats: int = 0
     _thread: threading.Thread | None = None
+    _alive: AliveLine | None = None
 
     def run(self) -> None:
         """1. register, 2. make this process sign its results and name itself in them,
@@ -131,6 +134,9 @@ class WorkerRuntime:
         signing.use_process_key(self.key)
         os.environ["FRLM_VENUE"] = reg["venue"]
         os.environ["FRLM_WORKER_ID"] = reg["worker_id"]
+        # Up before it takes any job: its jobs' "started" say it can be watched this way.
+        self._alive = AliveLine(get_redis(), reg["worker_id"])
+        self._alive.start()
         self._connect()
 
         from frlm_web.celery import run_worker
@@ -178,6 +184,8 @@ class WorkerRuntime:
         if self._thread is not None:
             self._thread.join(timeout=10)
         self.leave()
+        if self._alive is not None:
+            self._alive.stop()
 
     # --- heartbeats ---------------------------------------------------------------------
     def beat(self) -> bool:

@@ -52,8 +52,11 @@ def subquery_execute(job: Job) -> None:
             sq_id=job["sq_id"],
             model=spec.label,
         )
-    # Tells the conductor who holds the job, so it can re-dispatch if this worker dies.
-    pipe.xadd(stream, encode_result({**base, "status": "started"}))
+    # Tells the conductor who holds the job, so it can re-dispatch if this worker dies: it
+    # watches this process's alive line (workers/alive.py) and, if the line drops, ends
+    # the Execute span as abandoned.
+    started = {**base, "status": "started", "span": span.span_id, "alive": "1"}
+    pipe.xadd(stream, encode_result(started))  # type: ignore[arg-type]
     if pipe.execute()[0]:
         _finish(emitter, span, stream, {**base, "status": "cancelled"}, "cancelled")
         return

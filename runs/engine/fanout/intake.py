@@ -50,6 +50,9 @@ class Intake:
         if status == "started":
             flight.worker_id = wid
             flight.started_at = time.time()
+            flight.exec_span = result.get("span", "")
+            if result.get("alive") == "1":
+                self.roster.watched.add(wid)
             return
         self.attempts.release(flight, wave, spent=result if status == "ok" else None)
         # How long it ran, not how long it queued: the scheduler adds the queue itself.

@@ -81,6 +81,7 @@ class Flight:
     deadline: float = 0.0
     sent_at: float = 0.0
     started_at: float = 0.0  # when its worker said it started (0: still queued)
+    exec_span: str = ""  # the Execute span its worker opened (a broker worker's)
     worker_id: str = ""  # who holds it: the assignee, or who took it from a shared queue
     assigned: str = ""  # the worker it was given to; "" when put on a venue's shared queue
     queue: str = ""
@@ -168,3 +169,8 @@ class Roster:
     limit: dict[str, int] = field(default_factory=dict)  # slots plus margin, per live venue
     inflight: dict[str, int] = field(default_factory=dict)  # unsettled jobs per credit slot
     keys: dict[str, str] = field(default_factory=dict)  # public keys by worker id
+    # Workers that hold an alive line (workers/alive.py): their death is read from it.
+    watched: set[str] = field(default_factory=set)
+    # Workers whose alive line dropped, and when (monotonic): gone, whatever presence says,
+    # until their presence has had time to lapse (a worker started again is back then).
+    gone: dict[str, float] = field(default_factory=dict)

@@ -1,0 +1,67 @@
+"""A conductor killed mid-run with nothing else but the web server up: its lease lapses, and
+the web server fails the run with the reason and ends its open spans as abandoned."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+from django.conf import settings
+
+from frlm_web.stack import VenueSpec
+from tests.helpers import scripted, wait_until
+from tests.ownstack import open_spans, own_stack
+
+pytestmark = [pytest.mark.stack]
+
+
+def _create(question: str, venues: list[str]):
+    from runs.services import ContextSpec, run_create
+    from workers.backends import model_spec
+
+    return run_create(
+        question=question,
+        context=ContextSpec(text="x"),
+        policy=None,
+        root_model=model_spec("sim", role="root"),
+        worker_model=model_spec("sim", role="worker"),
+        venues=venues,
+    )
+
+
+def test_it_fails_the_run_of_a_dead_conductor_from_the_web_server(stack, venues, tmp_path):
+    from runs.models import Run
+
+    worker = VenueSpec("local", concurrency=2, sim={"latency_ms": 20}, worker_name="lease-w1")
+    with own_stack(tmp_path, [worker], web=True) as own:
+        run = _create(scripted("import time\ntime.sleep(120)", "FINAL('never')"), ["local"])
+        own.launch_run(run.id)
+
+        def repl_running() -> bool:
+            return any(e["name"] == "Repl.Exec" for e in own.events(run.id))
+
+        wait_until(repl_running, timeout=60, what="the run's first cell")
+        own.kill("conductor", signal.SIGKILL)
+        killed = time.monotonic()
+
+        def failed() -> Run | None:
+            found = Run.objects.get(id=run.id)
+            return found if found.status == Run.Status.FAILED else None
+
+        # The lease lapses after FRLM_RUN_LEASE_TTL_S; the web server looks every second.
+        done = wait_until(failed, timeout=settings.FRLM_RUN_LEASE_TTL_S + 30, what="the failure")
+        took = time.monotonic() - killed
+        assert "stopped renewing its lease" in done.error and "conductor-1:" in done.error
+        assert took < settings.FRLM_RUN_LEASE_TTL_S + 10, took
+        events = wait_until(
+            lambda: (ev := own.events(run.id)) and not open_spans(ev) and ev,
+            timeout=10,
+            what="every span ended",
+        )
+        abandoned = {e["name"] for e in events if e["status"] == "abandoned"}
+        assert {"Run.Init", "Repl.Exec"} <= abandoned
+        (done_event,) = [e for e in events if e["name"] == "Run.Done"]
+        assert done_event["status"] == "error"
+        assert "stopped renewing its lease" in done_event["attrs"]["error"]
+        assert done_event["attrs"]["abandoned_by"].startswith("web@")
