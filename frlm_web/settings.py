@@ -219,6 +219,9 @@ FRLM_VENUE_HEARTBEAT_TTL_S = envfloat("FRLM_VENUE_HEARTBEAT_TTL_S", 6.0)
 # of CPU on a busy machine: a false failure ends a healthy run, a late one costs seconds.
 FRLM_RUN_LEASE_TTL_S = envfloat("FRLM_RUN_LEASE_TTL_S", 8.0)
 FRLM_RUN_LEASE_RENEW_S = envfloat("FRLM_RUN_LEASE_RENEW_S", 1.0)
+# Whether a broker worker holds an alive line (workers/alive.py); off only to measure the
+# failover by presence alone beside it (bench/failover.py).
+FRLM_WORKER_ALIVE_LINE = envbool("FRLM_WORKER_ALIVE_LINE", True)
 # Whether the web server watches the leases (the test suite's own process does not).
 FRLM_LEASE_WATCH = envbool("FRLM_LEASE_WATCH", True)
 # Circuit breakers per worker and per venue: open after this many consecutive failures,

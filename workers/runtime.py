@@ -135,8 +135,9 @@ class WorkerRuntime:
         os.environ["FRLM_VENUE"] = reg["venue"]
         os.environ["FRLM_WORKER_ID"] = reg["worker_id"]
         # Up before it takes any job: its jobs' "started" say it can be watched this way.
-        self._alive = AliveLine(get_redis(), reg["worker_id"])
-        self._alive.start()
+        if settings.FRLM_WORKER_ALIVE_LINE:
+            self._alive = AliveLine(get_redis(), reg["worker_id"])
+            self._alive.start()
         self._connect()
 
         from frlm_web.celery import run_worker

@@ -6,6 +6,7 @@ import logging
 import time
 
 from celery import shared_task
+from django.conf import settings
 
 from frlm_web.redis_client import get_redis
 from traces.emitter import Emitter, Span
@@ -55,7 +56,9 @@ def subquery_execute(job: Job) -> None:
     # Tells the conductor who holds the job, so it can re-dispatch if this worker dies: it
     # watches this process's alive line (workers/alive.py) and, if the line drops, ends
     # the Execute span as abandoned.
-    started = {**base, "status": "started", "span": span.span_id, "alive": "1"}
+    started = {**base, "status": "started", "span": span.span_id}
+    if settings.FRLM_WORKER_ALIVE_LINE:
+        started["alive"] = "1"
     pipe.xadd(stream, encode_result(started))  # type: ignore[arg-type]
     if pipe.execute()[0]:
         _finish(emitter, span, stream, {**base, "status": "cancelled"}, "cancelled")
