@@ -50,9 +50,9 @@ def open_spans_key(run_id: str) -> str:
 
 def lapsed_message(conductor: str) -> str:
     return (
-        f"its conductor {conductor or '(unknown)'} stopped renewing its lease on the run "
-        f"(it died, or was cut off for more than {settings.FRLM_RUN_LEASE_TTL_S:g} s); the "
-        "trace up to that point is kept; run it again, or `frlm_replay` it from a turn"
+        f"its conductor {conductor or '(unknown)'} stopped while running it (its lease on the "
+        f"run lapsed: it died, or was cut off for more than {settings.FRLM_RUN_LEASE_TTL_S:g} "
+        "s); the trace up to that point is kept; run it again, or `frlm_replay` it from a turn"
     )
 
 

@@ -52,7 +52,7 @@ def test_it_fails_the_run_of_a_dead_conductor_from_the_web_server(stack, venues,
         # The lease lapses after FRLM_RUN_LEASE_TTL_S; the web server looks every second.
         done = wait_until(failed, timeout=settings.FRLM_RUN_LEASE_TTL_S + 30, what="the failure")
         took = time.monotonic() - killed
-        assert "stopped renewing its lease" in done.error and "conductor-1:" in done.error
+        assert "its lease on the run lapsed" in done.error and "conductor-1:" in done.error
         assert took < settings.FRLM_RUN_LEASE_TTL_S + 10, took
         events = wait_until(
             lambda: (ev := own.events(run.id)) and not open_spans(ev) and ev,
@@ -63,5 +63,56 @@ def test_it_fails_the_run_of_a_dead_conductor_from_the_web_server(stack, venues,
         assert {"Run.Init", "Repl.Exec"} <= abandoned
         (done_event,) = [e for e in events if e["name"] == "Run.Done"]
         assert done_event["status"] == "error"
-        assert "stopped renewing its lease" in done_event["attrs"]["error"]
+        assert "its lease on the run lapsed" in done_event["attrs"]["error"]
         assert done_event["attrs"]["abandoned_by"].startswith("web@")
+
+
+def test_it_keeps_a_stalled_conductors_run_and_fails_one_stalled_past_its_lease(
+    stack, venues, tmp_path
+):
+    """A conductor frozen (SIGSTOP, as a starved one is) for less than the lease's TTL keeps
+    its run; frozen past it, its run is failed by the other conductor's watch, and once it
+    thaws it stops that run and writes nothing over the failure."""
+    import os
+
+    from runs.models import Run
+
+    worker = VenueSpec("local", concurrency=2, sim={"latency_ms": 20}, worker_name="lease-w2")
+    with own_stack(tmp_path, [worker], web=True) as own:
+        conductor = own.procs["conductor"].popen
+
+        def freeze(seconds: float) -> None:
+            os.killpg(conductor.pid, signal.SIGSTOP)
+            time.sleep(seconds)
+            os.killpg(conductor.pid, signal.SIGCONT)
+
+        short = _create(scripted("import time\ntime.sleep(3)", "FINAL('kept')"), ["local"])
+        own.launch_run(short.id)
+        wait_until(
+            lambda: any(e["name"] == "Repl.Exec" for e in own.events(short.id)),
+            timeout=60,
+            what="the first run's cell",
+        )
+        freeze(settings.FRLM_RUN_LEASE_TTL_S - 4)
+        kept = wait_until(
+            lambda: (r := Run.objects.get(id=short.id)).done and r, timeout=60, what="run 1"
+        )
+        assert kept.status == "succeeded" and kept.answer == "kept", kept.error
+
+        long = _create(scripted("import time\ntime.sleep(30)", "FINAL('late')"), ["local"])
+        own.launch_run(long.id)
+        wait_until(
+            lambda: any(e["name"] == "Repl.Exec" for e in own.events(long.id)),
+            timeout=60,
+            what="the second run's cell",
+        )
+        freeze(settings.FRLM_RUN_LEASE_TTL_S + 4)
+        failed = Run.objects.get(id=long.id)
+        assert failed.status == "failed" and "its lease on the run lapsed" in failed.error
+        # Thawed, it finds its lease gone, stops the run and records nothing over it.
+        time.sleep(5)
+        after = Run.objects.get(id=long.id)
+        assert (after.status, after.error) == (failed.status, failed.error)
+        events = own.events(long.id)
+        assert len([e for e in events if e["name"] == "Run.Done"]) == 1
+        assert "its lease was taken away as lapsed" in own.log_tail("conductor", 200)
