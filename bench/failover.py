@@ -1,9 +1,10 @@
 """Failover after a worker's kill -9, measured from the trace.
 
-A run of N sub-queries on a venue of two workers (400 ms each); once the victim has started
-one, it is killed with SIGKILL. From the stored trace: the time from the kill to
-Worker.Lost and to the first re-dispatch (SubQuery.Retry), how many Execute spans it left
-open (none: they end as `abandoned`), and whether the run succeeded with every reply.
+A run of N sub-queries (400 ms each) on a venue of two workers, the survivor with room for
+all of them; once the victim has started one, it is killed with SIGKILL. From the stored
+trace: the time from the kill to Worker.Lost and to the first re-dispatch (SubQuery.Retry),
+how many Execute spans it left open (none: they end as `abandoned`), and whether the run
+succeeded with every reply.
 
 Three kinds of worker, side by side in one stack with the product's presence TTL (6 s):
 - broker: a Celery worker whose death its alive line tells (workers/alive.py);
@@ -39,8 +40,11 @@ from django.core.management import call_command  # noqa: E402
 from frlm_web import presence  # noqa: E402
 from frlm_web.stack import Stack, free_port  # noqa: E402
 
-N = 48
+# Fewer sub-queries than the survivor has slots: the re-dispatch waits for nothing but the
+# news of the death (with every slot busy it would wait for a reply to free one).
+N = 24
 LATENCY_MS = 400
+VICTIM_SLOTS, SURVIVOR_SLOTS = 4, 16
 MANAGE = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py")]
 
 
@@ -79,9 +83,9 @@ class Bench:
         )
         self.procs: list[subprocess.Popen] = []
 
-    def worker(self, kind: str, name: str) -> subprocess.Popen:
+    def worker(self, kind: str, name: str, slots: int) -> subprocess.Popen:
         """A worker process of `kind` (broker, presence, gateway), up in presence."""
-        sim = ["--concurrency", "4", "--sim-latency-ms", str(LATENCY_MS), "--name", name]
+        sim = ["--concurrency", str(slots), "--sim-latency-ms", str(LATENCY_MS), "--name", name]
         home = Path(settings.DATA_DIR) / "far" / name
         home.mkdir(parents=True, exist_ok=True)
         if kind == "gateway":
@@ -134,7 +138,7 @@ class Bench:
         from traces import store
         from workers.backends import model_spec
 
-        victim_proc = self.worker(kind, victim_name)
+        victim_proc = self.worker(kind, victim_name, VICTIM_SLOTS)
         victim = self.entry(venue, victim_name)["worker_id"]
         program = f"rs = llm_query_batched(['question %d' % i for i in range({N})])\n"
         program += "FINAL(str(sum(1 for r in rs if r and not r.startswith('[frlm'))))"
@@ -185,7 +189,7 @@ class Bench:
 
     def case(self, kind: str, rounds: int) -> list[dict]:
         venue = "gwf" if kind == "gateway" else "bkf"
-        survivor = self.worker(kind, f"{kind}-keep")
+        survivor = self.worker(kind, f"{kind}-keep", SURVIVOR_SLOTS)
         try:
             return [self.round(kind, venue, f"{kind}-v{i}") for i in range(rounds)]
         finally:
@@ -218,7 +222,10 @@ def main() -> None:
         "presence": "broker, presence only",
         "gateway": "gateway",
     }
-    print(f"kill -9 of a worker holding jobs; {N} sub-queries of {LATENCY_MS} ms; {rounds} rounds")
+    print(
+        f"kill -9 of a worker holding jobs; {N} sub-queries of {LATENCY_MS} ms on a victim of "
+        f"{VICTIM_SLOTS} slots and a survivor of {SURVIVOR_SLOTS}; {rounds} rounds"
+    )
     print(
         f"{'worker':24} {'-> Lost ms':>11} {'-> re-dispatch ms':>18} "
         f"{'abandoned':>9} {'open':>5} {'ok':>4}"
