@@ -44,7 +44,6 @@ class Attempts:
         flight.slot = target.worker_id or f"venue:{target.venue}"
         flight.tried.update({target.venue, target.worker_id} - {""})
         flight.task_id = ""
-        flight.exec_span = ""
         flight.sq_id = f"{flight.outcome.index}.{flight.outcome.attempts}"
         flight.sent_at = time.time()
         flight.deadline = flight.sent_at + self.scope.policy.subquery_timeout_s

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from runs.engine.fanout.attempts import Attempts
 from runs.engine.fanout.routing import Router
-from runs.engine.fanout.state import Flight, Roster, Scope, Wave
+from runs.engine.fanout.state import Roster, Scope, Wave
 from traces.emitter import Emitter
 from workers.alive import connected
 from workers.reputation import Observation
@@ -77,7 +77,8 @@ class Liveness:
                 reason = f"venue {flight.venue} has no live worker left to run it"
             else:
                 continue
-            self._abandon_execute(flight, reason)
+            if flight.worker_id:
+                self._abandon_executing(flight.worker_id, reason)
             self.attempts.abandon(flight, wave)
             # A departure is not a failure of the venue, nor of the work: its breakers
             # are left alone, and reputation learns of it as an unfinished job.
@@ -85,13 +86,16 @@ class Liveness:
                 self.router.reputations.observe(Observation(flight.worker_id, completion=False))
             self.attempts.retry_or_settle(flight, "error", reason, wave)
 
-    def _read_alive_lines(self, wave: Wave) -> None:
-        """The watched workers holding work of this wave whose alive line dropped are gone
-        from now on: out of the roster (no new work goes to them) and out of presence."""
+    def _read_alive_lines(self, wave: Wave | None, *, every_s: float = ALIVE_EVERY_S) -> None:
+        """The watched workers holding work of this wave, or running an Execute span of this
+        run, whose alive line dropped are gone from now on: out of the roster (no new work
+        goes to them), and the spans they left open ended as abandoned."""
         now = time.monotonic()
-        if now - self._alive_read < ALIVE_EVERY_S:
+        if now - self._alive_read < every_s:
             return
-        holders = {f.worker_id for f in wave.out.values()} & self.roster.watched
+        holders = {f.worker_id for f in wave.out.values()} if wave is not None else set()
+        holders |= {wid for wid, spans in self.roster.executing.items() if spans}
+        holders &= self.roster.watched
         holders -= self.roster.gone.keys()
         if not holders:
             return
@@ -101,24 +105,29 @@ class Liveness:
             self.roster.workers.pop(wid, None)
             for names in self.roster.live.values():
                 names.discard(wid)
+            self._abandon_executing(wid, f"worker {wid} was lost while it held it")
 
-    def _abandon_execute(self, flight: Flight, reason: str) -> None:
-        """End the Execute span a lost broker worker opened for this attempt: it never
-        will. (The gateway ends those of its own workers itself.)"""
-        if not flight.exec_span:
-            return
-        self.emitter.emit(
-            "SubQuery.Execute",
-            "end",
-            span_id=flight.exec_span,
-            parent=flight.span.span_id if flight.span else None,
-            depth=self.scope.depth,
-            status="abandoned",
-            venue=flight.venue,
-            worker_id=flight.worker_id or None,
-            error=reason,
-        )
-        flight.exec_span = ""
+    def settle_executing(self) -> None:
+        """At the run's end: the Execute spans of attempts settled meanwhile (cancelled, or
+        beaten by a hedge) whose worker has died since are ended as abandoned. Those of live
+        workers end by themselves."""
+        self._read_alive_lines(None, every_s=0.0)
+
+    def _abandon_executing(self, wid: str, reason: str) -> None:
+        """End the Execute spans a lost broker worker opened and will never end. (The
+        gateway ends those of its own workers itself.)"""
+        for running in self.roster.executing.pop(wid, {}).values():
+            self.emitter.emit(
+                "SubQuery.Execute",
+                "end",
+                span_id=running.span_id,
+                parent=running.parent,
+                depth=running.depth,
+                status="abandoned",
+                venue=running.venue,
+                worker_id=wid,
+                error=reason,
+            )
 
     def await_workers(self, wave: Wave) -> None:
         """While work waits and no venue has a live worker, wait a while for one to come back

@@ -81,7 +81,6 @@ class Flight:
     deadline: float = 0.0
     sent_at: float = 0.0
     started_at: float = 0.0  # when its worker said it started (0: still queued)
-    exec_span: str = ""  # the Execute span its worker opened (a broker worker's)
     worker_id: str = ""  # who holds it: the assignee, or who took it from a shared queue
     assigned: str = ""  # the worker it was given to; "" when put on a venue's shared queue
     queue: str = ""
@@ -99,6 +98,14 @@ class Flight:
     twin: Flight | None = None  # a hedge and the attempt it hedges, while both may answer
     hedge: bool = False  # this attempt is a hedge of its twin
     roll: float | None = None  # its exploration draw (scheduler.Need.roll), made once
+
+
+@dataclass(frozen=True)
+class Executing:
+    span_id: str
+    parent: str | None  # the attempt's Submit span
+    venue: str
+    depth: int
 
 
 @dataclass
@@ -174,3 +181,6 @@ class Roster:
     # Workers whose alive line dropped, and when (monotonic): gone, whatever presence says,
     # until their presence has had time to lapse (a worker started again is back then).
     gone: dict[str, float] = field(default_factory=dict)
+    # Execute spans broker workers said they opened and have not ended yet, per worker, by
+    # sub-query id: what to end as abandoned if the worker is lost (settled attempts too).
+    executing: dict[str, dict[str, Executing]] = field(default_factory=dict)
