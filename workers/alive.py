@@ -19,6 +19,8 @@ import redis
 log = logging.getLogger(__name__)
 
 CHANNEL_PREFIX = "frlm:alive:"
+# Set in a worker process whose line is up: its jobs' "started" say it can be watched.
+ALIVE_ENV = "FRLM_WORKER_ALIVE"
 
 
 def channel(worker_id: str) -> str:
@@ -44,21 +46,29 @@ class AliveLine(threading.Thread):
 
     def __init__(self, client: redis.Redis, worker_id: str) -> None:
         super().__init__(name="frlm-alive-line", daemon=True)
-        self.pubsub = client.pubsub(ignore_subscribe_messages=True)
+        self.pubsub = client.pubsub()
         self.pubsub.subscribe(channel(worker_id))
+        # The confirmation, or the refusal raised (a role without the channel).
+        reply = self.pubsub.get_message(timeout=5.0)
+        if not reply or reply.get("type") != "subscribe":
+            self.pubsub.close()
+            raise redis.ConnectionError(f"no confirmation of the subscription: {reply!r}")
         self.stopping = threading.Event()
 
     def run(self) -> None:
-        while not self.stopping.is_set():
-            try:
-                self.pubsub.get_message(timeout=1.0)
-            except redis.RedisError as exc:
-                log.warning("the alive line dropped (%s); reconnecting", exc)
-                self.stopping.wait(0.5)
+        try:
+            while not self.stopping.is_set():
+                try:
+                    self.pubsub.get_message(timeout=1.0)
+                except Exception as exc:
+                    # Redis restarted, or the client's socket went bad: redis-py connects and
+                    # subscribes again at the next read. Only this process's end ends the line.
+                    log.warning("the alive line dropped (%s); reconnecting", exc)
+                    self.stopping.wait(0.5)
+        finally:
+            # Closed by the thread that reads it, never under a read in progress.
+            self.pubsub.close()
 
     def stop(self) -> None:
+        """Unsubscribed within a second (a process that ends closes it anyway)."""
         self.stopping.set()
-        try:
-            self.pubsub.close()
-        except redis.RedisError:
-            pass

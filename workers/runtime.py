@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import redis
 from celery.signals import (
     task_postrun,
     task_prerun,
@@ -32,7 +33,7 @@ from django.db import close_old_connections
 
 from frlm_web.redis_client import get_redis
 from workers import keys, signing
-from workers.alive import AliveLine
+from workers.alive import ALIVE_ENV, AliveLine
 from workers.client import Control, ControlError, Registered
 from workers.services import Figures, Registration
 
@@ -136,8 +137,7 @@ class WorkerRuntime:
         os.environ["FRLM_WORKER_ID"] = reg["worker_id"]
         # Up before it takes any job: its jobs' "started" say it can be watched this way.
         if settings.FRLM_WORKER_ALIVE_LINE:
-            self._alive = AliveLine(get_redis(), reg["worker_id"])
-            self._alive.start()
+            self._open_alive_line(reg["worker_id"])
         self._connect()
 
         from frlm_web.celery import run_worker
@@ -153,6 +153,17 @@ class WorkerRuntime:
             # conductor must wait on and re-dispatch if the worker vanishes.
             prefetch=self.trusted_prefetch if reg["trusted"] else 1,
         )
+
+    def _open_alive_line(self, worker_id: str) -> None:
+        """Subscribe this process's alive line; where Redis refuses it (a role without the
+        channel, from an older ACL file), its death is known from presence alone."""
+        try:
+            self._alive = AliveLine(get_redis(), worker_id)
+        except redis.RedisError as exc:
+            log.warning("no alive line (%s): a kill is noticed when presence lapses", exc)
+            return
+        self._alive.start()
+        os.environ[ALIVE_ENV] = "1"
 
     # --- Celery's signals ---------------------------------------------------------------
     def _connect(self) -> None:

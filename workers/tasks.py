@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 from celery import shared_task
-from django.conf import settings
 
 from frlm_web.redis_client import get_redis
 from traces.emitter import Emitter, Span
 from workers import fragments, venues
+from workers.alive import ALIVE_ENV
 from workers.backends import ModelError, ModelSpec, chat
 from workers.execution import ok_result, reply_fields, served, signed
 from workers.jobs import Job, Result, cancelled_key, encode_result, results_stream
@@ -57,7 +58,7 @@ def subquery_execute(job: Job) -> None:
     # watches this process's alive line (workers/alive.py) and, if the line drops, ends
     # the Execute span as abandoned.
     started = {**base, "status": "started", "span": span.span_id}
-    if settings.FRLM_WORKER_ALIVE_LINE:
+    if os.environ.get(ALIVE_ENV) == "1":
         started["alive"] = "1"
     pipe.xadd(stream, encode_result(started))  # type: ignore[arg-type]
     if pipe.execute()[0]:
