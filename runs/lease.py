@@ -14,8 +14,9 @@ the dead conductor's sandbox, so another conductor could only replay the root's 
 from the trace, re-running their cells and sub-queries, at the cost of a second run
 which the user can start from the run page (`frlm_replay`) knowing that it is one.
 
-A conductor that is alive after all (starved past the TTL) finds its entry gone at the
-next renewal, asks its run to stop, and records nothing over the failure."""
+A conductor that is alive after all (starved past the TTL) finds its entry gone and the
+watcher's mark at the next renewal, asks its run to stop, and records nothing over the
+failure; an entry gone without the mark (a Redis restarted without its data) it takes again."""
 
 from __future__ import annotations
 
@@ -42,10 +43,17 @@ log = logging.getLogger(__name__)
 LEASES_KEY = "frlm:run:leases"
 HOLDERS_KEY = "frlm:run:leases:holder"
 WATCH_EVERY_S = 1.0
+REAPED_TTL_S = 86400
 
 
 def open_spans_key(run_id: str) -> str:
     return f"frlm:run:{run_id}:open"
+
+
+def reaped_key(run_id: str) -> str:
+    """Set by the watcher that failed the run: a holder whose entry is gone tells a lease
+    taken away from one lost with a Redis that kept no data (then it takes it again)."""
+    return f"frlm:run:{run_id}:reaped"
 
 
 def lapsed_message(conductor: str) -> str:
@@ -119,11 +127,16 @@ class LeaseKeeper:
         for run_id in runs:
             pipe.zadd(LEASES_KEY, {run_id: expires}, xx=True, ch=True)
         for run_id, renewed in zip(runs, pipe.execute(), strict=True):
-            if not renewed:
-                log.error("run %s: its lease was taken away as lapsed; stopping it", run_id)
-                with self.lock:
-                    self.taken.add(run_id)
-                request_cancel(self.client, run_id)
+            if renewed:
+                continue
+            if not self.client.exists(reaped_key(run_id)):
+                log.warning("run %s: its lease was lost with Redis's data; taking it again", run_id)
+                self.client.zadd(LEASES_KEY, {run_id: expires})
+                continue
+            log.error("run %s: its lease was taken away as lapsed; stopping it", run_id)
+            with self.lock:
+                self.taken.add(run_id)
+            request_cancel(self.client, run_id)
 
     def _loop(self) -> None:
         while True:
@@ -172,6 +185,7 @@ def run_abandon(client: redis.Redis, run_id: str, reason: str, *, by: str) -> bo
     """1. fail the run if it is still running (conditional: a run that finished keeps its
     outcome), 2. tell any of its work still queued to stop, 3. end its open spans as
     `abandoned` and record Run.Done with the reason. False when the run was not running."""
+    client.set(reaped_key(run_id), by, ex=REAPED_TTL_S)
     failed = Run.objects.filter(id=run_id, status=Run.Status.RUNNING).update(
         status=Run.Status.FAILED, error=reason, finished=timezone.now()
     )

@@ -116,3 +116,26 @@ def test_it_keeps_a_stalled_conductors_run_and_fails_one_stalled_past_its_lease(
         events = own.events(long.id)
         assert len([e for e in events if e["name"] == "Run.Done"]) == 1
         assert "its lease was taken away as lapsed" in own.log_tail("conductor", 200)
+
+
+def test_a_holder_takes_back_a_lease_lost_with_redis_but_not_one_taken_from_it(stack):
+    from frlm_web.redis_client import get_redis
+    from runs.engine.progress import cancel_requested
+    from runs.lease import LEASES_KEY, LeaseKeeper, reaped_key
+
+    client = get_redis()
+    keeper = LeaseKeeper(client)
+    keeper.held.add("lease-t1")  # held without its renewal thread: renew() by hand
+    client.zadd(LEASES_KEY, {"lease-t1": time.time() + 8})
+    try:
+        client.zrem(LEASES_KEY, "lease-t1")  # as a Redis restarted without its data
+        keeper.renew()
+        assert client.zscore(LEASES_KEY, "lease-t1") and not keeper.lost("lease-t1")
+        client.zrem(LEASES_KEY, "lease-t1")  # as a watcher does, leaving its mark
+        client.set(reaped_key("lease-t1"), "web", ex=60)
+        keeper.renew()
+        assert keeper.lost("lease-t1") and cancel_requested(client, "lease-t1")
+        assert client.zscore(LEASES_KEY, "lease-t1") is None
+    finally:
+        client.zrem(LEASES_KEY, "lease-t1")
+        client.delete(reaped_key("lease-t1"), "frlm:run:lease-t1:cancel")
