@@ -21,9 +21,7 @@ class OwnStack(Stack):
     KEEP = ("redis", "conductor", "web")
 
     def plan(self) -> list[Proc]:
-        return [
-            p for p in super().plan() if p.name in self.KEEP or p.name.startswith("worker-")
-        ]
+        return [p for p in super().plan() if p.name in self.KEEP or p.name.startswith("worker-")]
 
     def launch_run(self, run_id: str) -> None:
         """Hand a run to this stack's conductor (the test process's Celery app talks to the
