@@ -125,6 +125,8 @@ ROLES: dict[str, str] = {
             # It listens to remote control (a revoke) but may not send any: no PUBLISH.
             "+subscribe +psubscribe +unsubscribe +punsubscribe",
             _PIDBOX_CHANNELS,
+            # Its alive line (workers/alive.py): a subscription its death ends.
+            "&frlm:alive:*",
             # workers/tasks.py: is the job cancelled (SISMEMBER, read only), deliver the
             # result (XADD, write only: it cannot read other workers' results).
             "+sismember %R~frlm:run:*:cancelled",

@@ -223,6 +223,17 @@ FRLM_MODEL_RETRIES = envint("FRLM_MODEL_RETRIES", 3)
 FRLM_WORKER_PREFETCH = envint("FRLM_WORKER_PREFETCH", 2)
 # How long a venue worker's liveness key lives without a refresh.
 FRLM_VENUE_HEARTBEAT_TTL_S = envfloat("FRLM_VENUE_HEARTBEAT_TTL_S", 6.0)
+# A conductor's lease on each run it conducts (runs/lease.py): renewed every RENEW_S by a
+# thread of its own, failed by a watcher (the web server, every other conductor) once it has
+# gone TTL_S without renewal. The margin (7 missed renewals) is for a live conductor starved
+# of CPU on a busy machine: a false failure ends a healthy run, a late one costs seconds.
+FRLM_RUN_LEASE_TTL_S = envfloat("FRLM_RUN_LEASE_TTL_S", 8.0)
+FRLM_RUN_LEASE_RENEW_S = envfloat("FRLM_RUN_LEASE_RENEW_S", 1.0)
+# Whether a broker worker holds an alive line (workers/alive.py); off only to measure the
+# failover by presence alone beside it (bench/failover.py).
+FRLM_WORKER_ALIVE_LINE = envbool("FRLM_WORKER_ALIVE_LINE", True)
+# Whether the web server watches the leases (the test suite's own process does not).
+FRLM_LEASE_WATCH = envbool("FRLM_LEASE_WATCH", True)
 # Circuit breakers per worker and per venue: open after this many consecutive failures,
 # half-open after the cooldown, closed again after that many successful probes.
 FRLM_CIRCUIT_FAILURES = envint("FRLM_CIRCUIT_FAILURES", 5)

@@ -272,6 +272,8 @@ class Stack:
         server's secret key, from which every role's password derives; it holds its own
         credentials only."""
         env = {**self.env, "FRLM_REDIS_URL": self.role_url(role), "FRLM_REDIS_ROLE": role}
+        if role == "web":
+            env["FRLM_LEASE_WATCH"] = "1"  # it fails the runs of a dead conductor
         if role == "worker":
             env.pop("FRLM_SECRET_KEY", None)
         return env

@@ -11,6 +11,7 @@ from django.core.management.base import CommandError
 
 from frlm_web.redis_client import get_redis
 from runs.engine.progress import read_progress
+from runs.lease import leases_reap
 from runs.models import Run
 from runs.orphans import conductor_gone, runs_fail_orphaned
 from runs.services import run_cancel
@@ -27,6 +28,7 @@ def wait_for(run: Run, timeout: float, *, show: bool) -> Run:
         run.refresh_from_db()
         if not run.done and run.conductor and time.monotonic() - checked > 2:
             checked = time.monotonic()
+            leases_reap(client, by="frlm_run")
             if conductor_gone(run.conductor):
                 runs_fail_orphaned()
                 continue

@@ -36,6 +36,8 @@ class Result(TypedDict, total=False):
     worker_id: str
     sig: str  # the worker's signature of workers.signing.result_claim (final results)
     attestation: str  # a validator's: JSON of workers.attestation.SignedAttestation
+    span: str  # a "started": the Execute span the worker opened
+    alive: str  # a "started": "1" when the worker holds an alive line (workers/alive.py)
 
 
 RESULT_FIELDS_INT = ("tokens_in", "tokens_out")

@@ -17,7 +17,7 @@
   // venues chose go in as entities, so they show as written.
   const esc = (t) => String(t).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
   const fmt$ = (v) => (v >= 100 ? v.toFixed(2) : v.toFixed(4));
-  const STATUS_COLOR = { ok: C.ok, error: C.err, timeout: C.timeout, cancelled: C.cancelled, rejected: C.err };
+  const STATUS_COLOR = { ok: C.ok, error: C.err, timeout: C.timeout, cancelled: C.cancelled, rejected: C.err, abandoned: C.err };
 
   const hasWebGL = (function () {
     try {

@@ -241,8 +241,8 @@ class WorkerLink:
 
     async def lost(self, why: str) -> None:
         """Out of presence now; every run it held work of told to look; and the Execute
-        spans the server opened for that work ended as lost, so the trace has no span
-        left open by a worker that is gone."""
+        spans the server opened for that work ended as `abandoned`, so the trace has no
+        span left open by a worker that is gone."""
         if self.closed:
             return
         self.closed = True
@@ -255,7 +255,9 @@ class WorkerLink:
             for sq_id, held in self.held.items():
                 hint = {"run_id": held.run_id, "sq_id": sq_id, "status": "lost"}
                 pipe.xadd(results_stream(held.run_id), {**hint, "worker_id": self.worker.id})
-                ends.append(self._execute_event(held, "end", "error", error=f"worker lost: {why}"))
+                ends.append(
+                    self._execute_event(held, "end", "abandoned", error=f"worker lost: {why}")
+                )
             pipe.eval(APPEND_LUA, 0, *append_args(ends))  # type: ignore[arg-type]
             await pipe.execute()
         log.warning(

@@ -100,6 +100,14 @@ class Flight:
     roll: float | None = None  # its exploration draw (scheduler.Need.roll), made once
 
 
+@dataclass(frozen=True)
+class Executing:
+    span_id: str
+    parent: str | None  # the attempt's Submit span
+    venue: str
+    depth: int
+
+
 @dataclass
 class Batch:
     """One REPL call's sub-queries while they are judged: who holds each position's reply
@@ -168,3 +176,11 @@ class Roster:
     limit: dict[str, int] = field(default_factory=dict)  # slots plus margin, per live venue
     inflight: dict[str, int] = field(default_factory=dict)  # unsettled jobs per credit slot
     keys: dict[str, str] = field(default_factory=dict)  # public keys by worker id
+    # Workers that hold an alive line (workers/alive.py): their death is read from it.
+    watched: set[str] = field(default_factory=set)
+    # Workers whose alive line dropped, and when (monotonic): gone, whatever presence says,
+    # until their presence has had time to lapse (a worker started again is back then).
+    gone: dict[str, float] = field(default_factory=dict)
+    # Execute spans broker workers said they opened and have not ended yet, per worker, by
+    # sub-query id: what to end as abandoned if the worker is lost (settled attempts too).
+    executing: dict[str, dict[str, Executing]] = field(default_factory=dict)
