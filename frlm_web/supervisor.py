@@ -130,8 +130,9 @@ class Supervisor(threading.Thread):
         self.note(f"{name} started again as pid {life.pid} (restart {life.restarts})")
 
     def note(self, text: str) -> None:
-        """A line in the stack's log and in this process's log."""
-        log.warning("supervisor: %s", text)
+        """A line in the stack's log (which is also frlm_up --foreground's output: this
+        process's own log says it at debug level only, not twice)."""
+        log.debug("supervisor: %s", text)
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         with open(self.stack.state_dir / "logs" / LOG_FILE, "a") as fh:
             fh.write(f"{stamp} supervisor: {text}\n")
