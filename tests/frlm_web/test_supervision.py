@@ -11,6 +11,8 @@ import sqlite3
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -52,6 +54,7 @@ class OwnStack:
             start_redis=True,
             redis_persist=True,
             conductor_concurrency=2,
+            web_port=free_port(),
         )
 
     @property
@@ -115,6 +118,18 @@ class OwnStack:
         assert seqs == list(range(1, self.emitted(run_id) + 1))  # no gap, no duplicate
         assert len({e["event_id"] for e in events}) == len(events)
 
+    def web_answers(self) -> int:
+        """The web server's answer to a registration with a made-up enrolment token (it
+        reads its address's failure count in Redis before it looks at the token)."""
+        url = f"http://127.0.0.1:{self.stack.web_port}/api/workers/register"
+        body = json.dumps({"token": "made-up", "name": "x", "venue": "local"}).encode()
+        request = urllib.request.Request(url, data=body, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
     def pid(self, name: str) -> int:
         popen = self.stack.procs[name].popen
         assert popen is not None
@@ -138,7 +153,8 @@ def own(tmp_path_factory) -> Iterator[OwnStack]:
 
 
 def test_it_rides_out_redis_killed_mid_run(own):
-    recorder, forwarder = own.pid("recorder"), own.pid("forwarder")
+    recorder, forwarder, web = own.pid("recorder"), own.pid("forwarder"), own.pid("web")
+    assert own.web_answers() in (400, 401, 403)
     run_id = own.launch()
     wait_until(lambda: own.emitted(run_id) > 40, timeout=60, what="the run to be under way")
     own.stack.kill("redis", signal.SIGKILL)
@@ -165,6 +181,9 @@ def test_it_rides_out_redis_killed_mid_run(own):
         f"redis answered {back - killed:.2f} s after its kill; then resumed: "
         + ", ".join(f"{name} {s:.2f} s" for name, s in resumed.items())
     )
+
+    assert own.pid("web") == web and own.life("web")["restarts"] == 0
+    assert own.web_answers() in (400, 401, 403)  # the same process, serving
 
     following = own.launch()  # the next run is stored too
     assert own.finish(following) == "succeeded"
