@@ -24,8 +24,12 @@ from frlm_web.stack import Stack, VenueSpec  # noqa: E402
 
 
 @contextmanager
-def private_stack(venues: list[VenueSpec], *, trusted: set[str] | None = None) -> Iterator[Stack]:
-    """`trusted`: the venues to trust, when not the product's default (only `local`)."""
+def private_stack(
+    venues: list[VenueSpec], *, trusted: set[str] | None = None, supervise: bool = False
+) -> Iterator[Stack]:
+    """`trusted`: the venues to trust, when not the product's default (only `local`).
+    `supervise`: start again a process that dies (frlm_web/supervisor.py), as `make up`
+    does; off by default, so a bench that kills a process on purpose sees it stay dead."""
     call_command("migrate", verbosity=0)
     from workers.models import Venue, venue_defaults
 
@@ -46,7 +50,7 @@ def private_stack(venues: list[VenueSpec], *, trusted: set[str] | None = None) -
         redis_persist=False,
     )
     try:
-        stack.start()
+        stack.start(supervise=supervise)
         yield stack
     finally:
         stack.stop()
