@@ -70,12 +70,12 @@ class Outage:
 
     `lost(exc)` is called on each failed attempt: the first logs one line and each returns
     the delay before the next attempt (doubling from first_s up to max_s, so a Redis that
-    stays down costs a try a second, never a tight loop, and one that is back is found
-    within a second). `back()` is called after
+    stays down costs two tries a second, never a tight loop, and one that is back is found
+    within half a second). `back()` is called after
     a successful attempt: it logs one line, with how long Redis was away, if it was."""
 
     def __init__(
-        self, log: logging.Logger, what: str, *, first_s: float = 0.1, max_s: float = 1.0
+        self, log: logging.Logger, what: str, *, first_s: float = 0.1, max_s: float = 0.5
     ) -> None:
         self.log = log
         self.what = what
