@@ -21,7 +21,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from frlm_web.stack import Stack, VenueSpec, free_port
+from frlm_web.stack import Proc, Stack, VenueSpec, free_port
 from frlm_web.supervisor import read_state
 from tests.helpers import scripted, wait_until
 
@@ -225,3 +225,22 @@ def test_it_stops_without_resurrecting_anything(own):
     assert all(p.popen.poll() is not None for p in own.stack.procs.values() if p.popen)
     assert [p.popen.pid for p in own.stack.procs.values() if p.popen] == pids
     assert restarts(own) == before
+
+
+def test_it_backs_off_a_process_that_keeps_dying(tmp_path):
+    stack = Stack(state_dir=tmp_path, venues=[])
+    stack.launch(Proc("flaky", ["sh", "-c", "exit 3"], lambda: True))
+    stack.supervise()
+    try:
+        time.sleep(4.5)  # delays 0.5, 1, 2 s: three starts again, not dozens
+    finally:
+        stack.stop()
+    life = read_state(tmp_path)["procs"]["flaky"]
+    assert 2 <= life["restarts"] <= 4, life
+    assert life["last_reason"] == "exited with code 3"
+    delays = [
+        float(line.rsplit(" in ", 1)[1].split()[0])
+        for line in (tmp_path / "logs" / "stack.log").read_text().splitlines()
+        if "starting it again in" in line
+    ]
+    assert delays[:3] == [0.5, 1.0, 2.0]
