@@ -135,13 +135,18 @@ class RidingRetry(Retry):
         super().__init__(ExponentialBackoff(cap=cap, base=base), RETRY_ATTEMPTS, OUTAGE_ERRORS)
 
     def call_with_retry(self, do: Any, fail: Any, *args: Any, **kwargs: Any) -> Any:
+        # Redis is back when a command that met the outage goes through: a call that
+        # never failed proves nothing (some, such as a disconnect, need no server).
+        met: list[Exception] = []
+
         def failed(error: Exception, *more: Any) -> Any:
+            met.append(error)
             with self._lock:
                 self._outage.lost(error)
             return fail(error, *more)
 
         result = super().call_with_retry(do, failed, *args, **kwargs)
-        if self._outage.away:
+        if met and self._outage.away:
             with self._lock:
                 self._outage.back()
         return result
