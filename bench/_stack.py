@@ -29,9 +29,12 @@ def private_stack(
     *,
     trusted: set[str] | None = None,
     env: dict[str, str] | None = None,
+    supervise: bool = False,
 ) -> Iterator[Stack]:
     """`trusted`: the venues to trust, when not the product's default (only `local`);
-    `env`: settings for the stack's processes (FRLM_CELERY_EVENTS=1...)."""
+    `env`: settings for the stack's processes (FRLM_CELERY_EVENTS=1...);
+    `supervise`: start again a process that dies (frlm_web/supervisor.py), as `make up`
+    does; off by default, so a bench that kills a process on purpose sees it stay dead."""
     call_command("migrate", verbosity=0)
     from workers.models import Venue, venue_defaults
 
@@ -52,7 +55,7 @@ def private_stack(
         redis_persist=False,
     )
     try:
-        stack.start()
+        stack.start(supervise=supervise)
         yield stack
     finally:
         stack.stop()

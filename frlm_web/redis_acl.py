@@ -168,8 +168,14 @@ def role_url(url: str, role: str, secret_key: str) -> str:
 
 def acl_lines(secret_key: str, *, events: bool = False) -> list[str]:
     """The ACL file: the default user off, every role with its password's sha256; with
-    `events` (FRLM_CELERY_EVENTS), the roles that send or run tasks may publish them."""
-    lines = ["user default off resetkeys resetchannels -@all"]
+    `events` (FRLM_CELERY_EVENTS), the roles that send or run tasks may publish them.
+
+    The default user is off (no one can sign in as it, and a connection that has not
+    authenticated can run nothing) but keeps every permission: Redis replays its AOF as
+    the default user and re-checks the permissions of each MULTI/EXEC it replays, so a
+    default user without them drops every transaction and every multi-command script
+    (the emitter's) from the AOF at restart (redis/redis#14541, fixed after 7.2)."""
+    lines = ["user default off resetkeys resetchannels ~* &* +@all"]
     for role, rules in ROLES.items():
         digest = hashlib.sha256(password(secret_key, role).encode()).hexdigest()
         extra = f" {_EVENTS}" if events and role in EVENT_ROLES else ""

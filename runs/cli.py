@@ -9,7 +9,7 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
-from frlm_web.redis_client import get_redis
+from frlm_web.redis_client import OUTAGE_ERRORS, get_redis
 from runs.engine.progress import read_progress
 from runs.lease import leases_reap
 from runs.models import Run
@@ -26,21 +26,26 @@ def wait_for(run: Run, timeout: float, *, show: bool) -> Run:
     checked = time.monotonic()
     while True:
         run.refresh_from_db()
-        if not run.done and run.conductor and time.monotonic() - checked > 2:
-            checked = time.monotonic()
-            leases_reap(client, by="frlm_run")
-            if conductor_gone(run.conductor):
-                runs_fail_orphaned()
-                continue
-        if run.done:
+        try:
+            if not run.done and run.conductor and time.monotonic() - checked > 2:
+                checked = time.monotonic()
+                leases_reap(client, by="frlm_run")
+                if conductor_gone(run.conductor):
+                    runs_fail_orphaned()
+                    continue
+            if run.done:
+                if bar:
+                    bar.close(read_progress(client, run.id), run.status)
+                return run
             if bar:
-                bar.close(read_progress(client, run.id), run.status)
-            return run
+                bar.draw(read_progress(client, run.id), run.status)
+        except OUTAGE_ERRORS:
+            # Redis restarting: the run goes on; its outcome is in the database.
+            if run.done:
+                return run
         if time.monotonic() > deadline:
             run_cancel(run)
             raise CommandError(f"run {run.id} gave no answer within {timeout:.0f} s; cancelled it")
-        if bar:
-            bar.draw(read_progress(client, run.id), run.status)
         time.sleep(0.2)
 
 

@@ -22,7 +22,7 @@ class Command(BaseCommand):
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-        forwarder = Forwarder(get_redis(), block_ms=block_ms)
+        forwarder = Forwarder(get_redis(ride_out=False), block_ms=block_ms)
         self.stdout.write("forwarder: sending live trace events to run pages")
         self.stdout.flush()
         forwarder.run(stop)

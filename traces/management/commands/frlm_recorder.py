@@ -25,7 +25,7 @@ class Command(BaseCommand):
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-        recorder = Recorder(get_redis(), batch_max=batch_max, block_ms=block_ms)
+        recorder = Recorder(get_redis(ride_out=False), batch_max=batch_max, block_ms=block_ms)
         self.stdout.write("recorder: storing trace events (Ctrl-C or SIGTERM stops it)")
         self.stdout.flush()
         try:
