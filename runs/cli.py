@@ -15,6 +15,7 @@ from runs.models import Run
 from runs.orphans import conductor_gone, runs_fail_orphaned
 from runs.services import run_cancel
 from runs.taskgen import answer_score
+from workers.money import money, money_str
 
 
 def wait_for(run: Run, timeout: float, *, show: bool) -> Run:
@@ -98,7 +99,7 @@ def summarise(run: Run) -> dict[str, Any]:
         "subqueries_failed": run.subqueries_failed,
         "tokens_in": run.tokens_in,
         "tokens_out": run.tokens_out,
-        "cost_usd": round(run.cost, 6),
+        "cost_usd": money_str(run.cost),  # exact dollars as a decimal string
         "venues": run.venues,
         "root_model": run.root_model.get("model"),
         "worker_model": run.worker_model.get("model"),
@@ -160,10 +161,10 @@ def _accounts_lines(accounts: dict[str, Any] | None, run_id: str) -> list[str]:
             f"all, {100 * v['overhead']:.1f}% over the {v['primary']} asked"
         )
     run = (accounts.get("budget") or {}).get("run") or {}
-    if run.get("cap"):
+    if run.get("cap") and money(run["cap"]):
+        settled, cap = money(run["settled"]), money(run["cap"])
         lines.append(
-            f"budget     ${run['settled']:.4f} of ${run['cap']:.4f} "
-            f"({100 * run['settled'] / run['cap']:.0f}%)"
+            f"budget     ${settled:.4f} of ${cap:.4f} ({100 * settled / cap:.0f}%)"
             + ("  reached: dispatching stopped" if accounts.get("exhausted") else "")
         )
     if accounts.get("hedges"):
@@ -173,8 +174,8 @@ def _accounts_lines(accounts: dict[str, Any] | None, run_id: str) -> list[str]:
         verdicts = ", ".join(f"{n} {k}" for k, n in sorted(r.get("verdicts", {}).items()))
         # The verdicts are the replies'; the chain is checked by frlm_receipts, not here.
         lines.append(
-            f"receipts   {r['count']} issued (replies {verdicts}), paid ${r['paid']:.4f} of "
-            f"${r['cost']:.4f} claimed"
+            f"receipts   {r['count']} issued (replies {verdicts}), paid ${money(r['paid']):.4f} "
+            f"of ${money(r['cost']):.4f} claimed"
         )
         lines.append(
             f"           chain {str(r.get('head'))[:16]}..., not checked here: "

@@ -15,6 +15,7 @@ from workers.agreement import AgreementRule
 from workers.attestation import attestation_build, attestation_sign
 from workers.backends import ChatResult, ModelError, ModelSpec
 from workers.jobs import Job, Result
+from workers.money import ZERO, money_str
 
 
 def served(spec: ModelSpec) -> ModelSpec:
@@ -77,7 +78,8 @@ def ok_result(job: Job, base: Result, worker_id: str, reply: ChatResult) -> Resu
         "tokens_in": reply.tokens_in,
         "tokens_out": reply.tokens_out,
         "ms": reply.ms,
-        "cost": reply.cost,
+        # A money string on the wire (workers.money): exact, and JSON for the gateway.
+        "cost": money_str(reply.cost or ZERO),
     }
     if job.get("validate"):
         result["attestation"] = attest(job, worker_id, reply.text)

@@ -19,6 +19,7 @@ from runs.engine.fanout.transport import Transport
 from runs.trust.budget import BudgetRefused
 from traces.emitter import Emitter, Span
 from workers.jobs import Job, Result
+from workers.money import ZERO
 
 
 @dataclass(kw_only=True, eq=False)
@@ -212,7 +213,7 @@ class Attempts:
             outcome.worker_id = result.get("worker_id", "")
             outcome.tokens_in = result.get("tokens_in", 0)
             outcome.tokens_out = result.get("tokens_out", 0)
-            outcome.cost = result.get("cost", 0.0)
+            outcome.cost = result.get("cost") or ZERO
             outcome.ms = result.get("ms", 0.0)
         self.totals.settled += 1
         if status != "ok":

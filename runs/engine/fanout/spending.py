@@ -12,6 +12,7 @@ from runs.trust import accounts
 from runs.trust.budget import Reservation
 from workers import fragments
 from workers.jobs import Result
+from workers.money import ZERO
 
 
 @dataclass(kw_only=True, eq=False)
@@ -82,7 +83,7 @@ class Spending:
                 text=str(result.get("text", "")),
                 tokens_in=int(result.get("tokens_in", 0)),
                 tokens_out=int(result.get("tokens_out", 0)),
-                cost=float(result.get("cost") or 0.0),
+                cost=result.get("cost") or ZERO,
                 price=accounts.price_of(worker, accounts.provider_of(worker, model)),
                 sig=str(result.get("sig", "")),
             ),
