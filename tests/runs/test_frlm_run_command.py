@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from decimal import Decimal
 
 import pytest
 
@@ -44,7 +45,8 @@ def test_it_answers_a_generated_needle_task_as_json(venues, subprocess_env):
     assert result["correct"] is True
     assert result["answer"] == result["expected_answer"]
     assert result["subqueries"] >= 10
-    assert result["tokens_in"] > 200_000 and result["cost_usd"] > 0
+    assert result["tokens_in"] > 200_000 and Decimal(result["cost_usd"]) > 0
+    assert Decimal(result["cost_usd"]) == Run.objects.get(id=result["run_id"]).cost
     assert result["simulated"] is True
     assert result["isolation"].startswith("bwrap")
     run = Run.objects.get(id=result["run_id"])
@@ -179,5 +181,12 @@ def test_it_prints_what_verification_and_receipts_cost_and_a_budget_stop(venues,
     result = json.loads(stopped.stdout)
     assert result["status"] == "partial"
     assert result["error"].startswith("budget cap reached")
-    assert result["accounts"]["budget"]["run"]["cap"] == 0.004
-    assert result["accounts"]["budget"]["run"]["settled"] <= 0.004
+    figures = result["accounts"]["budget"]["run"]
+    assert figures["cap"] == "0.004"
+    assert Decimal(figures["settled"]) <= Decimal("0.004")
+    # Money is printed as exact decimal strings: no float leftovers such as 5.2e-18.
+    assert all(
+        isinstance(figures[k], str) and "e" not in figures[k].lower()
+        for k in figures
+        if k in ("reserved", "settled", "committed", "cap")
+    )
