@@ -9,13 +9,13 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
+from frlm_web.money import money, money_str
 from frlm_web.redis_client import get_redis
 from runs.engine.progress import read_progress
 from runs.models import Run
 from runs.orphans import conductor_gone, runs_fail_orphaned
 from runs.services import run_cancel
 from runs.taskgen import answer_score
-from workers.money import money, money_str
 
 
 def wait_for(run: Run, timeout: float, *, show: bool) -> Run:

@@ -73,7 +73,7 @@ class Run(models.Model):
     subqueries_failed = models.IntegerField(default=0)
     tokens_in = models.BigIntegerField(default=0)
     tokens_out = models.BigIntegerField(default=0)
-    # Exact dollars (workers.money); 12 places reach a pico-dollar, finer than any price.
+    # Exact dollars (frlm_web.money); 12 places reach a pico-dollar, finer than any price.
     cost = models.DecimalField(max_digits=20, decimal_places=12, default=0)
     wall_ms = models.FloatField(null=True, blank=True)
     # What trust and money figures the run ended with (RunAccounts): the verification share,

@@ -15,9 +15,9 @@ import httpx
 import openai
 from django.conf import settings
 
+from frlm_web.money import money
 from traces import caps
 from traces.cassette import cassette, request_hash
-from workers.money import money
 from workers.pricing import cost_of
 
 SIM_ROOT_MODEL = "frlm-sim-root"

@@ -10,12 +10,12 @@ from typing import Any
 
 from django.conf import settings
 
+from frlm_web.money import ZERO, money_str
 from workers import signing
 from workers.agreement import AgreementRule
 from workers.attestation import attestation_build, attestation_sign
 from workers.backends import ChatResult, ModelError, ModelSpec
 from workers.jobs import Job, Result
-from workers.money import ZERO, money_str
 
 
 def served(spec: ModelSpec) -> ModelSpec:
@@ -78,7 +78,7 @@ def ok_result(job: Job, base: Result, worker_id: str, reply: ChatResult) -> Resu
         "tokens_in": reply.tokens_in,
         "tokens_out": reply.tokens_out,
         "ms": reply.ms,
-        # A money string on the wire (workers.money): exact, and JSON for the gateway.
+        # A money string on the wire (frlm_web.money): exact, and JSON for the gateway.
         "cost": money_str(reply.cost or ZERO),
     }
     if job.get("validate"):

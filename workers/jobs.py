@@ -7,7 +7,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any, NotRequired, TypedDict
 
-from workers.money import ZERO, money
+from frlm_web.money import ZERO, money
 
 
 class Job(TypedDict):

@@ -105,7 +105,7 @@ class Worker(models.Model):
     models_served = models.JSONField(default=list)  # model names; [] serves any
     concurrency = models.PositiveIntegerField(default=1)
     context_tokens = models.PositiveIntegerField(default=128_000)
-    # Dollars per 1,000 tokens, exact (workers.money).
+    # Dollars per 1,000 tokens, exact (frlm_web.money).
     price_in = models.DecimalField(max_digits=20, decimal_places=12, default=0)
     price_out = models.DecimalField(max_digits=20, decimal_places=12, default=0)
     public_key = models.CharField(max_length=44)

@@ -1,5 +1,5 @@
 """Model prices in US dollars per 1,000 tokens (input, output), as exact decimals
-(workers.money), from three sources, first match wins:
+(frlm_web.money), from three sources, first match wins:
 
 1. FRLM_PRICES: the operator's own prices (negotiated rates, local models, models no
    list knows). Inline JSON or the path of a JSON file, an object of
@@ -23,7 +23,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import NamedTuple
 
-from workers.money import cost_at, money
+from frlm_web.money import cost_at, money
 
 TABLE_DATE = "2025-08-07"
 _TABLE: dict[str, tuple[str, str]] = {

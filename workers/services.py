@@ -21,10 +21,10 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from frlm_web import presence, throttle
+from frlm_web.money import ZERO, money, money_str
 from frlm_web.redis_client import get_redis
 from workers import keys
 from workers.models import EnrolmentToken, Venue, Worker, token_digest
-from workers.money import ZERO, money, money_str
 from workers.reputation import strike_add, strikes_at, strikes_key
 from workers.venues import Link, LiveWorker, presence_group
 

@@ -33,7 +33,7 @@ class LiveWorker(Link, total=False):
     concurrency: int
     models: list[str]  # model names served; [] serves any
     context_tokens: int
-    price_in: str  # dollars per 1,000 tokens, a money string (workers.money)
+    price_in: str  # dollars per 1,000 tokens, a money string (frlm_web.money)
     price_out: str
     trusted: bool  # its venue is trusted (may validate others' work)
     inflight: int  # from the last heartbeat

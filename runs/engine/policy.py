@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 from decimal import Decimal
 from typing import Any
 
-from workers.money import money
+from frlm_web.money import money
 
 
 class PolicyError(ValueError):

@@ -6,7 +6,7 @@ from typing import Any
 
 import redis
 
-from workers.money import money_str
+from frlm_web.money import money_str
 
 TTL_S = 86_400
 

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, TypedDict
 
+from frlm_web.money import ZERO, money, money_str
 from runs.engine.policy import Policy, provider_caps
 from runs.trust import budget, receipts
 from runs.trust.budget import Budget, BudgetRefused, Caps, Price
 from traces.emitter import Emitter, sha256_text
-from workers.money import ZERO, money, money_str
 from workers.pricing import model_price
 
 # Reply tokens assumed before a run has seen any: what a sub-query answer usually takes.
@@ -27,7 +27,7 @@ DEFAULT_TOKENS_OUT = 256
 
 class ReceiptSummary(TypedDict):
     count: int
-    paid: str  # exact dollars, workers.money.money_str
+    paid: str  # exact dollars, frlm_web.money.money_str
     cost: str
     verdicts: dict[str, int]
     head: str | None

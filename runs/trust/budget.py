@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Literal, TypedDict
 
-from workers.money import ZERO, cost_at, money, money_str
+from frlm_web.money import ZERO, cost_at, money, money_str
 
 Scope = Literal["run", "provider", "subquery"]
 # The share of a cap at which the budget raises its one alert for that cap.
@@ -74,13 +74,13 @@ class ReserveAttrs(TypedDict):
     worker: str
     tokens_in_est: int
     tokens_out_est: int
-    price_in: str  # dollars, workers.money.money_str
-    price_out: str  # dollars, workers.money.money_str
-    amount: str  # dollars, workers.money.money_str
+    price_in: str  # dollars, frlm_web.money.money_str
+    price_out: str  # dollars, frlm_web.money.money_str
+    amount: str  # dollars, frlm_web.money.money_str
     ok: bool
     refused_by: str | None  # run, provider or subquery
     reason: str
-    run_committed: str  # dollars, workers.money.money_str
+    run_committed: str  # dollars, frlm_web.money.money_str
     run_cap: str | None
 
 
@@ -92,13 +92,13 @@ class SettleAttrs(TypedDict):
     subquery: str
     provider: str
     worker: str
-    reserved: str  # dollars, workers.money.money_str
+    reserved: str  # dollars, frlm_web.money.money_str
     tokens_in: int
     tokens_out: int
-    cost: str  # dollars, workers.money.money_str
+    cost: str  # dollars, frlm_web.money.money_str
     released: bool
-    run_settled: str  # dollars, workers.money.money_str
-    run_committed: str  # dollars, workers.money.money_str
+    run_settled: str  # dollars, frlm_web.money.money_str
+    run_committed: str  # dollars, frlm_web.money.money_str
     run_cap: str | None
 
 
@@ -109,7 +109,7 @@ class AlertAttrs(TypedDict):
     scope: str
     key: str
     cap: str
-    committed: str  # dollars, workers.money.money_str
+    committed: str  # dollars, frlm_web.money.money_str
     fraction: float
     threshold: float
 
@@ -120,9 +120,9 @@ class CapFigures(TypedDict):
     scope: str
     key: str
     cap: str | None
-    reserved: str  # dollars, workers.money.money_str
-    settled: str  # dollars, workers.money.money_str
-    committed: str  # dollars, workers.money.money_str
+    reserved: str  # dollars, frlm_web.money.money_str
+    settled: str  # dollars, frlm_web.money.money_str
+    committed: str  # dollars, frlm_web.money.money_str
     fraction: float | None  # committed / cap
 
 
@@ -153,7 +153,7 @@ class Reservation:
     subquery: str
     provider: str
     worker_id: str
-    amount: str  # dollars, workers.money.money_str
+    amount: str  # dollars, frlm_web.money.money_str
     price: Price
     attrs: ReserveAttrs
     alerts: list[AlertAttrs]
@@ -161,7 +161,7 @@ class Reservation:
 
 @dataclass(frozen=True)
 class Settlement:
-    cost: str  # dollars, workers.money.money_str
+    cost: str  # dollars, frlm_web.money.money_str
     attrs: SettleAttrs
     alerts: list[AlertAttrs]
 

@@ -19,7 +19,7 @@ worker registry issued, and the count and chain hash the run recorded when it en
 (Run.accounts["receipts"]), so a chain cut short, lengthened or issued again does not pass.
 
 Amounts (price, cost, paid) are exact dollars spelt as canonical decimal strings
-(workers.money.money_str: "0.00075"), so the signed bytes are the books' exact figures.
+(frlm_web.money.money_str: "0.00075"), so the signed bytes are the books' exact figures.
 Receipts issued before money was exact carry JSON numbers instead; they still verify as
 they were signed (the hash covers the JSON they were stored with), and `receipt_amount`
 reads either spelling. One receipt never mixes the two."""
@@ -38,19 +38,19 @@ from typing import Any, TypedDict
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.conf import settings
 
+from frlm_web.money import is_money_str, money, money_str
 from runs.models import Run
 from traces import store
 from workers import keys
 from workers.attestation import utc_now
 from workers.models import Worker
-from workers.money import is_money_str, money, money_str
 from workers.signing import ResultClaim
 
 RECEIPT_EVENT = "Receipt.Emit"
 
 
 class ReceiptPrice(TypedDict):
-    per_1k_in: str  # dollars per 1,000 tokens, workers.money.money_str
+    per_1k_in: str  # dollars per 1,000 tokens, frlm_web.money.money_str
     per_1k_out: str
 
 

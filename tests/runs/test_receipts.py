@@ -16,6 +16,7 @@ import redis
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.core.management import CommandError, call_command
 
+from frlm_web.money import money, money_str
 from runs.engine.policy import Policy
 from runs.models import Run
 from runs.trust.accounts import Payee, RunAccounts
@@ -32,7 +33,6 @@ from traces.emitter import Emitter, sha256_text
 from traces.recorder import Recorder
 from workers import keys
 from workers.models import Venue, Worker
-from workers.money import money, money_str
 
 WORKER_KEYS = {"w1": keys.generate(), "w2": keys.generate()}
 

@@ -10,6 +10,7 @@ import math
 
 from django.core.management import call_command
 
+from frlm_web.money import money, money_str
 from frlm_web.redis_client import get_redis
 from runs.engine.fanout.hedging import HEDGE_SHARE
 from runs.trust.accounts import DEFAULT_TOKENS_OUT
@@ -17,7 +18,6 @@ from runs.trust.receipts import receipts_verify
 from tests.helpers import finish, launch, named, scripted, trace
 from workers.attestation import attestation_problem
 from workers.models import Worker
-from workers.money import money, money_str
 from workers.pricing import model_price
 from workers.venues import live_workers
 

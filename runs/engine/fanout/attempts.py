@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from frlm_web.money import ZERO
 from runs.engine.fanout.hedging import LatencyWindows
 from runs.engine.fanout.routing import Router
 from runs.engine.fanout.spending import Spending
@@ -19,7 +20,6 @@ from runs.engine.fanout.transport import Transport
 from runs.trust.budget import BudgetRefused
 from traces.emitter import Emitter, Span
 from workers.jobs import Job, Result
-from workers.money import ZERO
 
 
 @dataclass(kw_only=True, eq=False)

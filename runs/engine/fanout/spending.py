@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from frlm_web.money import ZERO
 from runs.engine.fanout.state import Flight, Roster, Scope, Target
 from runs.trust import accounts
 from runs.trust.budget import Reservation
 from workers import fragments
 from workers.jobs import Result
-from workers.money import ZERO
 
 
 @dataclass(kw_only=True, eq=False)

@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from frlm_web.money import ZERO
 from runs.engine.policy import CHOICES, Policy
 from runs.trust.budget import Reservation
 from traces.emitter import Span
 from workers.backends import ModelSpec
 from workers.jobs import Result
-from workers.money import ZERO
 from workers.venues import LiveWorker
 
 # Tiers a REPL call may name: the run's policy tiers, and "objective" (a call's own check).
@@ -64,7 +64,7 @@ class Totals:
     calls: int = 0  # sub-queries and child RLMs, counted against policy.max_subqueries
     tokens_in: int = 0
     tokens_out: int = 0
-    cost: Decimal = ZERO  # exact dollars (workers.money)
+    cost: Decimal = ZERO  # exact dollars (frlm_web.money)
 
     def add_tokens(self, tokens_in: int, tokens_out: int, cost: Decimal | None) -> None:
         self.tokens_in += tokens_in
