@@ -31,14 +31,22 @@ class OneLineParser(CommandParser):
 class FrlmCommand(BaseCommand):
     def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
         parser = super().create_parser(prog_name, subcommand, **kwargs)
-        # Django builds its own CommandParser; this one only changes how errors are shown,
-        # and add_subparsers makes subcommands' parsers of the same class.
-        parser.__class__ = OneLineParser
+        _one_line(parser)
         return parser
 
     def print_json(self, data: Any) -> None:
         """`data` as one JSON document on stdout (money as decimal strings, frlm_web.money)."""
         self.stdout.write(json.dumps(data, indent=2, default=_json_default))
+
+
+def _one_line(parser: CommandParser) -> None:
+    """Django builds its own CommandParser (and the subcommands' parsers, in add_arguments);
+    OneLineParser changes only how their errors are shown."""
+    parser.__class__ = OneLineParser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _one_line(sub)
 
 
 def _json_default(value: Any) -> Any:
