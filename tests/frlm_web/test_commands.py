@@ -12,6 +12,7 @@ import sys
 from decimal import Decimal
 
 import pytest
+from django.conf import settings
 from django.core.management import CommandError, call_command, get_commands, load_command_class
 
 from runs.models import Run
@@ -174,3 +175,13 @@ def test_it_prints_the_conductor_key_as_json(settings, tmp_path):
     data = json.loads(out_of("frlm_receipts", "key", "--json"))
     assert data["conductor_key"] == out_of("frlm_receipts", "key").strip()
     assert data["key_file"] == str(tmp_path / "conductor.key")
+
+
+def test_it_writes_the_redis_acl_file_for_a_supervised_redis(tmp_path):
+    from frlm_web.redis_acl import ROLES, acl_lines
+
+    path = tmp_path / "redis" / "frlm.acl"
+    data = json.loads(out_of("frlm_redis_acl", "--output", str(path), "--json"))
+    assert data == {"path": str(path), "roles": list(ROLES)}
+    assert path.stat().st_mode & 0o077 == 0  # the password hashes are ours alone
+    assert path.read_text().splitlines() == acl_lines(settings.SECRET_KEY)
