@@ -65,7 +65,7 @@ def overrides() -> dict[str, tuple[Decimal, Decimal]]:
     if not raw:
         return {}
     text = raw
-    if not raw.startswith("{"):
+    if not raw.startswith(("{", "[")):
         try:
             text = Path(raw).read_text()
         except OSError as exc:
