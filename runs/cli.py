@@ -108,6 +108,7 @@ def summarise(run: Run) -> dict[str, Any]:
         "replay_of": run.replay_of_id,
         "replay_turn": run.replay_turn,
         "accounts": run.accounts or None,
+        "prices": run.price_sources,  # model -> where its price comes from
     }
 
 
@@ -126,9 +127,11 @@ def format_summary(s: dict[str, Any]) -> str:
         f"({s['subqueries_failed']} failed)"
     )
     lines.append(
-        f"tokens     {s['tokens_in']} in / {s['tokens_out']} out   cost ${s['cost_usd']:.4f}"
+        f"tokens     {s['tokens_in']} in / {s['tokens_out']} out   "
+        f"cost ${money(s['cost_usd']):.4f}"
         + ("  (simulated model: nominal prices)" if s["simulated"] else "")
     )
+    lines.append("prices     " + "; ".join(f"{m}: {src}" for m, src in s["prices"].items()))
     lines.append(
         f"models     root {s['root_model']}, workers {s['worker_model']} "
         f"on {', '.join(s['venues'])}"

@@ -5,6 +5,8 @@ import secrets
 from django.conf import settings
 from django.db import models
 
+from workers.pricing import price_source
+
 
 def new_run_id() -> str:
     return "r" + secrets.token_hex(6)
@@ -91,6 +93,13 @@ class Run(models.Model):
         """Its REPL ran without bubblewrap, because the operator set
         FRLM_SANDBOX_ISOLATION=none (runs.sandbox.host marks the isolation text so)."""
         return self.isolation.startswith("NOT ISOLATED")
+
+    @property
+    def price_sources(self) -> dict[str, str]:
+        """Where its models' prices come from (workers.pricing): FRLM_PRICES, genai-prices,
+        or FRLM's table and its date. A worker announcing its own price is paid at that."""
+        models = [m.get("model") for m in (self.root_model, self.worker_model)]
+        return {m: price_source(m) for m in models if m}
 
     @property
     def done(self) -> bool:

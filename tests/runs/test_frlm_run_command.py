@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from decimal import Decimal
@@ -12,6 +13,7 @@ import pytest
 from frlm_web.stack import free_port
 from runs.models import Run
 from tests.helpers import endpoint, forget_reputations, named, trace
+from workers.pricing import TABLE_DATE
 
 pytestmark = [pytest.mark.stack]
 
@@ -48,6 +50,11 @@ def test_it_answers_a_generated_needle_task_as_json(venues, subprocess_env):
     assert result["tokens_in"] > 200_000 and Decimal(result["cost_usd"]) > 0
     assert Decimal(result["cost_usd"]) == Run.objects.get(id=result["run_id"]).cost
     assert result["simulated"] is True
+    # The simulated models' nominal prices, from FRLM's dated table.
+    assert result["prices"] == {
+        "frlm-sim-root": f"FRLM's table of {TABLE_DATE}",
+        "frlm-sim-worker": f"FRLM's table of {TABLE_DATE}",
+    }
     assert result["isolation"].startswith("bwrap")
     run = Run.objects.get(id=result["run_id"])
     events = trace(run)
@@ -171,6 +178,8 @@ def test_it_prints_what_verification_and_receipts_cost_and_a_budget_stop(venues,
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "match: yes" in out
+    assert f"prices     frlm-sim-root: FRLM's table of {TABLE_DATE}" in out
+    assert re.search(r"cost \$\d+\.\d{4}  \(simulated model: nominal prices\)", out)
     assert "verify     " in out and "replica" in out and "% of all" in out
     assert "receipts   " in out and "(replies " in out and "accepted" in out
     run_id = out.split()[1]  # "run        <id>  (succeeded)"
