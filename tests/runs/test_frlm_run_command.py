@@ -51,10 +51,8 @@ def test_it_answers_a_generated_needle_task_as_json(venues, subprocess_env):
     assert Decimal(result["cost_usd"]) == Run.objects.get(id=result["run_id"]).cost
     assert result["simulated"] is True
     # The simulated models' nominal prices, from FRLM's dated table.
-    assert result["prices"] == {
-        "frlm-sim-root": f"FRLM's table of {TABLE_DATE}",
-        "frlm-sim-worker": f"FRLM's table of {TABLE_DATE}",
-    }
+    table = f"FRLM's table of {TABLE_DATE}"
+    assert result["prices"] == {"frlm-sim-root": table, "frlm-sim-worker": table}
     assert result["isolation"].startswith("bwrap")
     run = Run.objects.get(id=result["run_id"])
     events = trace(run)
