@@ -201,6 +201,10 @@ class Emitter:
         for key in ("ms", "bytes", "tokens_in", "tokens_out", "cost"):
             if metrics.get(key) is not None:
                 event[key] = metrics.pop(key)
+        if "cost" in event:
+            # The trace's cost column is a float measurement per span (ARCHITECTURE.md §9):
+            # the books keep exact Decimals, and their attrs carry them as strings.
+            event["cost"] = float(event["cost"])
         if metrics:
             event["attrs"] = {**event["attrs"], **metrics}
         if payload is not None:

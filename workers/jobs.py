@@ -4,7 +4,10 @@ the run; the conductor reads it and never waits on Celery's result backend."""
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any, NotRequired, TypedDict
+
+from frlm_web.money import ZERO, money
 
 
 class Job(TypedDict):
@@ -30,7 +33,7 @@ class Result(TypedDict, total=False):
     error: str
     tokens_in: int
     tokens_out: int
-    cost: float
+    cost: str | Decimal  # a money string on the wire, exact dollars once decoded
     ms: float
     venue: str
     worker_id: str
@@ -41,7 +44,7 @@ class Result(TypedDict, total=False):
 
 
 RESULT_FIELDS_INT = ("tokens_in", "tokens_out")
-RESULT_FIELDS_FLOAT = ("cost", "ms")
+RESULT_FIELDS_FLOAT = ("ms",)
 
 
 def results_stream(run_id: str) -> str:
@@ -65,4 +68,10 @@ def decode_result(fields: dict[bytes, bytes]) -> Result:
     for key in RESULT_FIELDS_FLOAT:
         if key in out:
             out[key] = float(out[key])
+    if "cost" in out:
+        try:
+            out["cost"] = money(out["cost"])
+        except ValueError:
+            # A worker's claim, not the books' figure: a malformed one counts as nothing.
+            out["cost"] = ZERO
     return out  # type: ignore[return-value]

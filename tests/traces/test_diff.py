@@ -489,7 +489,10 @@ def test_it_diffs_two_real_runs_that_differ_in_their_second_cell(venues, subproc
 def test_it_names_an_unknown_run_in_a_one_line_error(subprocess_env):
     done = frlm_diff(subprocess_env, "no-such-run", "other-run")
     assert done.returncode != 0
-    assert done.stderr.strip() == "CommandError: no trace events stored for run 'no-such-run'"
+    assert done.stderr.strip() == (
+        "CommandError: no trace events stored for run 'no-such-run'; check the ids with "
+        "`python manage.py frlm_runs`, and that the recorder is running"
+    )
 
 
 def test_it_condenses_a_numbered_batch_whatever_its_prompts_say():

@@ -1,13 +1,13 @@
 from __future__ import annotations
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
 
+from frlm_web.commands import FrlmCommand
 from frlm_web.stack import running_from_pidfiles
 from frlm_web.supervisor import status_lines
 
 
-class Command(BaseCommand):
+class Command(FrlmCommand):
     help = (
         "Show the processes `frlm_up` started: up or down, and how often its supervisor "
         "started each again, when last and why."

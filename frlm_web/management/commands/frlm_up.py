@@ -11,8 +11,9 @@ from pathlib import Path
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from frlm_web.commands import FrlmCommand, port
 from frlm_web.env import envstr
 from frlm_web.stack import Stack, StackError, VenueSpec, running_from_pidfiles
 from frlm_web.supervisor import (
@@ -35,7 +36,7 @@ DEMO_VENUES = [
 START_TIMEOUT_S = 180.0
 
 
-class Command(BaseCommand):
+class Command(FrlmCommand):
     help = (
         "Bring FRLM web up on this machine: redis (unless one answers at FRLM_REDIS_URL), the "
         "simulated model server, the recorder, the live forwarder, a conductor, venue workers "
@@ -44,8 +45,17 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser) -> None:
-        parser.add_argument("--demo", action="store_true")
-        parser.add_argument("--web-port", type=int, default=int(envstr("FRLM_WEB_PORT", "8000")))
+        parser.add_argument(
+            "--demo",
+            action="store_true",
+            help="also create the demo user and run a demo FRLM run",
+        )
+        parser.add_argument(
+            "--web-port",
+            type=port,
+            default=int(envstr("FRLM_WEB_PORT", "8000")),
+            help="the web server's port (default FRLM_WEB_PORT or 8000)",
+        )
         parser.add_argument(
             "--foreground",
             action="store_true",

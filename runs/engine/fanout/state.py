@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
+from frlm_web.money import ZERO
 from runs.engine.policy import CHOICES, Policy
 from runs.trust.budget import Reservation
 from traces.emitter import Span
@@ -43,7 +45,7 @@ class Outcome:
     attempts: int = 0
     tokens_in: int = 0
     tokens_out: int = 0
-    cost: float = 0.0
+    cost: Decimal = ZERO
     ms: float = 0.0
 
     def reply(self) -> str:
@@ -62,12 +64,12 @@ class Totals:
     calls: int = 0  # sub-queries and child RLMs, counted against policy.max_subqueries
     tokens_in: int = 0
     tokens_out: int = 0
-    cost: float = 0.0
+    cost: Decimal = ZERO  # exact dollars (frlm_web.money)
 
-    def add_tokens(self, tokens_in: int, tokens_out: int, cost: float | None) -> None:
+    def add_tokens(self, tokens_in: int, tokens_out: int, cost: Decimal | None) -> None:
         self.tokens_in += tokens_in
         self.tokens_out += tokens_out
-        self.cost += cost or 0.0
+        self.cost += cost or ZERO
 
 
 @dataclass

@@ -5,8 +5,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from frlm_web.commands import FrlmCommand
 from traces import store
 from traces.blobs import blob_get
 from traces.interchange import to_jsonl, write_parquet
@@ -16,7 +17,7 @@ from traces.otlp_push import HEADERS_ENV, PushError, parse_headers, push
 FORMATS = ("otlp", "parquet", "jsonl")
 
 
-class Command(BaseCommand):
+class Command(FrlmCommand):
     help = (
         "Export a run's stored trace: OTLP/JSON (for OpenTelemetry tools), Parquet (the "
         "store's own schema) or JSON lines (one event a line); or push it to an "
@@ -24,8 +25,10 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser) -> None:
-        parser.add_argument("run_id")
-        parser.add_argument("--format", choices=FORMATS, default="otlp")
+        parser.add_argument("run_id", help="the run whose trace to export (see frlm_runs)")
+        parser.add_argument(
+            "--format", choices=FORMATS, default="otlp", help="what to write (default otlp)"
+        )
         parser.add_argument(
             "--output", default=None, help="file to write (stdout when left out, not parquet)"
         )

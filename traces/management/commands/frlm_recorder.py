@@ -4,19 +4,32 @@ import os
 import signal
 import threading
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from frlm_web.commands import FrlmCommand, whole
 from frlm_web.redis_client import get_redis
 from traces.recorder import Recorder, RecorderBusy
 
 
-class Command(BaseCommand):
+class Command(FrlmCommand):
     help = "Run the recorder: the one writer of the trace store. Stops cleanly on SIGTERM."
 
     def add_arguments(self, parser) -> None:
-        parser.add_argument("--batch-max", type=int, default=20000)
-        parser.add_argument("--block-ms", type=int, default=50)
-        parser.add_argument("--nice", type=int, default=10, help="scheduling niceness to add")
+        parser.add_argument(
+            "--batch-max",
+            type=whole(1),
+            default=20000,
+            help="events read and stored in one batch at most (default 20000)",
+        )
+        parser.add_argument(
+            "--block-ms",
+            type=whole(1),
+            default=50,
+            help="how long one read of the event stream waits for events (default 50 ms)",
+        )
+        parser.add_argument(
+            "--nice", type=whole(0, 19), default=10, help="scheduling niceness to add (0-19)"
+        )
 
     def handle(self, *args, batch_max: int, block_ms: int, nice: int, **options) -> None:
         # Storing can lag a little; dispatch and collection on the same machine cannot.
