@@ -30,11 +30,14 @@ def private_stack(
     trusted: set[str] | None = None,
     env: dict[str, str] | None = None,
     supervise: bool = False,
+    persist: bool = False,
 ) -> Iterator[Stack]:
     """`trusted`: the venues to trust, when not the product's default (only `local`);
     `env`: settings for the stack's processes (FRLM_CELERY_EVENTS=1...);
     `supervise`: start again a process that dies (frlm_web/supervisor.py), as `make up`
-    does; off by default, so a bench that kills a process on purpose sees it stay dead."""
+    does; off by default, so a bench that kills a process on purpose sees it stay dead;
+    `persist`: Redis keeps its append-only file, so a Redis killed mid-run comes back with
+    its streams, queues and counters."""
     call_command("migrate", verbosity=0)
     from workers.models import Venue, venue_defaults
 
@@ -52,7 +55,7 @@ def private_stack(
             **(env or {}),
         },
         start_redis=True,
-        redis_persist=False,
+        redis_persist=persist,
     )
     try:
         stack.start(supervise=supervise)
