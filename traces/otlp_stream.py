@@ -156,7 +156,7 @@ class Streamer:
 
     # --- the pushing thread ----------------------------------------------------------
     def _run(self, ready: Callable[[], bool]) -> None:
-        while not self._stop.is_set() and not ready():
+        while not self._stop.is_set() and not _holds(ready):
             self._stop.wait(0.2)
         with self._lock:
             self._load()
@@ -273,3 +273,11 @@ class Streamer:
         """Into the operating system's hands: a recorder that dies keeps what it wrote."""
         if self._state is not None:
             self._state.flush()
+
+
+def _holds(ready: Callable[[], bool]) -> bool:
+    """ready(), with Redis out of reach (it asks Redis for the lease) as not yet."""
+    try:
+        return bool(ready())
+    except Exception:  # noqa: BLE001 (a Redis error of any kind: asked again shortly)
+        return False
