@@ -5,6 +5,8 @@ recorder restart, and a run is not pushed twice."""
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -136,3 +138,27 @@ def _queued(run_id: str) -> bool:
 
     path = settings.FRLM_TRACE_DIR / "otlp_stream.jsonl"
     return path.exists() and run_id in path.read_text()
+
+
+@pytest.mark.parametrize(
+    ("setting", "said"),
+    [
+        ({"FRLM_OTLP_ENDPOINT": "localhost:4318"}, "must be an http(s) URL"),
+        (
+            {"FRLM_OTLP_ENDPOINT": "http://localhost:4318", "FRLM_OTLP_HEADERS": "novalue"},
+            "expected KEY=VALUE",
+        ),
+        ({"FRLM_OTLP_ENDPOINT": "http://localhost:4318", "FRLM_OTLP_PAYLOADS": "no"}, "0 or 1"),
+    ],
+)
+def test_a_bad_stream_setting_stops_the_recorder_with_what_to_fix(subprocess_env, setting, said):
+    done = subprocess.run(
+        [sys.executable, "manage.py", "frlm_recorder"],
+        env={**subprocess_env, **setting},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert said in done.stderr and "FRLM_OTLP" in done.stderr
+    assert "Traceback" not in done.stderr
