@@ -7,6 +7,7 @@ import gc
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,9 @@ class Recorder:
         self._next: Future[list[Any]] | None = None
         self.lease = Lease(client)
         self.stored = 0
+        # Called with each batch once it is durable, before it is acknowledged (the OTLP
+        # stream, traces.otlp_stream); it must return at once and never raise.
+        self.on_stored: Callable[[pa.Table], None] | None = None
 
     # --- lifecycle -------------------------------------------------------------------
     def acquire(self, ttl_s: int = 10) -> None:
@@ -209,6 +213,8 @@ class Recorder:
         self.blobs.sync()
         if staged:
             _commit(staged)
+        if self.on_stored is not None:
+            self.on_stored(table)
 
         pipe = self.client.pipeline()
         for index, reason, raw in dead:

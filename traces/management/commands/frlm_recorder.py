@@ -4,11 +4,13 @@ import os
 import signal
 import threading
 
+from django.conf import settings
 from django.core.management.base import CommandError
 
 from frlm_web.commands import FrlmCommand, whole
 from frlm_web.redis_client import get_redis
-from traces.recorder import Recorder, RecorderBusy
+from traces import otlp_stream
+from traces.recorder import LOCK_KEY, Recorder, RecorderBusy
 
 
 class Command(FrlmCommand):
@@ -38,13 +40,30 @@ class Command(FrlmCommand):
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
+        try:
+            streamer = otlp_stream.from_environ(os.environ, settings.FRLM_TRACE_DIR)
+        except otlp_stream.StreamConfigError as exc:
+            raise CommandError(str(exc)) from exc
         recorder = Recorder(get_redis(ride_out=False), batch_max=batch_max, block_ms=block_ms)
+        if streamer is not None:
+            recorder.on_stored = streamer.stored
+            # The lease's token is read each time: after a Redis outage it may be a new one.
+            streamer.start(
+                lambda: (
+                    recorder.client.get(LOCK_KEY)
+                    in (recorder.lease.token, recorder.lease.token.encode())
+                )
+            )
+            self.stdout.write(f"recorder: pushing every finished run to {streamer.endpoint}")
         self.stdout.write("recorder: storing trace events (Ctrl-C or SIGTERM stops it)")
         self.stdout.flush()
         try:
             recorder.run(stop)
         except RecorderBusy as exc:
             raise CommandError(str(exc)) from exc
+        finally:
+            if streamer is not None:
+                streamer.stop()
         self.stdout.write(f"recorder: stopped after storing {recorder.stored} events")
 
 
