@@ -6,7 +6,12 @@ FRLM's own `frlm.*` attributes by `traces/otlp.py`:
   selection, EVALUATOR for verification, CHAIN for the rest), `input.value` /
   `output.value` with their mime types, `llm.input_messages.N.message.role|content`,
   `llm.output_messages.N.message.*`, `llm.model_name`, `llm.system`, `llm.provider`,
-  `llm.token_count.prompt|completion|total`, `llm.cost.total`, `tool.name`;
+  `llm.token_count.prompt|completion|total`, `llm.cost.total`, `tool.name`, and
+  `session.id` (the run id) on the root, which lists the run under Phoenix's Sessions.
+  Phoenix (checked with 20.26) prices a span itself, tokens times the prices of the model
+  its Settings > Models table matches to `llm.model_name`, and ignores `llm.cost.total`:
+  FRLM's simulated models, or a model at FRLM_PRICES rates, show FRLM's cost there only
+  once those prices are entered in that table;
 - OpenTelemetry GenAI semantic conventions: `gen_ai.input.messages` /
   `gen_ai.output.messages` (JSON, messages of typed parts), `gen_ai.usage.input_tokens` /
   `output_tokens`, and `gen_ai.usage.cost`, which Langfuse reads as the total cost;
@@ -14,7 +19,7 @@ FRLM's own `frlm.*` attributes by `traces/otlp.py`:
   (generation, agent, tool, chain, retriever, evaluator, span),
   `langfuse.observation.input|output`, `langfuse.observation.level` and
   `status_message`, `langfuse.observation.usage_details` / `cost_details` (JSON), and on
-  the root `langfuse.trace.name|input|output` and `session.id` (the run id).
+  the root `langfuse.trace.name|input|output` and `session.id`.
 """
 
 from __future__ import annotations
@@ -192,8 +197,10 @@ def _count(value: Any) -> int | None:
 
 
 def trace_fields(run_id: str, question: str | None, answer: str | None) -> dict[str, Any]:
-    """What the root span tells Langfuse about the whole trace."""
-    fields: dict[str, Any] = {"langfuse.trace.name": f"frlm run {run_id}"}
+    """What the root span tells the viewers about the whole trace: its name, question and
+    answer for Langfuse, and `session.id`, by which Phoenix and Langfuse list the run
+    under Sessions with that question and answer."""
+    fields: dict[str, Any] = {"langfuse.trace.name": f"frlm run {run_id}", "session.id": run_id}
     if question is not None:
         fields["langfuse.trace.input"] = question
     if answer is not None:

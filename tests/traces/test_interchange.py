@@ -138,6 +138,8 @@ def test_it_exports_span_kinds_messages_tokens_and_cost_for_llm_viewers(real_run
     assert root["input.value"] == question and root["langfuse.trace.input"] == question
     assert root["output.value"] == _real_runs["answer"] == root["langfuse.trace.output"]
     assert root["langfuse.observation.type"] == "agent"
+    assert root["session.id"] == real_run  # Phoenix's Sessions tab lists the run by it
+    assert all("session.id" not in a for found in by_name.values() for a in found if a is not root)
 
     decode = by_name["Run.Decode"][0]
     assert decode["llm.input_messages.0.message.role"] == "system"
