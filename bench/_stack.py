@@ -4,6 +4,7 @@ workers, on free ports, torn down at the end."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -21,6 +22,18 @@ from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 
 from frlm_web.stack import Stack, VenueSpec  # noqa: E402
+
+
+def stop_on_signals() -> None:
+    """SIGTERM and SIGINT unwind the bench's `with` and `try` blocks, which stop what they
+    started (its private stack, namespaces, extra workers): a bench killed by a timeout or
+    Ctrl-C leaves nothing running."""
+
+    def leave(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, leave)
+    signal.signal(signal.SIGINT, leave)
 
 
 @contextmanager

@@ -14,10 +14,9 @@ SIGTERM or SIGINT stops it cleanly: the stack's processes go with it.
 from __future__ import annotations
 
 import argparse
-import signal
 from dataclasses import dataclass
 
-from _stack import private_stack
+from _stack import private_stack, stop_on_signals
 from fanout import measure, stack_cpu_s
 
 from frlm_web.stack import Stack, VenueSpec
@@ -29,16 +28,6 @@ class Figures:
     cpu_ms: float  # the stack's CPU per sub-query
     publishes: float  # Redis PUBLISH commands per sub-query
     failed: int
-
-
-def stop_on_signals() -> None:
-    """SIGTERM and SIGINT unwind the `with` blocks, which stop the stack they started."""
-
-    def leave(signum: int, _frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, leave)
-    signal.signal(signal.SIGINT, leave)
 
 
 def publishes(stack: Stack) -> int:

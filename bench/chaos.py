@@ -26,14 +26,13 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from _stack import private_stack
+from _stack import private_stack, stop_on_signals
 from fanout import timed_program
 
 from frlm_web.stack import Stack, VenueSpec
@@ -47,16 +46,6 @@ VICTIMS = {
     "redis": "redis",
 }
 CATCH_UP_S = 60.0
-
-
-def stop_on_signals() -> None:
-    """SIGTERM and SIGINT unwind the `with` blocks, which stop what they started."""
-
-    def leave(signum: int, _frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, leave)
-    signal.signal(signal.SIGINT, leave)
 
 
 @dataclass

@@ -34,6 +34,7 @@ import django  # noqa: E402
 
 django.setup()
 
+from _stack import stop_on_signals  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 
@@ -46,16 +47,6 @@ N = 24
 LATENCY_MS = 400
 VICTIM_SLOTS, SURVIVOR_SLOTS = 4, 16
 MANAGE = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py")]
-
-
-def stop_on_signals() -> None:
-    """SIGTERM and SIGINT unwind the `try` blocks, which stop what they started."""
-
-    def leave(signum: int, _frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, leave)
-    signal.signal(signal.SIGINT, leave)
 
 
 class Bench:
