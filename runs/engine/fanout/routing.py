@@ -106,8 +106,11 @@ class Router:
         self._checked = float("-inf")
 
     def any_credit(self) -> bool:
-        """Whether any venue has a live worker to take jobs."""
-        return any(self.roster.limit.values())
+        """Whether any venue has a live worker to take jobs. A venue whose last worker's
+        alive line dropped since presence was read has none, whatever its limit says: its
+        work waits for one to come back (liveness.Liveness.await_workers) instead of failing."""
+        live = self.roster.live
+        return any(limit and live.get(venue) for venue, limit in self.roster.limit.items())
 
     def plan(self, wave: Wave) -> list[tuple[Flight, Target]]:
         """The backlog jobs that should go now, and where, by the policy's routing."""
