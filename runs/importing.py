@@ -20,7 +20,8 @@ from runs.models import Run, new_run_id
 from traces import store
 from traces.emitter import Emitter
 from traces.interchange import InterchangeError, ParsedTrace, json_lines, to_events
-from traces.otlp import from_otlp, model_name
+from traces.otlp import model_name
+from traces.otlp_import import from_otlp
 from traces.recorder import HEARTBEAT_KEY
 from traces.rlms_log import from_rlms_log, is_rlms_record
 from traces.schema import Event

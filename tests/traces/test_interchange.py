@@ -22,7 +22,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from runs.models import Run
 from tests.helpers import endpoint, finish, launch, named, scripted, trace
 from traces import blobs, store
-from traces.otlp import from_otlp, to_otlp
+from traces.otlp import to_otlp
+from traces.otlp_import import from_otlp
 from traces.schema import ARROW_SCHEMA
 from traces.store import SpanNode
 
