@@ -25,7 +25,9 @@ from frlm_web.stack import Stack, VenueSpec  # noqa: E402
 
 
 def stop_on_signals() -> None:
-    """SIGTERM and SIGINT unwind the `with` blocks, so private_stack stops what it started."""
+    """SIGTERM and SIGINT unwind the bench's `with` and `try` blocks, which stop what they
+    started (its private stack, namespaces, extra workers): a bench killed by a timeout or
+    Ctrl-C leaves nothing running."""
 
     def leave(signum: int, _frame: object) -> None:
         raise SystemExit(128 + signum)
@@ -35,8 +37,20 @@ def stop_on_signals() -> None:
 
 
 @contextmanager
-def private_stack(venues: list[VenueSpec], *, trusted: set[str] | None = None) -> Iterator[Stack]:
-    """`trusted`: the venues to trust, when not the product's default (only `local`)."""
+def private_stack(
+    venues: list[VenueSpec],
+    *,
+    trusted: set[str] | None = None,
+    env: dict[str, str] | None = None,
+    supervise: bool = False,
+    persist: bool = False,
+) -> Iterator[Stack]:
+    """`trusted`: the venues to trust, when not the product's default (only `local`);
+    `env`: settings for the stack's processes (FRLM_CELERY_EVENTS=1...);
+    `supervise`: start again a process that dies (frlm_web/supervisor.py), as `make up`
+    does; off by default, so a bench that kills a process on purpose sees it stay dead;
+    `persist`: Redis keeps its append-only file, so a Redis killed mid-run comes back with
+    its streams, queues and counters."""
     call_command("migrate", verbosity=0)
     from workers.models import Venue, venue_defaults
 
@@ -45,20 +59,20 @@ def private_stack(venues: list[VenueSpec], *, trusted: set[str] | None = None) -
         if trusted is not None:
             defaults["trusted"] = venue.name in trusted
         Venue.objects.get_or_create(name=venue.name, defaults=defaults)
-    env = {
-        "DJANGO_SETTINGS_MODULE": "frlm_web.settings",
-        "FRLM_DB_PATH": str(settings.DATABASES["default"]["NAME"]),
-    }
     stack = Stack(
         state_dir=Path(settings.DATA_DIR) / "stack",
         venues=venues,
-        env=env,
+        env={
+            "DJANGO_SETTINGS_MODULE": "frlm_web.settings",
+            "FRLM_DB_PATH": str(settings.DATABASES["default"]["NAME"]),
+            **(env or {}),
+        },
         start_redis=True,
-        redis_persist=False,
+        redis_persist=persist,
     )
     try:
         # Generous: a swarm of many worker processes starts slowly on a busy machine.
-        stack.start(timeout=float(os.environ.get("FRLM_BENCH_START_S", "300")))
+        stack.start(timeout=float(os.environ.get("FRLM_BENCH_START_S", "300")), supervise=supervise)
         yield stack
     finally:
         stack.stop()

@@ -32,23 +32,13 @@ from contextlib import ExitStack
 from datetime import timedelta
 from pathlib import Path
 
-from _stack import run_to_end
+from _stack import run_to_end, stop_on_signals
 from fanout import harness_floor, timed_program
 
 from frlm_web import netlab, redis_acl
 from frlm_web.stack import Stack, free_port
 
 SUBQUERY_TIMEOUT_S = 60
-
-
-def stop_on_signals() -> None:
-    """SIGTERM and SIGINT unwind the stack of `with` blocks, which stop what they started."""
-
-    def leave(signum: int, _frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, leave)
-    signal.signal(signal.SIGINT, leave)
 
 
 def cpu_s(pids: list[int]) -> float:

@@ -11,6 +11,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "frlm_web.settings")
 django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from frlm_web.checks import refuse_to_serve  # noqa: E402
@@ -18,6 +19,13 @@ from frlm_web.routing import websocket_urlpatterns  # noqa: E402
 
 # daphne runs no system checks: the refusal they would give is given here.
 refuse_to_serve()
+
+if settings.FRLM_LEASE_WATCH:
+    # The web server is up whenever the product is: it fails the runs of a conductor that
+    # died, even the only one (runs/lease.py).
+    from runs.lease import watch_start  # noqa: E402
+
+    watch_start("web")
 
 application = ProtocolTypeRouter(
     {

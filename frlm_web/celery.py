@@ -118,10 +118,21 @@ def run_worker(
             f"{name}@%h",
             "--without-gossip",
             "--without-mingle",
-            "--without-heartbeat",
+            *monitoring_options(),
             "--prefetch-multiplier",
             str(prefetch),
             "-l",
             "WARNING",
         ]
     )
+
+
+def monitoring_options() -> list[str]:
+    """Celery's own events and heartbeats, for Flower, with FRLM_CELERY_EVENTS=1; off by
+    default: FRLM's presence (frlm_web/presence.py) tells who is alive, and its trace tells
+    what each task did."""
+    from django.conf import settings
+
+    if settings.FRLM_CELERY_EVENTS:
+        return ["--task-events"]
+    return ["--without-heartbeat"]

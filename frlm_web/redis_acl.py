@@ -36,6 +36,11 @@ _CELERY_WORKER_QUEUES = "~worker.* ~venue.*"
 # its expiry refreshed; its messages come by pub/sub); replies go to `reply.celery.pidbox`.
 _PIDBOX_CHANNELS = " ".join(f"&/{db}.celery.pidbox" for db in range(16))
 _PIDBOX = f"{_PIDBOX_CHANNELS} ~*.celery.pidbox*"
+# Celery's task events (FRLM_CELERY_EVENTS) are the fanout exchange `celeryev`, published
+# on "/<db>.celeryev/<routing key>" (task.sent, task.started, worker.heartbeat...).
+_EVENTS = "+publish &/*.celeryev/*"
+# The roles that send or run tasks, and so publish events when they are on.
+EVENT_ROLES = ("web", "conductor", "worker")
 
 # What any client library sends when it connects: authenticate, name itself, say which
 # library it is, check the line, pick the database.
@@ -120,6 +125,8 @@ ROLES: dict[str, str] = {
             # It listens to remote control (a revoke) but may not send any: no PUBLISH.
             "+subscribe +psubscribe +unsubscribe +punsubscribe",
             _PIDBOX_CHANNELS,
+            # Its alive line (workers/alive.py): a subscription its death ends.
+            "&frlm:alive:*",
             # workers/tasks.py: is the job cancelled (SISMEMBER, read only), deliver the
             # result (XADD, write only: it cannot read other workers' results).
             "+sismember %R~frlm:run:*:cancelled",
@@ -159,18 +166,26 @@ def role_url(url: str, role: str, secret_key: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def acl_lines(secret_key: str) -> list[str]:
-    """The ACL file: the default user off, every role with its password's sha256."""
-    lines = ["user default off resetkeys resetchannels -@all"]
+def acl_lines(secret_key: str, *, events: bool = False) -> list[str]:
+    """The ACL file: the default user off, every role with its password's sha256; with
+    `events` (FRLM_CELERY_EVENTS), the roles that send or run tasks may publish them.
+
+    The default user is off (no one can sign in as it, and a connection that has not
+    authenticated can run nothing) but keeps every permission: Redis replays its AOF as
+    the default user and re-checks the permissions of each MULTI/EXEC it replays, so a
+    default user without them drops every transaction and every multi-command script
+    (the emitter's) from the AOF at restart (redis/redis#14541, fixed after 7.2)."""
+    lines = ["user default off resetkeys resetchannels ~* &* +@all"]
     for role, rules in ROLES.items():
         digest = hashlib.sha256(password(secret_key, role).encode()).hexdigest()
-        lines.append(f"user {role} on #{digest} resetkeys resetchannels {rules}")
+        extra = f" {_EVENTS}" if events and role in EVENT_ROLES else ""
+        lines.append(f"user {role} on #{digest} resetkeys resetchannels {rules}{extra}")
     return lines
 
 
-def write_acl_file(path: Path, secret_key: str) -> Path:
+def write_acl_file(path: Path, secret_key: str, *, events: bool = False) -> Path:
     """Write the ACL file redis-server loads at start (--aclfile), readable by us only."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(acl_lines(secret_key)) + "\n")
+    path.write_text("\n".join(acl_lines(secret_key, events=events)) + "\n")
     path.chmod(0o600)
     return path

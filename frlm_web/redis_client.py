@@ -3,15 +3,35 @@
 from __future__ import annotations
 
 import functools
+import logging
+import threading
+import time
+from typing import Any
 
 import redis
 from django.conf import settings
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
 
 
 @functools.cache
-def get_redis() -> redis.Redis:
-    # Connections are shared by threads; the pool grows with them.
-    return redis.Redis.from_url(settings.REDIS_URL, health_check_interval=30)
+def get_redis(*, ride_out: bool = True) -> redis.Redis:
+    """The process's client; connections are shared by threads, the pool grows with them.
+
+    `ride_out`: a command that meets a Redis restarting or a network blip is tried again
+    on a new connection, waiting longer each time (RETRY_BACKOFF, about a minute in all),
+    and the process's log says once that Redis went away and once that it is back. A
+    command the server ran whose reply was lost is then run twice: a loop whose reads must
+    not be repeated blindly (the recorder's and forwarder's consumer-group reads) takes a
+    client without it and rides out the outage itself (Outage)."""
+    options: dict = {"health_check_interval": 30, "socket_keepalive": True}
+    if ride_out:
+        options.update(retry=RidingRetry(), retry_on_error=list(OUTAGE_ERRORS))
+    else:
+        # Its loops block for a fraction of a second at most: a reply 30 s late is a
+        # connection that died without a word (a network cut, not a refusal).
+        options.update(socket_timeout=30)
+    return redis.Redis.from_url(settings.REDIS_URL, **options)
 
 
 class LuaScript:
@@ -37,3 +57,96 @@ def redis_available() -> bool:
         return bool(get_redis().ping())
     except redis.RedisError:
         return False
+
+
+# What a Redis that restarts or a network that blips raises: refused or reset
+# connections, a server still loading its AOF (BusyLoadingError is a ConnectionError),
+# a read that timed out. Anything else is a bug or a refusal and is not ridden out.
+OUTAGE_ERRORS: tuple[type[Exception], ...] = (redis.ConnectionError, redis.TimeoutError)
+
+
+class Outage:
+    """One long-lived loop's view of Redis going away and coming back.
+
+    `lost(exc)` is called on each failed attempt: the first logs one line and each returns
+    the delay before the next attempt (doubling from first_s up to max_s, so a Redis that
+    stays down costs two tries a second, never a tight loop, and one that is back is found
+    within half a second). `back()` is called after
+    a successful attempt: it logs one line, with how long Redis was away, if it was."""
+
+    def __init__(
+        self, log: logging.Logger, what: str, *, first_s: float = 0.1, max_s: float = 0.5
+    ) -> None:
+        self.log = log
+        self.what = what
+        self.first_s = first_s
+        self.max_s = max_s
+        self.since: float | None = None
+        self.delay = first_s
+        self.tries = 0
+
+    @property
+    def away(self) -> bool:
+        return self.since is not None
+
+    def lost(self, exc: BaseException) -> float:
+        if self.since is None:
+            self.since = time.monotonic()
+            self.delay = self.first_s
+            self.log.warning(
+                "%s: lost Redis (%s); reconnecting with backoff", self.what, _one_line(exc)
+            )
+        else:
+            self.delay = min(self.max_s, self.delay * 2)
+        self.tries += 1
+        return self.delay
+
+    def back(self) -> None:
+        if self.since is None:
+            return
+        self.log.warning(
+            "%s: Redis is back after %.1f s (%d attempt(s)); resuming",
+            self.what,
+            time.monotonic() - self.since,
+            self.tries,
+        )
+        self.since = None
+        self.tries = 0
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}"[:200]
+
+
+RETRY_ATTEMPTS = 60
+RETRY_BACKOFF = (0.05, 1.0)  # the first wait doubles up to the cap: about 55 s in all
+
+
+class RidingRetry(Retry):
+    """redis-py's retry of a command over a new connection, which also says in the log,
+    once per outage and for the whole process, that Redis went away and that it is back."""
+
+    _outage = Outage(logging.getLogger("frlm_web.redis"), "redis client")
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        base, cap = RETRY_BACKOFF
+        super().__init__(ExponentialBackoff(cap=cap, base=base), RETRY_ATTEMPTS, OUTAGE_ERRORS)
+
+    def call_with_retry(self, do: Any, fail: Any, *args: Any, **kwargs: Any) -> Any:
+        # Redis is back when a command that met the outage goes through: a call that
+        # never failed proves nothing (some, such as a disconnect, need no server).
+        met: list[Exception] = []
+
+        def failed(error: Exception, *more: Any) -> Any:
+            met.append(error)
+            with self._lock:
+                self._outage.lost(error)
+            return fail(error, *more)
+
+        result = super().call_with_retry(do, failed, *args, **kwargs)
+        if met and self._outage.away:
+            with self._lock:
+                self._outage.back()
+        return result

@@ -159,8 +159,18 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-CELERY_TASK_ROUTES = {"runs.tasks.*": {"queue": "runs"}}
+# The one task sent by name alone: a run to a conductor. A sub-query
+# (workers.subquery_execute) is always sent with the queue of the worker or venue the
+# router chose (runs/engine/fanout/transport.py), so it has no static route.
+CELERY_TASK_ROUTES = {"runs.conduct": {"queue": "runs"}}
 CELERY_TASK_DEFAULT_QUEUE = "runs"
+# Celery task events for a monitor such as Flower (off: every task then costs extra Redis
+# publishes, measured in README). On, conductors and workers start with -E and their
+# heartbeats, senders announce what they send, and the Redis roles may publish on the
+# events channel (frlm_web/redis_acl.py).
+FRLM_CELERY_EVENTS = envbool("FRLM_CELERY_EVENTS", False)
+CELERY_WORKER_SEND_TASK_EVENTS = FRLM_CELERY_EVENTS
+CELERY_TASK_SEND_SENT_EVENT = FRLM_CELERY_EVENTS
 
 CHANNEL_LAYERS = {
     "default": {
@@ -213,6 +223,17 @@ FRLM_MODEL_RETRIES = envint("FRLM_MODEL_RETRIES", 3)
 FRLM_WORKER_PREFETCH = envint("FRLM_WORKER_PREFETCH", 2)
 # How long a venue worker's liveness key lives without a refresh.
 FRLM_VENUE_HEARTBEAT_TTL_S = envfloat("FRLM_VENUE_HEARTBEAT_TTL_S", 6.0)
+# A conductor's lease on each run it conducts (runs/lease.py): renewed every RENEW_S by a
+# thread of its own, failed by a watcher (the web server, every other conductor) once it has
+# gone TTL_S without renewal. The margin (7 missed renewals) is for a live conductor starved
+# of CPU on a busy machine: a false failure ends a healthy run, a late one costs seconds.
+FRLM_RUN_LEASE_TTL_S = envfloat("FRLM_RUN_LEASE_TTL_S", 8.0)
+FRLM_RUN_LEASE_RENEW_S = envfloat("FRLM_RUN_LEASE_RENEW_S", 1.0)
+# Whether a broker worker holds an alive line (workers/alive.py); off only to measure the
+# failover by presence alone beside it (bench/failover.py).
+FRLM_WORKER_ALIVE_LINE = envbool("FRLM_WORKER_ALIVE_LINE", True)
+# Whether the web server watches the leases (the test suite's own process does not).
+FRLM_LEASE_WATCH = envbool("FRLM_LEASE_WATCH", True)
 # Circuit breakers per worker and per venue: open after this many consecutive failures,
 # half-open after the cooldown, closed again after that many successful probes.
 FRLM_CIRCUIT_FAILURES = envint("FRLM_CIRCUIT_FAILURES", 5)

@@ -31,4 +31,8 @@ if "FRLM_TEST_SESSION_DIR" not in os.environ:
         }
     )
 
+# This process (the test runner, a bench's driver) may import the ASGI application but is
+# not the web server: it leaves the run leases to the stack's web server and conductors.
+os.environ.setdefault("FRLM_LEASE_WATCH", "0")
+
 from frlm_web.settings import *  # noqa: E402, F403

@@ -19,6 +19,13 @@ import redis
 from django.conf import settings
 
 from frlm_web import presence, redis_acl
+from frlm_web.supervisor import (
+    PID_FILE,
+    STOPPING_FILE,
+    Supervisor,
+    pid_alive,
+    supervisor_pid,
+)
 
 
 class StackError(RuntimeError):
@@ -115,12 +122,26 @@ class Stack:
         # (an external Redis with its own auth) is passed on as it is.
         self.redis_base_url = self.env.get("FRLM_REDIS_URL", settings.FRLM_REDIS_URL)
         self.acl = settings.FRLM_REDIS_ACL and not redis_acl.has_credentials(self.redis_base_url)
+        # Celery task events for Flower, as the processes started will read the setting.
+        events = self.env.get("FRLM_CELERY_EVENTS", "").strip().lower()
+        self.celery_events = (
+            events in {"1", "true", "yes", "on"} if events else settings.FRLM_CELERY_EVENTS
+        )
         self.redis_url = self.role_url("admin")
         self.client = redis.Redis.from_url(self.redis_url)
         self.start_redis = start_redis
         self.redis_persist = redis_persist
         self.conductor_concurrency = conductor_concurrency
         self.procs: dict[str, Proc] = {}
+        self.retired: set[str] = set()  # stopped on purpose: not to be started again
+        self.supervisor: Supervisor | None = None
+        sim_port = self.env.get("FRLM_SIM_PORT")
+        self.sim_port = int(sim_port) if sim_port else settings.FRLM_SIM_PORT
+        self.sim_url = self.env.get("FRLM_SIM_URL") or (
+            settings.FRLM_SIM_URL
+            if self.sim_port == settings.FRLM_SIM_PORT
+            else f"http://127.0.0.1:{self.sim_port}/v1"
+        )
         (state_dir / "logs").mkdir(parents=True, exist_ok=True)
         (state_dir / "pids").mkdir(parents=True, exist_ok=True)
 
@@ -139,7 +160,14 @@ class Stack:
             )
             # The users are in place before any client connects: loaded at start.
             acl = (
-                ["--aclfile", str(redis_acl.write_acl_file(self.acl_file, settings.SECRET_KEY))]
+                [
+                    "--aclfile",
+                    str(
+                        redis_acl.write_acl_file(
+                            self.acl_file, settings.SECRET_KEY, events=self.celery_events
+                        )
+                    ),
+                ]
                 if self.acl
                 else []
             )
@@ -160,12 +188,11 @@ class Stack:
                     self._redis_up,
                 )
             )
-        sim_port = settings.FRLM_SIM_PORT
         plan.append(
             Proc(
                 "simserver",
-                [*manage, "frlm_simserver", "--host", "127.0.0.1", "--port", str(sim_port)],
-                lambda: self._http_ok(f"{settings.FRLM_SIM_URL}/models"),
+                [*manage, "frlm_simserver", "--host", "127.0.0.1", "--port", str(self.sim_port)],
+                lambda: self._http_ok(f"{self.sim_url}/models"),
                 role="simserver",
             )
         )
@@ -260,15 +287,27 @@ class Stack:
         server's secret key, from which every role's password derives; it holds its own
         credentials only."""
         env = {**self.env, "FRLM_REDIS_URL": self.role_url(role), "FRLM_REDIS_ROLE": role}
+        if role == "web":
+            env["FRLM_LEASE_WATCH"] = "1"  # it fails the runs of a dead conductor
         if role == "worker":
             env.pop("FRLM_SECRET_KEY", None)
         return env
 
     # --- start and stop ----------------------------------------------------------------
-    def start(self, timeout: float = 90.0) -> None:
+    def start(self, timeout: float = 90.0, *, supervise: bool = False) -> None:
+        """Start every process in order, each ready before the next; with `supervise`,
+        then watch them (frlm_web/supervisor.py): one that dies is started again."""
+        (self.state_dir / STOPPING_FILE).unlink(missing_ok=True)
         for proc in self.plan():
             self.launch(proc)
             self.wait_ready(proc, timeout)
+        if supervise:
+            self.supervise()
+
+    def supervise(self) -> None:
+        self.supervisor = Supervisor(self)
+        self.supervisor.write_state()
+        self.supervisor.start()
 
     def launch(self, proc: Proc) -> None:
         log = open(self.state_dir / "logs" / f"{proc.name}.log", "ab")  # noqa: SIM115
@@ -310,22 +349,48 @@ class Stack:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
-        """Stop one process (a worker, the recorder) the way a crash or an operator would."""
+        """Stop one process (a worker, the recorder) the way a crash or an operator would.
+        A supervised stack starts it again (see retire for a stop that lasts)."""
         proc = self.procs[name]
         if proc.popen is not None and proc.popen.poll() is None:
             os.killpg(proc.popen.pid, sig)
             proc.popen.wait(timeout=30)
 
+    def retire(self, name: str, sig: int = signal.SIGTERM) -> None:
+        """Stop one process for good: the supervisor leaves it stopped."""
+        self.retired.add(name)
+        self.kill(name, sig)
+
     def restart(self, name: str, timeout: float = 60.0) -> None:
+        """Start a process that was killed again, and wait until it is ready. A supervised
+        stack does it by itself: then this only waits for that."""
         proc = self.procs[name]
-        self.launch(proc)
+        self.retired.discard(name)
+        if self.supervisor is None:
+            self.launch(proc)
+        else:
+            dead = proc.popen
+            deadline = time.monotonic() + timeout
+            while proc.popen is dead and time.monotonic() < deadline:
+                time.sleep(0.05)
         self.wait_ready(proc, timeout)
 
     def stop(self) -> None:
-        """Ask every process to stop (reverse order), then force those that linger."""
-        running = [
-            p for p in reversed(list(self.procs.values())) if p.popen and p.popen.poll() is None
-        ]
+        """Stop watching, then ask every process to stop (reverse order), then force
+        those that linger."""
+        if self.supervisor is not None:
+            self.supervisor.stop()
+        procs = list(reversed(self.procs.values()))
+        # Redis last: the others need it while they shut down (release a lock, withdraw).
+        for wave in (
+            [p for p in procs if p.name != "redis"],
+            [p for p in procs if p.name == "redis"],
+        ):
+            self._stop_wave([p for p in wave if p.popen and p.popen.poll() is None])
+        for pidfile in (self.state_dir / "pids").glob("*.pid"):
+            pidfile.unlink(missing_ok=True)
+
+    def _stop_wave(self, running: list[Proc]) -> None:
         for proc in running:
             try:
                 os.killpg(proc.popen.pid, signal.SIGTERM)
@@ -341,8 +406,6 @@ class Stack:
                 except ProcessLookupError:
                     pass
                 proc.popen.wait()
-        for pidfile in (self.state_dir / "pids").glob("*.pid"):
-            pidfile.unlink(missing_ok=True)
 
     # --- readiness ---------------------------------------------------------------------
     def _redis_up(self) -> bool:
@@ -374,9 +437,20 @@ class Stack:
 
 
 def stop_from_pidfiles(state_dir: Path, timeout: float = 20.0) -> list[str]:
-    """Stop a stack started by another process (`frlm_down`): everything else first, then
-    redis, which the others need while they shut down."""
+    """Stop a stack started by another process (`frlm_down`): 1. say it is stopping (the
+    supervisor starts nothing again from then on), 2. stop the supervisor, which stops
+    the stack in order, 3. whatever still runs (the supervisor was gone, or slow):
+    everything else first, then redis, which the others need while they shut down."""
+    (state_dir / STOPPING_FILE).touch()
     stopped: list[str] = []
+    pid = supervisor_pid(state_dir)
+    if pid is not None:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        stopped.append("supervisor")
+    (state_dir / PID_FILE).unlink(missing_ok=True)
     pidfiles = list((state_dir / "pids").glob("*.pid"))
     for wave in (
         [p for p in pidfiles if p.stem != "redis"],
@@ -394,7 +468,7 @@ def stop_from_pidfiles(state_dir: Path, timeout: float = 20.0) -> list[str]:
             pidfile.unlink(missing_ok=True)
         deadline = time.monotonic() + timeout
         while pids and time.monotonic() < deadline:
-            pids = [pid for pid in pids if _exists(pid)]
+            pids = [pid for pid in pids if pid_alive(pid)]
             time.sleep(0.1)
         for pid in pids:
             try:
@@ -404,25 +478,11 @@ def stop_from_pidfiles(state_dir: Path, timeout: float = 20.0) -> list[str]:
     return stopped
 
 
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A child of ours that exited is a zombie until reaped; it no longer runs.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
-
-
 def running_from_pidfiles(state_dir: Path) -> list[str]:
     names: list[str] = []
     for pidfile in (state_dir / "pids").glob("*.pid"):
         try:
-            if _exists(int(pidfile.read_text())):
+            if pid_alive(int(pidfile.read_text())):
                 names.append(pidfile.stem)
         except ValueError:
             pass

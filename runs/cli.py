@@ -9,8 +9,10 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
-from frlm_web.redis_client import get_redis
+from frlm_web.money import money, money_str
+from frlm_web.redis_client import OUTAGE_ERRORS, get_redis
 from runs.engine.progress import read_progress
+from runs.lease import leases_reap
 from runs.models import Run
 from runs.orphans import conductor_gone, runs_fail_orphaned
 from runs.services import run_cancel
@@ -25,20 +27,26 @@ def wait_for(run: Run, timeout: float, *, show: bool) -> Run:
     checked = time.monotonic()
     while True:
         run.refresh_from_db()
-        if not run.done and run.conductor and time.monotonic() - checked > 2:
-            checked = time.monotonic()
-            if conductor_gone(run.conductor):
-                runs_fail_orphaned()
-                continue
-        if run.done:
+        try:
+            if not run.done and run.conductor and time.monotonic() - checked > 2:
+                checked = time.monotonic()
+                leases_reap(client, by="frlm_run")
+                if conductor_gone(run.conductor):
+                    runs_fail_orphaned()
+                    continue
+            if run.done:
+                if bar:
+                    bar.close(read_progress(client, run.id), run.status)
+                return run
             if bar:
-                bar.close(read_progress(client, run.id), run.status)
-            return run
+                bar.draw(read_progress(client, run.id), run.status)
+        except OUTAGE_ERRORS:
+            # Redis restarting: the run goes on; its outcome is in the database.
+            if run.done:
+                return run
         if time.monotonic() > deadline:
             run_cancel(run)
             raise CommandError(f"run {run.id} gave no answer within {timeout:.0f} s; cancelled it")
-        if bar:
-            bar.draw(read_progress(client, run.id), run.status)
         time.sleep(0.2)
 
 
@@ -98,7 +106,7 @@ def summarise(run: Run) -> dict[str, Any]:
         "subqueries_failed": run.subqueries_failed,
         "tokens_in": run.tokens_in,
         "tokens_out": run.tokens_out,
-        "cost_usd": round(run.cost, 6),
+        "cost_usd": money_str(run.cost),  # exact dollars as a decimal string
         "venues": run.venues,
         "root_model": run.root_model.get("model"),
         "worker_model": run.worker_model.get("model"),
@@ -107,6 +115,7 @@ def summarise(run: Run) -> dict[str, Any]:
         "replay_of": run.replay_of_id,
         "replay_turn": run.replay_turn,
         "accounts": run.accounts or None,
+        "prices": run.price_sources,  # model -> where its price comes from
     }
 
 
@@ -125,9 +134,11 @@ def format_summary(s: dict[str, Any]) -> str:
         f"({s['subqueries_failed']} failed)"
     )
     lines.append(
-        f"tokens     {s['tokens_in']} in / {s['tokens_out']} out   cost ${s['cost_usd']:.4f}"
+        f"tokens     {s['tokens_in']} in / {s['tokens_out']} out   "
+        f"cost ${money(s['cost_usd']):.4f}"
         + ("  (simulated model: nominal prices)" if s["simulated"] else "")
     )
+    lines.append("prices     " + "; ".join(f"{m}: {src}" for m, src in s["prices"].items()))
     lines.append(
         f"models     root {s['root_model']}, workers {s['worker_model']} "
         f"on {', '.join(s['venues'])}"
@@ -160,10 +171,10 @@ def _accounts_lines(accounts: dict[str, Any] | None, run_id: str) -> list[str]:
             f"all, {100 * v['overhead']:.1f}% over the {v['primary']} asked"
         )
     run = (accounts.get("budget") or {}).get("run") or {}
-    if run.get("cap"):
+    if run.get("cap") and money(run["cap"]):
+        settled, cap = money(run["settled"]), money(run["cap"])
         lines.append(
-            f"budget     ${run['settled']:.4f} of ${run['cap']:.4f} "
-            f"({100 * run['settled'] / run['cap']:.0f}%)"
+            f"budget     ${settled:.4f} of ${cap:.4f} ({100 * settled / cap:.0f}%)"
             + ("  reached: dispatching stopped" if accounts.get("exhausted") else "")
         )
     if accounts.get("hedges"):
@@ -173,8 +184,8 @@ def _accounts_lines(accounts: dict[str, Any] | None, run_id: str) -> list[str]:
         verdicts = ", ".join(f"{n} {k}" for k, n in sorted(r.get("verdicts", {}).items()))
         # The verdicts are the replies'; the chain is checked by frlm_receipts, not here.
         lines.append(
-            f"receipts   {r['count']} issued (replies {verdicts}), paid ${r['paid']:.4f} of "
-            f"${r['cost']:.4f} claimed"
+            f"receipts   {r['count']} issued (replies {verdicts}), paid ${money(r['paid']):.4f} "
+            f"of ${money(r['cost']):.4f} claimed"
         )
         lines.append(
             f"           chain {str(r.get('head'))[:16]}..., not checked here: "

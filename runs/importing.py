@@ -5,6 +5,7 @@ those of any run, so every view shows an imported run as it shows its own."""
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -13,12 +14,14 @@ from typing import Any, TypedDict
 
 from django.db import transaction
 
+from frlm_web.money import ZERO, money
 from frlm_web.redis_client import get_redis
 from runs.models import Run, new_run_id
 from traces import store
 from traces.emitter import Emitter
 from traces.interchange import InterchangeError, ParsedTrace, json_lines, to_events
-from traces.otlp import from_otlp, model_name
+from traces.otlp import model_name
+from traces.otlp_import import from_otlp
 from traces.recorder import HEARTBEAT_KEY
 from traces.rlms_log import from_rlms_log, is_rlms_record
 from traces.schema import Event
@@ -265,12 +268,16 @@ def _totals(events: list[Event], said: dict[str, Any]) -> dict[str, Any]:
         "subqueries_failed": sum(1 for e in submits if e["status"] != "ok"),
         "tokens_in": sum(e.get("tokens_in") or 0 for e in model_ends),
         "tokens_out": sum(e.get("tokens_out") or 0 for e in model_ends),
-        "cost": sum((e.get("cost") or 0.0 for e in model_ends), 0.0),
+        "cost": sum((money(e.get("cost") or 0) for e in model_ends), ZERO),
     }
     for key in counted:
         value = _number(said.get(key))
-        if value is not None:
+        if value is None:
+            continue
+        if key != "cost":
             counted[key] = type(counted[key])(value)
+        elif math.isfinite(value) and value >= 0:  # else the spans' own sum stands
+            counted[key] = money(value)  # by its shortest spelling: 0.1 is 0.1
     return counted
 
 

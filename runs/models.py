@@ -5,6 +5,8 @@ import secrets
 from django.conf import settings
 from django.db import models
 
+from workers.pricing import price_source
+
 
 def new_run_id() -> str:
     return "r" + secrets.token_hex(6)
@@ -73,7 +75,8 @@ class Run(models.Model):
     subqueries_failed = models.IntegerField(default=0)
     tokens_in = models.BigIntegerField(default=0)
     tokens_out = models.BigIntegerField(default=0)
-    cost = models.FloatField(default=0.0)
+    # Exact dollars (frlm_web.money); 12 places reach a pico-dollar, finer than any price.
+    cost = models.DecimalField(max_digits=20, decimal_places=12, default=0)
     wall_ms = models.FloatField(null=True, blank=True)
     # What trust and money figures the run ended with (RunAccounts): the verification share,
     # the budget against its caps, and the receipts' summary.
@@ -90,6 +93,13 @@ class Run(models.Model):
         """Its REPL ran without bubblewrap, because the operator set
         FRLM_SANDBOX_ISOLATION=none (runs.sandbox.host marks the isolation text so)."""
         return self.isolation.startswith("NOT ISOLATED")
+
+    @property
+    def price_sources(self) -> dict[str, str]:
+        """Where its models' prices come from (workers.pricing): FRLM_PRICES, genai-prices,
+        or FRLM's table and its date. A worker announcing its own price is paid at that."""
+        models = [m.get("model") for m in (self.root_model, self.worker_model)]
+        return {m: price_source(m) for m in models if m}
 
     @property
     def done(self) -> bool:

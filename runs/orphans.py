@@ -1,15 +1,16 @@
-"""Runs whose conductor died: they would stay `running` forever. A conductor that starts,
-and a CLI waiting on a run, fail them with the reason."""
+"""Runs whose conductor died, found by its presence: a run claimed by a conductor that
+dies before it takes the lease, or one whose lease entry was lost with a Redis that kept no
+AOF. A conductor that starts, and a CLI waiting on a run, fail them with the reason; the
+lease (runs/lease.py) is what fails them within seconds."""
 
 from __future__ import annotations
 
 import logging
 import time
 
-from django.utils import timezone
-
 from frlm_web import presence
 from frlm_web.redis_client import get_redis
+from runs.lease import LEASES_KEY, run_abandon
 from runs.models import Run
 
 log = logging.getLogger(__name__)
@@ -42,13 +43,13 @@ def runs_fail_orphaned() -> int:
     """Fail every running run whose conductor process is gone. Conductors call this as they
     start, so a crashed one's runs are failed when it (or another) comes back."""
     failed = 0
+    client = get_redis()
     for run in Run.objects.filter(status=Run.Status.RUNNING):
         if not conductor_gone(run.conductor):
             continue
-        # Conditional: a run that finished in the meantime keeps its real outcome.
-        failed += Run.objects.filter(id=run.id, status=Run.Status.RUNNING).update(
-            status=Run.Status.FAILED, error=orphan_message(run.conductor), finished=timezone.now()
-        )
+        client.zrem(LEASES_KEY, run.id)
+        # Conditional inside: a run that finished in the meantime keeps its real outcome.
+        failed += run_abandon(client, run.id, orphan_message(run.conductor), by="orphan check")
     if failed:
         log.warning("failed %d run(s) whose conductor had stopped", failed)
     return failed

@@ -86,7 +86,7 @@ def run_create(
             errors["context"] = "the context text is empty"
     else:
         errors["context"] = "give a context: a file or folder path, text, or a generated task"
-    if not run.question:
+    if not run.question and "task" not in errors:  # a task that failed has no question
         errors["question"] = "the question is empty: say what you want to know about the context"
     elif program:
         try:

@@ -9,6 +9,7 @@ from celery.signals import worker_ready
 from django.utils import timezone
 
 from runs.engine.conductor import Conductor, conductor_name
+from runs.lease import watch_start
 from runs.models import Run
 from runs.orphans import runs_fail_orphaned
 
@@ -17,9 +18,11 @@ log = logging.getLogger(__name__)
 
 @worker_ready.connect
 def _fail_orphans(**_: object) -> None:
-    """A conductor starting (or restarting after a crash) fails the runs a dead one left."""
+    """A conductor starting (or restarting after a crash) fails the runs a dead one left, and
+    from then on watches the other conductors' leases."""
     if conductor_name():
         runs_fail_orphaned()
+        watch_start(conductor_name())
 
 
 @shared_task(name="runs.conduct", ignore_result=True, acks_late=False)

@@ -113,10 +113,13 @@ def named(
 @contextmanager
 def endpoint(
     answer: Callable[[dict[str, Any]], tuple[int, bytes]],
+    *,
+    port: int = 0,
 ) -> Iterator[tuple[str, list[dict[str, Any]]]]:
     """A one-route OpenAI-like server on 127.0.0.1: `answer` turns each POST (its path,
-    headers and JSON body, None when not JSON) into a status and body. Yields its base URL
-    and the requests seen."""
+    headers, JSON body or None when not JSON, and `raw` bytes) into a status and body.
+    Yields its base URL and the requests seen. `port`: a given one (a server that comes
+    up where a client was already told to look), else any free one."""
     seen: list[dict[str, Any]] = []
 
     class Handler(BaseHTTPRequestHandler):
@@ -130,6 +133,7 @@ def endpoint(
                 "path": self.path,
                 "headers": {k.lower(): v for k, v in self.headers.items()},
                 "body": body,
+                "raw": raw,
             }
             seen.append(request)
             status, reply = answer(request)
@@ -142,7 +146,7 @@ def endpoint(
         def log_message(self, *_: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}/v1", seen

@@ -37,6 +37,26 @@ return #ARGV / 2
 """
 _APPEND_SCRIPT = LuaScript(APPEND_LUA)
 
+# The same, for a process that keeps its open spans in a hash (KEYS[1]) so that whoever
+# finds it dead can close them (runs/lease.py). ARGV = run_id, event json, span id, and
+# the span's description on its start, "-" on its end, "" for any other event; repeated.
+OPEN_SPANS_TTL_S = 7 * 86400
+TRACK_LUA = f"""
+for i = 1, #ARGV, 4 do
+  local seq = redis.call('INCR', 'frlm:seq:' .. ARGV[i])
+  redis.call('XADD', '{EVENTS_STREAM}', '*', 'seq', seq, 'e', ARGV[i + 1])
+  local open = ARGV[i + 3]
+  if open == '-' then
+    redis.call('HDEL', KEYS[1], ARGV[i + 2])
+  elseif open ~= '' then
+    redis.call('HSET', KEYS[1], ARGV[i + 2], open)
+  end
+end
+redis.call('EXPIRE', KEYS[1], {OPEN_SPANS_TTL_S})
+return #ARGV / 4
+"""
+_TRACK_SCRIPT = LuaScript(TRACK_LUA)
+
 
 def append_args(events: list[Event]) -> list[str]:
     """APPEND_LUA's arguments for these events: run id and JSON of each in turn."""
@@ -44,6 +64,30 @@ def append_args(events: list[Event]) -> list[str]:
     for event in events:
         args.append(event["run_id"])
         args.append(json.dumps(event, separators=(",", ":"), default=str))
+    return args
+
+
+def track_args(events: list[Event]) -> list[str]:
+    """TRACK_LUA's arguments for these events."""
+    args: list[str] = []
+    for event in events:
+        phase = event["phase"]
+        if phase == "start":
+            open_ = json.dumps(
+                {
+                    key: event.get(key)
+                    for key in ("name", "parent_id", "depth", "ts", "venue", "worker_id")
+                },
+                separators=(",", ":"),
+            )
+        else:
+            open_ = "-" if phase == "end" else ""
+        args += [
+            event["run_id"],
+            json.dumps(event, separators=(",", ":"), default=str),
+            event["span_id"],
+            open_,
+        ]
     return args
 
 
@@ -112,8 +156,12 @@ class Emitter:
         *,
         venue: str | None = "conductor",
         worker_id: str | None = None,
+        open_spans: str | None = None,
     ) -> None:
+        """`open_spans`: the Redis hash where the spans this emitter starts are kept until
+        they end (None: not kept)."""
         self.client = client
+        self.open_spans = open_spans
         self.run_id = run_id
         self.venue = venue
         self.worker_id = worker_id
@@ -153,6 +201,10 @@ class Emitter:
         for key in ("ms", "bytes", "tokens_in", "tokens_out", "cost"):
             if metrics.get(key) is not None:
                 event[key] = metrics.pop(key)
+        if "cost" in event:
+            # The trace's cost column is a float measurement per span (ARCHITECTURE.md §9):
+            # the books keep exact Decimals, and their attrs carry them as strings.
+            event["cost"] = float(event["cost"])
         if metrics:
             event["attrs"] = {**event["attrs"], **metrics}
         if payload is not None:
@@ -176,6 +228,13 @@ class Emitter:
     def send(self, events: list[Event], pipe: redis.client.Pipeline | None = None) -> None:
         """Append events to the stream now, or queue them on `pipe` for its caller to run."""
         if not events or not self.enabled:
+            return
+        if self.open_spans is not None:
+            _TRACK_SCRIPT(
+                keys=[self.open_spans],
+                args=track_args(events),
+                client=self.client if pipe is None else pipe,
+            )
             return
         _APPEND_SCRIPT(
             keys=[], args=append_args(events), client=self.client if pipe is None else pipe

@@ -22,6 +22,7 @@ from typing import Any
 
 import redis
 
+from frlm_web.redis_client import OUTAGE_ERRORS, Outage
 from traces import live
 from traces.emitter import EVENTS_STREAM
 from traces.recorder import LIVE_GROUP, LIVE_HEARTBEAT_KEY
@@ -64,18 +65,40 @@ class Forwarder:
         self.client.set(HEARTBEAT_KEY, "1", ex=ttl_s)
 
     def run(self, stop: threading.Event) -> None:
-        """1. start at the stream's end, 2. forward each new entry until told to stop."""
+        """1. start at the stream's end, 2. forward each new entry until told to stop,
+        riding out Redis going away: each attempt waits longer (Outage), and once Redis
+        answers the group goes on from where it was (a Redis that forgot the group, having
+        no persistence, gets it again at the stream's end)."""
         self.start_at_end()
         self.heartbeat()
         last_beat = time.monotonic()
+        outage = Outage(log, "forwarder")
         try:
             while not stop.is_set():
-                self.step()
-                if time.monotonic() - last_beat > 2:
-                    self.heartbeat()
-                    last_beat = time.monotonic()
+                try:
+                    if outage.away:
+                        self._resume()
+                        outage.back()
+                    self.step()
+                    if time.monotonic() - last_beat > 2:
+                        self.heartbeat()
+                        last_beat = time.monotonic()
+                except OUTAGE_ERRORS as exc:
+                    stop.wait(outage.lost(exc))
         finally:
-            self.client.delete(HEARTBEAT_KEY)
+            try:
+                self.client.delete(HEARTBEAT_KEY)
+            except OUTAGE_ERRORS:
+                pass  # it lapses by itself
+
+    def _resume(self) -> None:
+        try:
+            groups = {_text(g["name"]) for g in self.client.xinfo_groups(EVENTS_STREAM)}
+        except redis.ResponseError:  # no stream at all
+            groups = set()
+        if LIVE_GROUP not in groups:
+            self.start_at_end()
+        self.heartbeat()
 
     def step(self) -> int:
         """Forward what came since the last step for the runs pages watch. With no page
@@ -107,6 +130,10 @@ class Forwarder:
             self.publisher.forward(events)
             self.forwarded += len(events)
         return len(events)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 _RUN_PREFIX = b'{"run_id":"'

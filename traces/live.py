@@ -18,6 +18,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any, TypedDict
 
+from frlm_web.redis_client import OUTAGE_ERRORS, Outage
+
 log = logging.getLogger(__name__)
 
 FLUSH_S = 0.015
@@ -202,6 +204,9 @@ class Publisher:
         wake = asyncio.Event()
         with self._lock:
             self._loop_ref, self._wake = asyncio.get_running_loop(), wake
+        # Redis away: said once, and what comes meanwhile is dropped (pages fill the gap
+        # from the store); the channel layer reconnects by itself when it is back.
+        outage = Outage(log, "live publisher")
         while True:
             with self._lock:
                 idle = not self._pending
@@ -211,6 +216,9 @@ class Publisher:
             for run_id, events in self._take().items():
                 try:
                     await self._send(layer, run_id, events)
+                    outage.back()
+                except OUTAGE_ERRORS as exc:
+                    outage.lost(exc)
                 except Exception:  # a page misses a batch and fills the gap from the store
                     log.exception("live: could not publish %d events of %s", len(events), run_id)
             await asyncio.sleep(self.flush_s)

@@ -18,9 +18,7 @@ Export (`to_otlp`), made from the stored events:
   span; links become OTLP links; status OK, or ERROR with a message.
 Per the OTLP/JSON encoding, ids are hex, enums integers and 64-bit integers strings.
 
-Import (`from_otlp`) reads such a document back into `ImportedSpan`s. Spans from other
-tools (no `frlm.event_name`) are mapped onto the taxonomy: a root span is Run.Init, a GenAI
-span under a root is Run.Decode and deeper a SubQuery.Execute, anything else Repl.Exec.
+The import of such a document is `traces/otlp_import.py`.
 """
 
 from __future__ import annotations
@@ -35,23 +33,25 @@ from typing import Any, TypedDict
 from traces import blobs
 from traces.interchange import (
     METRICS,
-    ImportedEvent,
-    ImportedSpan,
     InterchangeError,
-    ParsedTrace,
 )
-from traces.schema import NAMES, STATUSES
+from traces.otlp_semconv import (
+    MODEL_SPANS,
+    SpanText,
+    chat_messages,
+    semconv_fields,
+    trace_fields,
+)
 
-MODEL_SPANS = frozenset({"Run.Decode", "SubQuery.Execute"})
 SPAN_KIND_INTERNAL = 1
 SPAN_KIND_CLIENT = 3
 STATUS_CODE_OK = 1
 STATUS_CODE_ERROR = 2
 SCOPE = {"name": "frlm.traces", "version": "1"}
 
-_HEX16 = re.compile(r"^[0-9a-fA-F]{16}$")
-_HEX32 = re.compile(r"^[0-9a-fA-F]{32}$")
-_ATTRS = "frlm.attrs."
+HEX16 = re.compile(r"^[0-9a-fA-F]{16}$")
+HEX32 = re.compile(r"^[0-9a-fA-F]{32}$")
+FRLM_ATTRS = "frlm.attrs."
 _SIM_SUFFIX = " (simulated model)"
 
 
@@ -123,7 +123,7 @@ def trace_id_for(run_id: str) -> str:
 
 def span_id_for(span_id: str) -> str:
     """FRLM span ids are 16 hex already; anything else gets a stable 16-hex stand-in."""
-    if _HEX16.match(span_id):
+    if HEX16.match(span_id):
         return span_id.lower()
     return hashlib.sha256(f"frlm-span:{span_id}".encode()).hexdigest()[:16]
 
@@ -166,7 +166,7 @@ def plain_value(value: Any) -> Any:
     if "boolValue" in value:
         return bool(value["boolValue"])
     if "intValue" in value:
-        return _int(value["intValue"], "intValue")
+        return int_field(value["intValue"], "intValue")
     if "doubleValue" in value:
         try:
             return float(value["doubleValue"])
@@ -223,9 +223,11 @@ def to_otlp(
     spans, loose = _group(events)
     finished = {sid: s for sid, s in spans.items() if s.start and s.end}
     trace_id = trace_id_for(run_id)
+    cancels = _cancelled_copies(loose)
     dropped = _hang_points(spans, finished, loose)
+    context = _Export(run_id, trace_id, finished, payload_text, _clipped(finished), cancels)
     otlp_spans = [
-        _otlp_span(run_id, trace_id, span, payload_text)
+        _otlp_span(context, span)
         for span in sorted(finished.values(), key=lambda s: (s.start or {})["seq"])
     ]
     resource = {
@@ -244,6 +246,55 @@ def to_otlp(
             }
         ]
     }
+
+
+@dataclass
+class _Export:
+    """What every span of one export needs to see beyond itself."""
+
+    run_id: str
+    trace_id: str
+    finished: dict[str, _Span]
+    payload_text: Callable[[str], str | None] | None
+    windows: dict[str, tuple[int, int]]  # span id -> (start, end) inside its parent's
+    cancels: dict[str, str]  # sq_id of a copy given up -> why
+
+    def text(self, ref: str | None) -> str | None:
+        return self.payload_text(ref) if ref and self.payload_text else None
+
+
+def _cancelled_copies(instants: list[dict[str, Any]]) -> dict[str, str]:
+    """The attempts the conductor gave up (SubQuery.Cancel names their sq_id): a hedge's
+    losing copy, or a copy no longer needed. Their workers may still finish them later."""
+    found: dict[str, str] = {}
+    for event in instants:
+        attrs = event.get("attrs") or {}
+        if event["name"] == "SubQuery.Cancel" and isinstance(attrs.get("sq_id"), str):
+            found[attrs["sq_id"]] = str(attrs.get("reason") or "cancelled by the conductor")
+    return found
+
+
+def _clipped(finished: dict[str, _Span]) -> dict[str, tuple[int, int]]:
+    """Each span's (start, end) clipped into its parent's clipped window: a copy the
+    conductor gave up ends on its worker after the sub-query and even the run were over,
+    and viewers measure a trace by its latest end."""
+    windows: dict[str, tuple[int, int]] = {}
+
+    def window(span: _Span, seen: frozenset[str]) -> tuple[int, int]:
+        if span.span_id in windows:
+            return windows[span.span_id]
+        start, end = int((span.start or {})["ts"]), int((span.end or {})["ts"])
+        parent = finished.get(span.parent_id or "")
+        if parent is not None and parent.span_id not in seen:
+            low, high = window(parent, seen | {span.span_id})
+            end = max(low, min(end, high))
+            start = max(low, min(start, end))
+        windows[span.span_id] = (start, end)
+        return start, end
+
+    for span in finished.values():
+        window(span, frozenset({span.span_id}))
+    return windows
 
 
 def _group(events: list[dict[str, Any]]) -> tuple[dict[str, _Span], list[dict[str, Any]]]:
@@ -298,20 +349,83 @@ def _finished_ancestor(
     return None
 
 
-def _otlp_span(
-    run_id: str,
-    trace_id: str,
-    span: _Span,
-    payload_text: Callable[[str], str | None] | None,
-) -> OtlpSpan:
+def _otlp_span(export: _Export, span: _Span) -> OtlpSpan:
     start, end = span.start or {}, span.end or {}
     name = start["name"]
     attrs = {**(start.get("attrs") or {}), **(end.get("attrs") or {})}
     status = end.get("status") or "ok"
+    fields = _frlm_fields_of(export, span, attrs)
+    gave_up = export.cancels.get(str(attrs.get("sq_id"))) if name == "SubQuery.Execute" else None
+    if gave_up is not None:
+        # The worker finished (or failed) a copy nobody waited for any more.
+        fields["frlm.cancelled_copy"] = True
+        fields["frlm.cancel_reason"] = gave_up
+        fields["frlm.hedge_loser"] = gave_up.startswith("hedged")
+        if status == "ok":
+            status, attrs = "cancelled", {**attrs, "reason": gave_up}
+    began, ended = export.windows[span.span_id]
+    if ended != int(end["ts"]) or began != int(start["ts"]):
+        fields["frlm.clipped"] = True
+        fields["frlm.recorded_start_ns"] = int(start["ts"])
+        fields["frlm.recorded_end_ns"] = int(end["ts"])
+    links = [link for link in start.get("links") or [] if link]
+    if any(not HEX16.match(link) for link in links):
+        fields["frlm.links"] = links  # kept as text where OTLP links cannot say them
+    model, provider = model_name(attrs.get("model"))
+    otlp_status = _status(status, attrs)
+    fields.update(
+        semconv_fields(
+            name,
+            attrs,
+            _span_text(export, span, name, attrs),
+            model=model,
+            provider=provider,
+            tokens=(end.get("tokens_in"), end.get("tokens_out")),
+            cost=end.get("cost"),
+            status=status,
+            status_message=otlp_status.get("message"),
+        )
+    )
+    if span.parent_id is None or span.parent_id not in export.finished:
+        fields.update(_root_fields(export, span, attrs))
+    span_name = name
+    kind = SPAN_KIND_INTERNAL
+    if name in MODEL_SPANS:
+        kind = SPAN_KIND_CLIENT
+        span_name = f"chat {model}" if model else "chat"
+    otlp: OtlpSpan = {
+        "traceId": export.trace_id,
+        "spanId": span_id_for(span.span_id),
+        "name": span_name,
+        "kind": kind,
+        "startTimeUnixNano": str(began),
+        "endTimeUnixNano": str(ended),
+        "attributes": [],
+        "events": [
+            _otlp_event(p, export.payload_text, began, ended) for p in sorted(span.points, key=_seq)
+        ],
+        "links": [
+            {"traceId": export.trace_id, "spanId": link.lower()}
+            for link in links
+            if HEX16.match(link)
+        ],
+        "status": otlp_status,
+    }
+    if span.parent_id:
+        otlp["parentSpanId"] = span_id_for(span.parent_id)
+    if status != "ok":
+        fields["error.type"] = status
+    otlp["attributes"] = _attributes(fields)
+    return otlp
+
+
+def _frlm_fields_of(export: _Export, span: _Span, attrs: dict[str, Any]) -> dict[str, Any]:
+    """Every FRLM field under frlm.*, so that an export imports back to the same tree."""
+    start, end = span.start or {}, span.end or {}
     fields: dict[str, Any] = {
-        "frlm.run_id": run_id,
-        "frlm.event_name": name,
-        "frlm.status": status,
+        "frlm.run_id": export.run_id,
+        "frlm.event_name": start["name"],
+        "frlm.status": end.get("status") or "ok",
         "frlm.span_id": span.span_id,
         "frlm.venue": end.get("venue") or start.get("venue"),
         "frlm.worker_id": end.get("worker_id") or start.get("worker_id"),
@@ -320,44 +434,39 @@ def _otlp_span(
     }
     for metric in ("ms", "tokens_in", "tokens_out", "cost"):
         fields[f"frlm.{metric}"] = end.get(metric)
-    fields.update(_payload_fields("frlm.start_payload", start.get("payload_ref"), payload_text))
-    fields.update(_payload_fields("frlm.end_payload", end.get("payload_ref"), payload_text))
-    fields.update({f"{_ATTRS}{key}": value for key, value in attrs.items()})
+    fields.update(
+        _payload_fields("frlm.start_payload", start.get("payload_ref"), export.payload_text)
+    )
+    fields.update(_payload_fields("frlm.end_payload", end.get("payload_ref"), export.payload_text))
+    fields.update({f"{FRLM_ATTRS}{key}": value for key, value in attrs.items()})
     end_keys = sorted((end.get("attrs") or {}).keys())
     if end_keys:
         fields["frlm.end_attr_keys"] = end_keys
-    links = [link for link in start.get("links") or [] if link]
-    if any(not _HEX16.match(link) for link in links):
-        fields["frlm.links"] = links  # kept as text where OTLP links cannot say them
-    span_name = name
-    kind = SPAN_KIND_INTERNAL
-    if name in MODEL_SPANS:
-        kind = SPAN_KIND_CLIENT
-        genai = _genai_fields(attrs.get("model"), end.get("tokens_in"), end.get("tokens_out"))
-        fields.update(genai)
-        model = genai.get("gen_ai.request.model")
-        span_name = f"chat {model}" if model else "chat"
-    otlp: OtlpSpan = {
-        "traceId": trace_id,
-        "spanId": span_id_for(span.span_id),
-        "name": span_name,
-        "kind": kind,
-        "startTimeUnixNano": str(start["ts"]),
-        "endTimeUnixNano": str(end["ts"]),
-        "attributes": [],
-        "events": [_otlp_event(p, payload_text) for p in sorted(span.points, key=_seq)],
-        "links": [
-            {"traceId": trace_id, "spanId": link.lower()} for link in links if _HEX16.match(link)
-        ],
-        "status": _status(status, attrs),
-    }
-    parent = span.parent_id
-    if parent:
-        otlp["parentSpanId"] = span_id_for(parent)
-    if status != "ok":
-        fields["error.type"] = status
-    otlp["attributes"] = _attributes(fields)
-    return otlp
+    return fields
+
+
+def _span_text(export: _Export, span: _Span, name: str, attrs: dict[str, Any]) -> SpanText:
+    """The span's input and output as texts: its own payloads, the question and answer on
+    a run, and on a worker's model call the prompt its sub-query sent."""
+    start, end = span.start or {}, span.end or {}
+    given = export.text(start.get("payload_ref"))
+    taken = export.text(end.get("payload_ref"))
+    if name == "Run.Init":
+        done = next((p for p in span.points if p["name"] == "Run.Done"), None)
+        question = attrs.get("question")
+        answer = export.text(done.get("payload_ref")) if done else None
+        return {"input": question if isinstance(question, str) else None, "output": answer}
+    if name == "SubQuery.Execute" and given is None:
+        parent = export.finished.get(span.parent_id or "")
+        given = export.text((parent.start or {}).get("payload_ref")) if parent else None
+    if name == "Run.Decode":
+        return {"input": given, "output": taken, "messages": chat_messages(given)}
+    return {"input": given, "output": taken}
+
+
+def _root_fields(export: _Export, span: _Span, attrs: dict[str, Any]) -> dict[str, Any]:
+    text = _span_text(export, span, (span.start or {})["name"], attrs)
+    return trace_fields(export.run_id, text.get("input"), text.get("output"))
 
 
 def _seq(event: dict[str, Any]) -> int:
@@ -384,7 +493,10 @@ def _payload_fields(
 
 
 def _otlp_event(
-    event: dict[str, Any], payload_text: Callable[[str], str | None] | None
+    event: dict[str, Any],
+    payload_text: Callable[[str], str | None] | None,
+    began: int,
+    ended: int,
 ) -> OtlpEvent:
     fields: dict[str, Any] = {
         "frlm.event_name": event["name"],
@@ -399,9 +511,14 @@ def _otlp_event(
     fields.update(_payload_fields("frlm.payload", event.get("payload_ref"), payload_text))
     if event.get("links"):
         fields["frlm.links"] = list(event["links"])
-    fields.update({f"{_ATTRS}{key}": value for key, value in (event.get("attrs") or {}).items()})
+    fields.update(
+        {f"{FRLM_ATTRS}{key}": value for key, value in (event.get("attrs") or {}).items()}
+    )
+    ts = max(began, min(int(event["ts"]), ended))
+    if ts != int(event["ts"]):
+        fields["frlm.recorded_ts_ns"] = int(event["ts"])  # kept inside its clipped span
     return {
-        "timeUnixNano": str(event["ts"]),
+        "timeUnixNano": str(ts),
         "name": event["name"],
         "attributes": _attributes(fields),
     }
@@ -420,209 +537,10 @@ def model_name(label: Any) -> tuple[str | None, str | None]:
     return label, None
 
 
-def _genai_fields(label: Any, tokens_in: Any, tokens_out: Any) -> dict[str, Any]:
-    model, provider = model_name(label)
-    fields: dict[str, Any] = {
-        "gen_ai.operation.name": "chat",
-        "gen_ai.request.model": model,
-        "gen_ai.usage.input_tokens": tokens_in,
-        "gen_ai.usage.output_tokens": tokens_out,
-    }
-    if provider:
-        fields["gen_ai.provider.name"] = provider
-        fields["gen_ai.system"] = provider  # the name older viewers know
-    return fields
-
-
-# --- import -------------------------------------------------------------------------------
-
-
-def from_otlp(data: Any) -> ParsedTrace:
-    """An OTLP/JSON trace document as spans; InterchangeError for anything else."""
-    if not isinstance(data, dict) or not isinstance(data.get("resourceSpans"), list):
-        raise InterchangeError(
-            "not an OTLP trace: expected a JSON object with a resourceSpans list "
-            "(an OTLP/JSON ExportTraceServiceRequest)"
-        )
-    raw: list[tuple[str, dict[str, Any]]] = []
-    notes: dict[str, Any] = {"skipped_events": 0}
-    for r, resource_spans in enumerate(data["resourceSpans"]):
-        where = f"resourceSpans[{r}]"
-        if not isinstance(resource_spans, dict):
-            raise InterchangeError(f"{where} must be an object")
-        described = resource_spans.get("resource")
-        resource = attributes_dict(
-            described.get("attributes", []) if isinstance(described, dict) else []
-        )
-        for key in ("frlm.run_id", "frlm.open_spans"):
-            if key in resource:
-                notes[key] = resource[key]
-        scopes = resource_spans.get("scopeSpans", resource_spans.get("instrumentationLibrarySpans"))
-        if not isinstance(scopes, list):
-            raise InterchangeError(f"{where}.scopeSpans must be a list")
-        for s, scope in enumerate(scopes):
-            spans = scope.get("spans") if isinstance(scope, dict) else None
-            if not isinstance(spans, list):
-                raise InterchangeError(f"{where}.scopeSpans[{s}].spans must be a list")
-            raw.extend((f"{where}.scopeSpans[{s}].spans[{i}]", sp) for i, sp in enumerate(spans))
-    if not raw:
-        raise InterchangeError("the OTLP trace holds no spans")
-    checked = [_checked_span(where, span) for where, span in raw]
-    keys = [span["spanId"].lower() for span in checked]
-    if len(set(keys)) != len(keys):
-        raise InterchangeError("the OTLP trace has two spans with one spanId")
-    parents = {
-        k: (s.get("parentSpanId") or "").lower() or None for k, s in zip(keys, checked, strict=True)
-    }
-    imported = [_imported_span(span, parents, notes) for span in checked]
-    return ParsedTrace("otlp", imported, notes=notes)
-
-
-def _checked_span(where: str, span: Any) -> dict[str, Any]:
-    if not isinstance(span, dict):
-        raise InterchangeError(f"{where} must be an object")
-    if not isinstance(span.get("spanId"), str) or not _HEX16.match(span["spanId"]):
-        raise InterchangeError(f"{where}.spanId must be 16 hex digits")
-    if not isinstance(span.get("traceId"), str) or not _HEX32.match(span["traceId"]):
-        raise InterchangeError(f"{where}.traceId must be 32 hex digits")
-    parent = span.get("parentSpanId") or ""
-    if parent and (not isinstance(parent, str) or not _HEX16.match(parent)):
-        raise InterchangeError(f"{where}.parentSpanId must be 16 hex digits or empty")
-    if not isinstance(span.get("name"), str):
-        raise InterchangeError(f"{where}.name must be a string")
-    start = _int(span.get("startTimeUnixNano"), f"{where}.startTimeUnixNano")
-    end = _int(span.get("endTimeUnixNano"), f"{where}.endTimeUnixNano")
-    if start <= 0 or end < start:
-        raise InterchangeError(f"{where}: its times must be positive and end after start")
-    return span
-
-
-def _int(value: Any, what: str) -> int:
+def int_field(value: Any, what: str) -> int:
     try:
         if isinstance(value, bool) or value is None:
             raise ValueError
         return int(value)
     except (TypeError, ValueError):
         raise InterchangeError(f"{what} must be an integer (as a string), got {value!r}") from None
-
-
-def _imported_span(
-    span: dict[str, Any], parents: dict[str, str | None], notes: dict[str, Any]
-) -> ImportedSpan:
-    key = span["spanId"].lower()
-    attrs = attributes_dict(span.get("attributes", []))
-    parent = parents[key] if parents[key] in parents else None
-    start_ns = int(span["startTimeUnixNano"])
-    end_ns = int(span["endTimeUnixNano"])
-    status = span.get("status") if isinstance(span.get("status"), dict) else {}
-    imported = ImportedSpan(
-        key=key,
-        parent=parent,
-        name="",
-        start_ns=start_ns,
-        end_ns=end_ns,
-        links=[
-            str(link.get("spanId", "")).lower()
-            for link in span.get("links") or []
-            if isinstance(link, dict) and link.get("spanId")
-        ],
-    )
-    if attrs.get("frlm.event_name") in NAMES:
-        _frlm_fields(imported, attrs)
-    else:
-        _foreign_fields(imported, span, attrs, parents)
-    if imported.status == "ok" and status.get("code") in (STATUS_CODE_ERROR, "STATUS_CODE_ERROR"):
-        imported.status = "error"
-        imported.end_attrs.setdefault("error", status.get("message") or "error")
-    if imported.metrics.get("ms") is None:
-        imported.metrics["ms"] = (end_ns - start_ns) / 1e6
-    for event in span.get("events") or []:
-        point = _imported_event(event, imported.depth)
-        if point is None:
-            notes["skipped_events"] += 1
-        else:
-            imported.events.append(point)
-    return imported
-
-
-def _frlm_fields(span: ImportedSpan, attrs: dict[str, Any]) -> None:
-    """A span FRLM exported: every field comes back from its frlm.* attributes."""
-    span.name = attrs["frlm.event_name"]
-    if attrs.get("frlm.status") in STATUSES:
-        span.status = attrs["frlm.status"]
-    span.venue = _text(attrs.get("frlm.venue"))
-    span.worker_id = _text(attrs.get("frlm.worker_id"))
-    span.depth = _depth(attrs.get("frlm.depth"))
-    span.metrics = {m: attrs[f"frlm.{m}"] for m in METRICS if _number(attrs.get(f"frlm.{m}"))}
-    end_keys = set(attrs.get("frlm.end_attr_keys") or [])
-    for key, value in attrs.items():
-        if key.startswith(_ATTRS):
-            name = key[len(_ATTRS) :]
-            (span.end_attrs if name in end_keys else span.start_attrs)[name] = value
-    span.start_payload = _text(attrs.get("frlm.start_payload"))
-    span.end_payload = _text(attrs.get("frlm.end_payload"))
-    span.start_payload_ref = _text(attrs.get("frlm.start_payload_ref"))
-    span.end_payload_ref = _text(attrs.get("frlm.end_payload_ref"))
-    if isinstance(attrs.get("frlm.links"), list):
-        span.links = [str(link) for link in attrs["frlm.links"]]
-
-
-def _foreign_fields(
-    span: ImportedSpan, raw: dict[str, Any], attrs: dict[str, Any], parents: dict[str, str | None]
-) -> None:
-    """A span from another tool, placed on the taxonomy by where it sits and what it is."""
-    model_call = "gen_ai.operation.name" in attrs
-    if span.parent is None and not model_call:
-        span.name = "Run.Init"
-    elif model_call:
-        grandparent = parents.get(span.parent) if span.parent else None
-        span.name = (
-            "Run.Decode" if span.parent is None or grandparent is None else "SubQuery.Execute"
-        )
-    else:
-        span.name = "Repl.Exec"
-    span.start_attrs = {"otel.name": raw["name"], **attrs}
-    if attrs.get("gen_ai.request.model"):
-        span.start_attrs["model"] = attrs["gen_ai.request.model"]
-    for ours, theirs in (
-        ("tokens_in", "gen_ai.usage.input_tokens"),
-        ("tokens_out", "gen_ai.usage.output_tokens"),
-    ):
-        if _number(attrs.get(theirs)):
-            span.metrics[ours] = attrs[theirs]
-
-
-def _imported_event(event: Any, depth: int) -> ImportedEvent | None:
-    if not isinstance(event, dict):
-        raise InterchangeError(f"a span event must be an object, got {event!r}")
-    attrs = attributes_dict(event.get("attributes", []))
-    name = attrs.get("frlm.event_name", event.get("name"))
-    if name not in NAMES:
-        return None  # not a step FRLM knows (an exception record, a log line...)
-    point = ImportedEvent(
-        name=name,
-        ts_ns=_int(event.get("timeUnixNano"), "an event's timeUnixNano"),
-        phase="progress" if attrs.get("frlm.phase") == "progress" else "instant",
-        status=attrs["frlm.status"] if attrs.get("frlm.status") in STATUSES else "ok",
-        venue=_text(attrs.get("frlm.venue")),
-        worker_id=_text(attrs.get("frlm.worker_id")),
-        depth=_depth(attrs.get("frlm.depth"), depth),
-        metrics={m: attrs[f"frlm.{m}"] for m in METRICS if _number(attrs.get(f"frlm.{m}"))},
-        attrs={k[len(_ATTRS) :]: v for k, v in attrs.items() if k.startswith(_ATTRS)},
-        payload=_text(attrs.get("frlm.payload")),
-        payload_ref=_text(attrs.get("frlm.payload_ref")),
-        links=[str(link) for link in attrs.get("frlm.links") or []],
-    )
-    return point
-
-
-def _text(value: Any) -> str | None:
-    return value if isinstance(value, str) and value != "" else None
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _depth(value: Any, default: int = 0) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else default

@@ -24,9 +24,11 @@ The log is JSON lines, written as the run goes:
 
 What becomes what:
 - the run: Run.Init (root span; attrs question = run_context.root_prompt when logged,
+  else the root prompt the first iteration's user turn quotes, else its first user message;
   root_model, worker_model, policy = max_depth / max_iterations, the rlms settings) and
   Run.Done at its end (answer = the last final_answer; error when there is none);
-- each iteration: Run.Decode (turn = iteration, model, end payload = response), then one
+- each iteration: Run.Decode (turn = iteration, model, start payload = the iteration's
+  input messages as a JSON list of {role, content}, end payload = response), then one
   Repl.Exec per code block (start payload = code, end payload = stdout + stderr; status
   error when stderr is not empty; attrs variables = the names in locals);
 - each call in a block's rlm_calls: SubQuery.Submit (start payload = prompt, end payload
@@ -39,8 +41,11 @@ What becomes what:
 
 Timings: an iteration ends at its timestamp and lasts iteration_time; its decode takes
 what the code blocks leave of it; blocks follow one another, each lasting its
-execution_time; calls in a block follow one another, or all start with the block when
-their times add up to more than the block's (llm_query_batched runs them together). A
+execution_time. rlms logs each call of an llm_query_batched with the batch's time divided
+by the number of calls, so consecutive plain calls of one block with an identical time are
+a batch: they start together and each lasts the batch's time (their logged times summed),
+marked `batched`. Other calls and batches follow one another, or all start with the block
+when their times add up to more than the block's. A
 child's iterations are laid out from the start of its sub-query. Without timestamps,
 steps follow one another from the metadata time. The root model's tokens per turn are not
 in the log, so Run.Decode spans carry none; sub-call tokens and cost are kept.
@@ -49,6 +54,7 @@ in the log, so Run.Decode spans carry none; sub-call tokens and cost are kept.
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -58,6 +64,8 @@ from traces.interchange import ImportedEvent, ImportedSpan, InterchangeError, Pa
 
 _KINDS = ("metadata", "iteration", "run_context")
 _NS = 1_000_000_000
+# How rlms's user turn names the root prompt (rlm/utils/prompts.py, USER_PROMPT_WITH_ROOT).
+_ORIGINAL_PROMPT = re.compile(r'answer the original prompt: "(.*)"\.', re.DOTALL)
 
 
 @dataclass
@@ -159,7 +167,7 @@ def _build(
         builder, iterations, parent="s1", depth=0, start_ns=start_ns, shift_ns=0, model=root_model
     )
     answer = _final_answer(iterations)
-    question = _text(context.get("root_prompt")) or ""
+    question = _text(context.get("root_prompt")) or _question(iterations[0].get("prompt")) or ""
     t = builder.totals
     root.end_ns = end_ns
     root.start_attrs = {
@@ -239,6 +247,7 @@ def _iterations(
                 depth=depth,
                 metrics={"ms": decode_ns / 1e6},
                 start_attrs={"turn": turn, "model": model},
+                start_payload=_messages_text(iteration.get("prompt")),
                 end_payload=iteration["response"],
             )
         )
@@ -288,22 +297,73 @@ def _code_block(
         span.end_attrs["final"] = True
     own_ns = _secs_ns(result.get("execution_time"))
     calls = [c for c in _calls(result) if isinstance(c, dict)]
-    together = len(calls) > 1 and sum(_secs_ns(c.get("execution_time")) for c in calls) > own_ns
+    groups = _batches(calls)
+    together = len(groups) > 1 and sum(_group_ns(g) for g in groups) > own_ns
     end_ns = start_ns + own_ns
-    at = start_ns
-    for index, call in enumerate(calls):
-        call_end = _call(builder, call, parent=span.key, depth=depth, start_ns=at, index=index)
-        end_ns = max(end_ns, call_end)
-        at = start_ns if together else call_end
+    at, index = start_ns, 0
+    for group in groups:
+        group_end = at
+        for call in group:
+            call_end = _call(
+                builder,
+                call,
+                parent=span.key,
+                depth=depth,
+                start_ns=at,
+                index=index,
+                batch_ns=_group_ns(group) if len(group) > 1 else None,
+            )
+            group_end, index = max(group_end, call_end), index + 1
+        end_ns = max(end_ns, group_end)
+        at = start_ns if together else group_end
     span.end_ns = end_ns
     span.metrics = {"ms": (end_ns - start_ns) / 1e6}
     return end_ns
 
 
+def _batches(calls: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The block's calls in groups that ran together: rlms logs each call of one
+    llm_query_batched with the batch's time divided by their number, so consecutive plain
+    calls with one identical time are a batch; any other call is a group of its own."""
+    groups: list[list[dict[str, Any]]] = []
+    for call in calls:
+        last = groups[-1][-1] if groups else None
+        if (
+            last is not None
+            and not _is_child(call)
+            and not _is_child(last)
+            and _secs_ns(call.get("execution_time")) > 0
+            and call.get("execution_time") == last.get("execution_time")
+        ):
+            groups[-1].append(call)
+        else:
+            groups.append([call])
+    return groups
+
+
+def _group_ns(group: list[dict[str, Any]]) -> int:
+    """How long a group ran: a batch the sum of its calls' logged shares, a lone call its
+    own time."""
+    return sum(_secs_ns(c.get("execution_time")) for c in group)
+
+
+def _is_child(call: dict[str, Any]) -> bool:
+    trajectory = call.get("metadata")
+    return isinstance(trajectory, dict) and bool(trajectory.get("iterations"))
+
+
 def _call(
-    builder: _Builder, call: dict[str, Any], *, parent: str, depth: int, start_ns: int, index: int
+    builder: _Builder,
+    call: dict[str, Any],
+    *,
+    parent: str,
+    depth: int,
+    start_ns: int,
+    index: int,
+    batch_ns: int | None = None,
 ) -> int:
-    """One llm_query (Submit > Execute) or rlm_query (Submit > the child's iterations)."""
+    """One llm_query (Submit > Execute) or rlm_query (Submit > the child's iterations); a
+    call of a batch (batch_ns) lasts the whole batch's time, as it was out that long."""
     model = _text(call.get("root_model")) or _first_model(call) or "unknown"
     response = call.get("response")
     reply = response if isinstance(response, str) else json.dumps(response)
@@ -311,7 +371,7 @@ def _call(
     tokens_in, tokens_out, cost = _usage(call)
     trajectory = call.get("metadata") if isinstance(call.get("metadata"), dict) else {}
     child = trajectory.get("iterations") or []
-    end_ns = start_ns + _secs_ns(call.get("execution_time"))
+    end_ns = start_ns + (batch_ns or _secs_ns(call.get("execution_time")))
     status = "error" if failed else "ok"
     submit = builder.add(
         ImportedSpan(
@@ -323,7 +383,11 @@ def _call(
             depth=depth + 1 if child else depth,
             venue=builder.venue,
             status=status,
-            start_attrs={"sq": index, "kind": "rlm" if child else "llm"},
+            start_attrs={
+                "sq": index,
+                "kind": "rlm" if child else "llm",
+                **({"batched": True} if batch_ns else {}),
+            },
             start_payload=_prompt_text(call.get("prompt")),
             end_payload=reply,
         )
@@ -431,6 +495,37 @@ def _first_model(call: dict[str, Any]) -> str | None:
     summary = call.get("usage_summary") if isinstance(call.get("usage_summary"), dict) else {}
     per_model = summary.get("model_usage_summaries")
     return next(iter(per_model), None) if isinstance(per_model, dict) and per_model else None
+
+
+def _messages_text(prompt: Any) -> str | None:
+    """An iteration's input as FRLM records a root turn's: a JSON list of {role, content}."""
+    if isinstance(prompt, str):
+        prompt = [{"role": "user", "content": prompt}]
+    if not isinstance(prompt, list) or not prompt:
+        return None
+    messages = [
+        {"role": str(m.get("role") or "user"), "content": _prompt_text(m.get("content"))}
+        for m in prompt
+        if isinstance(m, dict)
+    ]
+    return json.dumps(messages, ensure_ascii=False) if messages else None
+
+
+def _question(prompt: Any) -> str | None:
+    """The question of a log without run_context: the root prompt rlms quotes in its user
+    turn ('... answer the original prompt: "QUESTION".'), else the first user message."""
+    if isinstance(prompt, str):
+        return _text(prompt)
+    users = [
+        m["content"]
+        for m in prompt or []
+        if isinstance(m, dict) and m.get("role") == "user" and isinstance(m.get("content"), str)
+    ]
+    for content in users:
+        quoted = _ORIGINAL_PROMPT.search(content)
+        if quoted:
+            return quoted.group(1)
+    return _text(users[0]) if users else None
 
 
 def _final_answer(iterations: list[dict[str, Any]]) -> str | None:

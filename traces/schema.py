@@ -46,7 +46,9 @@ NAMES = frozenset(
 # What a run's directory in the store may be named after (no path separators).
 RUN_ID = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 PHASES = frozenset({"start", "end", "instant", "progress"})
-STATUSES = frozenset({"ok", "error", "timeout", "cancelled", "rejected"})
+# `abandoned`: a span whose process died before ending it, closed for it by whoever noticed
+# (runs/lease.py for a conductor, runs/engine/fanout/liveness.py and the gateway for a worker).
+STATUSES = frozenset({"ok", "error", "timeout", "cancelled", "rejected", "abandoned"})
 
 
 class Event(TypedDict, total=False):

@@ -8,12 +8,14 @@ import functools
 import os
 import time
 from dataclasses import asdict, dataclass, field
+from decimal import Decimal
 from typing import Any
 
 import httpx
 import openai
 from django.conf import settings
 
+from frlm_web.money import money
 from traces import caps
 from traces.cassette import cassette, request_hash
 from workers.pricing import cost_of
@@ -101,7 +103,7 @@ class ChatResult:
     text: str
     tokens_in: int
     tokens_out: int
-    cost: float | None
+    cost: Decimal | None  # exact dollars; None when the model's price is unknown
     ms: float
     model: str
     request_hash: str = ""
@@ -147,7 +149,7 @@ def chat(
                 recorded.text,
                 recorded.tokens_in,
                 recorded.tokens_out,
-                recorded.cost,
+                None if recorded.cost is None else money(recorded.cost),
                 recorded.ms,
                 spec.model,
                 key,

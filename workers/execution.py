@@ -10,6 +10,7 @@ from typing import Any
 
 from django.conf import settings
 
+from frlm_web.money import ZERO, money_str
 from workers import signing
 from workers.agreement import AgreementRule
 from workers.attestation import attestation_build, attestation_sign
@@ -77,7 +78,8 @@ def ok_result(job: Job, base: Result, worker_id: str, reply: ChatResult) -> Resu
         "tokens_in": reply.tokens_in,
         "tokens_out": reply.tokens_out,
         "ms": reply.ms,
-        "cost": reply.cost,
+        # A money string on the wire (frlm_web.money): exact, and JSON for the gateway.
+        "cost": money_str(reply.cost or ZERO),
     }
     if job.get("validate"):
         result["attestation"] = attest(job, worker_id, reply.text)

@@ -4,7 +4,10 @@ the run; the conductor reads it and never waits on Celery's result backend."""
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any, NotRequired, TypedDict
+
+from frlm_web.money import ZERO, money
 
 
 class Job(TypedDict):
@@ -30,16 +33,18 @@ class Result(TypedDict, total=False):
     error: str
     tokens_in: int
     tokens_out: int
-    cost: float
+    cost: str | Decimal  # a money string on the wire, exact dollars once decoded
     ms: float
     venue: str
     worker_id: str
     sig: str  # the worker's signature of workers.signing.result_claim (final results)
     attestation: str  # a validator's: JSON of workers.attestation.SignedAttestation
+    span: str  # a "started": the Execute span the worker opened
+    alive: str  # a "started": "1" when the worker holds an alive line (workers/alive.py)
 
 
 RESULT_FIELDS_INT = ("tokens_in", "tokens_out")
-RESULT_FIELDS_FLOAT = ("cost", "ms")
+RESULT_FIELDS_FLOAT = ("ms",)
 
 
 def results_stream(run_id: str) -> str:
@@ -63,4 +68,10 @@ def decode_result(fields: dict[bytes, bytes]) -> Result:
     for key in RESULT_FIELDS_FLOAT:
         if key in out:
             out[key] = float(out[key])
+    if "cost" in out:
+        try:
+            out["cost"] = money(out["cost"])
+        except ValueError:
+            # A worker's claim, not the books' figure: a malformed one counts as nothing.
+            out["cost"] = ZERO
     return out  # type: ignore[return-value]

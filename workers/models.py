@@ -105,8 +105,9 @@ class Worker(models.Model):
     models_served = models.JSONField(default=list)  # model names; [] serves any
     concurrency = models.PositiveIntegerField(default=1)
     context_tokens = models.PositiveIntegerField(default=128_000)
-    price_in = models.FloatField(default=0.0)  # per 1,000 tokens
-    price_out = models.FloatField(default=0.0)
+    # Dollars per 1,000 tokens, exact (frlm_web.money).
+    price_in = models.DecimalField(max_digits=20, decimal_places=12, default=0)
+    price_out = models.DecimalField(max_digits=20, decimal_places=12, default=0)
     public_key = models.CharField(max_length=44)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE)
     registered = models.DateTimeField(auto_now_add=True)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import redis
 from celery.signals import (
     task_postrun,
     task_prerun,
@@ -30,7 +31,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.conf import settings
 from django.db import close_old_connections
 
+from frlm_web.redis_client import get_redis
 from workers import keys, signing
+from workers.alive import ALIVE_ENV, AliveLine
 from workers.client import Control, ControlError, Registered
 from workers.services import Figures, Registration
 
@@ -105,6 +108,7 @@ class WorkerRuntime:
     stopping: threading.Event = field(default_factory=threading.Event)
     beats: int = 0
     _thread: threading.Thread | None = None
+    _alive: AliveLine | None = None
 
     def run(self) -> None:
         """1. register, 2. make this process sign its results and name itself in them,
@@ -131,6 +135,9 @@ class WorkerRuntime:
         signing.use_process_key(self.key)
         os.environ["FRLM_VENUE"] = reg["venue"]
         os.environ["FRLM_WORKER_ID"] = reg["worker_id"]
+        # Up before it takes any job: its jobs' "started" say it can be watched this way.
+        if settings.FRLM_WORKER_ALIVE_LINE:
+            self._open_alive_line(reg["worker_id"])
         self._connect()
 
         from frlm_web.celery import run_worker
@@ -146,6 +153,17 @@ class WorkerRuntime:
             # conductor must wait on and re-dispatch if the worker vanishes.
             prefetch=self.trusted_prefetch if reg["trusted"] else 1,
         )
+
+    def _open_alive_line(self, worker_id: str) -> None:
+        """Subscribe this process's alive line; where Redis refuses it (a role without the
+        channel, from an older ACL file), its death is known from presence alone."""
+        try:
+            self._alive = AliveLine(get_redis(), worker_id)
+        except redis.RedisError as exc:
+            log.warning("no alive line (%s): a kill is noticed when presence lapses", exc)
+            return
+        self._alive.start()
+        os.environ[ALIVE_ENV] = "1"
 
     # --- Celery's signals ---------------------------------------------------------------
     def _connect(self) -> None:
@@ -178,6 +196,8 @@ class WorkerRuntime:
         if self._thread is not None:
             self._thread.join(timeout=10)
         self.leave()
+        if self._alive is not None:
+            self._alive.stop()
 
     # --- heartbeats ---------------------------------------------------------------------
     def beat(self) -> bool:

@@ -12,6 +12,7 @@ import math
 import re
 import secrets
 from datetime import timedelta
+from decimal import Decimal
 from typing import Any, TypedDict
 
 import redis
@@ -20,6 +21,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from frlm_web import presence, throttle
+from frlm_web.money import ZERO, money, money_str
 from frlm_web.redis_client import get_redis
 from workers import keys
 from workers.models import EnrolmentToken, Venue, Worker, token_digest
@@ -59,8 +61,8 @@ class Registration(TypedDict, total=False):
     models: list[str]  # [] serves any model
     concurrency: int
     context_tokens: int
-    price_in: float  # dollars per 1,000 tokens
-    price_out: float
+    price_in: Decimal  # dollars per 1,000 tokens, exact
+    price_out: Decimal
     public_key: str  # base64 of the 32-byte ed25519 public key
     challenge: str  # only to take back a name: the challenge the server answered 409 with
     challenge_sig: str  # the worker's signature of challenge_claim(...)
@@ -177,14 +179,15 @@ def _int_field(data: dict, key: str, low: int, high: int, errors: dict[str, list
     return value
 
 
-def _price_field(data: dict, key: str, errors: dict[str, list[str]]) -> float:
-    value = data.get(key, 0.0)
+def _price_field(data: dict, key: str, errors: dict[str, list[str]]) -> Decimal:
+    value = data.get(key, 0)
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         errors.setdefault(key, []).append("must be a number of dollars per 1,000 tokens, >= 0")
-        return 0.0
+        return ZERO
     if not 0 <= value <= MAX_PRICE:
         errors.setdefault(key, []).append(f"must be from 0 to {MAX_PRICE:g}; got {value}")
-    return float(value)
+        return ZERO
+    return money(value)  # a JSON number, taken by its shortest spelling: exact as sent
 
 
 def registration_clean(data: Any, venue: Venue) -> Registration:
@@ -450,8 +453,8 @@ def live_entry(worker: Worker, figures: Figures, link: Link | None = None) -> Li
         "concurrency": worker.concurrency,
         "models": list(worker.models_served),
         "context_tokens": worker.context_tokens,
-        "price_in": worker.price_in,
-        "price_out": worker.price_out,
+        "price_in": money_str(worker.price_in),
+        "price_out": money_str(worker.price_out),
         "trusted": worker.venue.trusted,
         "inflight": inflight,
         "load": inflight / max(1, worker.concurrency),

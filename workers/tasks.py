@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 from celery import shared_task
@@ -10,6 +11,7 @@ from celery import shared_task
 from frlm_web.redis_client import get_redis
 from traces.emitter import Emitter, Span
 from workers import fragments, venues
+from workers.alive import ALIVE_ENV
 from workers.backends import ModelError, ModelSpec, chat
 from workers.execution import ok_result, reply_fields, served, signed
 from workers.jobs import Job, Result, cancelled_key, encode_result, results_stream
@@ -52,8 +54,13 @@ def subquery_execute(job: Job) -> None:
             sq_id=job["sq_id"],
             model=spec.label,
         )
-    # Tells the conductor who holds the job, so it can re-dispatch if this worker dies.
-    pipe.xadd(stream, encode_result({**base, "status": "started"}))
+    # Tells the conductor who holds the job, so it can re-dispatch if this worker dies: it
+    # watches this process's alive line (workers/alive.py) and, if the line drops, ends
+    # the Execute span as abandoned.
+    started = {**base, "status": "started", "span": span.span_id}
+    if os.environ.get(ALIVE_ENV) == "1":
+        started["alive"] = "1"
+    pipe.xadd(stream, encode_result(started))  # type: ignore[arg-type]
     if pipe.execute()[0]:
         _finish(emitter, span, stream, {**base, "status": "cancelled"}, "cancelled")
         return

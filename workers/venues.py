@@ -33,8 +33,8 @@ class LiveWorker(Link, total=False):
     concurrency: int
     models: list[str]  # model names served; [] serves any
     context_tokens: int
-    price_in: float  # per 1,000 tokens
-    price_out: float
+    price_in: str  # dollars per 1,000 tokens, a money string (frlm_web.money)
+    price_out: str
     trusted: bool  # its venue is trusted (may validate others' work)
     inflight: int  # from the last heartbeat
     load: float  # inflight / concurrency, from the last heartbeat

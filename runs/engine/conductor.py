@@ -29,6 +29,7 @@ from runs.engine.progress import cancel_requested, write_progress
 from runs.engine.repl_calls import ReplCalls, objective_check
 from runs.engine.rlm_context import RlmContext, run_context
 from runs.engine.turns import RootTurns
+from runs.lease import keeper, open_spans_key
 from runs.models import Run
 from runs.orphans import CONDUCTOR_GROUP
 from runs.sandbox import CellResult, Sandbox, SandboxLimits
@@ -75,7 +76,9 @@ class Conductor:
         self.run = run
         self.policy = Policy.from_dict(run.policy)
         self.client = get_redis()
-        self.emitter = Emitter(self.client, run.id)
+        # Its open spans are kept in Redis: if this process dies, whoever finds its lease
+        # lapsed ends them as abandoned (runs/lease.py).
+        self.emitter = Emitter(self.client, run.id, open_spans=open_spans_key(run.id))
         root_model = ModelSpec.from_dict(run.root_model)
         self.totals = Totals()
         self.phase = "starting"
@@ -110,14 +113,23 @@ class Conductor:
 
     # --- the run -----------------------------------------------------------------------
     def conduct(self) -> None:
-        """1. claim the run, 2. open its span, 3. answer the question as an RLM at depth 0,
-        4. record the answer, totals and status whatever happened."""
+        """1. claim the run and take its lease, 2. open its span, 3. answer the question as
+        an RLM at depth 0, 4. record the answer, totals and status whatever happened, 5. give
+        the lease back."""
+        name = conductor_name()
         claimed = Run.objects.filter(id=self.run.id, status=Run.Status.QUEUED).update(
-            status=Run.Status.RUNNING, started=timezone.now(), conductor=conductor_name()
+            status=Run.Status.RUNNING, started=timezone.now(), conductor=name
         )
         if not claimed:
             log.warning("run %s is not queued any more; another conductor has it", self.run.id)
             return
+        keeper().hold(self.run.id, name or f"pid {os.getpid()}")
+        try:
+            self._conduct()
+        finally:
+            keeper().release(self.run.id)
+
+    def _conduct(self) -> None:
         started = time.perf_counter()
         run_span = self.emitter.start(
             "Run.Init",
@@ -163,6 +175,13 @@ class Conductor:
     def finish(self, status: str, answer: str, error: str, wall_ms: float, run_span: Span) -> None:
         # A FINAL the REPL built far past any real answer is kept cut, and says so.
         answer, _whole = caps.cut(answer)
+        if keeper().lost(self.run.id):
+            # A watcher judged this conductor dead (starved past its lease) and failed the
+            # run, ending its spans: nothing is recorded over that.
+            self.fanout.close()
+            log.error("run %s was failed as abandoned while it ran; its outcome is dropped",
+                      self.run.id)  # fmt: skip
+            return
         correct, figures = run_record(
             self.run,
             status=status,

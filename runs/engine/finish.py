@@ -51,7 +51,8 @@ def run_record(
     fanout.close()
     figures = fanout.accounts.figures(dict(fanout.tally.figures()), fanout.hedged)
     t = totals
-    Run.objects.filter(id=run.id).update(
+    # Conditional: a run failed as abandoned meanwhile (runs/lease.py) keeps that outcome.
+    Run.objects.filter(id=run.id, status=Run.Status.RUNNING).update(
         status=status,
         answer=answer,
         error=error,

@@ -5,7 +5,10 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, fields
+from decimal import Decimal
 from typing import Any
+
+from frlm_web.money import money
 
 
 class PolicyError(ValueError):
@@ -188,10 +191,10 @@ RANGES: dict[str, tuple[float, float]] = {
 }
 
 
-def provider_caps(text: str) -> dict[str, float]:
-    """policy.provider_budgets as {model name: dollars}."""
+def provider_caps(text: str) -> dict[str, Decimal]:
+    """policy.provider_budgets as {model name: exact dollars}."""
     pairs = (item.rpartition("=") for item in text.split(",") if item)
-    return {name: float(value) for name, _, value in pairs}
+    return {name: money(value, what=f"provider {name}'s budget") for name, _, value in pairs}
 
 
 def parse_assignments(items: list[str]) -> dict[str, str]:

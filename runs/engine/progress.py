@@ -6,6 +6,8 @@ from typing import Any
 
 import redis
 
+from frlm_web.money import money_str
+
 TTL_S = 86_400
 
 
@@ -28,7 +30,7 @@ def write_progress(client: redis.Redis, run_id: str, *, phase: str, totals: Any)
             "settled": totals.settled,
             "failed": totals.subqueries_failed,
             "tokens": totals.tokens_in + totals.tokens_out,
-            "cost": f"{totals.cost:.6f}",
+            "cost": money_str(totals.cost),
         },
     )
     pipe.expire(progress_key(run_id), TTL_S)

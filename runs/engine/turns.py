@@ -3,6 +3,7 @@ settled) and the folding of older turns once the conversation outgrows policy.fo
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,8 +56,15 @@ class RootTurns:
         except BudgetRefused:
             reason = partial_reason(self.totals, self.fanout.accounts, answered=False)
             raise RunAbort(reason, status=Run.Status.PARTIAL) from None
+        # The conversation the model is sent is the span's input (a JSON list of chat
+        # messages), so exports show what the model saw (traces/otlp_semconv.py).
         span = self.emitter.start(
-            "Run.Decode", parent=parent, depth=depth, turn=turn, model=self.model.label
+            "Run.Decode",
+            parent=parent,
+            depth=depth,
+            payload=json.dumps(messages, ensure_ascii=False),
+            turn=turn,
+            model=self.model.label,
         )
         accounts_.reserved(reservation, parent=span.span_id, depth=depth)
         try:

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any, TypedDict
 
+from frlm_web.money import ZERO, money, money_str
 from runs.engine.policy import Policy, provider_caps
 from runs.trust import budget, receipts
 from runs.trust.budget import Budget, BudgetRefused, Caps, Price
 from traces.emitter import Emitter, sha256_text
-from workers.pricing import price_table
+from workers.pricing import model_price
 
 # Reply tokens assumed before a run has seen any: what a sub-query answer usually takes.
 DEFAULT_TOKENS_OUT = 256
@@ -25,8 +27,8 @@ DEFAULT_TOKENS_OUT = 256
 
 class ReceiptSummary(TypedDict):
     count: int
-    paid: float
-    cost: float
+    paid: str  # exact dollars, frlm_web.money.money_str
+    cost: str
     verdicts: dict[str, int]
     head: str | None
 
@@ -53,7 +55,7 @@ class Payee:
     text: str
     tokens_in: int
     tokens_out: int
-    cost: float
+    cost: Decimal
     price: Price
     sig: str  # the worker's signature over its result claim, verified on arrival
 
@@ -65,12 +67,14 @@ def provider_of(worker: dict[str, Any], fallback_model: str) -> str:
 
 
 def price_of(worker: dict[str, Any], model: str) -> Price:
-    """The worker's own price when it announced one, else its model's list price."""
-    price_in, price_out = float(worker.get("price_in") or 0), float(worker.get("price_out") or 0)
+    """The worker's own price when it announced one, else its model's list price
+    (workers.pricing), else nothing."""
+    price_in = money(worker.get("price_in") or 0, what="a worker's price_in")
+    price_out = money(worker.get("price_out") or 0, what="a worker's price_out")
     if price_in or price_out:
         return Price(price_in, price_out)
-    listed = price_table().get(model, (0.0, 0.0))
-    return Price(listed[0], listed[1])
+    listed = model_price(model)
+    return Price(listed.per_1k_in, listed.per_1k_out) if listed else Price(ZERO, ZERO)
 
 
 class RunAccounts:
@@ -102,8 +106,8 @@ class RunAccounts:
         self._tokens_out = {True: (DEFAULT_TOKENS_OUT, 0), False: (DEFAULT_TOKENS_OUT, 0)}
         self._receipts: ReceiptSummary = {
             "count": 0,
-            "paid": 0.0,
-            "cost": 0.0,
+            "paid": "0",
+            "cost": "0",
             "verdicts": {},
             "head": None,
         }
@@ -162,9 +166,9 @@ class RunAccounts:
             "worker": worker_id,
             "tokens_in_est": 0,
             "tokens_out_est": 0,
-            "price_in": 0.0,
-            "price_out": 0.0,
-            "amount": 0.0,
+            "price_in": "0",
+            "price_out": "0",
+            "amount": "0",
             "ok": False,
             "refused_by": "run",
             "reason": self.exhausted,
@@ -187,7 +191,7 @@ class RunAccounts:
         *,
         tokens_in: int,
         tokens_out: int,
-        cost: float | None,
+        cost: Decimal | None,
         parent: str | None,
         depth: int,
     ) -> None:
@@ -244,8 +248,8 @@ class RunAccounts:
             )
             summary = self._receipts
             summary["count"] += 1
-            summary["paid"] += attrs["receipt"]["paid"]
-            summary["cost"] += attrs["receipt"]["cost"]
+            for key in ("paid", "cost"):
+                summary[key] = money_str(money(summary[key]) + money(attrs["receipt"][key]))
             summary["verdicts"][verdict] = summary["verdicts"].get(verdict, 0) + 1
             summary["head"] = attrs["hash"]
         self.emitter.instant(

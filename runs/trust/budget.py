@@ -11,33 +11,41 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Literal, TypedDict
 
-from workers.pricing import cost_at
+from frlm_web.money import ZERO, cost_at, money, money_str
 
 Scope = Literal["run", "provider", "subquery"]
 # The share of a cap at which the budget raises its one alert for that cap.
 ALERT_AT = 0.8
-# Costs are sums of floats: a reservation that fills a cap exactly must not be refused
-# for a rounding error.
-_SLACK = 1e-9
 
 
 @dataclass(frozen=True)
 class Caps:
-    """Dollar caps; None (or a provider not named) is uncapped. The sub-query cap holds for
-    each sub-query over all its attempts and replicas together."""
+    """Dollar caps, exact (floats given are taken by their shortest spelling); None (or a
+    provider not named) is uncapped. The sub-query cap holds for each sub-query over all
+    its attempts and replicas together."""
 
-    run: float | None = None
-    subquery: float | None = None
-    providers: Mapping[str, float] = field(default_factory=dict)
+    run: Decimal | None = None
+    subquery: Decimal | None = None
+    providers: Mapping[str, Decimal] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         named = {"run": self.run, "subquery": self.subquery}
         named.update({f"provider {k!r}": v for k, v in self.providers.items()})
-        bad = [f"{k} cap {v!r}" for k, v in named.items() if v is not None and not v >= 0]
+        exact: dict[str, Decimal | None] = {}
+        bad = []
+        for name, value in named.items():
+            try:
+                exact[name] = None if value is None else money(value)
+            except ValueError:
+                bad.append(f"{name} cap {value!r}")
         if bad:
             raise ValueError(f"budget caps must be dollars, 0 or more: {', '.join(bad)}")
+        object.__setattr__(self, "run", exact["run"])
+        object.__setattr__(self, "subquery", exact["subquery"])
+        object.__setattr__(self, "providers", {k: exact[f"provider {k!r}"] for k in self.providers})
 
 
 @dataclass(frozen=True)
@@ -45,11 +53,15 @@ class Price:
     """Dollars per 1,000 tokens in and out: a worker's (Worker.price_in / price_out) or a
     model's (workers.pricing.price_table)."""
 
-    per_1k_in: float
-    per_1k_out: float
+    per_1k_in: Decimal
+    per_1k_out: Decimal
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "per_1k_in", money(self.per_1k_in, what="a price in"))
+        object.__setattr__(self, "per_1k_out", money(self.per_1k_out, what="a price out"))
 
 
-def estimate_cost(tokens_in: int, tokens_out: int, price: Price) -> float:
+def estimate_cost(tokens_in: int, tokens_out: int, price: Price) -> Decimal:
     return cost_at(price.per_1k_in, price.per_1k_out, tokens_in, tokens_out)
 
 
@@ -62,14 +74,14 @@ class ReserveAttrs(TypedDict):
     worker: str
     tokens_in_est: int
     tokens_out_est: int
-    price_in: float
-    price_out: float
-    amount: float
+    price_in: str  # dollars, frlm_web.money.money_str
+    price_out: str  # dollars, frlm_web.money.money_str
+    amount: str  # dollars, frlm_web.money.money_str
     ok: bool
     refused_by: str | None  # run, provider or subquery
     reason: str
-    run_committed: float
-    run_cap: float | None
+    run_committed: str  # dollars, frlm_web.money.money_str
+    run_cap: str | None
 
 
 class SettleAttrs(TypedDict):
@@ -80,14 +92,14 @@ class SettleAttrs(TypedDict):
     subquery: str
     provider: str
     worker: str
-    reserved: float
+    reserved: str  # dollars, frlm_web.money.money_str
     tokens_in: int
     tokens_out: int
-    cost: float
+    cost: str  # dollars, frlm_web.money.money_str
     released: bool
-    run_settled: float
-    run_committed: float
-    run_cap: float | None
+    run_settled: str  # dollars, frlm_web.money.money_str
+    run_committed: str  # dollars, frlm_web.money.money_str
+    run_cap: str | None
 
 
 class AlertAttrs(TypedDict):
@@ -96,8 +108,8 @@ class AlertAttrs(TypedDict):
 
     scope: str
     key: str
-    cap: float
-    committed: float
+    cap: str
+    committed: str  # dollars, frlm_web.money.money_str
     fraction: float
     threshold: float
 
@@ -107,10 +119,10 @@ class CapFigures(TypedDict):
 
     scope: str
     key: str
-    cap: float | None
-    reserved: float
-    settled: float
-    committed: float
+    cap: str | None
+    reserved: str  # dollars, frlm_web.money.money_str
+    settled: str  # dollars, frlm_web.money.money_str
+    committed: str  # dollars, frlm_web.money.money_str
     fraction: float | None  # committed / cap
 
 
@@ -127,7 +139,7 @@ class BudgetRefused(Exception):
     route elsewhere; subquery: no more attempts for it), `attrs` is the rejected
     Budget.Reserve event's data."""
 
-    def __init__(self, attrs: ReserveAttrs, scope: Scope, key: str, cap: float) -> None:
+    def __init__(self, attrs: ReserveAttrs, scope: Scope, key: str, cap: Decimal) -> None:
         super().__init__(attrs["reason"])
         self.attrs = attrs
         self.scope = scope
@@ -141,7 +153,7 @@ class Reservation:
     subquery: str
     provider: str
     worker_id: str
-    amount: float
+    amount: str  # dollars, frlm_web.money.money_str
     price: Price
     attrs: ReserveAttrs
     alerts: list[AlertAttrs]
@@ -149,19 +161,23 @@ class Reservation:
 
 @dataclass(frozen=True)
 class Settlement:
-    cost: float
+    cost: str  # dollars, frlm_web.money.money_str
     attrs: SettleAttrs
     alerts: list[AlertAttrs]
 
 
 @dataclass
 class _Account:
-    reserved: float = 0.0
-    settled: float = 0.0
+    reserved: Decimal = ZERO
+    settled: Decimal = ZERO
 
     @property
-    def committed(self) -> float:
+    def committed(self) -> Decimal:
         return self.reserved + self.settled
+
+
+def _opt(amount: Decimal | None) -> str | None:
+    return None if amount is None else money_str(amount)
 
 
 class Budget:
@@ -185,7 +201,7 @@ class Budget:
         self._refused = 0
         self._next = 0
 
-    def _caps(self, subquery: str, provider: str) -> list[tuple[Scope, str, float | None]]:
+    def _caps(self, subquery: str, provider: str) -> list[tuple[Scope, str, Decimal | None]]:
         # The widest first: a refusal by the run's cap means stop, and the caller must hear
         # that rather than a narrower cap's "try elsewhere".
         return [
@@ -207,14 +223,14 @@ class Budget:
             if cap is None or (scope, key) in self._alerted:
                 continue
             committed = self._account(scope, key).committed
-            if committed > 0 and committed >= self.alert_at * cap - _SLACK:
+            if committed > 0 and committed >= Decimal(str(self.alert_at)) * cap:
                 self._alerted.add((scope, key))
                 alert: AlertAttrs = {
                     "scope": scope,
                     "key": key,
-                    "cap": cap,
-                    "committed": committed,
-                    "fraction": committed / cap if cap else 1.0,
+                    "cap": money_str(cap),
+                    "committed": money_str(committed),
+                    "fraction": float(committed / cap) if cap else 1.0,
                     "threshold": self.alert_at,
                 }
                 fired.append(alert)
@@ -244,20 +260,20 @@ class Budget:
                 "worker": worker_id,
                 "tokens_in_est": tokens_in,
                 "tokens_out_est": tokens_out,
-                "price_in": price.per_1k_in,
-                "price_out": price.per_1k_out,
-                "amount": amount,
+                "price_in": money_str(price.per_1k_in),
+                "price_out": money_str(price.per_1k_out),
+                "amount": money_str(amount),
                 "ok": True,
                 "refused_by": None,
                 "reason": "",
-                "run_committed": self._run.committed,
-                "run_cap": self.caps.run,
+                "run_committed": money_str(self._run.committed),
+                "run_cap": _opt(self.caps.run),
             }
             for scope, key, cap in self._caps(subquery, provider):
                 if cap is None:
                     continue
                 committed = self._account(scope, key).committed
-                if committed + amount > cap + _SLACK:
+                if committed + amount > cap:
                     self._refused += 1
                     what = {"run": "the run", "provider": f"provider {key}"}.get(
                         scope, f"sub-query {key}"
@@ -274,7 +290,7 @@ class Budget:
             for scope, key, _cap in self._caps(subquery, provider):
                 self._account(scope, key).reserved += amount
             base["reservation"] = rid
-            base["run_committed"] = self._run.committed
+            base["run_committed"] = money_str(self._run.committed)
             alerts = self._check_alerts(subquery, provider)
             reservation = Reservation(
                 id=rid,
@@ -295,7 +311,7 @@ class Budget:
         *,
         tokens_in: int,
         tokens_out: int,
-        cost: float | None = None,
+        cost: Decimal | None = None,
     ) -> Settlement:
         """Replace a reservation by what was spent: `cost` when the caller knows it, else
         the tokens at the reserved price. Spending may pass a cap (the money is gone); the
@@ -303,7 +319,7 @@ class Budget:
         with self._lock:
             reservation = self._take(reservation_id)
             actual = (
-                cost
+                money(cost, what="a settled cost")
                 if cost is not None
                 else cost_at(
                     reservation.price.per_1k_in,
@@ -318,7 +334,7 @@ class Budget:
         """Give a reservation back unspent: its sub-query was never sent, or was cancelled
         before its worker spent anything."""
         with self._lock:
-            return self._close(self._take(reservation_id), 0, 0, 0.0, released=True)
+            return self._close(self._take(reservation_id), 0, 0, ZERO, released=True)
 
     def _take(self, reservation_id: str) -> Reservation:
         reservation = self._open.pop(reservation_id, None)
@@ -330,7 +346,12 @@ class Budget:
         return reservation
 
     def _close(
-        self, reservation: Reservation, tokens_in: int, tokens_out: int, cost: float, released: bool
+        self,
+        reservation: Reservation,
+        tokens_in: int,
+        tokens_out: int,
+        cost: Decimal,
+        released: bool,
     ) -> Settlement:
         for scope, key, _cap in self._caps(reservation.subquery, reservation.provider):
             account = self._account(scope, key)
@@ -341,28 +362,28 @@ class Budget:
             "subquery": reservation.subquery,
             "provider": reservation.provider,
             "worker": reservation.worker_id,
-            "reserved": reservation.amount,
+            "reserved": money_str(reservation.amount),
             "tokens_in": tokens_in,
             "tokens_out": tokens_out,
-            "cost": cost,
+            "cost": money_str(cost),
             "released": released,
-            "run_settled": self._run.settled,
-            "run_committed": self._run.committed,
-            "run_cap": self.caps.run,
+            "run_settled": money_str(self._run.settled),
+            "run_committed": money_str(self._run.committed),
+            "run_cap": _opt(self.caps.run),
         }
         alerts = self._check_alerts(reservation.subquery, reservation.provider)
         return Settlement(cost=cost, attrs=attrs, alerts=alerts)
 
-    def _figures(self, scope: Scope, key: str, cap: float | None, acc: _Account) -> CapFigures:
+    def _figures(self, scope: Scope, key: str, cap: Decimal | None, acc: _Account) -> CapFigures:
         committed = acc.committed
         return {
             "scope": scope,
             "key": key,
-            "cap": cap,
-            "reserved": max(acc.reserved, 0.0),
-            "settled": acc.settled,
-            "committed": committed,
-            "fraction": (committed / cap if cap else None),
+            "cap": _opt(cap),
+            "reserved": money_str(acc.reserved),
+            "settled": money_str(acc.settled),
+            "committed": money_str(committed),
+            "fraction": (float(committed / cap) if cap else None),
         }
 
     def fill(self, *, top: int = 10) -> BudgetFill:

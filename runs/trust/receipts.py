@@ -16,7 +16,13 @@ Receipts live in the run's trace as `Receipt.Emit` instant events whose attrs ar
 ReceiptAttrs; `frlm_receipts verify RUN_ID` checks them (receipts_verify). A chain vouches
 for nothing by itself: it is checked against the conductor's own public key, the keys the
 worker registry issued, and the count and chain hash the run recorded when it ended
-(Run.accounts["receipts"]), so a chain cut short, lengthened or issued again does not pass."""
+(Run.accounts["receipts"]), so a chain cut short, lengthened or issued again does not pass.
+
+Amounts (price, cost, paid) are exact dollars spelt as canonical decimal strings
+(frlm_web.money.money_str: "0.00075"), so the signed bytes are the books' exact figures.
+Receipts issued before money was exact carry JSON numbers instead; they still verify as
+they were signed (the hash covers the JSON they were stored with), and `receipt_amount`
+reads either spelling. One receipt never mixes the two."""
 
 from __future__ import annotations
 
@@ -25,12 +31,14 @@ import hashlib
 import math
 import threading
 from collections.abc import Callable, Mapping
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, TypedDict
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.conf import settings
 
+from frlm_web.money import is_money_str, money, money_str
 from runs.models import Run
 from traces import store
 from workers import keys
@@ -42,8 +50,8 @@ RECEIPT_EVENT = "Receipt.Emit"
 
 
 class ReceiptPrice(TypedDict):
-    per_1k_in: float
-    per_1k_out: float
+    per_1k_in: str  # dollars per 1,000 tokens, frlm_web.money.money_str
+    per_1k_out: str
 
 
 class Receipt(TypedDict):
@@ -56,8 +64,8 @@ class Receipt(TypedDict):
     tokens_in: int
     tokens_out: int
     price: ReceiptPrice
-    cost: float  # what the work cost at the worker's price
-    paid: float  # what is paid for it: the cost when the reply was not judged wrong, else 0
+    cost: str  # what the work cost at the worker's price: exact dollars (money_str)
+    paid: str  # what is paid for it: the cost when the reply was not judged wrong, else "0"
     verdict: str  # how the reply was judged: accepted, unverified, rejected, unresolved, ...
     time: str  # ISO 8601, UTC
     prev: str | None  # the previous receipt's hash in this run; None for the first
@@ -85,8 +93,8 @@ _RECEIPT_TYPES: dict[str, tuple[type, ...]] = {
     "tokens_in": (int,),
     "tokens_out": (int,),
     "price": (dict,),
-    "cost": (int, float),
-    "paid": (int, float),
+    "cost": (str, int, float),
+    "paid": (str, int, float),
     "verdict": (str,),
     "time": (str,),
     "prev": (str, type(None)),
@@ -196,9 +204,9 @@ class ReceiptChain:
         output_sha256: str,
         tokens_in: int,
         tokens_out: int,
-        price_in: float,
-        price_out: float,
-        cost: float,
+        price_in: Decimal,
+        price_out: Decimal,
+        cost: Decimal,
         verdict: str,
         worker_sign: Callable[[Receipt], str],
         worker_key: str,
@@ -209,16 +217,15 @@ class ReceiptChain:
         """The next receipt, with `worker_sign`'s signature (the worker's over its result
         claim) countersigned: the attrs of its Receipt.Emit event. The reply is paid for
         (paid = cost) unless its verdict says it was wrong."""
-        # Plain ints and finite floats only: a numpy number or a Decimal would reach the
-        # trace as text (the emitter's default=str) and no longer hash to what was signed.
-        figures = {
-            "tokens_in": int(tokens_in),
-            "tokens_out": int(tokens_out),
-            "price_in": float(price_in),
-            "price_out": float(price_out),
-            "cost": float(cost),
-        }
-        bad = [k for k, v in figures.items() if not (math.isfinite(v) and v >= 0)]
+        # Plain ints and money strings only: what is signed must be what the trace keeps
+        # (a numpy number or a Decimal would reach it as text of another spelling).
+        bad = [k for k, v in {"tokens_in": tokens_in, "tokens_out": tokens_out}.items() if v < 0]
+        amounts: dict[str, str] = {}
+        for name, value in {"price_in": price_in, "price_out": price_out, "cost": cost}.items():
+            try:
+                amounts[name] = money_str(money(value))
+            except ValueError:
+                bad.append(name)
         if bad:
             raise ValueError(f"a receipt's {', '.join(bad)} must be finite and 0 or more")
         with self._lock:
@@ -229,11 +236,11 @@ class ReceiptChain:
                 "worker": worker,
                 "input_sha256": input_sha256,
                 "output_sha256": output_sha256,
-                "tokens_in": int(figures["tokens_in"]),
-                "tokens_out": int(figures["tokens_out"]),
-                "price": {"per_1k_in": figures["price_in"], "per_1k_out": figures["price_out"]},
-                "cost": figures["cost"],
-                "paid": figures["cost"] if verdict in PAID_VERDICTS else 0.0,
+                "tokens_in": int(tokens_in),
+                "tokens_out": int(tokens_out),
+                "price": {"per_1k_in": amounts["price_in"], "per_1k_out": amounts["price_out"]},
+                "cost": amounts["cost"],
+                "paid": amounts["cost"] if verdict in PAID_VERDICTS else "0",
                 "verdict": verdict,
                 "time": time or utc_now(),
                 "prev": self.head,
@@ -306,10 +313,34 @@ def _malformed(attrs: Any) -> str | None:
         return "receipt fields " + ", ".join(
             [f"{n} missing or of the wrong type" for n in wrong] + [f"{n} unknown" for n in extra]
         )
-    for name in ("cost", "paid"):
-        if isinstance(receipt[name], float) and not math.isfinite(receipt[name]):
-            return f"receipt {name} is not a finite number"
+    amounts = {"cost": receipt["cost"], "paid": receipt["paid"]}
+    price = receipt["price"]
+    amounts.update({f"price {k}": price.get(k) for k in ("per_1k_in", "per_1k_out")})
+    spellings = {type(v) is str for v in amounts.values()}
+    if len(spellings) > 1:
+        return "receipt amounts mix decimal strings and numbers"
+    for name, value in amounts.items():
+        if not _amount_ok(value):
+            return f"receipt {name} is not an amount of dollars ({value!r})"
     return None
+
+
+def _amount_ok(value: Any) -> bool:
+    """A receipt's amount: a canonical money string, or, in receipts issued before money
+    was exact, a finite JSON number 0 or more (kept verifiable as they were signed)."""
+    if isinstance(value, str):
+        return is_money_str(value)
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value >= 0
+    )
+
+
+def receipt_amount(value: str | float) -> Decimal:
+    """A receipt's amount as exact dollars, whichever spelling its receipt has."""
+    return money(value)
 
 
 def chain_verify(

@@ -22,10 +22,13 @@ import re
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any, Literal, TypedDict
 
 import jsonschema
 from jsonschema.exceptions import SchemaError
+
+from frlm_web.money import ZERO, money_str
 
 # Agreement lives with the workers (a validator worker judges with it too, and workers do
 # not import runs); its names stay importable from here for the conductor and the fanout.
@@ -475,8 +478,8 @@ class OverheadFigures(TypedDict):
     by_kind: dict[str, int]
     overhead: float  # extra / primary: plain two-fold replication is 1.0
     share: float  # extra / (primary + extra): the part of all sub-queries spent verifying
-    cost: float  # dollars the extra sub-queries cost, as their workers reported it
-    cost_by_kind: dict[str, float]
+    cost: str  # dollars the extra sub-queries cost, as their workers reported it (money_str)
+    cost_by_kind: dict[str, str]
 
 
 class VerificationTally:
@@ -488,11 +491,11 @@ class VerificationTally:
         self._lock = threading.Lock()
         self._primary = 0
         self._extra: dict[str, int] = {}
-        self._cost: dict[str, float] = {}
+        self._cost: dict[str, Decimal] = {}
 
-    def add_cost(self, kind: str, dollars: float) -> None:
+    def add_cost(self, kind: str, dollars: Decimal) -> None:
         with self._lock:
-            self._cost[kind] = self._cost.get(kind, 0.0) + dollars
+            self._cost[kind] = self._cost.get(kind, ZERO) + dollars
 
     def add_primary(self, n: int = 1) -> None:
         with self._lock:
@@ -512,6 +515,6 @@ class VerificationTally:
                 "by_kind": dict(self._extra),
                 "overhead": extra / self._primary if self._primary else 0.0,
                 "share": extra / total if total else 0.0,
-                "cost": round(sum(self._cost.values()), 8),
-                "cost_by_kind": {k: round(v, 8) for k, v in self._cost.items()},
+                "cost": money_str(sum(self._cost.values(), ZERO)),
+                "cost_by_kind": {k: money_str(v) for k, v in self._cost.items()},
             }

@@ -12,12 +12,17 @@
     purple: "#a371f7", teal: "#39c5cf", idle: "#30475e", cursor: "#ffd33d",
     gold: "#e3b341", goldDim: "rgba(227,179,65,0.4)",
   };
-  const num = (v) => (typeof v === "number" && isFinite(v) ? v : null);
+  // Money reaches the page as exact decimal strings ("0.00075"; ARCHITECTURE.md §9), older
+  // traces as numbers: both are drawn as numbers, which is all a chart needs.
+  const num = (v) => {
+    const n = typeof v === "string" && /^-?[0-9.]+(e-?[0-9]+)?$/i.test(v) ? Number(v) : v;
+    return typeof n === "number" && isFinite(n) ? n : null;
+  };
   // Plotly reads a few HTML tags in its texts (<b>, <a href>...): names that workers and
   // venues chose go in as entities, so they show as written.
   const esc = (t) => String(t).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
   const fmt$ = (v) => (v >= 100 ? v.toFixed(2) : v.toFixed(4));
-  const STATUS_COLOR = { ok: C.ok, error: C.err, timeout: C.timeout, cancelled: C.cancelled, rejected: C.err };
+  const STATUS_COLOR = { ok: C.ok, error: C.err, timeout: C.timeout, cancelled: C.cancelled, rejected: C.err, abandoned: C.err };
 
   const hasWebGL = (function () {
     try {
@@ -138,9 +143,9 @@
       } else if (name.startsWith("Budget.")) {
         const a = r[F.ATTRS] || {}, B = A.budget;
         B.events++;
-        if (num(a.run_cap) != null) B.cap = a.run_cap;
-        if (num(a.run_committed) != null) B.committed = a.run_committed;
-        if (num(a.run_settled) != null) B.settled = a.run_settled;
+        if (num(a.run_cap) != null) B.cap = num(a.run_cap);
+        if (num(a.run_committed) != null) B.committed = num(a.run_committed);
+        if (num(a.run_settled) != null) B.settled = num(a.run_settled);
         if (name === "Budget.Reserve" && a.ok === false) { B.refused++; B.lastRefusal = a.reason || a.refused_by || "refused"; }
         if (name === "Budget.Alert") B.alerts.push(a);
       } else if (name === "Receipt.Emit") {

@@ -9,7 +9,8 @@
     "Run.Init": "#a371f7", "Run.Decode": "#4fb3ff", "Repl.Exec": "#39c5cf",
     "SubQuery.Submit": "#d6a23a", "SubQuery.Execute": "#3fb950",
   };
-  const STATUS_COLORS = { error: "#f85149", timeout: "#ff8b3d", cancelled: "#6e7681", rejected: "#f85149" };
+  // abandoned: its process died before ending it; whoever noticed closed it.
+  const STATUS_COLORS = { error: "#f85149", timeout: "#ff8b3d", cancelled: "#6e7681", rejected: "#f85149", abandoned: "#a0525a" };
   const MARKS = {
     "SubQuery.Cancel": "#8b949e", "SubQuery.Timeout": "#ff8b3d", "SubQuery.Retry": "#d2a8ff",
     "SubQuery.Hedge": "#d2a8ff", "Run.Done": "#e6edf3", "Worker.Lost": "#f85149",

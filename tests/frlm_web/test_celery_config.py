@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from django.conf import settings
 
-from frlm_web.celery import CelerySettings, app
+from frlm_web.celery import CelerySettings, app, monitoring_options
+from frlm_web.redis_acl import acl_lines
 
 
 def test_celery_reads_djangos_celery_settings_under_its_own_names() -> None:
@@ -29,3 +30,32 @@ def test_the_mapping_holds_only_the_celery_settings() -> None:
     assert set(mapping) == {name.removeprefix("CELERY_").lower() for name in names} | {"timezone"}
     assert mapping["broker_url"] == settings.CELERY_BROKER_URL
     assert len(mapping) == len(names) + 1
+
+
+def test_every_task_route_names_a_task_that_exists() -> None:
+    app.loader.import_default_modules()
+    routes = settings.CELERY_TASK_ROUTES
+    assert routes, "a run must be routed to the conductors' queue"
+    assert set(routes) <= set(app.tasks), f"routes naming no task: {set(routes) - set(app.tasks)}"
+    assert app.amqp.router.route({}, "runs.conduct")["queue"].name == "runs"
+
+
+def test_it_starts_workers_without_celery_events_unless_asked(settings) -> None:
+    settings.FRLM_CELERY_EVENTS = False
+    assert monitoring_options() == ["--without-heartbeat"]
+    settings.FRLM_CELERY_EVENTS = True
+    assert monitoring_options() == ["--task-events"]
+
+
+def test_it_lets_only_the_task_roles_publish_events_when_they_are_on() -> None:
+    def rules(events: bool) -> dict[str, str]:
+        lines = acl_lines("k" * 50, events=events)[1:]
+        return {line.split()[1]: line for line in lines}
+
+    assert not any("celeryev" in line for line in rules(False).values())
+    on = rules(True)
+    assert {role for role, line in on.items() if "&/*.celeryev/*" in line} == {
+        "web",
+        "conductor",
+        "worker",
+    }

@@ -156,4 +156,4 @@ def test_it_takes_the_verification_tier_hedging_and_a_budget(page, web):
     assert run.policy["budget_usd"] == 0.5
     assert run.status == "succeeded", run.error
     assert run.accounts["verification"]["by_kind"].get("replica", 0) > 0
-    assert run.accounts["budget"]["run"]["cap"] == 0.5
+    assert run.accounts["budget"]["run"]["cap"] == "0.5"  # exact: a decimal string

@@ -4,6 +4,7 @@ with a reason, one alert per cap at 80%, and the fill view's figures."""
 from __future__ import annotations
 
 import threading
+from decimal import Decimal as D
 
 import pytest
 
@@ -21,37 +22,55 @@ def reserve(budget: Budget, subquery: str = "sq1", provider: str = "sim", **kw):
 
 
 def test_it_estimates_cost_like_the_price_table():
-    assert estimate_cost(100, 50, PRICE) == pytest.approx(0.2)
-    assert estimate_cost(1000, 1000, Price(0.00015, 0.0006)) == pytest.approx(
-        cost_of("frlm-sim-worker", 1000, 1000)
-    )
+    assert estimate_cost(100, 50, PRICE) == D("0.2")
+    assert estimate_cost(1000, 1000, Price(0.00015, 0.0006)) == D("0.00075")
+    assert cost_of("frlm-sim-worker", 1000, 1000) == D("0.00075")
+
+
+def test_it_leaves_nothing_over_when_every_reservation_is_settled():
+    # In floats 0.1 + 0.2 reserved and then settled left "reserved": 5.2e-18 behind, and
+    # three dispatches of $0.1 passed a $0.3 cap; in Decimals both are exact.
+    budget = Budget("r1", Caps(run=D("0.3")))
+    held = [reserve(budget, f"sq{n}", tokens_in=n * 100, tokens_out=0) for n in (1, 2)]
+    assert budget.fill()["run"]["committed"] == "0.3"
+    for h in held:
+        budget.settle(h.id, tokens_in=0, tokens_out=0, cost=h.amount)
+    fill = budget.fill()["run"]
+    assert (fill["reserved"], fill["settled"], fill["committed"]) == ("0", "0.3", "0.3")
+    exact = Budget("r2", Caps(run="0.3"))
+    for _ in range(3):
+        reserve(exact, "sq", tokens_in=100, tokens_out=0)  # $0.1 each: exactly the cap
+    assert exact.fill()["run"]["fraction"] == 1.0
+    with pytest.raises(BudgetRefused):
+        reserve(exact, "sq", tokens_in=1, tokens_out=0)
 
 
 def test_it_reserves_then_settles_the_actual_cost():
     budget = Budget("r1", Caps(run=10.0))
     held = reserve(budget)
-    assert held.amount == pytest.approx(0.2)
+    assert held.amount == D("0.2")
     assert held.attrs["ok"] and held.attrs["reservation"] == held.id
-    assert held.attrs["run_committed"] == pytest.approx(0.2)
+    assert held.attrs["run_committed"] == "0.2"
+    assert (held.attrs["price_in"], held.attrs["price_out"]) == ("1", "2")
     fill = budget.fill()["run"]
-    assert (fill["reserved"], fill["settled"]) == (pytest.approx(0.2), 0.0)
+    assert (fill["reserved"], fill["settled"]) == ("0.2", "0")
 
     done = budget.settle(held.id, tokens_in=100, tokens_out=20)
-    assert done.cost == pytest.approx(0.14)  # the actual tokens at the reserved price
-    assert done.attrs["reserved"] == pytest.approx(0.2)
-    assert done.attrs["run_settled"] == pytest.approx(0.14)
+    assert done.cost == D("0.14")  # the actual tokens at the reserved price
+    assert done.attrs["reserved"] == "0.2"
+    assert done.attrs["run_settled"] == "0.14"
     fill = budget.fill()["run"]
-    assert (fill["reserved"], fill["settled"], fill["cap"]) == (0.0, pytest.approx(0.14), 10.0)
+    assert (fill["reserved"], fill["settled"], fill["cap"]) == ("0", "0.14", "10")
     assert fill["fraction"] == pytest.approx(0.014)
 
 
 def test_it_takes_a_known_actual_cost_and_releases_unspent_reservations():
     budget = Budget("r1", Caps())
     first, second = reserve(budget), reserve(budget, "sq2")
-    assert budget.settle(first.id, tokens_in=1, tokens_out=1, cost=0.5).cost == 0.5
+    assert budget.settle(first.id, tokens_in=1, tokens_out=1, cost=D("0.5")).cost == D("0.5")
     released = budget.release(second.id)
-    assert released.attrs["released"] and released.cost == 0.0
-    assert budget.fill()["run"]["committed"] == pytest.approx(0.5)
+    assert released.attrs["released"] and released.cost == 0
+    assert budget.fill()["run"]["committed"] == "0.5"
     with pytest.raises(ValueError, match="already settled or released"):
         budget.settle(first.id, tokens_in=1, tokens_out=1)
 
@@ -69,7 +88,7 @@ def test_it_refuses_past_the_run_cap_with_a_reason():
     assert "$0.400000 of $0.500000" in str(refused.value)
     assert budget.fill()["refused"] == 1
     # A smaller dispatch still fits.
-    assert reserve(budget, "sq3", tokens_in=100, tokens_out=0).amount == pytest.approx(0.1)
+    assert reserve(budget, "sq3", tokens_in=100, tokens_out=0).amount == D("0.1")
 
 
 def test_it_refuses_past_the_sub_query_cap_over_all_its_replicas():
@@ -92,7 +111,7 @@ def test_it_refuses_past_a_provider_cap_and_leaves_other_providers_alone():
     assert "provider openai:gpt-4.1" in str(refused.value)
     reserve(budget, provider="sim")
     providers = {p["key"]: p for p in budget.fill()["providers"]}
-    assert providers["openai:gpt-4.1"]["cap"] == 0.3
+    assert providers["openai:gpt-4.1"]["cap"] == "0.3"
     assert providers["sim"]["cap"] is None
 
 
@@ -149,8 +168,7 @@ def test_it_keeps_the_books_straight_under_concurrent_threads():
     run = budget.fill()["run"]
     # 1,600 dispatches of $0.20 against $100: exactly 500 fit, the rest are refused.
     assert len(refused) == 1100
-    assert run["settled"] == pytest.approx(100.0)
-    assert run["reserved"] == pytest.approx(0.0, abs=1e-9)
+    assert (run["settled"], run["reserved"]) == ("100", "0")
 
 
 def test_it_shows_the_busiest_sub_queries_in_the_fill_view():
@@ -159,8 +177,8 @@ def test_it_shows_the_busiest_sub_queries_in_the_fill_view():
         for _ in range(times):
             reserve(budget, name)
     rows = budget.fill(top=2)["subqueries"]
-    assert [(r["key"], r["cap"]) for r in rows] == [("b", 1.0), ("c", 1.0)]
-    assert rows[0]["committed"] == pytest.approx(0.6)
+    assert [(r["key"], r["cap"]) for r in rows] == [("b", "1"), ("c", "1")]
+    assert rows[0]["committed"] == "0.6"
 
 
 def test_it_rejects_bad_caps_and_estimates():
@@ -178,5 +196,5 @@ def test_it_holds_a_root_turn_to_the_run_cap_but_not_to_the_sub_query_cap():
         reserve(budget, subquery="sq1")
     assert refused.value.scope == "subquery"
     fill = budget.fill()
-    assert fill["run"]["settled"] == pytest.approx(0.2)
+    assert fill["run"]["settled"] == "0.2"
     assert "" not in [s["key"] for s in fill["subqueries"]]  # root turns are not sub-queries

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+from decimal import Decimal
 
 import pytest
 
 from frlm_web.stack import free_port
 from runs.models import Run
 from tests.helpers import endpoint, forget_reputations, named, trace
+from workers.pricing import TABLE_DATE
 
 pytestmark = [pytest.mark.stack]
 
@@ -44,8 +47,12 @@ def test_it_answers_a_generated_needle_task_as_json(venues, subprocess_env):
     assert result["correct"] is True
     assert result["answer"] == result["expected_answer"]
     assert result["subqueries"] >= 10
-    assert result["tokens_in"] > 200_000 and result["cost_usd"] > 0
+    assert result["tokens_in"] > 200_000 and Decimal(result["cost_usd"]) > 0
+    assert Decimal(result["cost_usd"]) == Run.objects.get(id=result["run_id"]).cost
     assert result["simulated"] is True
+    # The simulated models' nominal prices, from FRLM's dated table.
+    table = f"FRLM's table of {TABLE_DATE}"
+    assert result["prices"] == {"frlm-sim-root": table, "frlm-sim-worker": table}
     assert result["isolation"].startswith("bwrap")
     run = Run.objects.get(id=result["run_id"])
     events = trace(run)
@@ -169,6 +176,8 @@ def test_it_prints_what_verification_and_receipts_cost_and_a_budget_stop(venues,
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "match: yes" in out
+    assert f"prices     frlm-sim-root: FRLM's table of {TABLE_DATE}" in out
+    assert re.search(r"cost \$\d+\.\d{4}  \(simulated model: nominal prices\)", out)
     assert "verify     " in out and "replica" in out and "% of all" in out
     assert "receipts   " in out and "(replies " in out and "accepted" in out
     run_id = out.split()[1]  # "run        <id>  (succeeded)"
@@ -179,5 +188,12 @@ def test_it_prints_what_verification_and_receipts_cost_and_a_budget_stop(venues,
     result = json.loads(stopped.stdout)
     assert result["status"] == "partial"
     assert result["error"].startswith("budget cap reached")
-    assert result["accounts"]["budget"]["run"]["cap"] == 0.004
-    assert result["accounts"]["budget"]["run"]["settled"] <= 0.004
+    figures = result["accounts"]["budget"]["run"]
+    assert figures["cap"] == "0.004"
+    assert Decimal(figures["settled"]) <= Decimal("0.004")
+    # Money is printed as exact decimal strings: no float leftovers such as 5.2e-18.
+    assert all(
+        isinstance(figures[k], str) and "e" not in figures[k].lower()
+        for k in figures
+        if k in ("reserved", "settled", "committed", "cap")
+    )

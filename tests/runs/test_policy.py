@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from decimal import Decimal
+
 import pytest
 
 from runs.engine.policy import Policy, PolicyError, parse_assignments, provider_caps
@@ -48,7 +50,10 @@ def test_it_takes_the_trust_and_budget_settings_and_says_what_a_bad_one_needs():
         }
     )
     assert (policy.tier, policy.hedge, policy.budget_usd) == ("high_trust", "p99", 2.5)
-    assert provider_caps(policy.provider_budgets) == {"gpt-4.1-mini": 1.5, "frlm-sim-worker": 0.2}
+    assert provider_caps(policy.provider_budgets) == {
+        "gpt-4.1-mini": Decimal("1.5"),
+        "frlm-sim-worker": Decimal("0.2"),
+    }
     with pytest.raises(PolicyError) as caught:
         Policy.from_dict({"hedge": "p50", "provider_budgets": "gpt=lots", "budget_usd": -1})
     message = str(caught.value)

@@ -16,6 +16,7 @@ import redis
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.core.management import CommandError, call_command
 
+from frlm_web.money import money, money_str
 from runs.engine.policy import Policy
 from runs.models import Run
 from runs.trust.accounts import Payee, RunAccounts
@@ -102,8 +103,8 @@ def record(run_id: str, issued: list[dict], *, status: str = Run.Status.SUCCEEDE
         accounts={
             "receipts": {
                 "count": len(issued),
-                "paid": sum(a["receipt"]["paid"] for a in issued),
-                "cost": sum(a["receipt"]["cost"] for a in issued),
+                "paid": money_str(sum(money(a["receipt"]["paid"]) for a in issued)),
+                "cost": money_str(sum(money(a["receipt"]["cost"]) for a in issued)),
                 "verdicts": {"accepted": len(issued)},
                 "head": issued[-1]["hash"] if issued else None,
             }
@@ -173,7 +174,7 @@ def test_it_verifies_a_whole_chain_written_through_the_recorder(client, venues):
 def test_it_names_a_tampered_receipt(client):
     made = issue("rT", 4)
     tampered = copy.deepcopy(made)
-    tampered[2]["receipt"]["cost"] = 0.001  # cheaper after the fact
+    tampered[2]["receipt"]["cost"] = "0.001"  # cheaper after the fact
     record("rT", made)
     write(client, "rT", tampered)
 
@@ -457,8 +458,10 @@ def test_it_issues_plain_numbers_and_refuses_impossible_ones(settings, tmp_path)
         "worker_key": keys.public_b64(key),
         "conductor_key": conductor_key(),
     }
-    attrs = chain.issue(tokens_in=True, cost=Decimal("0.25"), **common)
-    assert attrs["receipt"]["cost"] == 0.25 and type(attrs["receipt"]["cost"]) is float
+    attrs = chain.issue(tokens_in=True, cost=Decimal("0.250"), **common)
+    # Exact dollars in their one spelling: what is signed is what the trace keeps.
+    assert attrs["receipt"]["cost"] == "0.25" and attrs["receipt"]["paid"] == "0.25"
+    assert attrs["receipt"]["price"] == {"per_1k_in": "0.001", "per_1k_out": "0.002"}
     assert type(attrs["receipt"]["tokens_in"]) is int
     with pytest.raises(ValueError, match="cost must be finite and 0 or more"):
         chain.issue(tokens_in=1, cost=float("nan"), **common)
@@ -499,11 +502,11 @@ def test_it_pays_only_replies_not_judged_wrong_and_the_payment_is_countersigned(
         worker_key=keys.public_b64(key),
         conductor_key=conductor_key(),
     )
-    assert rejected["receipt"]["paid"] == 0.0
+    assert rejected["receipt"]["paid"] == "0"
     # Paying a rejected reply after the fact is not the worker's claim to change, but the
     # conductor's countersignature no longer covers it.
     forged = copy.deepcopy([*made, rejected])
-    forged[2]["receipt"]["paid"] = 0.5
+    forged[2]["receipt"]["paid"] = "0.5"
     forged[2]["hash"] = receipt_hash(forged[2]["receipt"])
     record("rPay", [*made, rejected])
     write(client, "rPay", forged)
@@ -561,3 +564,57 @@ def test_it_records_the_chain_hash_of_the_last_receipt_issued_whatever_emits_las
     slow.join(10)
     summary = accounts.figures({}, 0)["receipts"]
     assert (summary["count"], summary["head"]) == (2, accounts.chain.head)
+
+
+def legacy(issued: list[dict]) -> list[dict]:
+    """The same work as receipts issued before money was exact: amounts as JSON numbers,
+    chained and countersigned as that conductor did."""
+    out, prev = [], None
+    for attrs in issued:
+        receipt = copy.deepcopy(attrs["receipt"])
+        receipt["price"] = {k: float(v) for k, v in receipt["price"].items()}
+        receipt["cost"], receipt["paid"] = float(receipt["cost"]), float(receipt["paid"])
+        receipt["prev"] = prev
+        made = receipt_attrs(
+            receipt,
+            worker_sig=attrs["worker_sig"],
+            worker_key=attrs["worker_key"],
+            conductor_key=conductor_key(),
+        )
+        out.append(made)
+        prev = made["hash"]
+    return out
+
+
+def test_it_still_verifies_receipts_issued_with_float_amounts(client, venues):
+    old = legacy(issue("rOld", 3))
+    assert old[0]["receipt"]["cost"] == 0.1 and type(old[0]["receipt"]["cost"]) is float
+    record("rOld", old)
+    write(client, "rOld", old)
+    assert verify("rOld").startswith("OK: 3 receipts of run rOld")
+
+
+def test_it_refuses_a_receipt_whose_amounts_are_not_plain_decimals(client, venues):
+    made = issue("rMix", 2)
+    for bad in ("1e-3", "0.10", "-1", "NaN"):
+        forged = copy.deepcopy(made)
+        forged[1]["receipt"]["cost"] = bad
+        report = chain_verify(
+            "rMix",
+            forged,
+            recorded={"count": 2, "head": made[1]["hash"]},
+            worker_keys={w: keys.public_b64(k) for w, k in WORKER_KEYS.items()},
+            conductor_key=keys.public_b64(conductor_key()),
+        )
+        assert report["broken"]["problem"] == "malformed", bad
+        assert "receipt cost is not an amount of dollars" in report["broken"]["detail"]
+    mixed = copy.deepcopy(made)
+    mixed[0]["receipt"]["paid"] = 0.1
+    report = chain_verify(
+        "rMix",
+        mixed,
+        recorded={"count": 2, "head": made[1]["hash"]},
+        worker_keys={w: keys.public_b64(k) for w, k in WORKER_KEYS.items()},
+        conductor_key=keys.public_b64(conductor_key()),
+    )
+    assert report["broken"]["detail"] == "receipt amounts mix decimal strings and numbers"

@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 import math
 
-import pytest
 from django.core.management import call_command
 
+from frlm_web.money import money, money_str
 from frlm_web.redis_client import get_redis
 from runs.engine.fanout.hedging import HEDGE_SHARE
 from runs.trust.accounts import DEFAULT_TOKENS_OUT
@@ -18,7 +18,7 @@ from runs.trust.receipts import receipts_verify
 from tests.helpers import finish, launch, named, scripted, trace
 from workers.attestation import attestation_problem
 from workers.models import Worker
-from workers.pricing import price_table
+from workers.pricing import model_price
 from workers.venues import live_workers
 
 # One sentence to read: an honest worker answers with it; a liar has nothing else in the
@@ -74,8 +74,12 @@ def test_it_retries_a_reply_that_fails_its_regex_on_another_worker(swarm_factory
     # The liar is not paid for what failed; honest replies are.
     receipts = receipts_of(events)
     assert {r["verdict"] for r in receipts if r["worker"] in liar} == {"rejected"}
-    assert all(r["paid"] == 0 for r in receipts if r["verdict"] == "rejected")
-    assert all(r["paid"] == r["cost"] > 0 for r in receipts if r["verdict"] == "accepted")
+    assert all(r["paid"] == "0" for r in receipts if r["verdict"] == "rejected")
+    assert all(
+        r["paid"] == r["cost"] and money(r["cost"]) > 0
+        for r in receipts
+        if r["verdict"] == "accepted"
+    )
     assert run.accounts["verification"]["by_kind"]["recheck"] == len(failed)
 
 
@@ -238,7 +242,7 @@ def test_it_stops_at_the_run_budget_and_ends_with_a_partial_answer(swarm_factory
     root, work = spending(full)
     # The root turn reserves its estimate (the usual reply length at its price) before it
     # is asked; what it does not spend of it is freed. Room for that, and half the work.
-    root_estimate = DEFAULT_TOKENS_OUT * price_table()["frlm-sim-root"][1] / 1000
+    root_estimate = float(DEFAULT_TOKENS_OUT * model_price("frlm-sim-root").per_1k_out / 1000)
     cap = root + root_estimate + work / 2
     run = finish(launch(question=question, venues=["budgetrun"], policy={"budget_usd": cap}))
     assert run.status == "partial", (run.status, run.error)
@@ -251,9 +255,9 @@ def test_it_stops_at_the_run_budget_and_ends_with_a_partial_answer(swarm_factory
     assert refused and refused[0]["attrs"]["refused_by"] == "run"
     (alert,) = [e for e in named(events, "Budget.Alert") if e["attrs"]["scope"] == "run"]
     assert alert["attrs"]["fraction"] >= 0.8
-    settled = sum(e["attrs"]["cost"] for e in named(events, "Budget.Settle"))
-    assert settled <= cap
-    assert run.accounts["budget"]["run"]["settled"] == pytest.approx(settled)
+    settled = sum(money(e["attrs"]["cost"]) for e in named(events, "Budget.Settle"))
+    assert settled <= money(cap)
+    assert run.accounts["budget"]["run"]["settled"] == money_str(settled)  # exact, as a string
     assert run.accounts["exhausted"]
     # Per sub-query, not per span: under load a hedge copy or a retry of a sub-query that
     # was answered in the end may itself have ended refused by the cap.
@@ -306,7 +310,7 @@ def test_it_pays_each_reply_by_its_verdict_and_the_chain_verifies(swarm_factory)
         range(1, len(receipts) + 1)
     )
     assert {r["verdict"] for r in receipts if r["worker"] in liar} <= {"rejected"}
-    assert abs(sum(r["paid"] for r in receipts) - run.accounts["receipts"]["paid"]) < 1e-12
+    assert sum(money(r["paid"]) for r in receipts) == money(run.accounts["receipts"]["paid"])
     report = receipts_verify(run.id)
     assert report["ok"], report["broken"]
     assert report["workers_unknown"] == []

@@ -43,8 +43,10 @@ def test_it_probes_each_new_worker_before_trusting_it_and_catches_a_liar(swarm_f
     assert verdicts[honest]["status"] == "ok" and verdicts[liar]["status"] == "rejected"
     assert verdicts[liar]["attrs"]["source"] == "context"  # built from the batch's own text
     assert "new worker" in verdicts[liar]["attrs"]["why"]
-    (flag,) = named(events, "Verify.Flag")
-    assert flag["worker_id"] == liar
+    # The probe catches it first; a later outvote of the same worker may flag it again.
+    flags = named(events, "Verify.Flag")
+    assert flags and {f["worker_id"] for f in flags} == {liar}, flags
+    flag = flags[0]
     assert flag["attrs"]["caught_by"].startswith("failed probe sub-query")
     # Probes hide among the work: their Submit spans are ordinary ones to the worker.
     probes = [e for e in named(events, "SubQuery.Submit", "start") if e["attrs"].get("copy")]

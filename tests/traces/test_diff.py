@@ -489,7 +489,10 @@ def test_it_diffs_two_real_runs_that_differ_in_their_second_cell(venues, subproc
 def test_it_names_an_unknown_run_in_a_one_line_error(subprocess_env):
     done = frlm_diff(subprocess_env, "no-such-run", "other-run")
     assert done.returncode != 0
-    assert done.stderr.strip() == "CommandError: no trace events stored for run 'no-such-run'"
+    assert done.stderr.strip() == (
+        "CommandError: no trace events stored for run 'no-such-run'; check the ids with "
+        "`python manage.py frlm_runs`, and that the recorder is running"
+    )
 
 
 def test_it_condenses_a_numbered_batch_whatever_its_prompts_say():
@@ -514,3 +517,20 @@ def test_it_condenses_a_numbered_batch_whatever_its_prompts_say():
     diff = trace_diff(tree(30), tree(28), text=texts.get)
     (batch,) = [n for n in diff["nodes"] if n["path"][-1] == "SubQuery.Submit[batch 1]"]
     assert (batch["count"]["a"], batch["count"]["b"]) == (30, 28)
+
+
+def test_it_names_spans_a_dead_process_abandoned_in_the_tree_and_the_diff():
+    from traces.diff.condense import Stats
+    from traces.diff.divergence import _stragglers_text
+    from traces.store import format_span_tree
+
+    run = SpanNode("r", None, "Run.Init", start_ns=1, end_ns=9, status="abandoned", ms=2.0)
+    run.children.append(
+        SpanNode("x", "r", "SubQuery.Execute", start_ns=2, end_ns=3, status="abandoned", ms=0.1)
+    )
+    text = format_span_tree([run])
+    assert "Run.Init 2.0 ms [abandoned]" in text and "SubQuery.Execute 0.1 ms [abandoned]" in text
+    a = Stats(count=4, statuses={"ok": 4})
+    b = Stats(count=4, statuses={"ok": 2, "abandoned": 2})
+    assert a.stragglers != b.stragglers
+    assert "2 abandoned by a process that died" in _stragglers_text(b)

@@ -20,8 +20,10 @@ from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from runs.models import Run
-from tests.helpers import finish, launch, named, scripted, trace
+from tests.helpers import endpoint, finish, launch, named, scripted, trace
 from traces import blobs, store
+from traces.otlp import to_otlp
+from traces.otlp_import import from_otlp
 from traces.schema import ARROW_SCHEMA
 from traces.store import SpanNode
 
@@ -116,6 +118,188 @@ def test_it_exports_a_run_as_otlp_that_the_protobuf_schema_accepts(real_run, sub
     submit = by_name["SubQuery.Submit"]
     assert execute["parentSpanId"] == submit["spanId"]
     assert "SubQuery.Return" in [e["name"] for e in submit["events"]]
+
+
+def test_it_exports_span_kinds_messages_tokens_and_cost_for_llm_viewers(real_run, subprocess_env):
+    done = manage(subprocess_env, "frlm_export", real_run)
+    assert done.returncode == 0, done.stderr
+    spans = json.loads(done.stdout)["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for span in spans:
+        attrs = otlp_attrs(span["attributes"])
+        by_name.setdefault(attrs["frlm.event_name"], []).append(attrs)
+    assert all("openinference.span.kind" in otlp_attrs(s["attributes"]) for s in spans)
+    kinds = {name: {a["openinference.span.kind"] for a in found} for name, found in by_name.items()}
+    assert kinds["Run.Init"] == {"AGENT"} and kinds["Run.Decode"] == {"LLM"}
+    assert kinds["SubQuery.Execute"] == {"LLM"} and kinds["Repl.Exec"] == {"TOOL"}
+    assert kinds["SubQuery.Submit"] == {"CHAIN"}
+
+    root = by_name["Run.Init"][0]
+    question = scripted(f"r = llm_query({PROMPT!r})\nFINAL(r)")
+    assert root["input.value"] == question and root["langfuse.trace.input"] == question
+    assert root["output.value"] == _real_runs["answer"] == root["langfuse.trace.output"]
+    assert root["langfuse.observation.type"] == "agent"
+    assert root["session.id"] == real_run  # Phoenix's Sessions tab lists the run by it
+    assert all("session.id" not in a for found in by_name.values() for a in found if a is not root)
+
+    decode = by_name["Run.Decode"][0]
+    assert decode["llm.input_messages.0.message.role"] == "system"
+    assert decode["llm.input_messages.1.message.role"] == "user"
+    assert question in decode["llm.input_messages.1.message.content"]
+    assert json.loads(decode["input.value"])["messages"][1]["content"].endswith(question)
+    assert decode["input.mime_type"] == "application/json"
+    assert "llm_query" in decode["llm.output_messages.0.message.content"]
+    assert decode["output.value"] == decode["llm.output_messages.0.message.content"]
+    genai_in = json.loads(decode["gen_ai.input.messages"])
+    assert genai_in[1]["role"] == "user" and genai_in[1]["parts"][0]["type"] == "text"
+    assert decode["llm.model_name"] == "frlm-sim-root"
+
+    execute = by_name["SubQuery.Execute"][0]
+    assert execute["langfuse.observation.type"] == "generation"
+    assert execute["llm.input_messages.0.message.content"] == PROMPT
+    assert execute["llm.output_messages.0.message.content"] == "4417001"
+    assert json.loads(execute["gen_ai.output.messages"])[0]["parts"][0]["content"] == "4417001"
+    prompt, completion = (
+        int(execute["llm.token_count.prompt"]),
+        int(execute["llm.token_count.completion"]),
+    )
+    assert prompt > 0 and completion > 0
+    assert int(execute["llm.token_count.total"]) == prompt + completion
+    assert int(execute["gen_ai.usage.input_tokens"]) == prompt
+    assert json.loads(execute["langfuse.observation.usage_details"]) == {
+        "input": prompt,
+        "output": completion,
+        "total": prompt + completion,
+    }
+    cost = execute["frlm.cost"]
+    assert cost > 0 and execute["llm.cost.total"] == cost == execute["gen_ai.usage.cost"]
+    assert json.loads(execute["langfuse.observation.cost_details"]) == {"total": cost}
+
+    tool = by_name["Repl.Exec"][0]
+    assert tool["tool.name"] == "python" and "llm_query" in tool["input.value"]
+
+
+def test_it_pushes_the_run_to_an_otlp_http_collector_as_protobuf(real_run, subprocess_env):
+    def collect(request: dict[str, Any]) -> tuple[int, bytes]:
+        return 200, b"{}"
+
+    with endpoint(collect) as (url, seen):
+        base = url.removesuffix("/v1")
+        env = {**subprocess_env, "OTEL_EXPORTER_OTLP_HEADERS": "x-tenant=frlm%20tests"}
+        done = manage(
+            env,
+            "frlm_export",
+            real_run,
+            "--otlp-endpoint",
+            base,
+            "--otlp-header",
+            "Authorization=Basic cGs6c2s=",
+        )
+    assert done.returncode == 0, done.stderr
+    assert len(seen) == 1
+    request = seen[0]
+    assert request["path"] == "/v1/traces"
+    assert request["headers"]["content-type"] == "application/x-protobuf"
+    assert request["headers"]["authorization"] == "Basic cGs6c2s="
+    assert request["headers"]["x-tenant"] == "frlm tests"
+    message = ExportTraceServiceRequest()
+    message.ParseFromString(request["raw"])
+    spans = message.resource_spans[0].scope_spans[0].spans
+    events = store.read_events(real_run)
+    assert len(spans) == len({e["span_id"] for e in events if e["phase"] == "end"})
+    assert f"pushed {len(spans)} spans" in done.stdout
+    ids = {s.span_id for s in spans}
+    assert all(len(s.trace_id) == 16 for s in spans)
+    assert all(not s.parent_span_id or s.parent_span_id in ids for s in spans)
+    llm = [s for s in spans if s.kind == s.SPAN_KIND_CLIENT]
+    values = {a.key: a.value for a in llm[0].attributes}
+    assert values["openinference.span.kind"].string_value == "LLM"
+    assert values["llm.token_count.prompt"].int_value > 0
+
+
+def hedged_run_events() -> list[dict[str, Any]]:
+    """A run whose sub-query was hedged: the losing copy's worker ended its model call after
+    the sub-query had settled and after the run had ended, as stragglers do."""
+    ms = 1_000_000
+    t0 = 1_700_000_000_000_000_000
+
+    def event(seq: int, span: str, parent: str | None, name: str, phase: str, at: int, **kw):
+        return {
+            "seq": seq,
+            "span_id": span,
+            "parent_id": parent,
+            "name": name,
+            "phase": phase,
+            "ts": t0 + at * ms,
+            "status": kw.pop("status", "ok"),
+            "links": [],
+            "attrs": kw.pop("attrs", {}),
+            "payload_ref": None,
+            **kw,
+        }
+
+    root, submit, first, hedge = "a" * 16, "b" * 16, "c" * 16, "d" * 16
+    return [
+        event(1, root, None, "Run.Init", "start", 0, attrs={"question": "q?"}),
+        event(2, submit, root, "SubQuery.Submit", "start", 10),
+        event(3, first, submit, "SubQuery.Execute", "start", 12, attrs={"sq_id": "s1"}),
+        event(4, hedge, submit, "SubQuery.Execute", "start", 200, attrs={"sq_id": "s1h"}),
+        event(5, hedge, submit, "SubQuery.Execute", "end", 250, tokens_in=5, tokens_out=1),
+        event(
+            6,
+            None,
+            submit,
+            "SubQuery.Cancel",
+            "instant",
+            251,
+            status="cancelled",
+            attrs={"sq_id": "s1", "reason": "hedged: the hedge s1h answered first"},
+        ),
+        event(7, submit, root, "SubQuery.Submit", "end", 252),
+        event(8, root, None, "Run.Init", "end", 371),
+        event(9, first, submit, "SubQuery.Execute", "end", 422, tokens_in=5, tokens_out=1),
+    ]
+
+
+def test_it_marks_a_hedge_loser_and_clips_it_into_its_parent():
+    doc = to_otlp("hedged", hedged_run_events(), payload_text=None)
+    spans = {
+        otlp_attrs(s["attributes"])["frlm.span_id"]: s
+        for s in doc["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    }
+    root, submit, loser, winner = (spans[c * 16] for c in "abcd")
+    assert int(loser["endTimeUnixNano"]) == int(submit["endTimeUnixNano"])
+    assert max(int(s["endTimeUnixNano"]) for s in spans.values()) == int(root["endTimeUnixNano"])
+    attrs = otlp_attrs(loser["attributes"])
+    assert attrs["frlm.hedge_loser"] is True and attrs["frlm.clipped"] is True
+    assert attrs["frlm.cancel_reason"].startswith("hedged")
+    assert int(attrs["frlm.recorded_end_ns"]) == 1_700_000_000_422_000_000
+    assert loser["status"]["code"] == 2 and "hedged" in loser["status"]["message"]
+    assert attrs["langfuse.observation.level"] == "WARNING"
+    assert "frlm.hedge_loser" not in otlp_attrs(winner["attributes"])
+    assert winner["status"]["code"] == 1
+    # Imported back, the loser keeps the times it recorded.
+    imported = {s.key: s for s in from_otlp(doc).spans}
+    assert imported["c" * 16].end_ns == 1_700_000_000_422_000_000
+
+
+def test_it_says_why_a_push_failed(real_run, subprocess_env):
+    with endpoint(lambda request: (401, b'{"message": "bad key"}')) as (url, _):
+        refused = manage(subprocess_env, "frlm_export", real_run, "--otlp-endpoint", url)
+    assert refused.returncode == 1
+    assert "answered 401" in refused.stderr and "bad key" in refused.stderr
+    bad = manage(subprocess_env, "frlm_export", real_run, "--otlp-endpoint", "localhost:4318")
+    assert bad.returncode == 1 and "http(s) URL" in bad.stderr
+    header = manage(
+        subprocess_env,
+        "frlm_export",
+        real_run,
+        "--otlp-endpoint",
+        "http://127.0.0.1:9",
+        "--otlp-header",
+        "no-equals-sign",
+    )
+    assert header.returncode == 1 and "KEY=VALUE" in header.stderr
 
 
 def test_it_exports_jsonl_and_parquet_with_one_record_per_event(real_run, subprocess_env, tmp_path):
@@ -258,11 +442,12 @@ def rlms_log() -> list[dict]:
         "total_input_tokens": 30,
         "total_output_tokens": 2,
     }
+    # llm_query_batched: rlms logs each call with the batch's 1.5 s divided by three.
     batch = [
-        call("gpt-5-mini", "Count cities in part 3", "5", (300, 2), 1.5),
-        call("gpt-5-mini", "Count cities in part 4", "0", (300, 2), 1.5),
+        call("gpt-5-mini", "Count cities in part 3", "5", (300, 2), 0.5),
+        call("gpt-5-mini", "Count cities in part 4", "0", (300, 2), 0.5),
         call(
-            "gpt-5-mini", "Count cities in part 5", "Error: LM query failed - timeout", (0, 0), 1.5
+            "gpt-5-mini", "Count cities in part 5", "Error: LM query failed - timeout", (0, 0), 0.5
         ),
     ]
     return [
@@ -351,6 +536,60 @@ def test_it_imports_an_rlms_trajectory_log(venues, subprocess_env, tmp_path):
     child_span = next(n for n in _walk(root) if n.attrs.get("kind") == "rlm")
     assert [c.name for c in child_span.children] == ["Run.Decode", "Repl.Exec"]
     assert all(c.start_ns >= child_span.start_ns for c in child_span.children)
+
+
+def batched_log() -> tuple[list[dict], str, list[dict]]:
+    """An rlms log without run_context (the question is in the root's user turn) whose one
+    block ran llm_query_batched over 16 prompts in 160 ms: rlms logs each call at 10 ms."""
+    question = "Which parts mention Lyon?"
+    prompt = [
+        {"role": "system", "content": "You are tasked with answering a query..."},
+        {"role": "user", "content": "Your context is a str with 48000 total characters."},
+        {
+            "role": "user",
+            "content": "You have not interacted with the REPL environment yet.\n\nThink "
+            f'step-by-step ... to answer the original prompt: "{question}".\n\nYour next action:',
+        },
+    ]
+    calls = [call("gpt-5-mini", f"Part {i}: Lyon?", "no", (100, 1), 0.01) for i in range(16)]
+    first = iteration(
+        1,
+        "2026-01-31T11:05:10.000000",
+        1.0,
+        "```repl\nanswers = llm_query_batched(prompts)\n```",
+        [block("answers = llm_query_batched(prompts)", 0.2, calls)],
+    )
+    first["prompt"] = prompt
+    second = iteration(2, "2026-01-31T11:05:11.000000", 0.5, "FINAL(none)", [], final="none")
+    second["prompt"] = [*prompt, {"role": "assistant", "content": first["response"]}]
+    metadata = {**rlms_log()[0], "timestamp": "2026-01-31T11:05:08.000000"}
+    return [metadata, first, second], question, prompt
+
+
+def test_it_imports_an_rlms_batch_as_concurrent_calls_and_keeps_the_messages(
+    venues, subprocess_env, tmp_path
+):
+    records, question, prompt = batched_log()
+    path = tmp_path / "rlm_2026-01-31_11-05-08_batch.jsonl"
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    done = manage(subprocess_env, "frlm_import", str(path))
+    assert done.returncode == 0, done.stderr
+    run = Run.objects.get(id=done.stdout.strip())
+    assert run.question == question
+    events = store.read_events(run.id)
+    starts = {e["span_id"]: e["ts"] for e in named(events, "SubQuery.Execute", "start")}
+    ends = {e["span_id"]: e["ts"] for e in named(events, "SubQuery.Execute", "end")}
+    assert len(starts) == 16 and len(set(starts.values())) == 1
+    # Together they ran for the batch's 160 ms, as the log's 16 x 10 ms say; not end to end.
+    assert {ends[k] - starts[k] for k in starts} == {160_000_000}
+    submits = named(events, "SubQuery.Submit", "start")
+    assert all(e["attrs"]["batched"] for e in submits)
+    (cell,) = named(events, "Repl.Exec", "end")
+    (cell_start,) = named(events, "Repl.Exec", "start")
+    assert cell["ts"] - cell_start["ts"] == 200_000_000
+    decodes = named(events, "Run.Decode", "start")
+    assert json.loads(blobs.blob_get(decodes[0]["payload_ref"])) == prompt
+    assert json.loads(blobs.blob_get(decodes[1]["payload_ref"]))[-1]["role"] == "assistant"
 
 
 def _walk(node: SpanNode) -> list[SpanNode]:

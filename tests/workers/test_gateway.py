@@ -105,7 +105,7 @@ def test_a_dropped_worker_loses_its_jobs_to_another_at_once(far) -> None:
         e["span_id"] for e in executes
     }
     dropped = [e for e in executes if e["worker_id"] == slow.worker_id]
-    assert dropped and all(e["status"] == "error" for e in dropped)
+    assert dropped and all(e["status"] == "abandoned" for e in dropped)
     assert all(e["attrs"]["error"].startswith("worker lost: ") for e in dropped)
 
 

@@ -8,6 +8,7 @@ import json
 import logging
 import time
 from datetime import timedelta
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -100,7 +101,7 @@ def test_it_registers_a_worker_with_an_enrolment_token(client, token):
         "trusted": False,
     }
     assert (worker.name, worker.concurrency, worker.context_tokens) == ("gpu-1", 4, 32_000)
-    assert worker.models_served == ["frlm-sim-worker"] and worker.price_out == 0.2
+    assert worker.models_served == ["frlm-sim-worker"] and worker.price_out == Decimal("0.2")
     assert worker.public_key == keys.public_b64(key) and worker.status == "active"
 
 

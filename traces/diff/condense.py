@@ -125,7 +125,12 @@ class Stats:
     def stragglers(self) -> tuple[int, ...]:
         """How the batch settled its slow and surplus members, as comparable numbers."""
         counts = tuple(self.instants.get(name, 0) for name in STRAGGLER_EVENTS)
-        return (*counts, self.statuses.get("cancelled", 0), self.statuses.get("timeout", 0))
+        return (
+            *counts,
+            self.statuses.get("cancelled", 0),
+            self.statuses.get("timeout", 0),
+            self.statuses.get("abandoned", 0),
+        )
 
 
 def _bump(counts: dict[str, int], key: str) -> None:

@@ -79,7 +79,8 @@ class Decisions:
                 na,
                 nb,
                 path,
-                "the batch settled its stragglers differently (cancelled, timed out, hedged)",
+                "the batch settled its stragglers differently "
+                "(cancelled, timed out, hedged, abandoned)",
                 a=_stragglers_text(sa),
                 b=_stragglers_text(sb),
                 at_a=sa.first_straggler_ns,
@@ -188,6 +189,8 @@ def _stragglers_text(s: Stats) -> str:
     unsent = s.statuses.get("cancelled", 0) - s.instants.get("SubQuery.Cancel", 0)
     if unsent > 0:
         parts.append(f"{unsent} cancelled before they were sent")
+    if s.statuses.get("abandoned"):
+        parts.append(f"{s.statuses['abandoned']} abandoned by a process that died")
     text = f"{s.count} sub-queries: " + (", ".join(parts) or "none cancelled or timed out")
     if s.cancel_reasons:
         text += " (" + "; ".join(sorted(s.cancel_reasons)) + ")"

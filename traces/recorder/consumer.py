@@ -7,6 +7,7 @@ import gc
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import redis
 
+from frlm_web.redis_client import OUTAGE_ERRORS, Outage
 from traces import blobs, store
 from traces.emitter import DEAD_LETTER_STREAM, EVENTS_STREAM
 from traces.recorder import stream
@@ -56,6 +58,9 @@ class Recorder:
         self._next: Future[list[Any]] | None = None
         self.lease = Lease(client)
         self.stored = 0
+        # Called with each batch once it is durable, before it is acknowledged (the OTLP
+        # stream, traces.otlp_stream); it must return at once and never raise.
+        self.on_stored: Callable[[pa.Table], None] | None = None
 
     # --- lifecycle -------------------------------------------------------------------
     def acquire(self, ttl_s: int = 10) -> None:
@@ -81,12 +86,7 @@ class Recorder:
             self.refresh()
             self.blobs.open()
             self.recover()
-            last_refresh = time.monotonic()
-            while not stop.is_set():
-                self.step()
-                if time.monotonic() - last_refresh > 2:
-                    self.refresh()
-                    last_refresh = time.monotonic()
+            self._loop(stop)
             self.drain()
         finally:
             self.blobs.close()
@@ -94,6 +94,45 @@ class Recorder:
             # Frozen objects are not collected at exit either: DuckDB's bindings would
             # report its live objects as leaks.
             gc.unfreeze()
+
+    def _loop(self, stop: threading.Event) -> None:
+        """Store batches until told to stop, riding out Redis going away (a restart, a
+        network blip): each attempt waits longer (Outage), and once Redis answers again
+        the group, the lease and what this consumer read but had not acknowledged are
+        taken up again (_resume): a batch stored whose acknowledgement failed is read
+        again and its events, already in a segment, are skipped."""
+        outage = Outage(log, "recorder")
+        last_refresh = time.monotonic()
+        while not stop.is_set():
+            try:
+                if outage.away:
+                    self._resume()
+                    outage.back()
+                self.step()
+                if time.monotonic() - last_refresh > 2:
+                    self.refresh()
+                    last_refresh = time.monotonic()
+            except OUTAGE_ERRORS as exc:
+                self._drop_read_ahead()
+                stop.wait(outage.lost(exc))
+
+    def _drop_read_ahead(self) -> None:
+        """Forget a batch read ahead: what it delivered is pending for this consumer and
+        _resume reads it again. Waited for first, so that no read still under way
+        delivers entries after _resume has looked."""
+        if self._next is not None:
+            future, self._next = self._next, None
+            try:
+                future.result()
+            except OUTAGE_ERRORS as exc:  # its entries, if any, are pending
+                log.debug("recorder: the read ahead failed too: %s", exc)
+
+    def _resume(self) -> None:
+        """After an outage: the group again (a Redis without persistence lost it), the
+        lease, then everything delivered to this consumer and not yet acknowledged."""
+        self.ensure_group()
+        self.refresh()
+        self.recover()
 
     # --- work ------------------------------------------------------------------------
     def recover(self) -> int:
@@ -174,6 +213,8 @@ class Recorder:
         self.blobs.sync()
         if staged:
             _commit(staged)
+        if self.on_stored is not None:
+            self.on_stored(table)
 
         pipe = self.client.pipeline()
         for index, reason, raw in dead:

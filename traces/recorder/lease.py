@@ -10,6 +10,8 @@ from typing import Any
 
 import redis
 
+from frlm_web.redis_client import OUTAGE_ERRORS
+
 log = logging.getLogger("traces.recorder")  # the name its log lines had before the split
 
 LOCK_KEY = "frlm:recorder:lock"
@@ -43,7 +45,12 @@ class Lease:
             )
 
     def refresh(self, ttl_s: int = 10) -> None:
-        if self.client.get(LOCK_KEY) not in (self.token, self.token.encode()):
+        """Extend the lock. One that lapsed while Redis was away (or that a Redis without
+        persistence forgot) is taken again if nobody else took it meanwhile."""
+        holder = self.client.get(LOCK_KEY)
+        if holder is None and self.client.set(LOCK_KEY, self.token, nx=True, ex=ttl_s):
+            holder = self.token
+        if holder not in (self.token, self.token.encode()):
             raise RecorderBusy("lost the recorder lock; another recorder took over")
         pipe = self.client.pipeline()
         pipe.expire(LOCK_KEY, ttl_s)
@@ -51,9 +58,12 @@ class Lease:
         pipe.execute()
 
     def release(self) -> None:
-        if self.client.get(LOCK_KEY) in (self.token, self.token.encode()):
-            self.client.delete(LOCK_KEY)
-        self.client.delete(HEARTBEAT_KEY)
+        try:
+            if self.client.get(LOCK_KEY) in (self.token, self.token.encode()):
+                self.client.delete(LOCK_KEY)
+            self.client.delete(HEARTBEAT_KEY)
+        except OUTAGE_ERRORS:
+            log.warning("recorder: Redis is away; its lock lapses by itself")
 
 
 def _dead_here(holder: Any) -> bool:

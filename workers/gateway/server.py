@@ -33,9 +33,11 @@ from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import ExponentialBackoff
 
 from frlm_web import presence
-from frlm_web.redis_client import get_redis
+from frlm_web.redis_client import OUTAGE_ERRORS, RETRY_ATTEMPTS, RETRY_BACKOFF, get_redis
 from traces.emitter import APPEND_LUA, append_args
 from workers import fragments, keys, services
 from workers.gateway.protocol import (
@@ -64,7 +66,15 @@ EVENT_KEYS = ("ms", "bytes", "tokens_in", "tokens_out", "cost", "payload_ref")
 
 @functools.cache
 def _async_redis(loop_id: int) -> aioredis.Redis:
-    return aioredis.Redis.from_url(settings.REDIS_URL)
+    # A Redis restart or a network blip is ridden out command by command, as by the
+    # process's other client (frlm_web.redis_client.get_redis); a pump whose pop still
+    # fails closes its worker's socket, and the worker connects again.
+    base, cap = RETRY_BACKOFF
+    return aioredis.Redis.from_url(
+        settings.REDIS_URL,
+        retry=AsyncRetry(ExponentialBackoff(cap=cap, base=base), RETRY_ATTEMPTS),
+        retry_on_error=list(OUTAGE_ERRORS),
+    )
 
 
 def async_redis() -> aioredis.Redis:
@@ -241,8 +251,8 @@ class WorkerLink:
 
     async def lost(self, why: str) -> None:
         """Out of presence now; every run it held work of told to look; and the Execute
-        spans the server opened for that work ended as lost, so the trace has no span
-        left open by a worker that is gone."""
+        spans the server opened for that work ended as `abandoned`, so the trace has no
+        span left open by a worker that is gone."""
         if self.closed:
             return
         self.closed = True
@@ -255,7 +265,9 @@ class WorkerLink:
             for sq_id, held in self.held.items():
                 hint = {"run_id": held.run_id, "sq_id": sq_id, "status": "lost"}
                 pipe.xadd(results_stream(held.run_id), {**hint, "worker_id": self.worker.id})
-                ends.append(self._execute_event(held, "end", "error", error=f"worker lost: {why}"))
+                ends.append(
+                    self._execute_event(held, "end", "abandoned", error=f"worker lost: {why}")
+                )
             pipe.eval(APPEND_LUA, 0, *append_args(ends))  # type: ignore[arg-type]
             await pipe.execute()
         log.warning(

@@ -1,12 +1,12 @@
 from __future__ import annotations
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
 
+from frlm_web.commands import FrlmCommand
 from frlm_web.stack import stop_from_pidfiles
 
 
-class Command(BaseCommand):
+class Command(FrlmCommand):
     help = "Stop the processes `frlm_up` started."
 
     def handle(self, *args, **options) -> None:

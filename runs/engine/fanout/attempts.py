@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from frlm_web.money import ZERO
 from runs.engine.fanout.hedging import LatencyWindows
 from runs.engine.fanout.routing import Router
 from runs.engine.fanout.spending import Spending
@@ -212,7 +213,7 @@ class Attempts:
             outcome.worker_id = result.get("worker_id", "")
             outcome.tokens_in = result.get("tokens_in", 0)
             outcome.tokens_out = result.get("tokens_out", 0)
-            outcome.cost = result.get("cost", 0.0)
+            outcome.cost = result.get("cost") or ZERO
             outcome.ms = result.get("ms", 0.0)
         self.totals.settled += 1
         if status != "ok":

@@ -244,11 +244,13 @@ class Fanout:
 
     def close(self) -> None:
         """At the run's end: replies of batches whose REPL check never came back (the cell
-        failed before it) are paid for as they stand, unverified, so no work goes unreceipted."""
+        failed before it) are paid for as they stand, unverified, so no work goes unreceipted;
+        Execute spans a dead worker left open on settled attempts are ended."""
         with self.emitter.batch():
             for state in self._deferred.values():
                 for flight in state.replied:
                     self.spending.pay(flight)
+            self.liveness.settle_executing()
         self._deferred.clear()
 
     # --- the life of a batch ---------------------------------------------------------

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from runs.engine.fanout.attempts import Attempts
 from runs.engine.fanout.hedging import Hedger
 from runs.engine.fanout.routing import Router
-from runs.engine.fanout.state import Flight, Roster, Scope, Totals, Wave
+from runs.engine.fanout.state import Executing, Flight, Roster, Scope, Totals, Wave
 from traces.emitter import Emitter
 from workers.jobs import Result
 from workers.models import Worker
@@ -30,11 +30,14 @@ class Intake:
     hedger: Hedger
 
     def on_result(self, result: Result, wave: Wave) -> None:
+        status = result.get("status")
+        wid = result.get("worker_id", "")
+        if status in ("ok", "error", "cancelled"):
+            # The worker ended its Execute span with this result, late or not.
+            self.roster.executing.get(wid, {}).pop(result.get("sq_id", ""), None)
         flight = wave.out.get(result.get("sq_id", ""))
         if flight is None:
             return  # a late reply to an attempt that was already settled or replaced
-        status = result.get("status")
-        wid = result.get("worker_id", "")
         if status == "lost":
             # Only a hint (the gateway's, that the holder's connection dropped): presence is
             # read again now, and liveness re-dispatches what a departed worker held.
@@ -50,6 +53,15 @@ class Intake:
         if status == "started":
             flight.worker_id = wid
             flight.started_at = time.time()
+            if result.get("span"):
+                self.roster.executing.setdefault(wid, {})[flight.sq_id] = Executing(
+                    span_id=result["span"],
+                    parent=flight.span.span_id if flight.span else None,
+                    venue=flight.venue,
+                    depth=self.scope.depth,
+                )
+            if result.get("alive") == "1":
+                self.roster.watched.add(wid)
             return
         self.attempts.release(flight, wave, spent=result if status == "ok" else None)
         # How long it ran, not how long it queued: the scheduler adds the queue itself.

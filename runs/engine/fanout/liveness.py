@@ -1,7 +1,9 @@
 """Jobs that will not answer. One past its deadline, or held by a worker that left (or queued on
 a venue whose workers all left), is given up and tried again elsewhere while attempts remain.
-When no venue has a live worker at all, the batch waits a while for one to come back: devices
-of a swarm come and go."""
+A broker worker has left the moment its alive line drops (workers/alive.py, read every
+ALIVE_EVERY_S), any worker when its presence lapses or the gateway says its connection
+dropped. When no venue has a live worker at all, the batch waits a while for one to come back:
+devices of a swarm come and go."""
 
 from __future__ import annotations
 
@@ -12,12 +14,16 @@ from runs.engine.fanout.attempts import Attempts
 from runs.engine.fanout.routing import Router
 from runs.engine.fanout.state import Roster, Scope, Wave
 from traces.emitter import Emitter
+from workers.alive import connected
 from workers.reputation import Observation
 from workers.services import worker_mark_lost
 
 NO_VENUE = "no live worker on any of the run's venues"
 # How long a batch waits for a worker to come back when every one has left.
 NO_WORKER_GRACE_S = 15.0
+# How often the alive lines of the workers holding this batch's work are read: one PUBSUB
+# NUMSUB round trip for all of them.
+ALIVE_EVERY_S = 0.1
 
 
 @dataclass(kw_only=True, eq=False)
@@ -29,6 +35,7 @@ class Liveness:
     attempts: Attempts
     _lost: set[str] = field(default_factory=set, init=False)  # workers whose loss was reported
     _empty_since: float = field(default=0.0, init=False)
+    _alive_read: float = field(default=0.0, init=False)
 
     def __post_init__(self) -> None:
         self._grace_s = min(NO_WORKER_GRACE_S, self.scope.policy.subquery_timeout_s)
@@ -59,8 +66,9 @@ class Liveness:
         if not wave.out and not wave.backlog:
             return
         self.router.refresh()
+        self._read_alive_lines(wave)
         for flight in list(wave.out.values()):
-            live = self.roster.live.get(flight.venue, set())
+            live = self.roster.live.get(flight.venue, set()) - self.roster.gone.keys()
             if flight.worker_id and flight.worker_id not in live:
                 self._worker_lost(flight.worker_id, flight.venue)
                 reason = f"worker {flight.worker_id} was lost while it held it"
@@ -69,12 +77,57 @@ class Liveness:
                 reason = f"venue {flight.venue} has no live worker left to run it"
             else:
                 continue
+            if flight.worker_id:
+                self._abandon_executing(flight.worker_id, reason)
             self.attempts.abandon(flight, wave)
             # A departure is not a failure of the venue, nor of the work: its breakers
             # are left alone, and reputation learns of it as an unfinished job.
             if flight.worker_id:
                 self.router.reputations.observe(Observation(flight.worker_id, completion=False))
             self.attempts.retry_or_settle(flight, "error", reason, wave)
+
+    def _read_alive_lines(self, wave: Wave | None, *, every_s: float = ALIVE_EVERY_S) -> None:
+        """The watched workers holding work of this wave, or running an Execute span of this
+        run, whose alive line dropped are gone from now on: out of the roster (no new work
+        goes to them), and the spans they left open ended as abandoned."""
+        now = time.monotonic()
+        if now - self._alive_read < every_s:
+            return
+        holders = {f.worker_id for f in wave.out.values()} if wave is not None else set()
+        holders |= {wid for wid, spans in self.roster.executing.items() if spans}
+        holders &= self.roster.watched
+        holders -= self.roster.gone.keys()
+        if not holders:
+            return
+        self._alive_read = now
+        for wid in holders - connected(self.router.client, sorted(holders)):
+            self.roster.gone[wid] = now
+            self.roster.workers.pop(wid, None)
+            for names in self.roster.live.values():
+                names.discard(wid)
+            self._abandon_executing(wid, f"worker {wid} was lost while it held it")
+
+    def settle_executing(self) -> None:
+        """At the run's end: the Execute spans of attempts settled meanwhile (cancelled, or
+        beaten by a hedge) whose worker has died since are ended as abandoned. Those of live
+        workers end by themselves."""
+        self._read_alive_lines(None, every_s=0.0)
+
+    def _abandon_executing(self, wid: str, reason: str) -> None:
+        """End the Execute spans a lost broker worker opened and will never end. (The
+        gateway ends those of its own workers itself.)"""
+        for running in self.roster.executing.pop(wid, {}).values():
+            self.emitter.emit(
+                "SubQuery.Execute",
+                "end",
+                span_id=running.span_id,
+                parent=running.parent,
+                depth=running.depth,
+                status="abandoned",
+                venue=running.venue,
+                worker_id=wid,
+                error=reason,
+            )
 
     def await_workers(self, wave: Wave) -> None:
         """While work waits and no venue has a live worker, wait a while for one to come back

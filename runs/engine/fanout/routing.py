@@ -19,6 +19,7 @@ import random
 import time
 
 import redis
+from django.conf import settings
 
 from runs.engine.fanout.state import FanoutAbort, Flight, Roster, Scope, Target, Wave
 from runs.trust import accounts
@@ -79,8 +80,12 @@ class Router:
         self._checked = now
         roster, names = self.roster, self.scope.venue_names
         workers: dict[str, venues.LiveWorker] = {}
+        hold = settings.FRLM_VENUE_HEARTBEAT_TTL_S
+        roster.gone = {wid: at for wid, at in roster.gone.items() if now - at < hold}
         for name in names:
-            entries = venues.live_workers(self.client, name)
+            entries = [
+                w for w in venues.live_workers(self.client, name) if w["name"] not in roster.gone
+            ]
             roster.live[name] = {w["name"] for w in entries}
             slots = sum(int(w.get("concurrency", 1)) for w in entries)
             roster.limit[name] = slots + max(2, math.ceil(slots * QUEUE_MARGIN)) if slots else 0
@@ -101,8 +106,11 @@ class Router:
         self._checked = float("-inf")
 
     def any_credit(self) -> bool:
-        """Whether any venue has a live worker to take jobs."""
-        return any(self.roster.limit.values())
+        """Whether any venue has a live worker to take jobs. A venue whose last worker's
+        alive line dropped since presence was read has none, whatever its limit says: its
+        work waits for one to come back (liveness.Liveness.await_workers) instead of failing."""
+        live = self.roster.live
+        return any(limit and live.get(venue) for venue, limit in self.roster.limit.items())
 
     def plan(self, wave: Wave) -> list[tuple[Flight, Target]]:
         """The backlog jobs that should go now, and where, by the policy's routing."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from frlm_web.money import ZERO
 from runs.engine.fanout.state import Flight, Roster, Scope, Target
 from runs.trust import accounts
 from runs.trust.budget import Reservation
@@ -82,7 +83,7 @@ class Spending:
                 text=str(result.get("text", "")),
                 tokens_in=int(result.get("tokens_in", 0)),
                 tokens_out=int(result.get("tokens_out", 0)),
-                cost=float(result.get("cost") or 0.0),
+                cost=result.get("cost") or ZERO,
                 price=accounts.price_of(worker, accounts.provider_of(worker, model)),
                 sig=str(result.get("sig", "")),
             ),

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
+from frlm_web.money import ZERO
 from runs.engine.policy import CHOICES, Policy
 from runs.trust.budget import Reservation
 from runs.trust.probes import Probe
@@ -44,7 +46,7 @@ class Outcome:
     attempts: int = 0
     tokens_in: int = 0
     tokens_out: int = 0
-    cost: float = 0.0
+    cost: Decimal = ZERO
     ms: float = 0.0
 
     def reply(self) -> str:
@@ -63,12 +65,12 @@ class Totals:
     calls: int = 0  # sub-queries and child RLMs, counted against policy.max_subqueries
     tokens_in: int = 0
     tokens_out: int = 0
-    cost: float = 0.0
+    cost: Decimal = ZERO  # exact dollars (frlm_web.money)
 
-    def add_tokens(self, tokens_in: int, tokens_out: int, cost: float | None) -> None:
+    def add_tokens(self, tokens_in: int, tokens_out: int, cost: Decimal | None) -> None:
         self.tokens_in += tokens_in
         self.tokens_out += tokens_out
-        self.cost += cost or 0.0
+        self.cost += cost or ZERO
 
 
 @dataclass
@@ -101,6 +103,14 @@ class Flight:
     twin: Flight | None = None  # a hedge and the attempt it hedges, while both may answer
     hedge: bool = False  # this attempt is a hedge of its twin
     roll: float | None = None  # its exploration draw (scheduler.Need.roll), made once
+
+
+@dataclass(frozen=True)
+class Executing:
+    span_id: str
+    parent: str | None  # the attempt's Submit span
+    venue: str
+    depth: int
 
 
 @dataclass
@@ -171,3 +181,11 @@ class Roster:
     limit: dict[str, int] = field(default_factory=dict)  # slots plus margin, per live venue
     inflight: dict[str, int] = field(default_factory=dict)  # unsettled jobs per credit slot
     keys: dict[str, str] = field(default_factory=dict)  # public keys by worker id
+    # Workers that hold an alive line (workers/alive.py): their death is read from it.
+    watched: set[str] = field(default_factory=set)
+    # Workers whose alive line dropped, and when (monotonic): gone, whatever presence says,
+    # until their presence has had time to lapse (a worker started again is back then).
+    gone: dict[str, float] = field(default_factory=dict)
+    # Execute spans broker workers said they opened and have not ended yet, per worker, by
+    # sub-query id: what to end as abandoned if the worker is lost (settled attempts too).
+    executing: dict[str, dict[str, Executing]] = field(default_factory=dict)

@@ -3,17 +3,22 @@ from __future__ import annotations
 import os
 import socket
 
-from django.core.management.base import BaseCommand
-
+from frlm_web.commands import FrlmCommand, whole
 from runs.orphans import CONDUCTOR_GROUP
 
 
-class Command(BaseCommand):
+class Command(FrlmCommand):
     help = "Run a conductor: a Celery worker on the queue `runs` that conducts FRLM runs."
 
     def add_arguments(self, parser) -> None:
-        parser.add_argument("--concurrency", type=int, default=4, help="runs at once")
-        parser.add_argument("--name", default=None)
+        parser.add_argument(
+            "--concurrency", type=whole(1), default=4, help="runs conducted at once (default 4)"
+        )
+        parser.add_argument(
+            "--name",
+            default=None,
+            help="this conductor's Celery and presence name (default: conductor-HOST-PID)",
+        )
 
     def handle(self, *args, concurrency: int, name: str | None, **options) -> None:
         from frlm_web.celery import run_worker

@@ -6,24 +6,27 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from frlm_web.commands import FrlmCommand, number
 from frlm_web.redis_client import redis_available
 from runs.importing import run_import
 from traces.interchange import InterchangeError
 
 
-class Command(BaseCommand):
+class Command(FrlmCommand):
     help = (
         "Import a trace as a new run: an OTLP/JSON trace (as frlm_export writes) or a "
         "trajectory log of the rlms library (JSON lines). Prints the new run id."
     )
 
     def add_arguments(self, parser) -> None:
-        parser.add_argument("file")
+        parser.add_argument(
+            "file", help="an OTLP/JSON trace (frlm_export's) or an rlms trajectory log (.jsonl)"
+        )
         parser.add_argument("--json", action="store_true", help="print the result as JSON")
         parser.add_argument(
-            "--wait", type=float, default=30.0, help="seconds to wait for the recorder"
+            "--wait", type=number(0), default=30.0, help="seconds to wait for the recorder"
         )
 
     def handle(self, *args: Any, file: str, **o: Any) -> None:

@@ -3,9 +3,10 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.utils import timezone
 
+from frlm_web.commands import FrlmCommand
 from runs.models import Run
 from traces.prune import prune
 
@@ -13,7 +14,7 @@ _AGE = re.compile(r"^(\d+)([dhm])$")
 _UNITS = {"d": "days", "h": "hours", "m": "minutes"}
 
 
-class Command(BaseCommand):
+class Command(FrlmCommand):
     help = (
         "Remove the trace events of runs that finished longer ago than --older-than, and "
         "the stored prompts and replies nothing references any more. Run rows stay."
@@ -22,8 +23,14 @@ class Command(BaseCommand):
     def add_arguments(self, parser) -> None:
         parser.add_argument("--older-than", required=True, help="an age: 30d, 12h or 90m")
         parser.add_argument("--dry-run", action="store_true", help="say what would go")
+        parser.add_argument(
+            "--json",
+            dest="as_json",
+            action="store_true",
+            help="print what was (or would be) removed as one JSON object",
+        )
 
-    def handle(self, *args, older_than: str, dry_run: bool, **options) -> None:
+    def handle(self, *args, older_than: str, dry_run: bool, as_json: bool, **options) -> None:
         match = _AGE.match(older_than.strip())
         if not match:
             raise CommandError(
@@ -33,6 +40,17 @@ class Command(BaseCommand):
         cutoff = timezone.now() - age
         old = Run.objects.filter(finished__lt=cutoff).values_list("id", flat=True)
         result = prune(list(old), dry_run=dry_run)
+        if as_json:
+            self.print_json(
+                {
+                    "dry_run": dry_run,
+                    "cutoff": cutoff,
+                    "runs": list(result.runs),
+                    "blobs": result.blobs,
+                    "bytes": result.bytes,
+                }
+            )
+            return
         verb = "would remove" if dry_run else "removed"
         self.stdout.write(
             f"{verb} the events of {len(result.runs)} run(s) finished before "

@@ -1,17 +1,17 @@
 from __future__ import annotations
 
-import json
 from argparse import ArgumentParser
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from frlm_web.commands import FrlmCommand
 from runs.trust.receipts import conductor_public_key, format_report, receipts_verify
 from workers import keys
 
 
-class Command(BaseCommand):
+class Command(FrlmCommand):
     help = (
         "Check a run's receipts: every worker signature against the registry's keys, every "
         "conductor countersignature against the conductor's key, every link of the chain, "
@@ -22,7 +22,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser: ArgumentParser) -> None:
         actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
         verify = actions.add_parser("verify", help="check the receipt chain of one run")
-        verify.add_argument("run_id")
+        verify.add_argument("run_id", help="the run whose receipts to check (see frlm_runs)")
         verify.add_argument(
             "--json", dest="as_json", action="store_true", help="print the report as JSON"
         )
@@ -33,17 +33,23 @@ class Command(BaseCommand):
             "default: the key of FRLM_CONDUCTOR_KEY_FILE here (without either, nothing is "
             "checked)",
         )
-        actions.add_parser(
+        key = actions.add_parser(
             "key", help="print the conductor's public key, for --conductor-key elsewhere"
+        )
+        key.add_argument(
+            "--json",
+            dest="as_json",
+            action="store_true",
+            help='print {"conductor_key": ..., "key_file": ...} as JSON',
         )
 
     def handle(self, *args: Any, action: str, **options: Any) -> None:
         if action == "key":
-            self.key()
+            self.key(options["as_json"])
         else:
             self.verify(options["run_id"], options["as_json"], options["conductor_key"])
 
-    def key(self) -> None:
+    def key(self, as_json: bool) -> None:
         public = conductor_public_key()
         if public is None:
             raise CommandError(
@@ -51,7 +57,12 @@ class Command(BaseCommand):
                 "conductor makes it when it first countersigns; run this where the conductor "
                 "runs, with its FRLM_CONDUCTOR_KEY_FILE"
             )
-        self.stdout.write(public)
+        if as_json:
+            self.print_json(
+                {"conductor_key": public, "key_file": str(settings.FRLM_CONDUCTOR_KEY_FILE)}
+            )
+        else:
+            self.stdout.write(public)
 
     def verify(self, run_id: str, as_json: bool, conductor_key: str | None) -> None:
         """1. read the run's Receipt.Emit events and what the run recorded of its chain, and
@@ -66,7 +77,10 @@ class Command(BaseCommand):
             raise CommandError(
                 f"--conductor-key: {exc}" if isinstance(exc, keys.BadKey) else str(exc)
             ) from exc
-        self.stdout.write(json.dumps(report, indent=2) if as_json else format_report(report))
+        if as_json:
+            self.print_json(report)
+        else:
+            self.stdout.write(format_report(report))
         if not report["ok"]:
             broken = report["broken"]
             assert broken is not None

@@ -4,8 +4,9 @@ import json
 import sys
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from frlm_web.commands import FrlmCommand, number, whole
 from runs.cli import format_summary, summarise, wait_for
 from runs.engine.policy import PolicyError, parse_assignments
 from runs.models import Run
@@ -13,7 +14,7 @@ from runs.services import RunInputError, run_launch, run_replay
 from workers.backends import model_spec
 
 
-class Command(BaseCommand):
+class Command(FrlmCommand):
     help = (
         "Re-execute a run from its cassette (its recorded model replies): all of it, with no "
         "model calls, or its first K root turns and live after them with a changed policy or "
@@ -21,10 +22,10 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser) -> None:
-        parser.add_argument("run_id")
+        parser.add_argument("run_id", help="the run to replay (see frlm_runs)")
         parser.add_argument(
             "--from-turn",
-            type=int,
+            type=whole(0),
             default=None,
             metavar="K",
             help="replay root turns 1..K from the cassette, then go on live",
@@ -38,11 +39,22 @@ class Command(BaseCommand):
         )
         parser.add_argument("--root-model", default=None, help="sim, openai or openai:MODEL")
         parser.add_argument("--worker-model", default=None, help="sim, openai or openai:MODEL")
-        parser.add_argument("--base-url", default=None)
-        parser.add_argument("--model", default=None)
-        parser.add_argument("--json", action="store_true")
-        parser.add_argument("--timeout", type=float, default=3600)
-        parser.add_argument("--no-wait", action="store_true")
+        parser.add_argument(
+            "--base-url", default=None, help="OpenAI-compatible endpoint URL for the live part"
+        )
+        parser.add_argument("--model", default=None, help="model name at --base-url")
+        parser.add_argument(
+            "--json", action="store_true", help="print the result as one JSON object"
+        )
+        parser.add_argument(
+            "--timeout",
+            type=number(0, above=True),
+            default=3600,
+            help="seconds to wait for the answer (default 3600)",
+        )
+        parser.add_argument(
+            "--no-wait", action="store_true", help="print the new run's id and return"
+        )
 
     def handle(self, *args, run_id: str, **o: Any) -> None:
         try:

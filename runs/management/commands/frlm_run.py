@@ -4,9 +4,10 @@ import json
 import sys
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from frlm_web import presence
+from frlm_web.commands import FrlmCommand, number, whole
 from frlm_web.redis_client import get_redis, redis_available
 from runs.cli import format_summary, summarise, wait_for
 from runs.engine.policy import PolicyError, parse_assignments
@@ -14,11 +15,11 @@ from runs.models import Run
 from runs.orphans import CONDUCTOR_GROUP
 from runs.program_templates import PROGRAM_TEMPLATES
 from runs.services import ContextSpec, RunInputError, run_cancel, run_create, run_launch
-from runs.taskgen import TASKS
+from runs.taskgen import MAX_TOKENS, MIN_TOKENS, TASKS
 from workers.backends import model_spec
 
 
-class Command(BaseCommand):
+class Command(FrlmCommand):
     help = (
         "Run an FRLM run and wait for its answer: a generated task (--task sniah --tokens N "
         "--seed S) or your own question over a file or folder (--question ... --context PATH)."
@@ -27,9 +28,12 @@ class Command(BaseCommand):
     def add_arguments(self, parser) -> None:
         parser.add_argument("--task", choices=sorted(TASKS), help="a generated benchmark task")
         parser.add_argument(
-            "--tokens", type=int, default=100_000, help="size of the generated task"
+            "--tokens",
+            type=whole(MIN_TOKENS, MAX_TOKENS),
+            default=100_000,
+            help="size of the generated task in tokens",
         )
-        parser.add_argument("--seed", type=int, default=0, help="seed of the generated task")
+        parser.add_argument("--seed", type=whole(0), default=0, help="seed of the generated task")
         parser.add_argument("--question", default="", help="your question")
         parser.add_argument("--context", default=None, help="a text file or a folder of them")
         parser.add_argument("--venues", default="local", help="comma-separated venue names")
@@ -48,7 +52,10 @@ class Command(BaseCommand):
             "--json", action="store_true", help="print the result as one JSON object"
         )
         parser.add_argument(
-            "--timeout", type=float, default=3600, help="seconds to wait for the answer"
+            "--timeout",
+            type=number(0, above=True),
+            default=3600,
+            help="seconds to wait for the answer",
         )
         parser.add_argument("--no-wait", action="store_true", help="print the run id and return")
         parser.add_argument(

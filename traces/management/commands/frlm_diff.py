@@ -1,27 +1,29 @@
 from __future__ import annotations
 
-import json
 from argparse import ArgumentParser
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from frlm_web.commands import FrlmCommand, whole
 from traces.diff import format_trace_diff, run_diff
 
 
-class Command(BaseCommand):
+class Command(FrlmCommand):
     help = (
         "Compare two runs' traces: what ran on one side only, what changed per node, and "
         "the first orchestration decision where they diverge."
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
-        parser.add_argument("run_a")
-        parser.add_argument("run_b")
+        parser.add_argument("run_a", help="the first run's id (see frlm_runs)")
+        parser.add_argument("run_b", help="the second run's id")
         parser.add_argument(
             "--json", dest="as_json", action="store_true", help="print the whole diff as JSON"
         )
-        parser.add_argument("--top", type=int, default=10, help="how many per-node deltas")
+        parser.add_argument(
+            "--top", type=whole(1), default=10, help="how many per-node deltas (default 10)"
+        )
 
     def handle(
         self, *args: Any, run_a: str, run_b: str, as_json: bool, top: int, **options: Any
@@ -31,8 +33,11 @@ class Command(BaseCommand):
         try:
             diff = run_diff(run_a, run_b)
         except ValueError as exc:  # a malformed id, no stored trace, nothing to compare
-            raise CommandError(str(exc)) from exc
+            raise CommandError(
+                f"{exc}; check the ids with `python manage.py frlm_runs`, and that the "
+                "recorder is running"
+            ) from exc
         if as_json:
-            self.stdout.write(json.dumps(diff, indent=2))
+            self.print_json(diff)
             return
         self.stdout.write(format_trace_diff(diff, top=top))

@@ -5,25 +5,30 @@ import os
 from pathlib import Path
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from frlm_web.commands import FrlmCommand
 from traces import store
 from traces.blobs import blob_get
 from traces.interchange import to_jsonl, write_parquet
 from traces.otlp import to_otlp
+from traces.otlp_push import HEADERS_ENV, PushError, parse_headers, push
 
 FORMATS = ("otlp", "parquet", "jsonl")
 
 
-class Command(BaseCommand):
+class Command(FrlmCommand):
     help = (
         "Export a run's stored trace: OTLP/JSON (for OpenTelemetry tools), Parquet (the "
-        "store's own schema) or JSON lines (one event a line)."
+        "store's own schema) or JSON lines (one event a line); or push it to an "
+        "OpenTelemetry collector over OTLP/HTTP (--otlp-endpoint)."
     )
 
     def add_arguments(self, parser) -> None:
-        parser.add_argument("run_id")
-        parser.add_argument("--format", choices=FORMATS, default="otlp")
+        parser.add_argument("run_id", help="the run whose trace to export (see frlm_runs)")
+        parser.add_argument(
+            "--format", choices=FORMATS, default="otlp", help="what to write (default otlp)"
+        )
         parser.add_argument(
             "--output", default=None, help="file to write (stdout when left out, not parquet)"
         )
@@ -32,12 +37,33 @@ class Command(BaseCommand):
             action="store_true",
             help="otlp: keep prompts and replies out, by reference only",
         )
+        parser.add_argument(
+            "--otlp-endpoint",
+            "--endpoint",
+            dest="otlp_endpoint",
+            default=None,
+            metavar="URL",
+            help="push the trace to this OTLP/HTTP collector (protobuf) instead of printing "
+            "it, e.g. http://localhost:6006 for Phoenix or "
+            "https://cloud.langfuse.com/api/public/otel; /v1/traces is added unless given",
+        )
+        parser.add_argument(
+            "--otlp-header",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help=f"a header for the collector (repeatable), e.g. Authorization=Basic ...; "
+            f"also read from {HEADERS_ENV} (k1=v1,k2=v2)",
+        )
 
     def handle(self, *args: Any, run_id: str, **o: Any) -> None:
         """1. check the options, 2. read the run's stored events, 3. write them out."""
         fmt, output = o["format"], o["output"]
         if fmt == "parquet" and not output:
             raise CommandError("--format parquet writes a binary file: give --output PATH")
+        if o["otlp_endpoint"]:
+            self.push(run_id, o)
+            return
         events = self.events(run_id)
         if fmt == "parquet":
             self.write(Path(output), lambda tmp: write_parquet(run_id, events, tmp))
@@ -51,6 +77,30 @@ class Command(BaseCommand):
             self.write(Path(output), lambda tmp: tmp.write_text(text, encoding="utf-8"))
         else:
             self.stdout.write(text, ending="")
+
+    def push(self, run_id: str, o: dict[str, Any]) -> None:
+        """1. check the headers, 2. read and export the run, 3. POST it, 4. say what the
+        collector kept."""
+        if o["format"] != "otlp" or o["output"]:
+            raise CommandError("--otlp-endpoint pushes OTLP: leave out --format and --output")
+        try:
+            headers = parse_headers(o["otlp_header"], os.environ.get(HEADERS_ENV))
+        except PushError as exc:
+            raise CommandError(str(exc)) from exc
+        events = self.events(run_id)
+        payloads = None if o["no_payloads"] else blob_get
+        document = to_otlp(run_id, events, payload_text=payloads)
+        spans = len(document["resourceSpans"][0]["scopeSpans"][0]["spans"])
+        try:
+            rejected = push(document, o["otlp_endpoint"], headers=headers)
+        except PushError as exc:
+            raise CommandError(str(exc)) from exc
+        self.stdout.write(
+            f"pushed {spans} spans of run {run_id} to {o['otlp_endpoint']}"
+            + (f"; the collector rejected {rejected}" if rejected else "")
+        )
+        if rejected:
+            raise CommandError(f"the collector rejected {rejected} of {spans} spans")
 
     def events(self, run_id: str) -> list[dict[str, Any]]:
         try:

@@ -2,18 +2,24 @@ from __future__ import annotations
 
 import json
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from frlm_web.commands import FrlmCommand, whole
 from traces import store
 
 
-class Command(BaseCommand):
+class Command(FrlmCommand):
     help = "Print a run's span tree with timings (or its events as JSON lines)."
 
     def add_arguments(self, parser) -> None:
-        parser.add_argument("run_id")
+        parser.add_argument("run_id", help="the run whose trace to print (see frlm_runs)")
         parser.add_argument("--events", action="store_true", help="print raw events as JSON lines")
-        parser.add_argument("--max-children", type=int, default=12)
+        parser.add_argument(
+            "--max-children",
+            type=whole(1),
+            default=12,
+            help="children shown under one span before the rest are summed up (default 12)",
+        )
 
     def handle(self, *args, run_id: str, events: bool, max_children: int, **options) -> None:
         try:

@@ -1,13 +1,14 @@
 from __future__ import annotations
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from frlm_web import redis_acl
+from frlm_web.commands import FrlmCommand
 from workers.models import Venue
 
 
-class Command(BaseCommand):
+class Command(FrlmCommand):
     help = (
         "Print the Redis URL a worker of a trusted venue uses to consume Celery directly "
         "(FRLM_REDIS_URL=... manage.py frlm_worker --server URL --token TOKEN --venue VENUE "

@@ -6,8 +6,9 @@ from argparse import ArgumentParser
 from types import FrameType
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from frlm_web.commands import FrlmCommand, number, port, rate, whole
 from workers.sim import LABEL
 from workers.sim.profile import Profile, ProfileError, parse_profile
 from workers.sim.server import SimServer, base_url, make_server
@@ -23,7 +24,7 @@ _PROFILE_FLAGS = (
 )
 
 
-class Command(BaseCommand):
+class Command(FrlmCommand):
     help = (
         f"Serve the {LABEL} over the OpenAI-compatible HTTP API (/v1/models, "
         "/v1/chat/completions) until SIGTERM or SIGINT. The flags set the default latency "
@@ -31,15 +32,21 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
-        parser.add_argument("--host", default="127.0.0.1")
-        parser.add_argument("--port", type=int, default=8765, help="0 picks a free port")
-        parser.add_argument("--latency-ms", type=float, default=0.0, help="median latency")
-        parser.add_argument("--spread", type=float, default=0.0, help="lognormal sigma")
-        parser.add_argument("--straggler-rate", type=float, default=0.0)
-        parser.add_argument("--straggler-factor", type=float, default=10.0)
-        parser.add_argument("--failure-rate", type=float, default=0.0, help="HTTP 500s")
-        parser.add_argument("--lie-rate", type=float, default=0.0, help="wrong worker replies")
-        parser.add_argument("--seed", type=int, default=0)
+        parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+        parser.add_argument("--port", type=port, default=8765, help="0 picks a free port")
+        parser.add_argument("--latency-ms", type=number(0), default=0.0, help="median latency")
+        parser.add_argument("--spread", type=number(0), default=0.0, help="lognormal sigma")
+        parser.add_argument(
+            "--straggler-rate", type=rate, default=0.0, help="share of slow replies (0-1)"
+        )
+        parser.add_argument(
+            "--straggler-factor", type=number(1), default=10.0, help="a straggler's slowdown"
+        )
+        parser.add_argument("--failure-rate", type=rate, default=0.0, help="share of HTTP 500s")
+        parser.add_argument(
+            "--lie-rate", type=rate, default=0.0, help="share of wrong worker replies (0-1)"
+        )
+        parser.add_argument("--seed", type=whole(0), default=0, help="seed of the random draws")
         parser.add_argument("--log-requests", action="store_true", help="log every request")
 
     def handle(self, *args: Any, **options: Any) -> None:

@@ -6,13 +6,14 @@ from pathlib import Path
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from frlm_web.commands import FrlmCommand, number, whole
 from workers.models import venue_name_validator
 from workers.swarm import ProfileFileError, Swarm, profile_load, profile_names
 
 
-class Command(BaseCommand):
+class Command(FrlmCommand):
     help = (
         "Start a simulated swarm: N registered workers backed by the simulated model, each "
         "with its own device profile (latency, stragglers, failures, lies) drawn from a "
@@ -20,16 +21,19 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser) -> None:
-        parser.add_argument("--workers", type=int, default=8, help="how many devices")
+        parser.add_argument("--workers", type=whole(1), default=8, help="how many devices")
         parser.add_argument("--venue", default="edge", help="the venue they join")
         parser.add_argument(
             "--profile",
             default="edge",
             help=f"a shipped profile ({', '.join(profile_names())}) or a .toml file's path",
         )
-        parser.add_argument("--seed", type=int, default=0, help="which devices are drawn")
+        parser.add_argument("--seed", type=whole(0), default=0, help="which devices are drawn")
         parser.add_argument(
-            "--duration", type=float, default=0.0, help="stop after this many seconds (0: never)"
+            "--duration",
+            type=number(0),
+            default=0.0,
+            help="stop after this many seconds (0: never)",
         )
 
     def handle(self, *args, workers: int, venue: str, profile: str, seed: int, **options) -> None:

@@ -3,13 +3,14 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.core.exceptions import ValidationError
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from frlm_web.commands import FrlmCommand, number
 from workers.models import Venue, venue_defaults, venue_name_validator
 from workers.services import token_create
 
 
-class Command(BaseCommand):
+class Command(FrlmCommand):
     help = (
         "Create an enrolment token with which workers join a venue "
         "(`frlm_worker --server URL --token TOKEN --venue VENUE`). The token is printed "
@@ -18,14 +19,35 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--venue", required=True, help="venue name; created if missing")
-        parser.add_argument("--kind", choices=[k for k, _ in Venue.Kind.choices], default=None)
         parser.add_argument(
-            "--ttl-hours", type=float, default=None, help="expires after this (default: never)"
+            "--kind",
+            choices=[k for k, _ in Venue.Kind.choices],
+            default=None,
+            help="the venue's kind when this creates it (default: from its name)",
+        )
+        parser.add_argument(
+            "--ttl-hours",
+            type=number(0, 24 * 366, above=True),
+            default=None,
+            help="expires after this many hours, at most a year (default: never)",
         )
         parser.add_argument("--label", default="", help="a note: who or what the token is for")
+        parser.add_argument(
+            "--json",
+            dest="as_json",
+            action="store_true",
+            help="print the token, its venue, label and expiry as one JSON object",
+        )
 
     def handle(
-        self, *args, venue: str, kind: str | None, ttl_hours: float | None, label: str, **_
+        self,
+        *args,
+        venue: str,
+        kind: str | None,
+        ttl_hours: float | None,
+        label: str,
+        as_json: bool,
+        **_,
     ) -> None:
         try:
             venue_name_validator(venue)
@@ -38,6 +60,18 @@ class Command(BaseCommand):
         row, created = Venue.objects.get_or_create(name=venue, defaults=venue_defaults(venue, kind))
         ttl = timedelta(hours=ttl_hours) if ttl_hours else None
         token, plaintext = token_create(row, ttl=ttl, label=label)
+        if as_json:
+            self.print_json(
+                {
+                    "token": plaintext,
+                    "venue": venue,
+                    "venue_kind": row.kind,
+                    "venue_created": created,
+                    "label": label,
+                    "expires": token.expires,
+                }
+            )
+            return
         if created:
             self.stderr.write(f"created venue {venue!r} (kind {row.kind})")
         expires = f"expires {token.expires:%Y-%m-%d %H:%M} UTC" if token.expires else "no expiry"

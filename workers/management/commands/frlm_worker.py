@@ -7,8 +7,9 @@ from pathlib import Path
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from frlm_web.commands import FrlmCommand, number, rate, whole
 from workers.client import Control, ControlError, HttpControl, LocalControl
 from workers.gateway.agent import GatewayAgent, GatewayRefused, own_simulated_model
 from workers.keys import public_b64
@@ -29,7 +30,7 @@ SIM_KEYS = (
 )
 
 
-class Command(BaseCommand):
+class Command(FrlmCommand):
     help = (
         "Run a registered venue worker: registers with the FRLM server (--server, --token) "
         "or, without --server, in-process on this machine's database; consumes its own "
@@ -59,8 +60,13 @@ class Command(BaseCommand):
             "consumes the Celery queues itself: trusted venues only, with FRLM_REDIS_URL). "
             "auto: gateway with --server, broker without",
         )
-        parser.add_argument("--kind", choices=[k for k, _ in Venue.Kind.choices], default=None)
-        parser.add_argument("--concurrency", type=int, default=16, help="sub-queries at once")
+        parser.add_argument(
+            "--kind",
+            choices=[k for k, _ in Venue.Kind.choices],
+            default=None,
+            help="the venue's kind when this creates it (default: from its name)",
+        )
+        parser.add_argument("--concurrency", type=whole(1), default=16, help="sub-queries at once")
         parser.add_argument(
             "--name",
             default=None,
@@ -72,41 +78,71 @@ class Command(BaseCommand):
             help="the worker's ed25519 key, made on first use (default: "
             "DATA_DIR/workers/<venue>/<name>.key)",
         )
-        parser.add_argument("--backend", choices=["sim", "openai"], default="sim")
+        parser.add_argument(
+            "--backend",
+            choices=["sim", "openai"],
+            default="sim",
+            help="the simulated model, or an OpenAI-compatible endpoint (default sim)",
+        )
         parser.add_argument(
             "--base-url", default=None, help="the OpenAI-compatible endpoint (--backend openai)"
         )
         parser.add_argument("--model", default=None, help="the model this worker serves")
-        parser.add_argument("--context-tokens", type=int, default=128_000)
-        parser.add_argument("--price-in", type=float, default=0.0, help="$ per 1,000 tokens")
-        parser.add_argument("--price-out", type=float, default=0.0, help="$ per 1,000 tokens")
+        parser.add_argument(
+            "--context-tokens",
+            type=whole(1),
+            default=128_000,
+            help="the model's context window in tokens (default 128000)",
+        )
+        parser.add_argument(
+            "--price-in",
+            type=number(0),
+            default=0.0,
+            help="$ per 1,000 input tokens (default 0: the model's list price)",
+        )
+        parser.add_argument(
+            "--price-out",
+            type=number(0),
+            default=0.0,
+            help="$ per 1,000 output tokens (default 0: the model's list price)",
+        )
         sim = parser.add_argument_group("simulated model profile (when the worker model is sim)")
-        sim.add_argument("--sim-latency-ms", type=float, default=None)
-        sim.add_argument("--sim-spread", type=float, default=None)
-        sim.add_argument("--sim-straggler-rate", type=float, default=None)
-        sim.add_argument("--sim-failure-rate", type=float, default=None)
+        sim.add_argument(
+            "--sim-latency-ms", type=number(0), default=None, help="median latency of a reply"
+        )
+        sim.add_argument(
+            "--sim-spread", type=number(0), default=None, help="lognormal sigma of latency"
+        )
+        sim.add_argument(
+            "--sim-straggler-rate", type=rate, default=None, help="share of slow replies (0-1)"
+        )
+        sim.add_argument(
+            "--sim-failure-rate", type=rate, default=None, help="share of failed calls (0-1)"
+        )
         sim.add_argument(
             "--sim-lie-rate",
-            type=float,
+            type=rate,
             default=None,
             help="share of replies that are confident and wrong",
         )
         sim.add_argument(
-            "--sim-straggler-factor", type=float, default=None, help="a straggler's slowdown"
+            "--sim-straggler-factor", type=number(1), default=None, help="a straggler's slowdown"
         )
         sim.add_argument(
             "--sim-lie-after-s",
-            type=float,
+            type=number(0),
             default=None,
             help="answer honestly for this many seconds after starting, then lie",
         )
         sim.add_argument(
             "--sim-collude",
-            type=float,
+            type=rate,
             default=None,
             help="share of lies that are the liars' shared lie: colluders give identical answers",
         )
-        sim.add_argument("--sim-seed", type=int, default=None)
+        sim.add_argument(
+            "--sim-seed", type=whole(0), default=None, help="seed of the simulated model's draws"
+        )
 
     def handle(self, *args, **options) -> None:
         """1. check the arguments, 2. set up the model backend and simulated profile,

@@ -1,0 +1,101 @@
+"""What every `frlm_*` management command shares: a parser whose errors are one line and
+exit 2, argument types that check ranges as they parse, and `--json` output.
+
+A command subclasses `FrlmCommand` instead of Django's BaseCommand; its arguments use the
+types below (`whole(1)`, `number(0)`, `rate`, `port`) so `--limit -1` is refused before
+`handle` runs, with a line that names the flag, the value and what it takes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from frlm_web.money import money_str
+
+
+class OneLineParser(CommandParser):
+    """Django's parser, whose errors on the command line are one line (no usage block) that
+    points at --help, with exit status 2; called from code, it raises CommandError."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        if self.called_from_command_line:
+            self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        raise CommandError(f"Error: {message}")
+
+
+class FrlmCommand(BaseCommand):
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        parser = super().create_parser(prog_name, subcommand, **kwargs)
+        _one_line(parser)
+        return parser
+
+    def print_json(self, data: Any) -> None:
+        """`data` as one JSON document on stdout (money as decimal strings, frlm_web.money)."""
+        self.stdout.write(json.dumps(data, indent=2, default=_json_default))
+
+
+def _one_line(parser: CommandParser) -> None:
+    """Django builds its own CommandParser (and the subcommands' parsers, in add_arguments);
+    OneLineParser changes only how their errors are shown."""
+    parser.__class__ = OneLineParser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _one_line(sub)
+
+
+def _json_default(value: Any) -> Any:
+    # Money as its exact decimal spelling, dates as ISO 8601: never a float.
+    if isinstance(value, Decimal):
+        return money_str(value)
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+def whole(low: int = 0, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number from `low` (to `high`)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low or (high is not None and value > high):
+            span = f"from {low} to {high}" if high is not None else f"{low} or more"
+            raise argparse.ArgumentTypeError(f"takes a whole number {span}, not {text!r}")
+        return value
+
+    parse.__name__ = "whole number"
+    return parse
+
+
+def number(low: float = 0.0, high: float | None = None, *, above: bool = False):
+    """An argparse type: a finite number from `low` (more than `low` when `above`)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = None
+        ok = value is not None and value == value and value not in (float("inf"), float("-inf"))
+        if ok:
+            ok = (value > low if above else value >= low) and (high is None or value <= high)
+        if not ok:
+            span = f"more than {low:g}" if above else f"{low:g} or more"
+            if high is not None:
+                span += f" and at most {high:g}"
+            raise argparse.ArgumentTypeError(f"takes a number {span}, not {text!r}")
+        return value  # type: ignore[return-value]
+
+    parse.__name__ = "number"
+    return parse
+
+
+rate = number(0.0, 1.0)  # a share: 0 to 1
+port = whole(0, 65535)  # 0 picks a free port

@@ -1,0 +1,187 @@
+"""Every `frlm_*` management command: help on every option, arguments checked as they are
+parsed (one line, exit 2), and `--json` where a command prints data."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import subprocess
+import sys
+from decimal import Decimal
+
+import pytest
+from django.conf import settings
+from django.core.management import CommandError, call_command, get_commands, load_command_class
+
+from runs.models import Run
+from runs.services import ContextSpec, RunInputError, run_create
+from workers.backends import model_spec
+from workers.models import Venue
+
+FRLM_COMMANDS = sorted(name for name in get_commands() if name.startswith("frlm_"))
+
+
+def parser_of(name: str) -> argparse.ArgumentParser:
+    command = load_command_class(get_commands()[name], name)
+    return command.create_parser("manage.py", name)
+
+
+def actions_of(parser: argparse.ArgumentParser, where: str):
+    """(where, action) for every argument of a parser and of its subcommands."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub, subparser in action.choices.items():
+                yield from actions_of(subparser, f"{where} {sub}")
+        elif not isinstance(action, argparse._HelpAction):
+            yield where, action
+
+
+def test_it_finds_the_commands_it_walks():
+    # A walk over nothing would pass: these are the processes and tools the docs name.
+    assert {"frlm_run", "frlm_runs", "frlm_worker", "frlm_recorder", "frlm_receipts"} <= set(
+        FRLM_COMMANDS
+    )
+    assert len(FRLM_COMMANDS) >= 18
+
+
+@pytest.mark.parametrize("name", FRLM_COMMANDS)
+def test_it_gives_every_option_help_text(name):
+    missing = [
+        f"{where}: {'/'.join(action.option_strings) or action.dest}"
+        for where, action in actions_of(parser_of(name), name)
+        if action.help != argparse.SUPPRESS and not (action.help or "").strip()
+    ]
+    assert missing == [], f"options without help: {missing}"
+
+
+def manage(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "frlm_web.settings"},
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["frlm_runs", "--limit", "-1"], "argument --limit: takes a whole number 1 or more"),
+        (["frlm_runs", "--limit", "many"], "argument --limit: takes a whole number 1 or more"),
+        (
+            ["frlm_run", "--task", "sniah", "--tokens", "0"],
+            "argument --tokens: takes a whole number from 100 to 50000000, not '0'",
+        ),
+        (["frlm_simserver", "--lie-rate", "2"], "argument --lie-rate: takes a number 0 or more"),
+        (["frlm_recorder", "--nice", "40"], "argument --nice: takes a whole number from 0 to 19"),
+        (["frlm_token", "--venue", "x", "--ttl-hours", "0"], "argument --ttl-hours: takes a"),
+        (["frlm_up", "--web-port", "70000"], "argument --web-port: takes a whole number"),
+        (["frlm_receipts", "verify"], "the following arguments are required: run_id"),
+    ],
+)
+def test_it_refuses_bad_arguments_in_one_line_with_exit_2(args, says):
+    done = manage(*args)
+    assert done.returncode == 2, done
+    assert done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr  # no usage block, no traceback
+    assert says in lines[0] and lines[0].endswith("(see --help)")
+    assert lines[0].startswith(f"manage.py {args[0]}")
+
+
+def test_it_raises_a_command_error_for_bad_arguments_in_code():
+    with pytest.raises(CommandError, match="argument --limit: takes a whole number 1 or more"):
+        call_command("frlm_runs", "--limit", "0")
+
+
+@pytest.mark.django_db
+def test_it_says_where_to_look_for_an_unknown_run_in_frlm_diff():
+    with pytest.raises(CommandError) as failed:
+        call_command("frlm_diff", "rNoSuchA", "rNoSuchB")
+    assert "frlm_runs" in str(failed.value) and "\n" not in str(failed.value)
+
+
+@pytest.mark.django_db
+def test_it_does_not_call_the_question_empty_when_the_task_failed(settings):
+    settings.FRLM_SANDBOX_ISOLATION = "none"
+    Venue.objects.get_or_create(name="local", defaults={"kind": "local"})
+    with pytest.raises(RunInputError) as refused:
+        run_create(
+            question="",
+            context=ContextSpec(task="sniah", tokens=10, seed=0),
+            root_model=model_spec("sim", role="root"),
+            worker_model=model_spec("sim", role="worker"),
+            venues=["local"],
+        )
+    assert set(refused.value.errors) == {"task"}, refused.value.errors
+    assert "tokens must be between 100" in refused.value.errors["task"]
+
+
+def out_of(*args: str) -> str:
+    out = io.StringIO()
+    call_command(*args, stdout=out, stderr=io.StringIO())
+    return out.getvalue()
+
+
+@pytest.mark.django_db
+def test_it_lists_runs_as_json_with_exact_costs():
+    for n, cost in enumerate(("0.000123", "1.5")):
+        Run.objects.create(
+            id=f"rJs{n}",
+            question=f"q{n}",
+            context_source=Run.Source.TEXT,
+            root_model={},
+            worker_model={},
+            status=Run.Status.SUCCEEDED,
+            cost=Decimal(cost),
+            wall_ms=1500,
+        )
+    rows = json.loads(out_of("frlm_runs", "--json", "--limit", "5"))
+    assert [r["run_id"] for r in rows] == ["rJs1", "rJs0"]  # newest first
+    assert [r["cost_usd"] for r in rows] == ["1.5", "0.000123"]
+    assert rows[0]["status"] == "succeeded" and rows[0]["wall_s"] == 1.5
+    assert len(json.loads(out_of("frlm_runs", "--json", "--limit", "1"))) == 1
+
+
+@pytest.mark.django_db
+def test_it_prints_a_new_token_as_json():
+    data = json.loads(out_of("frlm_token", "--venue", "jsonvenue", "--label", "ci", "--json"))
+    assert data["venue"] == "jsonvenue" and data["venue_created"] is True
+    assert data["label"] == "ci" and data["expires"] is None
+    assert len(data["token"]) > 20
+    later = json.loads(out_of("frlm_token", "--venue", "jsonvenue", "--ttl-hours", "2", "--json"))
+    assert later["venue_created"] is False and later["expires"].endswith("+00:00")
+    assert later["token"] != data["token"]
+
+
+@pytest.mark.django_db
+def test_it_prints_what_prune_would_remove_as_json():
+    data = json.loads(out_of("frlm_prune", "--older-than", "30d", "--dry-run", "--json"))
+    assert data["dry_run"] is True
+    assert set(data) == {"dry_run", "cutoff", "runs", "blobs", "bytes"}
+    assert isinstance(data["runs"], list) and isinstance(data["bytes"], int)
+
+
+def test_it_prints_the_conductor_key_as_json(settings, tmp_path):
+    settings.FRLM_CONDUCTOR_KEY_FILE = tmp_path / "conductor.key"
+    with pytest.raises(CommandError, match="no conductor key file here"):
+        out_of("frlm_receipts", "key", "--json")
+    from runs.trust.receipts import conductor_key
+
+    conductor_key()  # the conductor makes it when it first countersigns
+    data = json.loads(out_of("frlm_receipts", "key", "--json"))
+    assert data["conductor_key"] == out_of("frlm_receipts", "key").strip()
+    assert data["key_file"] == str(tmp_path / "conductor.key")
+
+
+def test_it_writes_the_redis_acl_file_for_a_supervised_redis(tmp_path):
+    from frlm_web.redis_acl import ROLES, acl_lines
+
+    path = tmp_path / "redis" / "frlm.acl"
+    data = json.loads(out_of("frlm_redis_acl", "--output", str(path), "--json"))
+    assert data == {"path": str(path), "roles": list(ROLES)}
+    assert path.stat().st_mode & 0o077 == 0  # the password hashes are ours alone
+    assert path.read_text().splitlines() == acl_lines(settings.SECRET_KEY)

@@ -1,0 +1,141 @@
+"""A conductor killed mid-run with nothing else but the web server up: its lease lapses, and
+the web server fails the run with the reason and ends its open spans as abandoned."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+from django.conf import settings
+
+from frlm_web.stack import VenueSpec
+from tests.helpers import scripted, wait_until
+from tests.ownstack import open_spans, own_stack
+
+pytestmark = [pytest.mark.stack]
+
+
+def _create(question: str, venues: list[str]):
+    from runs.services import ContextSpec, run_create
+    from workers.backends import model_spec
+
+    return run_create(
+        question=question,
+        context=ContextSpec(text="x"),
+        policy=None,
+        root_model=model_spec("sim", role="root"),
+        worker_model=model_spec("sim", role="worker"),
+        venues=venues,
+    )
+
+
+def test_it_fails_the_run_of_a_dead_conductor_from_the_web_server(stack, venues, tmp_path):
+    from runs.models import Run
+
+    worker = VenueSpec("local", concurrency=2, sim={"latency_ms": 20}, worker_name="lease-w1")
+    with own_stack(tmp_path, [worker], web=True) as own:
+        run = _create(scripted("import time\ntime.sleep(120)", "FINAL('never')"), ["local"])
+        own.launch_run(run.id)
+
+        def repl_running() -> bool:
+            return any(e["name"] == "Repl.Exec" for e in own.events(run.id))
+
+        wait_until(repl_running, timeout=60, what="the run's first cell")
+        own.kill("conductor", signal.SIGKILL)
+        killed = time.monotonic()
+
+        def failed() -> Run | None:
+            found = Run.objects.get(id=run.id)
+            return found if found.status == Run.Status.FAILED else None
+
+        # The lease lapses after FRLM_RUN_LEASE_TTL_S; the web server looks every second.
+        done = wait_until(failed, timeout=settings.FRLM_RUN_LEASE_TTL_S + 30, what="the failure")
+        took = time.monotonic() - killed
+        assert "its lease on the run lapsed" in done.error and "conductor-1:" in done.error
+        assert took < settings.FRLM_RUN_LEASE_TTL_S + 10, took
+        events = wait_until(
+            lambda: (ev := own.events(run.id)) and not open_spans(ev) and ev,
+            timeout=10,
+            what="every span ended",
+        )
+        abandoned = {e["name"] for e in events if e["status"] == "abandoned"}
+        assert {"Run.Init", "Repl.Exec"} <= abandoned
+        (done_event,) = [e for e in events if e["name"] == "Run.Done"]
+        assert done_event["status"] == "error"
+        assert "its lease on the run lapsed" in done_event["attrs"]["error"]
+        assert done_event["attrs"]["abandoned_by"].startswith("web@")
+
+
+def test_it_keeps_a_stalled_conductors_run_and_fails_one_stalled_past_its_lease(
+    stack, venues, tmp_path
+):
+    """A conductor frozen (SIGSTOP, as a starved one is) for less than the lease's TTL keeps
+    its run; frozen past it, its run is failed by the other conductor's watch, and once it
+    thaws it stops that run and writes nothing over the failure."""
+    import os
+
+    from runs.models import Run
+
+    worker = VenueSpec("local", concurrency=2, sim={"latency_ms": 20}, worker_name="lease-w2")
+    with own_stack(tmp_path, [worker], web=True) as own:
+        conductor = own.procs["conductor"].popen
+
+        def freeze(seconds: float) -> None:
+            os.killpg(conductor.pid, signal.SIGSTOP)
+            time.sleep(seconds)
+            os.killpg(conductor.pid, signal.SIGCONT)
+
+        short = _create(scripted("import time\ntime.sleep(3)", "FINAL('kept')"), ["local"])
+        own.launch_run(short.id)
+        wait_until(
+            lambda: any(e["name"] == "Repl.Exec" for e in own.events(short.id)),
+            timeout=60,
+            what="the first run's cell",
+        )
+        freeze(settings.FRLM_RUN_LEASE_TTL_S - 4)
+        kept = wait_until(
+            lambda: (r := Run.objects.get(id=short.id)).done and r, timeout=60, what="run 1"
+        )
+        assert kept.status == "succeeded" and kept.answer == "kept", kept.error
+
+        long = _create(scripted("import time\ntime.sleep(30)", "FINAL('late')"), ["local"])
+        own.launch_run(long.id)
+        wait_until(
+            lambda: any(e["name"] == "Repl.Exec" for e in own.events(long.id)),
+            timeout=60,
+            what="the second run's cell",
+        )
+        freeze(settings.FRLM_RUN_LEASE_TTL_S + 4)
+        failed = Run.objects.get(id=long.id)
+        assert failed.status == "failed" and "its lease on the run lapsed" in failed.error
+        # Thawed, it finds its lease gone, stops the run and records nothing over it.
+        time.sleep(5)
+        after = Run.objects.get(id=long.id)
+        assert (after.status, after.error) == (failed.status, failed.error)
+        events = own.events(long.id)
+        assert len([e for e in events if e["name"] == "Run.Done"]) == 1
+        assert "its lease was taken away as lapsed" in own.log_tail("conductor", 200)
+
+
+def test_a_holder_takes_back_a_lease_lost_with_redis_but_not_one_taken_from_it(stack):
+    from frlm_web.redis_client import get_redis
+    from runs.engine.progress import cancel_requested
+    from runs.lease import LEASES_KEY, LeaseKeeper, reaped_key
+
+    client = get_redis()
+    keeper = LeaseKeeper(client)
+    keeper.held.add("lease-t1")  # held without its renewal thread: renew() by hand
+    client.zadd(LEASES_KEY, {"lease-t1": time.time() + 8})
+    try:
+        client.zrem(LEASES_KEY, "lease-t1")  # as a Redis restarted without its data
+        keeper.renew()
+        assert client.zscore(LEASES_KEY, "lease-t1") and not keeper.lost("lease-t1")
+        client.zrem(LEASES_KEY, "lease-t1")  # as a watcher does, leaving its mark
+        client.set(reaped_key("lease-t1"), "web", ex=60)
+        keeper.renew()
+        assert keeper.lost("lease-t1") and cancel_requested(client, "lease-t1")
+        assert client.zscore(LEASES_KEY, "lease-t1") is None
+    finally:
+        client.zrem(LEASES_KEY, "lease-t1")
+        client.delete(reaped_key("lease-t1"), "frlm:run:lease-t1:cancel")
