@@ -145,10 +145,13 @@ def liar_share(args: argparse.Namespace, directory: Path) -> dict[str, float]:
             runs.append(run.id)
             events = store.read_events(run.id)
             judged = {e["parent_id"] for e in events if e["name"] == "Verify.Redundant"}
-            for e in events:
+            for e in sorted(events, key=lambda e: e["seq"]):
                 if e["ts"] < turns_at * 1e9:
                     continue
-                if e["name"] == "SubQuery.Submit" and e["phase"] == "start":
+                # Probes are not work (nor answers to accept): a probe sent to the liar is
+                # how it is caught, not a share of the traffic (bench/trust.py counts so too).
+                probe = e["attrs"].get("copy") == "probe"
+                if e["name"] == "SubQuery.Submit" and e["phase"] == "start" and not probe:
                     sent.append(e["worker_id"])
                     original = not e["attrs"].get("replica_of")
                     if e["worker_id"] == liar and original and e["span_id"] not in judged:

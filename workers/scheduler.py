@@ -180,13 +180,20 @@ def plan(
             break
         roll = rng.random() if need.roll is None else need.roll
         if weights.explore and roll < weights.explore:
-            open_ = [c for c in eligible if _fits(c, need) and queues[c.worker_id].open]
-            if open_:
-                pick = queues[rng.choice(open_).worker_id]
-                out.append(_assign(index, pick, "explore", None))
-                pick.add()
-                pick.sending += 1
-                continue
+            # The job's own draw names the worker it explores, among every one it fits,
+            # busy or not: each gets explore/N of the work. Choosing among the open ones
+            # only gave nearly all exploration to the one worker the others leave idle, a
+            # liar kept off by its reputation (5% of the traffic, its share never fell).
+            fits = sorted((c for c in eligible if _fits(c, need)), key=lambda c: c.worker_id)
+            if fits:
+                pick = queues[
+                    fits[min(len(fits) - 1, int(roll / weights.explore * len(fits)))].worker_id
+                ]
+                if pick.open:
+                    out.append(_assign(index, pick, "explore", None))
+                    pick.add()
+                    pick.sending += 1
+                    continue
         at, runner_up = _pop_best(heap, good, need)
         if at is None:
             # Only workers below the reputation gate (or that failed it) can take it.

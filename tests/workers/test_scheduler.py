@@ -100,8 +100,29 @@ def test_a_job_waiting_through_many_plans_is_explored_by_its_own_draw_only() -> 
     assert all(out == [] for out in kept)  # 200 plans, the jobs still wait for the best
     drawn = [plan(workers, [Need()] * 4, weights, rng) for _ in range(200)]
     assert sum(len(out) for out in drawn) > 20  # the old way: ~5% of 800 draws explored
-    explored = plan(workers, [Need(roll=0.01)], weights, rng)
-    assert [a["route"]["how"] for a in explored] == ["explore"]
+    # The draw names the worker too: 0.04 of 0.05 is the second of the two.
+    explored = plan(workers, [Need(roll=0.04)], weights, rng)
+    assert [(a["worker_id"], a["route"]["how"]) for a in explored] == [("fast1", "explore")]
+    assert plan(workers, [Need(roll=0.01)], weights, rng) == []  # fast0's turn: it is busy
+
+
+def test_exploration_gives_each_worker_its_share_not_all_of_it_to_an_idle_one() -> None:
+    """Under credit-based dispatch the good workers are nearly always full and a worker kept
+    off by reputation is idle: exploring among the open workers only gave it about half of
+    all exploration, a liar's share that never fell (issue 23). Each worker gets explore/N."""
+    workers = fleet(fast=8, slow=0)
+    liar = workers[0]
+    liar.reputation = 0.05
+    for w in workers[1:]:
+        w.inflight = w.credit
+    workers[1].inflight -= 1  # a reply freed one credit: the plan that follows
+    rng = random.Random(11)
+    got = sum(
+        a["worker_id"] == liar.worker_id
+        for _ in range(2000)
+        for a in plan(workers, [Need()], Weights(explore=0.05), rng)
+    )
+    assert got <= 30, got  # explore/N: 0.05 / 8 of 2000 is 12.5; the old way gave ~50
 
 
 def test_it_keeps_the_tail_for_the_worker_whose_slots_free_first() -> None:
