@@ -20,7 +20,8 @@ other workers; high trust: a trusted validator re-runs a sample and signs what i
    the same batch on a swarm with no slow worker (target at most 1.2x with hedging).
 
     .venv/bin/python bench/trust.py [--quick] [--workers 10] [--rounds 8] [--batch 100]
-        [--hedge-workers 20] [--repeat 3] [--skip verification|honest|turncoat|hedging]
+        [--hedge-workers 20] [--repeat 3] [--tier redundant|high_trust]
+        [--skip verification|independent|colluding|honest|turncoat|hedging]
 """
 
 from __future__ import annotations
@@ -161,6 +162,8 @@ def verification(args: argparse.Namespace, directory: Path, kind: str) -> dict:
         # tier's first round is still a cold swarm's.
         one_batch(-1, args.batch, ["edge"], {"tier": "best_effort"})
         for tier, policy in TIERS.items():
+            if tier not in args.tiers:
+                continue
             reset_reputations()
             rounds, shares = [], Counter()
             for r in range(args.rounds):
@@ -173,8 +176,16 @@ def verification(args: argparse.Namespace, directory: Path, kind: str) -> dict:
                 "settled": totals(rounds[args.rounds // 2 :]),
                 "rounds": rounds,
                 "shares": shares,
+                "records": records(list(shares)),
             }
     return out
+
+
+def records(worker_ids: list[str]) -> dict[str, dict]:
+    """Each worker's reputation as the scheduler last read it, to tell why a share is low."""
+    from workers.reputation import load
+
+    return {wid: rep.as_dict() for wid, rep in load(get_redis(), worker_ids).items()}
 
 
 def run_events(run_id: str) -> list[dict]:
@@ -203,7 +214,7 @@ def edge_senders(run_id: str, since_ns: float = 0) -> Counter:
 WINDOW = 100
 
 
-def turncoat(args: argparse.Namespace, directory: Path, tier: str) -> dict[str, float]:
+def turncoat(args: argparse.Namespace, directory: Path, tier: str) -> dict:
     """One worker of 8 turns liar once reputations have settled under the tier. Counts the
     sub-queries sent to the swarm from that moment until the liar's share of the last
     WINDOW falls below 5%, and the wrong answers accepted meanwhile (every one is its lie:
@@ -244,6 +255,7 @@ lie_after_s = {args.warm_s}
             round_ += 1
         warm_rounds = round_
         sent: list[str] = []
+        why: Counter = Counter()  # the liar's sub-queries by kind and route, for the record
         lies = 0
         passed = None
         while passed is None and len(sent) < 5000:
@@ -251,22 +263,30 @@ lie_after_s = {args.warm_s}
             round_ += 1
             lies += int(row["wrong"])
             for e in sorted(run_events(run.id), key=lambda e: e["seq"]):
+                # Probes are not work: a probe sent to the liar is how it is caught, not
+                # a share of the run's traffic (bench/routing.py counts the same way).
                 if (
                     e["name"] == "SubQuery.Submit"
                     and e["phase"] == "start"
                     and e["venue"] == "edge"
                     and e["ts"] >= turns_at * 1e9
+                    and e["attrs"].get("copy") != "probe"
                 ):
                     sent.append(e["worker_id"])
+                    if e["worker_id"] == liar:
+                        why[f"{e['attrs'].get('copy') or 'answer'}/{e['attrs'].get('route')}"] += 1
                     window = sent[-WINDOW:]
                     if len(window) == WINDOW and window.count(liar) / WINDOW < 0.05:
                         passed = len(sent)
                         break
+        record = records([liar])[liar]
     return {
         "passed": float(passed if passed is not None else -1),
         "liar_sent": float(sent[: passed or len(sent)].count(liar)),
         "accepted_lies": float(lies),
         "warm_rounds": float(warm_rounds),
+        "why": dict(why),
+        "record": record,
     }
 
 
@@ -333,10 +353,18 @@ def report_kind(kind: str, tiers: dict, workers: int) -> None:
         print(f"    by round, error%/overhead%: {trail}")
         if kind == "honest":
             print(f"    settled {shares_line(figures['shares'], workers)}")
+            total = sum(figures["shares"].values()) or 1
+            for wid, rec in sorted(figures["records"].items()):
+                share = figures["shares"][wid] / total * workers
+                print(
+                    f"      {wid[:12]} {share:4.2f}x  score {rec['score']}  completion "
+                    f"{rec['completion']}  agreement {rec['agreement']}  validation "
+                    f"{rec['validation']}  latency {rec['latency_ms']} ms"
+                )
     print(end="", flush=True)
 
 
-def report_turncoat(tier: str, t: dict[str, float], warm_s: float) -> None:
+def report_turncoat(tier: str, t: dict, warm_s: float) -> None:
     print(
         f"turncoat, {tier} tier: one worker of 8 turns liar after {warm_s:g} s: "
         f"{t['passed']:.0f} sub-queries sent before its share of the last {WINDOW} fell "
@@ -346,6 +374,8 @@ def report_turncoat(tier: str, t: dict[str, float], warm_s: float) -> None:
         + ("" if t["warm_rounds"] else " (it lied from the start: raise --warm-s)"),
         flush=True,
     )
+    kinds = "  ".join(f"{k} {v}" for k, v in sorted(t["why"].items()))
+    print(f"  its sub-queries by kind/route: {kinds}; its record at the end: {t['record']}")
 
 
 def report_hedging(walls: dict[str, list[float]], hedge_workers: int) -> None:
@@ -375,14 +405,20 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument(
         "--skip",
-        choices=["verification", "honest", "turncoat", "hedging"],
+        choices=["verification", "independent", "colluding", "honest", "turncoat", "hedging"],
         action="append",
         default=[],
     )
+    parser.add_argument(
+        "--tier", dest="tiers", choices=list(TIERS), action="append", help="only this tier"
+    )
     args = parser.parse_args()
+    args.tiers = args.tiers or list(TIERS)
     stop_on_signals()
     if args.quick:
-        args.rounds, args.warm_s = 6, 150.0
+        # The turncoat turns 240 s after its process started: on a loaded machine the
+        # swarm took up to 200 s to start, and it must earn its record honestly first.
+        args.rounds, args.warm_s = 6, 240.0
         args.skip.append("hedging")
     started = time.monotonic()
     print(
@@ -393,7 +429,8 @@ def main() -> None:
     )
     with tempfile.TemporaryDirectory() as tmp:
         kinds = [] if "verification" in args.skip else ["independent", "colluding"]
-        kinds += [] if "honest" in args.skip else ["honest"]
+        kinds += ["honest"]
+        kinds = [k for k in kinds if k not in args.skip]
         for kind in kinds:
             report_kind(kind, verification(args, Path(tmp), kind), args.workers)
         if kinds:
@@ -404,7 +441,7 @@ def main() -> None:
                 flush=True,
             )
         if "turncoat" not in args.skip:
-            for tier in TIERS:
+            for tier in args.tiers:
                 report_turncoat(tier, turncoat(args, Path(tmp), tier), args.warm_s)
         walls = hedging(args, Path(tmp)) if "hedging" not in args.skip else None
     if walls is not None:

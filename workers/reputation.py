@@ -34,7 +34,7 @@ LIE_PENALTY = 250.0
 
 # KEYS[1]: the worker's hash. ARGV: decay, alpha, completion, agreement, validation,
 # latency_ms ("" for a signal not observed), the weight of a failed agreement or
-# validation. Returns the hash after the update.
+# validation, the time of a latency sample (epoch seconds). Returns the hash after the update.
 _OBSERVE = """
 local key = KEYS[1]
 local decay = tonumber(ARGV[1])
@@ -67,6 +67,7 @@ if lat ~= '' then
   local old = redis.call('HGET', key, 'latency_ms')
   if old then lat = alpha * lat + (1 - alpha) * tonumber(old) end
   redis.call('HSET', key, 'latency_ms', tostring(lat))
+  if ARGV[8] and ARGV[8] ~= '' then redis.call('HSET', key, 'latency_at', ARGV[8]) end
   redis.call('HINCRBY', key, 'samples', 1)
 end
 return redis.call('HGETALL', key)
@@ -90,6 +91,7 @@ class Reputation:
     consecutive_valid: int = 0
     failures: int = 0  # consecutive failed completions
     latency_ms: float | None = None  # EWMA of observed latency
+    latency_at: float | None = None  # when it was last measured (epoch seconds)
     samples: int = 0
     strikes: float = 0.0  # forged results and attestations, fading with their half-life
 
@@ -146,6 +148,7 @@ def _parse(
         consecutive_valid=int(data.get("consecutive_valid", 0)),
         failures=int(data.get("failures", 0)),
         latency_ms=float(data["latency_ms"]) if "latency_ms" in data else None,
+        latency_at=float(data["latency_at"]) if "latency_at" in data else None,
         samples=int(data.get("samples", 0)),
         strikes=strikes,
     )
@@ -268,6 +271,7 @@ class Reputations:
                     _arg(obs.validation),
                     "" if obs.latency_ms is None else repr(float(obs.latency_ms)),
                     repr(float(self.lie_penalty)),
+                    "" if obs.latency_ms is None else repr(time.time()),
                 ],
                 client=pipe,
             )

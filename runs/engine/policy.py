@@ -64,11 +64,11 @@ class Policy:
     validate_trusted_rate: float = 0.02
     # Checks of workers nobody vouches for (redundant and high-trust tiers; issue 23): a
     # worker's answers are all checked until it has passed check_warmup checks in a row,
-    # then at 1/its count of consecutive valid results but never below check_floor; one
+    # then check_floor of them (systematic sampling, its phase kept across runs); one
     # proven lie weighs lie_penalty good results (its score collapses and it is checked on
     # every answer again) and its recent answers are re-checked. probe_rate is the share of
     # known-answer probes mixed into each batch; a new worker gets one per batch as well.
-    check_floor: float = 0.05
+    check_floor: float = 0.06
     check_warmup: int = 10
     probe_rate: float = 0.01
     lie_penalty: float = 250.0

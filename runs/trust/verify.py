@@ -388,11 +388,12 @@ def should_replicate(consecutive_valid: int, rng: random.Random) -> bool:
 class CheckRule:
     """How often a worker nobody vouches for is checked (issue 23). Below `warmup` passed
     checks it is new: every answer is checked (and it is sent probes), so a cold swarm
-    starts with evidence. Past it, the rate falls with its consecutive-valid count (BOINC's
-    1/count) but never below `floor`, so a worker that turns liar after a long good record
-    is still caught within a few answers."""
+    starts with evidence. Past it, at `floor`, however long its record: a worker that
+    turns liar after a long good record is caught within 1/floor answers. (BOINC's 1/count
+    decline from the warm-up to the floor cost an honest swarm 10% in checks for no
+    safety the floor does not give.)"""
 
-    floor: float = 0.05
+    floor: float = 0.06
     warmup: int = TRUST_AFTER
     new_rate: float = 1.0  # the rate below warmup (the high-trust tier's validate_rate)
 
@@ -401,7 +402,7 @@ class CheckRule:
             return 1.0
         if consecutive_valid < self.warmup:
             return self.new_rate
-        return max(self.floor, 1.0 / max(1, consecutive_valid))
+        return self.floor
 
     def why(self, consecutive_valid: int, *, suspect: bool = False) -> str:
         """The reason recorded on the span for checking an answer at this rate."""
@@ -409,8 +410,6 @@ class CheckRule:
             return "suspect: the worker was caught lying recently"
         if consecutive_valid < self.warmup:
             return f"new worker: {consecutive_valid} of {self.warmup} checks passed"
-        if 1.0 / max(1, consecutive_valid) > self.floor:
-            return f"sampled at 1/{consecutive_valid} (its consecutive valid results)"
         return f"sampled at the floor of {100 * self.floor:g}%"
 
 
@@ -419,11 +418,49 @@ class Sampler:
     sampling per worker, not a coin per answer. Each worker's credit grows by its rate per
     answer and an answer is checked when it reaches 1, so a worker at 5% is never more than
     20 answers without a check; the credit starts at a random phase the worker cannot
-    know, so it cannot tell which of its answers will be checked."""
+    know, so it cannot tell which of its answers will be checked.
 
-    def __init__(self, rng: random.Random) -> None:
+    The credit outlives the run when `client` is given: `load` reads it from the worker's
+    reputation hash before a batch is judged and `save` writes it back, so the bound holds
+    across runs. With a fresh phase per run, a worker with a few answers in each of many
+    small runs went unchecked for a geometric number of runs (a turncoat got 16 lies in
+    past a 5% floor)."""
+
+    FIELD = "check_credit"  # in the worker's reputation hash (workers.reputation.rep_key)
+
+    def __init__(self, rng: random.Random, client: Any = None) -> None:
         self._rng = rng
+        self._client = client
         self._credit: dict[str, float] = {}
+
+    def load(self, worker_ids: Sequence[str]) -> None:
+        """Each worker's credit as the fleet last left it (one round trip)."""
+        from workers.reputation import rep_key
+
+        ids = sorted({w for w in worker_ids if w})
+        if self._client is None or not ids:
+            return
+        pipe = self._client.pipeline(transaction=False)
+        for wid in ids:
+            pipe.hget(rep_key(wid), self.FIELD)
+        for wid, raw in zip(ids, pipe.execute(), strict=True):
+            try:
+                credit = float(raw) if raw is not None else None
+            except ValueError:
+                credit = None
+            if credit is not None and 0.0 <= credit < 1.0:
+                self._credit[wid] = credit
+
+    def save(self) -> None:
+        """Write every worker's credit back (one round trip)."""
+        from workers.reputation import rep_key
+
+        if self._client is None or not self._credit:
+            return
+        pipe = self._client.pipeline(transaction=False)
+        for wid, credit in self._credit.items():
+            pipe.hset(rep_key(wid), self.FIELD, repr(credit))
+        pipe.execute()
 
     def take(self, worker_id: str, rate: float) -> bool:
         if rate >= 1.0:

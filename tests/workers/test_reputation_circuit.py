@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import random
 import uuid
 
 import pytest
 
 from frlm_web.redis_client import get_redis
+from runs.trust.verify import Sampler
 from workers.circuit import CLOSED, HALF_OPEN, OPEN, Breakers
 from workers.reputation import Observation, Reputations, load, strike_add, strikes_at
 
@@ -158,3 +160,18 @@ def test_it_weighs_a_lie_as_one_result_without_a_penalty(client) -> None:
     reputations.observe(Observation(wid, agreement=False))
     reputations.flush()
     assert reputations.get(wid).score > 0.9
+
+
+def test_the_check_sampler_keeps_its_phase_across_runs(client) -> None:
+    # Each run judges with a new Sampler; the credit in the worker's record carries the
+    # systematic bound over: at 10%, ten runs of three answers each see exactly three checks
+    # however the phases fall (a fresh phase per run let a worker go unchecked for many).
+    wid = fresh()
+    checked = 0
+    for seed in range(10):
+        sampler = Sampler(random.Random(seed), client)
+        sampler.load([wid])
+        checked += sum(sampler.take(wid, 0.1) for _ in range(3))
+        sampler.save()
+    assert checked == 3
+    assert load(client, [wid])[wid].score == 1.0  # the credit is no evidence about it

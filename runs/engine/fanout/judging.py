@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis
+
 from runs.engine.fanout.state import Batch, Flight, LimitExceeded, Outcome, Roster, Scope, Totals
 from runs.trust import probes, verify
 from traces.emitter import Emitter, sha256_text
@@ -48,7 +50,7 @@ class Judge:
     sampler: verify.Sampler | None = None
 
     def __post_init__(self) -> None:
-        self.sampler = verify.Sampler(self.rng)
+        self.sampler = verify.Sampler(self.rng, self.reputations.client)
 
     # --- objective: the call's own check ---------------------------------------------
     def check_all(
@@ -121,9 +123,8 @@ class Judge:
     def redundant(self, state: Batch) -> None:
         """Copies of each answered sub-query go to other workers, in rounds, until its
         answer is accepted or it is unresolved. Which answers are copied: all of a new
-        worker's and a suspect's, the others at 1/the worker's consecutive-valid count but
-        never below policy.check_floor (Judge._sample); a worker outvoted here has its other
-        answers of the batch copied too."""
+        worker's and a suspect's, policy.check_floor of the others (Judge._sample); a worker
+        outvoted here has its other answers of the batch copied too."""
         policy = verify.RedundancyPolicy(
             replicas=self.scope.policy.replicas,
             agree=self.scope.policy.agree,
@@ -133,6 +134,7 @@ class Judge:
         replies: dict[int, list[tuple[verify.Reply, Flight]]] = {}
         sent: dict[int, int] = {}  # copies sent, answered or not: the limit counts them all
         why: dict[int, str] = {}  # why each checked answer was checked, for its span
+        self._load_credit(state)
         for pos, flight in enumerate(state.flights):
             if flight.outcome.status != "ok":
                 continue
@@ -149,6 +151,7 @@ class Judge:
                 )
                 if reason:
                     why[pos] = reason
+        self._save_credit()
         self._rounds(state, policy, sorted(why), replies, sent, why)
         # A worker caught in this batch has every other answer of it checked too: these
         # have not gone back to the REPL yet, so the check corrects them.
@@ -271,11 +274,10 @@ class Judge:
 
     def high_trust(self, state: Batch) -> None:
         """A validator re-runs a sample of the answers: all of a new worker's (until it has
-        passed policy.check_warmup checks), then at 1/its consecutive-valid count but never
-        below policy.check_floor, and rarely those of a trusted venue's workers; each re-run
-        comes back with the validator's signed attestation (Verify.Attest). A divergence
-        takes the validator's answer and counts against the worker, whose other answers in
-        the batch are then re-run too."""
+        passed policy.check_warmup checks), then policy.check_floor of them, and rarely
+        those of a trusted venue's workers; each re-run comes back with the validator's
+        signed attestation (Verify.Attest). A divergence takes the validator's answer and
+        counts against the worker, whose other answers in the batch are then re-run too."""
         venues_ = self.validator_venues()
         policy = self.scope.policy
         rule = verify.CheckRule(
@@ -283,6 +285,7 @@ class Judge:
         )
         why: dict[int, str] = {}
         answered: list[int] = []
+        self._load_credit(state)
         for pos, flight in enumerate(state.flights):
             holder = state.holder(pos)
             if flight.outcome.status != "ok" or holder.outcome.status != "ok":
@@ -296,6 +299,7 @@ class Judge:
             reason = self._sample(worker, rule)
             if reason:
                 why[pos] = reason
+        self._save_credit()
         self._validate(state, sorted(why), venues_, why)
         again = [
             p for p in answered if p not in why and state.holder(p).outcome.worker_id in self.caught
@@ -333,6 +337,23 @@ class Judge:
         if self.sampler.take(worker, rule.rate(record.consecutive_valid, suspect=suspect)):
             return rule.why(record.consecutive_valid, suspect=suspect)
         return ""
+
+    def _load_credit(self, state: Batch) -> None:
+        """The sampler's credit of the batch's workers, as earlier runs left it."""
+        assert self.sampler is not None
+        try:
+            self.sampler.load(
+                [state.holder(p).outcome.worker_id for p in range(len(state.flights))]
+            )
+        except redis.RedisError:
+            pass  # a fresh phase for this batch: the checks still run at their rate
+
+    def _save_credit(self) -> None:
+        assert self.sampler is not None
+        try:
+            self.sampler.save()
+        except redis.RedisError:
+            pass  # the next run starts at a fresh phase
 
     def _recheck_why(self, worker: str) -> str:
         return f"recheck: its worker was caught ({self.caught[worker]})"

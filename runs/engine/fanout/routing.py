@@ -36,6 +36,13 @@ LIVENESS_EVERY_S = 1.0
 # queues a job only where it would finish soonest, and an untrusted worker reserves no more
 # than its prefetch of one per slot.
 QUEUE_MARGIN = 1.0
+# A worker's measured latency older than this says little about it now (its load, and the
+# machine's, have changed since), and a worker the scheduler stopped using for a slow
+# moment would never be measured again: past it the worker is planned at the fleet's
+# median until its next reply. Without it, two workers that happened to be measured fast
+# took 72% of an honest swarm's work on a loaded machine, seven got under half their
+# share (bench/trust.py, issue 23).
+LATENCY_STALE_S = 30.0
 # A typical sub-query, for comparing workers' prices: tokens in and out.
 TYPICAL_TOKENS = (1000, 100)
 
@@ -237,6 +244,9 @@ class Router:
         for wid, w in workers.items():
             rep = self.reputations.get(wid)
             concurrency = int(w.get("concurrency", 1))
+            measured = rep.latency_ms
+            if rep.latency_at is not None and now - rep.latency_at > LATENCY_STALE_S:
+                measured = None  # planned at the fleet's median (scheduler.plan's prior)
             candidates.append(
                 scheduler.Candidate(
                     worker_id=wid,
@@ -245,7 +255,7 @@ class Router:
                     concurrency=concurrency,
                     credit=concurrency + max(1, math.ceil(concurrency * QUEUE_MARGIN)),
                     inflight=self.roster.inflight.get(wid, 0),
-                    latency_ms=rep.latency_ms or w.get("latency_ms") or None,
+                    latency_ms=measured or (None if rep.latency_ms else w.get("latency_ms")),
                     load=float(w.get("load") or 0.0),
                     price=(
                         float(w.get("price_in") or 0) * price_in
