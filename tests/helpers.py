@@ -158,7 +158,8 @@ def endpoint(
 def forget_reputations() -> None:
     """The stack's workers start from no evidence: reputation lives in the session's Redis,
     and a test that counts replicas must not depend on how many runs came before it (the
-    redundant tier copies a worker's work with probability 1/consecutive-valid)."""
+    redundant tier copies all of a new worker's work, then check_floor of it, from a phase
+    kept in the worker's record)."""
     from frlm_web.redis_client import get_redis
     from workers.reputation import rep_key
 
