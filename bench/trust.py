@@ -216,9 +216,9 @@ WINDOW = 100
 
 def turncoat(args: argparse.Namespace, directory: Path, tier: str) -> dict:
     """One worker of 8 turns liar once reputations have settled under the tier. Counts the
-    sub-queries sent to the swarm from that moment until the liar's share of the last
-    WINDOW falls below 5%, and the wrong answers accepted meanwhile (every one is its lie:
-    the others are honest)."""
+    sub-queries (probes left out) sent to the swarm from the first batch it lies in until
+    its share of the last WINDOW falls below 5%, and the wrong answers accepted meanwhile
+    (every one is its lie: the others are honest)."""
     from routing import process_started
 
     from frlm_web.stack import VenueSpec
@@ -249,27 +249,34 @@ lie_after_s = {args.warm_s}
         (entry,) = [w for w in live_workers(get_redis(), "edge") if w["label"] == liar_name]
         liar = entry["worker_id"]
         turns_at = process_started(int(entry["pid"])) + args.warm_s
-        round_ = 0
-        while time.time() < turns_at + 1:  # reputations settle while everyone is honest
-            batch_figures(round_, n, ["edge", "local"], policy)
-            round_ += 1
-        warm_rounds = round_
+        round_ = warm_rounds = 0
         sent: list[str] = []
         why: Counter = Counter()  # the liar's sub-queries by kind and route, for the record
         lies = 0
         passed = None
+        turned = False
         while passed is None and len(sent) < 5000:
             row, run = batch_figures(round_, n, ["edge", "local"], policy)
             round_ += 1
+            events = sorted(run_events(run.id), key=lambda e: e["seq"])
+            if not turned:
+                # The count starts with the first batch it lies in: the device's clock starts
+                # when its process has imported everything, which on a loaded machine is
+                # long after the process started, so the planned moment is only a lower bound.
+                turned = time.time() >= turns_at and lied(row, events, liar)
+                if not turned:
+                    warm_rounds += 1
+                    if round_ > 400:
+                        raise SystemExit(f"the turncoat {liar} never lied in {round_} rounds")
+                    continue
             lies += int(row["wrong"])
-            for e in sorted(run_events(run.id), key=lambda e: e["seq"]):
+            for e in events:
                 # Probes are not work: a probe sent to the liar is how it is caught, not
                 # a share of the run's traffic (bench/routing.py counts the same way).
                 if (
                     e["name"] == "SubQuery.Submit"
                     and e["phase"] == "start"
                     and e["venue"] == "edge"
-                    and e["ts"] >= turns_at * 1e9
                     and e["attrs"].get("copy") != "probe"
                 ):
                     sent.append(e["worker_id"])
@@ -288,6 +295,20 @@ lie_after_s = {args.warm_s}
         "why": dict(why),
         "record": record,
     }
+
+
+def lied(row: dict[str, float], events: list[dict], liar: str) -> bool:
+    """Whether the turncoat lied in this batch: a wrong answer was accepted (every worker
+    but it is honest), or it was outvoted, diverged from a validator or failed a probe."""
+    if row["wrong"]:
+        return True
+    for e in events:
+        if e["name"] == "Verify.Redundant" and liar in (e["attrs"].get("disagreed") or []):
+            return True
+        if e["name"] in ("Verify.Attest", "Verify.Probe") and e["worker_id"] == liar:
+            if e["status"] == "rejected":
+                return True
+    return False
 
 
 def hedging(args: argparse.Namespace, directory: Path) -> dict[str, list[float]]:
@@ -371,7 +392,8 @@ def report_turncoat(tier: str, t: dict, warm_s: float) -> None:
         f"below 5% ({t['liar_sent']:.0f} of them to it); its lies accepted: "
         f"{t['accepted_lies']:.0f} (targets: <= 100 sub-queries, <= 5 lies); "
         f"{t['warm_rounds']:.0f} honest rounds of 64 before it turned"
-        + ("" if t["warm_rounds"] else " (it lied from the start: raise --warm-s)"),
+        + ("" if t["warm_rounds"] else " (it lied from the start: raise --warm-s)")
+        + " (counted from the first batch it lied in)",
         flush=True,
     )
     kinds = "  ".join(f"{k} {v}" for k, v in sorted(t["why"].items()))
