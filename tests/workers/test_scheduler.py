@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+from runs.engine.fanout.routing import LATENCY_STALE_S, planning_latency
+from workers.reputation import Reputation
 from workers.scheduler import Candidate, Need, Weights, plan
 
 NO_EXPLORE = Weights(explore=0.0)
@@ -138,3 +140,18 @@ def test_it_keeps_the_tail_for_the_worker_whose_slots_free_first() -> None:
     out = plan([ahead, behind], [Need()], NO_EXPLORE, random.Random(1))
     assert [a["worker_id"] for a in out] == [behind.worker_id]
     assert out[0]["route"]["eta_ms"] == 220.0  # a slot free in 20 ms, then 200 ms of work
+
+
+def test_it_plans_a_worker_measured_long_ago_at_the_fleets_median() -> None:
+    """A worker measured slow in a loaded moment and left idle since would never be measured
+    again: past LATENCY_STALE_S its latency is forgotten for planning (issue 23)."""
+    now = 1_000_000.0
+    fresh = Reputation("w", latency_ms=1400.0, latency_at=now - 5)
+    stale = Reputation("w", latency_ms=1400.0, latency_at=now - LATENCY_STALE_S - 1)
+    assert planning_latency(fresh, 30.0, now) == 1400.0
+    assert planning_latency(stale, 30.0, now) is None
+    assert planning_latency(Reputation("w"), 30.0, now) == 30.0  # never measured: its word
+    workers = fleet(fast=3, slow=0)
+    workers[0].latency_ms = planning_latency(stale, None, now)
+    got = shares(plan(workers, [Need()] * 15, NO_EXPLORE, random.Random(1)))
+    assert got[workers[0].worker_id] == 5  # the median's share, like the others

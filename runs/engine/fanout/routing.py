@@ -26,7 +26,7 @@ from runs.trust import accounts
 from traces.emitter import Emitter
 from workers import scheduler, venues
 from workers.circuit import Breakers, Step
-from workers.reputation import Observation, Reputations
+from workers.reputation import Observation, Reputation, Reputations
 
 # How often the liveness of workers holding jobs is checked, in seconds.
 LIVENESS_EVERY_S = 1.0
@@ -45,6 +45,17 @@ QUEUE_MARGIN = 1.0
 LATENCY_STALE_S = 30.0
 # A typical sub-query, for comparing workers' prices: tokens in and out.
 TYPICAL_TOKENS = (1000, 100)
+
+
+def planning_latency(rep: Reputation, reported_ms: float | None, now: float) -> float | None:
+    """The latency the scheduler plans a worker with: its measured EWMA while fresh; None
+    (the fleet's median, scheduler.plan's prior) once older than LATENCY_STALE_S; what the
+    worker reports of itself only while it has never been measured."""
+    if rep.latency_ms is None:
+        return reported_ms or None
+    if rep.latency_at is not None and now - rep.latency_at > LATENCY_STALE_S:
+        return None
+    return rep.latency_ms
 
 
 class Router:
@@ -244,9 +255,6 @@ class Router:
         for wid, w in workers.items():
             rep = self.reputations.get(wid)
             concurrency = int(w.get("concurrency", 1))
-            measured = rep.latency_ms
-            if rep.latency_at is not None and now - rep.latency_at > LATENCY_STALE_S:
-                measured = None  # planned at the fleet's median (scheduler.plan's prior)
             candidates.append(
                 scheduler.Candidate(
                     worker_id=wid,
@@ -255,7 +263,7 @@ class Router:
                     concurrency=concurrency,
                     credit=concurrency + max(1, math.ceil(concurrency * QUEUE_MARGIN)),
                     inflight=self.roster.inflight.get(wid, 0),
-                    latency_ms=measured or (None if rep.latency_ms else w.get("latency_ms")),
+                    latency_ms=planning_latency(rep, w.get("latency_ms"), now),
                     load=float(w.get("load") or 0.0),
                     price=(
                         float(w.get("price_in") or 0) * price_in
