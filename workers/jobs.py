@@ -41,6 +41,7 @@ class Result(TypedDict, total=False):
     attestation: str  # a validator's: JSON of workers.attestation.SignedAttestation
     span: str  # a "started": the Execute span the worker opened
     alive: str  # a "started": "1" when the worker holds an alive line (workers/alive.py)
+    at: float  # the conductor's: when it reached the stream (runs/engine/fanout/transport.py)
 
 
 RESULT_FIELDS_INT = ("tokens_in", "tokens_out")

@@ -52,7 +52,7 @@ class Intake:
             return
         if status == "started":
             flight.worker_id = wid
-            flight.started_at = time.time()
+            flight.started_at = result.get("at") or time.time()
             if result.get("span"):
                 self.roster.executing.setdefault(wid, {})[flight.sq_id] = Executing(
                     span_id=result["span"],
@@ -65,11 +65,12 @@ class Intake:
             return
         self.attempts.release(flight, wave, spent=result if status == "ok" else None)
         # How long it ran, not how long it queued: the scheduler adds the queue itself.
-        ms = (time.time() - max(flight.sent_at, flight.started_at)) * 1000
+        end = result.get("at") or time.time()
+        ms = (end - max(flight.sent_at, flight.started_at)) * 1000
         if status == "ok":
             self.router.observe(flight, True, latency_ms=ms)
             if flight.started_at:
-                self.hedger.latency.add(flight.venue, (time.time() - flight.started_at) * 1000)
+                self.hedger.latency.add(flight.venue, (end - flight.started_at) * 1000)
             self.totals.add_tokens(
                 result.get("tokens_in", 0), result.get("tokens_out", 0), result.get("cost")
             )
