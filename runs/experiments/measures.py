@@ -6,15 +6,17 @@ suite's federation made lie."""
 
 from __future__ import annotations
 
+import tempfile
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runs.experiments.suite import profile_toml
 from traces.selectors import runs_events
 from workers.models import Worker
-from workers.swarm import ProfileFileError, devices, profile_load
+from workers.swarm import ProfileFileError, SwarmProfile, devices, profile_load
 
 NAMES = [
     "Run.Init",
@@ -185,32 +187,40 @@ def _listed(federation: dict[str, Any]) -> list[dict[str, Any]]:
     return entries
 
 
-def _entry_liars(entry: dict[str, Any], base: Path | None) -> set[str]:
-    """The names of an entry's lying workers: listed, or drawn as the swarm draws them
-    (workers.swarm.devices, the same for the same profile, venue, count and seed)."""
-    if isinstance(entry.get("liars"), list):
-        return {str(n) for n in entry["liars"]}
-    profile = entry.get("profile")
-    venue = entry.get("venue") or entry.get("name")
-    count = entry.get("workers") or entry.get("count")
-    if not (profile and venue and isinstance(count, int)):
-        return set()
-    ref = str(profile)
-    if base is not None and (base / ref).exists():
-        ref = str(base / ref)
+def _profile(entry: dict[str, Any], base: Path | None) -> SwarmProfile | None:
+    """The entry's swarm profile: a table given in the suite (named after its venue, as the
+    runner writes it), a shipped profile's name or a .toml path."""
+    profile, venue = entry.get("profile"), str(entry.get("name") or entry.get("venue") or "")
     try:
-        loaded = profile_load(ref)
-    except (ProfileFileError, FileNotFoundError, ValueError):
-        return set()
+        if isinstance(profile, dict):
+            with tempfile.TemporaryDirectory() as folder:
+                path = Path(folder) / f"{venue}.toml"
+                path.write_text(profile_toml(profile, venue))
+                return profile_load(str(path))
+        if isinstance(profile, str) and profile:
+            if base is not None and (base / profile).exists():
+                profile = str(base / profile)
+            return profile_load(profile)
+    except (ProfileFileError, OSError, ValueError):
+        return None
+    return None
+
+
+def _entry_liars(entry: dict[str, Any], base: Path | None) -> dict[str, str]:
+    """name -> "lying" or "colluding" for an entry's dishonest workers: listed in it, or
+    drawn as its swarm draws them (workers.swarm.devices: the same for the same profile,
+    venue, count and seed; the stack starts a suite's swarms with seed 0)."""
+    listed = {str(n): "lying" for n in entry.get("liars") or []}
+    listed |= {str(n): "colluding" for n in entry.get("colluders") or []}
+    if listed:
+        return listed
+    venue, count = entry.get("name") or entry.get("venue"), entry.get("workers")
+    loaded = _profile(entry, base)
+    if loaded is None or not venue or not isinstance(count, int):
+        return {}
+    kind = "colluding" if loaded.collude > 0 else "lying"
     drawn = devices(loaded, str(venue), count, int(entry.get("seed", 0)))
-    return {d.name for d in drawn if d.liar}
-
-
-def _colludes(entry: dict[str, Any]) -> bool:
-    if entry.get("colluders") or entry.get("collude"):
-        return True
-    profile = entry.get("profile_values") or {}
-    return bool(isinstance(profile, dict) and profile.get("collude"))
+    return {d.name: kind for d in drawn if d.liar}
 
 
 def dishonest_workers(suite: dict[str, Any], base: Path | None = None) -> dict[str, str]:
@@ -219,11 +229,7 @@ def dishonest_workers(suite: dict[str, Any], base: Path | None = None) -> dict[s
     federation = suite.get("federation") or {}
     out: dict[str, str] = {}
     for entry in _listed(federation):
-        kind = "colluding" if _colludes(entry) else "lying"
-        for name in _entry_liars(entry, base):
-            out[name] = kind
-        for name in entry.get("colluders") or []:
-            out[str(name)] = "colluding"
+        out |= _entry_liars(entry, base)
     for name in federation.get("liars") or []:
         out.setdefault(str(name), "lying")
     for name in federation.get("colluders") or []:
