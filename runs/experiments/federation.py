@@ -15,10 +15,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import redis
 from django.conf import settings
 
 from frlm_web import presence
-from frlm_web.redis_client import get_redis, redis_available
+from frlm_web.redis_client import get_redis
 from frlm_web.stack import Proc, Stack, VenueSpec
 from runs.experiments.suite import Suite, SuiteError, profile_toml
 from runs.orphans import CONDUCTOR_GROUP
@@ -63,7 +64,13 @@ def register_venues(suite: Suite) -> None:
 
 
 def stack_running() -> bool:
-    return redis_available() and bool(presence.alive(get_redis(), CONDUCTOR_GROUP))
+    """Whether a conductor is live on the configured Redis: asked once, without riding out
+    an outage (a Redis that is not there is the common case on a bare checkout)."""
+    try:
+        client = get_redis(ride_out=False)
+        return bool(presence.alive(client, CONDUCTOR_GROUP))
+    except redis.RedisError:
+        return False
 
 
 @contextmanager
