@@ -27,7 +27,18 @@ from workers.models import Venue, venue_defaults
 from workers.venues import live_workers
 
 
-class VenuesOnly(Stack):
+class SuiteStack(Stack):
+    """A stack whose swarms count as up once one device of each is live: a churning swarm
+    may never have all its devices up at once, and the rest join as they start."""
+
+    def venue_proc(self, venue: VenueSpec) -> Proc:
+        proc = super().venue_proc(venue)
+        group = f"venue:{venue.name}"
+        proc.ready = lambda: bool(presence.alive(self.client, group))
+        return proc
+
+
+class VenuesOnly(SuiteStack):
     """The suite's venues, served by a stack that is already running."""
 
     def plan(self) -> list[Proc]:
@@ -41,7 +52,9 @@ def venue_specs(suite: Suite, folder: Path) -> list[VenueSpec]:
     for venue in suite.venues:
         profile = venue.profile
         if venue.inline:
-            path = folder / f"{venue.name}.toml"
+            # Its devices are named VENUE-swarm-N (the profile's name is the file's).
+            (folder / venue.name).mkdir(exist_ok=True)
+            path = folder / venue.name / "swarm.toml"
             path.write_text(profile_toml(venue.inline, venue.name))
             profile = str(path)
         specs.append(VenueSpec(venue.name, swarm=profile, workers=venue.workers))
@@ -91,7 +104,7 @@ def federation(suite: Suite, folder: Path) -> Iterator[Stack]:
         "DJANGO_SETTINGS_MODULE": "frlm_web.settings",
         "FRLM_DB_PATH": str(settings.DATABASES["default"]["NAME"]),
     }
-    kind = VenuesOnly if running else Stack
+    kind = VenuesOnly if running else SuiteStack
     stack = kind(
         state_dir=folder / "stack",
         venues=venue_specs(suite, folder / "profiles"),
