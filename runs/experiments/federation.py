@@ -27,6 +27,11 @@ from workers.models import Venue, venue_defaults
 from workers.venues import live_workers
 
 
+# How long each process may take to come up: worker processes start slowly on a busy
+# machine, and a swarm's devices all start at once.
+START_TIMEOUT_S = 300.0
+
+
 class SuiteStack(Stack):
     """A stack whose swarms count as up once one device of each is live: a churning swarm
     may never have all its devices up at once, and the rest join as they start."""
@@ -52,9 +57,9 @@ def venue_specs(suite: Suite, folder: Path) -> list[VenueSpec]:
     for venue in suite.venues:
         profile = venue.profile
         if venue.inline:
-            # Its devices are named VENUE-swarm-N (the profile's name is the file's).
+            # Its devices are named VENUE-profile-N (a profile is named by its file).
             (folder / venue.name).mkdir(exist_ok=True)
-            path = folder / venue.name / "swarm.toml"
+            path = folder / venue.name / "profile.toml"
             path.write_text(profile_toml(venue.inline, venue.name))
             profile = str(path)
         specs.append(VenueSpec(venue.name, swarm=profile, workers=venue.workers))
@@ -113,7 +118,7 @@ def federation(suite: Suite, folder: Path) -> Iterator[Stack]:
         redis_persist=False,
     )
     try:
-        stack.start(timeout=120)
+        stack.start(timeout=START_TIMEOUT_S)
         yield stack
     finally:
         stack.stop()
