@@ -15,10 +15,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import redis
 from django.conf import settings
 
 from frlm_web import presence
-from frlm_web.redis_client import get_redis, redis_available
+from frlm_web.redis_client import get_redis
 from frlm_web.stack import Proc, Stack, VenueSpec
 from runs.experiments.suite import Suite, SuiteError, profile_toml
 from runs.orphans import CONDUCTOR_GROUP
@@ -26,7 +27,23 @@ from workers.models import Venue, venue_defaults
 from workers.venues import live_workers
 
 
-class VenuesOnly(Stack):
+# How long each process may take to come up: worker processes start slowly on a busy
+# machine, and a swarm's devices all start at once.
+START_TIMEOUT_S = 300.0
+
+
+class SuiteStack(Stack):
+    """A stack whose swarms count as up once one device of each is live: a churning swarm
+    may never have all its devices up at once, and the rest join as they start."""
+
+    def venue_proc(self, venue: VenueSpec) -> Proc:
+        proc = super().venue_proc(venue)
+        group = f"venue:{venue.name}"
+        proc.ready = lambda: bool(presence.alive(self.client, group))
+        return proc
+
+
+class VenuesOnly(SuiteStack):
     """The suite's venues, served by a stack that is already running."""
 
     def plan(self) -> list[Proc]:
@@ -40,7 +57,9 @@ def venue_specs(suite: Suite, folder: Path) -> list[VenueSpec]:
     for venue in suite.venues:
         profile = venue.profile
         if venue.inline:
-            path = folder / f"{venue.name}.toml"
+            # Its devices are named VENUE-profile-N (a profile is named by its file).
+            (folder / venue.name).mkdir(exist_ok=True)
+            path = folder / venue.name / "profile.toml"
             path.write_text(profile_toml(venue.inline, venue.name))
             profile = str(path)
         specs.append(VenueSpec(venue.name, swarm=profile, workers=venue.workers))
@@ -63,7 +82,13 @@ def register_venues(suite: Suite) -> None:
 
 
 def stack_running() -> bool:
-    return redis_available() and bool(presence.alive(get_redis(), CONDUCTOR_GROUP))
+    """Whether a conductor is live on the configured Redis: asked once, without riding out
+    an outage (a Redis that is not there is the common case on a bare checkout)."""
+    try:
+        client = get_redis(ride_out=False)
+        return bool(presence.alive(client, CONDUCTOR_GROUP))
+    except redis.RedisError:
+        return False
 
 
 @contextmanager
@@ -84,7 +109,7 @@ def federation(suite: Suite, folder: Path) -> Iterator[Stack]:
         "DJANGO_SETTINGS_MODULE": "frlm_web.settings",
         "FRLM_DB_PATH": str(settings.DATABASES["default"]["NAME"]),
     }
-    kind = VenuesOnly if running else Stack
+    kind = VenuesOnly if running else SuiteStack
     stack = kind(
         state_dir=folder / "stack",
         venues=venue_specs(suite, folder / "profiles"),
@@ -93,7 +118,7 @@ def federation(suite: Suite, folder: Path) -> Iterator[Stack]:
         redis_persist=False,
     )
     try:
-        stack.start(timeout=120)
+        stack.start(timeout=START_TIMEOUT_S)
         yield stack
     finally:
         stack.stop()

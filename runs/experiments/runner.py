@@ -199,16 +199,19 @@ class SuiteRunner:
 
 
 def wait_done(run: Run, timeout_s: float) -> Run:
+    """The run once it has ended; past `timeout_s` it is cancelled, and given a minute to
+    end (the conductor stops it at its next step); then it is recorded as it stands."""
     deadline = time.monotonic() + timeout_s
+    cancelled = False
     while True:
         run.refresh_from_db()
         if run.done:
             return run
         if time.monotonic() > deadline:
+            if cancelled:
+                return run
             run_cancel(run)
-            # The conductor ends it at its next step; a run still queued ends at once.
-            deadline = time.monotonic() + 60
-            timeout_s = float("inf")
+            cancelled, deadline = True, time.monotonic() + 60
         time.sleep(0.1)
 
 

@@ -160,8 +160,8 @@ class Suite:
 _SMALL: dict[str, Any] = {
     "name": "small",
     "tasks": [
-        {"family": "sniah", "tokens": 6000, "count": 1},
-        {"family": "repoqa", "tokens": 6000, "count": 1},
+        {"family": "sniah", "tokens": 24000, "count": 1},
+        {"family": "repoqa", "tokens": 12000, "count": 1},
     ],
     "baselines": list(BASELINES),
     "seeds": [0, 1],
@@ -202,10 +202,10 @@ _DEFAULT: dict[str, Any] = {
     **_SMALL,
     "name": "default",
     "tasks": [
-        {"family": "sniah", "tokens": 16000, "count": 1},
-        {"family": "mniah", "tokens": 16000, "count": 1},
-        {"family": "oolong", "tokens": 8000, "count": 1},
-        {"family": "repoqa", "tokens": 12000, "count": 2},
+        {"family": "sniah", "tokens": 48000, "count": 1},
+        {"family": "mniah", "tokens": 32000, "count": 1},
+        {"family": "oolong", "tokens": 16000, "count": 1},
+        {"family": "repoqa", "tokens": 24000, "count": 2},
     ],
     "seeds": [0, 1, 2],
     "federation": {
@@ -313,7 +313,8 @@ def parse_suite(data: dict[str, Any], *, where: str, base: Path | None = None) -
     timeout = data.get("timeout_s", 300)
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
         raise fail(f"timeout_s must be a number of seconds above 0, got {timeout!r}")
-    tune_baseline = data.get("tune_baseline", "fed_redundancy")
+    fallback = "fed_redundancy" if "fed_redundancy" in baselines else baselines[0]
+    tune_baseline = data.get("tune_baseline", fallback)
     if tune_baseline not in baselines:
         raise fail(f"tune_baseline {tune_baseline!r} must be one of the suite's baselines")
     if "fed_premium" in baselines and not premium:

@@ -281,13 +281,17 @@ def score_repoqa(expected: str, answer: str) -> float:
     first number in the reply), the constant's value (quotes or a number's other spelling,
     such as 0x10 for 16, accepted); 0 otherwise."""
     got, want = _normal(answer or ""), _normal(expected)
-    if got == want:
+    if got == want or _literal(got) == want:
         return 1.0
     if re.fullmatch(r"-?\d+", want):
         first = re.search(r"-?\b\d+\b", answer or "")
         return 1.0 if first and int(first.group()) == int(want) else 0.0
+    return 0.0
+
+
+def _literal(text: str) -> str | None:
+    """A Python literal's value as text (`0x10` -> `16`, `'a'` -> `a`), or None."""
     try:
-        value = ast.literal_eval(got)
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
-        return 0.0
-    return 1.0 if str(value) == want else 0.0
+        return str(ast.literal_eval(text))
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None

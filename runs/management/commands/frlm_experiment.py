@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,8 @@ class Command(FrlmCommand):
         if out.exists() and not out.is_dir():
             raise CommandError(f"--output {out} is a file; give a folder")
         show = not o["json"]
+        # SIGTERM unwinds like Ctrl-C, so the venues (and stack) the suite started stop too.
+        signal.signal(signal.SIGTERM, _interrupt)
         try:
             run_suite(
                 suite,
@@ -92,3 +95,7 @@ class Command(FrlmCommand):
         else:
             sys.stderr.write(line + "\n")
         sys.stderr.flush()
+
+
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
