@@ -85,9 +85,12 @@ def model_seconds(traces: dict[str, RunTrace]) -> dict[str, float]:
 
 
 def rerun_command(suite: dict[str, Any], output_dir: Path) -> str:
-    source = suite.get("source") or suite.get("name") or "default"
-    argv = ["python", "manage.py", "frlm_experiment", "--suite", str(source)]
-    return shlex.join([*argv, "--output", str(output_dir)])
+    """The command that runs this suite again: a built-in by name, any other from its
+    resolved suite.json (load_suite reads it back), into a new folder beside this one."""
+    name = str(suite.get("name") or "")
+    source = name if name in ("small", "default") else str(output_dir / "suite.json")
+    argv = ["python", "manage.py", "frlm_experiment", "--suite", source]
+    return shlex.join([*argv, "--output", f"{output_dir}-rerun"])
 
 
 def _cell(value: float) -> str:
