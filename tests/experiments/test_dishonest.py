@@ -7,14 +7,22 @@ from runs.experiments.suite import load_suite
 from workers.swarm import devices, profile_load
 
 
-def test_it_draws_the_liars_and_colluders_the_swarms_of_the_default_suite_start():
+def test_it_draws_the_liars_and_colluders_the_swarms_of_the_default_suite_start(tmp_path):
     found = dishonest_workers(load_suite("default").to_dict())
     assert {n for n, k in found.items() if k == "colluding"} == {
-        "xp-colluders-xp-colluders-1",
-        "xp-colluders-xp-colluders-2",
+        "xp-colluders-profile-1",
+        "xp-colluders-profile-2",
     }
     liars = [n for n, k in found.items() if k == "lying"]
-    assert len(liars) == 1 and liars[0].startswith("xp-edge-xp-edge-")
+    assert len(liars) == 1 and liars[0].startswith("xp-edge-profile-")
+    # Named as the runner's swarms name their devices (runs.experiments.federation).
+    from runs.experiments.federation import venue_specs
+    from runs.experiments.suite import load_suite as again
+
+    specs = venue_specs(again("default"), tmp_path / "profiles")
+    edge = next(s for s in specs if s.name == "xp-edge")
+    drawn = devices(profile_load(edge.swarm), "xp-edge", 4, 0)
+    assert liars == [d.name for d in drawn if d.liar]
     # The trusted datacenter venues lie nowhere.
     assert not [n for n in found if n.startswith(("xp-local", "xp-dc"))]
 
