@@ -191,6 +191,8 @@ def test_a_suite_file_reads_back_as_written(tmp_path: Path):
     assert set(small.baselines) == set(BASELINES)
 
 
+# 24 runs and five device processes: minutes on a busy two-core machine.
+@pytest.mark.timeout(1500)
 def test_it_runs_the_small_suite_as_ordinary_runs(venues, tmp_path: Path):
     from runs.experiments.runner import run_suite
     from runs.models import Run
