@@ -57,9 +57,9 @@ def venue_specs(suite: Suite, folder: Path) -> list[VenueSpec]:
     for venue in suite.venues:
         profile = venue.profile
         if venue.inline:
-            # Its devices are named VENUE-profile-N (a profile is named by its file).
-            (folder / venue.name).mkdir(exist_ok=True)
-            path = folder / venue.name / "profile.toml"
+            # Named after its venue: the report draws the same devices (workers.swarm.devices
+            # seeds them with the profile's name) to know which of them lied.
+            path = folder / f"{venue.name}.toml"
             path.write_text(profile_toml(venue.inline, venue.name))
             profile = str(path)
         specs.append(VenueSpec(venue.name, swarm=profile, workers=venue.workers))

@@ -191,6 +191,8 @@ def test_a_suite_file_reads_back_as_written(tmp_path: Path):
     assert set(small.baselines) == set(BASELINES)
 
 
+# 24 runs and five device processes: minutes on a busy two-core machine.
+@pytest.mark.timeout(1500)
 def test_it_runs_the_small_suite_as_ordinary_runs(venues, tmp_path: Path):
     from runs.experiments.runner import run_suite
     from runs.models import Run
@@ -261,3 +263,42 @@ def _check_premium_lane(by_baseline: dict[str, list[dict]], premium: str, store)
         spans = _spans(store.read_events(record["run_id"]), "SubQuery.Execute")
         merged += [venue for *_, venue in spans if venue == premium]
     assert merged, "no merge call ran on the premium lane"
+
+
+def test_it_parses_tune_items_and_names_a_bad_one():
+    from runs.experiments.tune import parse_tune
+
+    assert parse_tune(["hedge=p90,p99", "policy.replicas=3"]) == {
+        "hedge": ["p90", "p99"],
+        "replicas": ["3"],
+    }
+    with pytest.raises(ValueError, match="--tune hedge=p42: policy.hedge must be one of"):
+        parse_tune(["hedge=p90,p42"])
+    with pytest.raises(ValueError, match="names no values"):
+        parse_tune(["hedge="])
+
+
+def _records(walls: list[float], correct: bool = True) -> list[dict]:
+    return [
+        {"task_id": f"t{i % 3}", "seed": i // 3, "wall_s": w, "correct": correct}
+        for i, w in enumerate(walls)
+    ]
+
+
+def test_a_change_that_is_faster_on_every_task_has_an_interval_below_zero():
+    from runs.experiments.tune import compare
+
+    before = _records([2.0, 2.5, 3.0, 2.2, 2.8, 3.1])
+    after = _records([1.0, 1.4, 2.1, 1.1, 1.9, 2.0])
+    step = compare(before, after, "hedge", "p90", 1)
+    assert step["delta"] < 0 and step["ci_high"] < 0 and step["ci_low"] <= step["delta"]
+    assert step["objective"] == pytest.approx(1.65) and step["accuracy"] == 1.0
+
+
+def test_a_change_within_the_noise_has_an_interval_across_zero():
+    from runs.experiments.tune import compare
+
+    before = _records([2.0, 2.5, 3.0, 2.2, 2.8, 3.1])
+    after = _records([2.4, 2.1, 3.3, 1.9, 2.9, 2.7])
+    step = compare(before, after, "explore", "0.1", 1)
+    assert step["ci_low"] < 0 < step["ci_high"]
