@@ -189,18 +189,19 @@ def _listed(federation: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _profile(entry: dict[str, Any], base: Path | None) -> SwarmProfile | None:
     """The entry's swarm profile. A table given in the suite is read from the file the
-    runner wrote for its swarm (`profiles/<venue>/profile.toml` in the output directory:
-    its devices are named after that file), or written the same way when it is gone; a
-    shipped profile's name or a .toml path is loaded as it is."""
+    runner wrote for its swarm in the output directory (its devices are named, and its
+    liars drawn, after that file's name), or written as the runner writes it
+    (`profiles/<venue>.toml`) when it is gone; a shipped profile's name or a .toml path is
+    loaded as it is."""
     profile, venue = entry.get("profile"), str(entry.get("name") or entry.get("venue") or "")
     try:
         if isinstance(profile, dict):
-            written = base / "profiles" / venue / "profile.toml" if base else None
-            if written is not None and written.is_file():
-                return profile_load(str(written))
-            with tempfile.TemporaryDirectory() as folder:
-                path = Path(folder) / venue / "profile.toml"
-                path.parent.mkdir()
+            folder = base / "profiles" if base else None
+            for written in (f"{venue}.toml", f"{venue}/profile.toml"):
+                if folder is not None and (folder / written).is_file():
+                    return profile_load(str(folder / written))
+            with tempfile.TemporaryDirectory() as scratch:
+                path = Path(scratch) / f"{venue}.toml"
                 path.write_text(profile_toml(profile, venue))
                 return profile_load(str(path))
         if isinstance(profile, str) and profile:
