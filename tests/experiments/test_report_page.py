@@ -25,9 +25,10 @@ def test_it_frames_a_report_whose_four_figures_draw_offline(experiment_dir, page
     dialogs: list[str] = []
     page.on("request", lambda r: requested.append(r.url))
     page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
-    page.goto(f"/experiments/{experiment.pk}/")
+    # The frame parses some 5 MB (Plotly inlined): give it time on a busy machine.
+    page.goto(f"/experiments/{experiment.pk}/", wait_until="domcontentloaded", timeout=120_000)
     frame = page.frame_locator("iframe.report-frame")
-    frame.locator("#fig-diff .main-svg").first.wait_for()
+    frame.locator("#fig-diff .main-svg").first.wait_for(timeout=180_000)
     for key in ("rail", "budget", "routing", "diff"):
         assert frame.locator(f"#fig-{key} .main-svg").count() >= 1, key
     assert frame.locator("table[data-table=detection] tbody tr").count() >= 1
