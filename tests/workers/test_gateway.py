@@ -25,7 +25,7 @@ from workers.execution import served
 from workers.gateway.agent import ws_url
 from workers.gateway.protocol import hello_claim
 from workers.jobs import results_stream
-from workers.models import Venue, venue_queue, worker_queue
+from workers.models import Venue
 from workers.reputation import strikes_key
 from workers.services import worker_register
 
@@ -222,82 +222,6 @@ def test_a_worker_answers_and_reports_only_for_jobs_it_holds(web, venues) -> Non
         if run.id.encode() in fields[b"e"] and b"Run.Done" in fields[b"e"]
     ]
     assert forged == []
-
-
-def _queue_job(queue: str, run_id: str, sq_id: str) -> None:
-    """A sub-query job pushed onto `queue` as the conductor pushes one."""
-    from workers.tasks import subquery_execute
-
-    job = {
-        "run_id": run_id,
-        "sq_id": sq_id,
-        "submit_span": "s" * 16,
-        "prompt": f"question {sq_id}",
-        "model": ModelSpec("sim", "frlm-sim-worker", "").to_dict(),
-        "deadline": time.time() + 120,
-        "depth": 1,
-        "timeout_s": 60,
-        "attempt": 1,
-    }
-    subquery_execute.apply_async(args=[job], queue=queue, declare=[])
-
-
-def _jobs(ws, count: int, *, wait_s: float = 20) -> list[dict]:
-    """The next `count` jobs the server sends within `wait_s`, its pings answered."""
-    jobs: list[dict] = []
-    deadline = time.monotonic() + wait_s
-    while len(jobs) < count and time.monotonic() < deadline:
-        try:
-            message = json.loads(ws.recv(timeout=0.2))
-        except TimeoutError:
-            continue
-        if message["type"] == "job":
-            jobs.append(message)
-        elif message["type"] == "ping":
-            ws.send(json.dumps({"type": "pong", "t": message["t"]}))
-    return jobs
-
-
-def _started(run_id: str) -> list[str]:
-    """The sq_ids claimed as started on the run's result stream, in order."""
-    entries = get_redis().xrange(results_stream(run_id), "-", "+")
-    return [f[b"sq_id"].decode() for _, f in entries if f[b"status"] == b"started"]
-
-
-def test_a_busy_worker_gets_one_job_per_slot_ahead_of_its_own_queue_only(web, venues) -> None:
-    """Two slots: two jobs start, two more wait on the worker (sent ahead, not claimed as
-    started until it says it began one), and the venue's shared queue is left for a worker
-    with a free slot."""
-    wid, key = _registered("ahead")
-    own, shared = worker_queue(wid), venue_queue("hostile")
-    run_id = "rahead" + os.urandom(4).hex()
-    for i in range(1, 6):
-        _queue_job(own, run_id, f"{i}.1")
-    _queue_job(shared, run_id, "9.1")
-    with connect(ws_url(web), open_timeout=10) as ws:
-        assert _hello(ws, wid, key)["type"] == "welcome"
-        sent = _jobs(ws, 4)
-        assert [(m["job"]["sq_id"], m["ahead"]) for m in sent] == [
-            ("1.1", False),
-            ("2.1", False),
-            ("3.1", True),
-            ("4.1", True),
-        ]
-        assert _jobs(ws, 1, wait_s=2) == []  # two running and two ahead: nothing more
-        assert _started(run_id) == ["1.1", "2.1"]
-        done = {"run_id": run_id, "sq_id": "1.1", "status": "ok", "text": "one"}
-        ws.send(json.dumps({"type": "done", "sq_id": "1.1", "result": done, "began": ["3.1"]}))
-        # The freed slot took 3.1; its place ahead is refilled from the worker's own queue.
-        (refill,) = _jobs(ws, 1)
-        assert (refill["job"]["sq_id"], refill["ahead"]) == ("5.1", True)
-        wait_until(lambda: _started(run_id) == ["1.1", "2.1", "3.1"], what="3.1 claimed")
-        for sq_id, began in (("2.1", ["4.1"]), ("3.1", ["5.1"]), ("4.1", [])):
-            done = {"run_id": run_id, "sq_id": sq_id, "status": "ok", "text": sq_id}
-            ws.send(json.dumps({"type": "done", "sq_id": sq_id, "result": done, "began": began}))
-        # A slot is free and nothing waits ahead: now the shared queue's job comes, to start.
-        (shared_job,) = _jobs(ws, 1)
-        assert (shared_job["job"]["sq_id"], shared_job["ahead"]) == ("9.1", False)
-    assert _started(run_id) == ["1.1", "2.1", "3.1", "4.1", "5.1", "9.1"]
 
 
 # --- the model endpoint is the worker's own -------------------------------------------------
