@@ -3,12 +3,10 @@ its enrolment token and its own key.
 
 register (HTTP, workers/client.py) -> open the gateway's WebSocket and sign the server's
 challenge -> run each job it is sent in a pool of `slots` threads, reporting its span
-events and signed result; a job sent ahead of a free slot waits here and starts in the
-first slot that frees, its start told with the reply that freed it -> heartbeat with its
-figures -> on a dropped connection, connect again -> on SIGTERM or SIGINT: say it is
-draining (the server sends nothing new), finish what it holds, deregister. Its model
-endpoint is its own: an OpenAI-compatible server it was given (--base-url), or the
-simulated model running in this process."""
+events and signed result -> heartbeat with its figures -> on a dropped connection, connect
+again -> on SIGTERM or SIGINT: say it is draining (the server sends nothing new), finish
+what it holds, deregister. Its model endpoint is its own: an OpenAI-compatible server it
+was given (--base-url), or the simulated model running in this process."""
 
 from __future__ import annotations
 
@@ -18,7 +16,6 @@ import os
 import signal
 import threading
 import time
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,12 +83,6 @@ class GatewayAgent:
     sessions: int = 0
     _ws: ClientConnection | None = None
     _send_lock: threading.Lock = field(default_factory=threading.Lock)
-    # Slots running a job, and jobs sent ahead waiting for one (with whether the server
-    # waits to hear that it began).
-    _slots: int = 1
-    _running: int = 0
-    _waiting: deque[tuple[Job, bool]] = field(default_factory=deque)
-    _slot_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def worker_id(self) -> str:
@@ -110,7 +101,7 @@ class GatewayAgent:
         signing.use_process_key(self.key)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
-        slots = self._slots = int(self.registration["concurrency"])
+        slots = int(self.registration["concurrency"])
         log.warning(
             "worker %s registered as %s in venue %s; joining the gateway at %s with %d slots",
             self.worker_id,
@@ -168,9 +159,6 @@ class GatewayAgent:
                 )
             )
             welcome = self._expect(ws, "welcome")
-            with self._slot_lock:
-                # Sent ahead on a connection that dropped: the server gave them elsewhere.
-                self._waiting.clear()
             self._ws = ws
             self.sessions += 1
             every = float(welcome.get("heartbeat_s") or 1.0)
@@ -181,7 +169,7 @@ class GatewayAgent:
                 if self.draining and not announced_drain:
                     self._beat()
                     announced_drain = True
-                if self.draining and self._idle():
+                if self.draining and self.tally.inflight == 0:
                     return
                 if time.monotonic() >= next_beat:
                     self._beat()
@@ -193,7 +181,9 @@ class GatewayAgent:
                 message = decode(raw)
                 kind = message["type"]
                 if kind == "job":
-                    self._arrived(pool, message["job"], ahead=message.get("ahead") is True)
+                    job = message["job"]
+                    self.tally.begin(job["sq_id"])
+                    pool.submit(self._execute, job)
                 elif kind == "ping":
                     self._send({"type": "pong", "t": message.get("t")})
                 elif kind == "error":
@@ -224,55 +214,18 @@ class GatewayAgent:
     def _beat(self) -> None:
         self._send({"type": "beat", "figures": self.tally.figures(draining=self.draining)})
 
-    # --- slots --------------------------------------------------------------------------
-    def _idle(self) -> bool:
-        with self._slot_lock:
-            return self._running == 0 and not self._waiting
-
-    def _arrived(self, pool: ThreadPoolExecutor, job: Job, *, ahead: bool) -> None:
-        """A job from the server: into a free slot, or to wait for one."""
-        with self._slot_lock:
-            if self._running >= self._slots:
-                self._waiting.append((job, ahead))
-                return
-            self._running += 1
-        if ahead:  # sent ahead, yet a slot was free (its reply is on its way to the server)
-            self._send({"type": "began", "sq_ids": [job["sq_id"]]})
-        pool.submit(self._execute, job)
-
-    def _execute(self, job: Job | None) -> None:
-        """Run jobs in this slot: the one given, then each that waits for a slot."""
-        while job is not None:
-            self.tally.begin(job["sq_id"])
-            message = None
-            try:
-                message = self._work(job)
-            except Exception:
-                log.exception("sub-query %s failed in this worker", job.get("sq_id"))
-            finally:
-                self.tally.end(job["sq_id"])
-            job = self._next(message)
-
-    def _next(self, done: dict[str, Any] | None) -> Job | None:
-        """The slot's next job, begun now, or None (the slot is free); the finished job's
-        reply goes with word of what began, in one message."""
-        with self._slot_lock:
-            if self._waiting:
-                job, ahead = self._waiting.popleft()
-            else:
-                job, ahead = None, False
-                self._running -= 1
-        began = [job["sq_id"]] if job is not None and ahead else []
-        if done is not None:
-            self._send({**done, "began": began} if began else done)
-        elif began:
-            self._send({"type": "began", "sq_ids": began})
-        return job
-
     # --- one job ------------------------------------------------------------------------
-    def _work(self, job: Job) -> dict[str, Any]:
+    def _execute(self, job: Job) -> None:
+        try:
+            self._work(job)
+        except Exception:
+            log.exception("sub-query %s failed in this worker", job.get("sq_id"))
+        finally:
+            self.tally.end(job["sq_id"])
+
+    def _work(self, job: Job) -> None:
         """Fragments noted, the model asked, the Execute span (opened by the server) ended
-        and the signed result made: the message that says so, one per job."""
+        and the signed result sent, all in one message."""
         relay = Relay(job["run_id"], venue=self.venue, worker_id=self.worker_id)
         base: Result = {
             "run_id": job["run_id"],
@@ -283,7 +236,8 @@ class GatewayAgent:
         try:
             spec = on_device(served(ModelSpec.from_dict(job["model"])), attempt=job["attempt"])
         except ModelError as exc:
-            return self._done(job, signed({**base, "status": "error", "error": str(exc)}), [])
+            self._done(job, signed({**base, "status": "error", "error": str(exc)}), [])
+            return
         extra: dict[str, Any] = job  # type: ignore[assignment]
         # The server opened the Execute span as it sent the job; this worker ends it.
         span = Span(
@@ -315,15 +269,13 @@ class GatewayAgent:
                 error = f"cannot attest: {exc}"
         if error:
             span.end("error", error=error, model=spec.label)
-            return self._done(
-                job, signed({**base, "status": "error", "error": error}), relay.take()
-            )
+            self._done(job, signed({**base, "status": "error", "error": error}), relay.take())
+            return
         span.end("ok", model=spec.label, **reply_fields(reply))
-        return self._done(job, signed(result), relay.take())
+        self._done(job, signed(result), relay.take())
 
-    @staticmethod
-    def _done(job: Job, result: Result, events: list[Event]) -> dict[str, Any]:
-        return {"type": "done", "sq_id": job["sq_id"], "result": result, "events": events}
+    def _done(self, job: Job, result: Result, events: list[Event]) -> None:
+        self._send({"type": "done", "sq_id": job["sq_id"], "result": result, "events": events})
 
     # --- leaving ------------------------------------------------------------------------
     def leave(self) -> None:

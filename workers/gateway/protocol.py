@@ -1,13 +1,10 @@
 """What travels over the gateway's WebSocket, one JSON object a message, `type` first.
 
 server -> worker: challenge {nonce}, welcome {worker_id, venue, heartbeat_s}, job {job, with
-    the fragments' text and the id of its Execute span; ahead: true when every slot was
-    busy as it was sent, so it waits on the worker for a slot}, ping {t},
+    the fragments' text and the id of the Execute span the server opened}, ping {t},
     error {error, fix} (then the server closes).
 worker -> server: hello {worker_id, nonce, sig, slots}, done {sq_id, result, events: the
-    Execute span's end and Env.LoadFragment instants, began: the sq_ids of jobs sent ahead
-    that it began in the slot this one freed}, began {sq_ids: jobs sent ahead that it began
-    at once}, beat {figures}, pong {t}.
+    Execute span's end and Env.LoadFragment instants}, beat {figures}, pong {t}.
 
 WebSocket rather than HTTP long-poll: jobs reach a worker the moment they are queued, its
 results and heartbeats ride the same connection, and the server knows the instant the

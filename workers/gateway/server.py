@@ -5,11 +5,7 @@
 2. pump: while the worker has a free slot, take the next job of its own queue or its
    venue's (the same Redis lists Celery workers consume, so the conductor cannot tell the
    two kinds apart), tell the conductor who holds it, open its Execute span, read its
-   fragments here (byte range, sha256) and send it. While every slot is busy, up to one
-   more job per slot is sent ahead from the worker's own queue only (jobs the scheduler
-   already gave this worker; the venue's shared queue is never hoarded): a slot that
-   frees starts its next job at once, with no round trip, as a broker worker's prefetch
-   does. A job sent ahead is claimed and its span opened when the worker says it began;
+   fragments here (byte range, sha256) and send it;
 3. relay: the worker's results and span events go to the run's result stream and the event
    stream, stamped with the identity it proved; a result for a job it does not hold, or an
    event of another kind or another run, is dropped;
@@ -65,12 +61,6 @@ RunContext = Callable[[str], "str | None"]
 HELLO_TIMEOUT_S = 10.0
 # Seconds a pump waits on the queues before it looks again whether it should stop.
 POP_WAIT_S = 1
-# While every slot is busy the pump waits only on the worker's own queue, and looks up this
-# often whether a slot freed (then the venue's queue may be served again).
-AHEAD_WAIT_S = 0.2
-# Jobs sent ahead of a free slot, per slot: one, so a batch's clump of replies (its
-# sub-queries start together and take alike) finds every slot's next job already there.
-AHEAD_PER_SLOT = 1
 EVENT_KEYS = ("ms", "bytes", "tokens_in", "tokens_out", "cost", "payload_ref")
 
 
@@ -102,7 +92,6 @@ class Held:
     execute_span: str
     depth: int
     model: str  # the model the job asks for
-    begun: bool = True  # False while it waits on the worker for a slot (sent ahead)
 
 
 class GatewayConsumer(AsyncWebsocketConsumer):
@@ -223,7 +212,6 @@ class WorkerLink:
         self.consumer = consumer
         self.worker = worker
         self.slots = slots
-        self.ahead = slots * AHEAD_PER_SLOT
         self.venue = worker.venue.name
         self.queues = [worker.queue, worker.venue.queue]
         self.held: dict[str, Held] = {}
@@ -277,12 +265,10 @@ class WorkerLink:
             for sq_id, held in self.held.items():
                 hint = {"run_id": held.run_id, "sq_id": sq_id, "status": "lost"}
                 pipe.xadd(results_stream(held.run_id), {**hint, "worker_id": self.worker.id})
-                if held.begun:  # a job sent ahead and never begun has no span open
-                    ends.append(
-                        self._execute_event(held, "end", "abandoned", error=f"worker lost: {why}")
-                    )
-            if ends:
-                pipe.eval(APPEND_LUA, 0, *append_args(ends))  # type: ignore[arg-type]
+                ends.append(
+                    self._execute_event(held, "end", "abandoned", error=f"worker lost: {why}")
+                )
+            pipe.eval(APPEND_LUA, 0, *append_args(ends))  # type: ignore[arg-type]
             await pipe.execute()
         log.warning(
             "gateway: worker %s left: %s; it held %d job(s)", self.worker.id, why, len(self.held)
@@ -290,7 +276,7 @@ class WorkerLink:
 
     # --- jobs out -----------------------------------------------------------------------
     def _update_room(self) -> None:
-        if len(self.held) < self.slots + self.ahead and not self.draining:
+        if len(self.held) < self.slots and not self.draining:
             self.room.set()
         else:
             self.room.clear()
@@ -299,11 +285,7 @@ class WorkerLink:
         try:
             while True:
                 await self.room.wait()
-                if len(self.held) < self.slots:
-                    popped = await self.redis.brpop(self.queues, timeout=POP_WAIT_S)
-                else:
-                    # Ahead of a free slot: only what the scheduler gave this worker.
-                    popped = await self.redis.brpop(self.queues[:1], timeout=AHEAD_WAIT_S)
+                popped = await self.redis.brpop(self.queues, timeout=POP_WAIT_S)
                 if popped is None:
                     continue
                 await self._take(popped[1])
@@ -326,7 +308,6 @@ class WorkerLink:
         run_id, sq_id = job["run_id"], job["sq_id"]
         if job["deadline"] < time.time():
             return  # nobody wants it any more (the conductor has moved on)
-        ahead = len(self.held) >= self.slots  # the worker has no slot free for it yet
         held = self.held[sq_id] = Held(
             run_id,
             sq_id,
@@ -334,26 +315,31 @@ class WorkerLink:
             secrets.token_hex(8),
             job["depth"],
             str(job["model"].get("model", "")),
-            begun=not ahead,
         )
         self._update_room()
-        # In one round trip: whether it was cancelled meanwhile, and, for a job that starts
-        # at once, who holds it, before anything else can go wrong (if this worker vanishes
-        # now, the conductor knows which job to send elsewhere: a job sent ahead is already
-        # assigned to this worker, so the conductor knows that one), and the start of its
-        # Execute span, which the server opens as it hands the job over (the worker ends
-        # it: one message a job from the worker, not two).
+        # In one round trip: who holds it, before anything else can go wrong (if this
+        # worker vanishes now, the conductor knows which job to send elsewhere); the start
+        # of its Execute span, which the server opens as it hands the job over (the worker
+        # ends it: one message a job from the worker, not two); and whether it was
+        # cancelled meanwhile (then the claim is a late reply the conductor ignores).
+        claim = {
+            "run_id": run_id,
+            "sq_id": sq_id,
+            "venue": self.venue,
+            "worker_id": self.worker.id,
+            "status": "started",
+        }
+        start = self._execute_event(held, "start", "ok")
         pipe = self.redis.pipeline(transaction=False)
         pipe.sismember(cancelled_key(run_id), sq_id)
-        if not ahead:
-            self._begin(pipe, held)
-        cancelled, *_ = await pipe.execute()
+        pipe.xadd(results_stream(run_id), encode_result(claim))  # type: ignore[arg-type]
+        pipe.eval(APPEND_LUA, 0, *append_args([start]))  # type: ignore[list-item]
+        cancelled, _, _ = await pipe.execute()
         if cancelled:
             del self.held[sq_id]
             self._update_room()
-            if held.begun:
-                end = self._execute_event(held, "end", "cancelled", ms=0.0)
-                await self._append([end])
+            end = self._execute_event(held, "end", "cancelled", ms=0.0)
+            await self._append([end])
             return
         if fragments.MARKER_OPEN in job["prompt"]:
             outgoing = await database_sync_to_async(_filled, thread_sensitive=False)(
@@ -362,22 +348,7 @@ class WorkerLink:
         else:
             outgoing = dict(job)
         outgoing["execute_span"] = held.execute_span
-        await self.consumer.send(encode({"type": "job", "job": outgoing, "ahead": ahead}))
-
-    def _begin(self, pipe: Any, held: Held) -> None:
-        """Onto `pipe`: the claim that this worker runs the job now (the conductor's start of
-        its attempt) and the start of its Execute span."""
-        held.begun = True
-        claim = {
-            "run_id": held.run_id,
-            "sq_id": held.sq_id,
-            "venue": self.venue,
-            "worker_id": self.worker.id,
-            "status": "started",
-        }
-        pipe.xadd(results_stream(held.run_id), encode_result(claim))  # type: ignore[arg-type]
-        start = self._execute_event(held, "start", "ok")
-        pipe.eval(APPEND_LUA, 0, *append_args([start]))  # type: ignore[list-item]
+        await self.consumer.send(encode({"type": "job", "job": outgoing}))
 
     def _execute_event(self, held: Held, phase: str, status: str, **fields: Any) -> dict[str, Any]:
         """An event of the job's Execute span, in this worker's name."""
@@ -414,10 +385,6 @@ class WorkerLink:
         kind = message["type"]
         if kind == "done":
             await self._done(message)
-        elif kind == "began":
-            pipe = self.redis.pipeline(transaction=False)
-            if self._began(pipe, message.get("sq_ids")):
-                await pipe.execute()
         elif kind == "beat":
             await self._beat(message.get("figures"))
         elif kind == "pong":
@@ -426,21 +393,6 @@ class WorkerLink:
                 self.rtt_ms = round(max(0.0, time.monotonic() - float(sent)) * 1000, 2)
         else:
             raise ProtocolError(f"unknown message type {kind[:40]!r}")
-
-    def _began(self, pipe: Any, sq_ids: Any) -> bool:
-        """Onto `pipe`: the start of each job sent ahead that the worker says it began now.
-        True when there is anything to send."""
-        if sq_ids is None:
-            return False
-        if not isinstance(sq_ids, list) or len(sq_ids) > self.slots + self.ahead:
-            raise ProtocolError(f"began needs a list of at most {self.slots + self.ahead} sq_ids")
-        any_begun = False
-        for sq_id in sq_ids:
-            held = self.held.get(sq_id) if isinstance(sq_id, str) else None
-            if held is not None and not held.begun:
-                self._begin(pipe, held)
-                any_begun = True
-        return any_begun
 
     async def _done(self, message: dict[str, Any]) -> None:
         held = self._held(message)
@@ -461,13 +413,9 @@ class WorkerLink:
             "worker_id": self.worker.id,
         }
         pipe = self.redis.pipeline(transaction=False)
-        if not held.begun:  # answered without saying it began: its start is now
-            self._begin(pipe, held)
         if events:
             pipe.eval(APPEND_LUA, 0, *append_args(events))
         pipe.xadd(results_stream(held.run_id), encode_result(stamped))  # type: ignore[arg-type]
-        # The job the worker began in the slot this one freed, in the same round trip.
-        self._began(pipe, message.get("began"))
         await pipe.execute()
         del self.held[sq_id]
         self._update_room()
