@@ -192,13 +192,36 @@ def run_new(request: HttpRequest) -> HttpResponse:
 
 
 # --- the run page -------------------------------------------------------------------------
+def _compare_candidates(request: HttpRequest, run: Run) -> list[Run]:
+    """Runs to diff this one with, the related first: the same question over the same
+    context (or the same generated task), then whatever else is recent. The replay source
+    and the replays are offered apart, above these."""
+    others = visible_runs(request.user).exclude(id=run.id).exclude(replay_of=run)
+    if run.replay_of_id:
+        others = others.exclude(id=run.replay_of_id)
+    if run.task:
+        same = Q(task=run.task)
+    else:
+        same = Q(question=run.question, context_path=run.context_path)
+    related = list(others.filter(same).order_by("-created")[:15])
+    taken = {r.id for r in related}
+    rest = [r for r in others.order_by("-created")[:30] if r.id not in taken]
+    for r in related:
+        r.related = True
+    return related + rest[: max(0, 30 - len(related))]
+
+
 def _run_context(request: HttpRequest, run: Run) -> dict[str, Any]:
+    """What the header and its buttons show: the page renders it, and the page fetches it
+    again when the run ends (so Cancel goes and Replay comes without a reload)."""
     progress = read_progress(get_redis(), run.id) if not run.done else {}
     return {
         "run": run,
         "progress": progress,
         "policy_items": [(k, run.policy[k]) for k in POLICY_FIELDS if k in run.policy],
         "replays": visible_runs(request.user).filter(replay_of=run).order_by("-created")[:10],
+        "replay_form": ReplayForm(initial={"from_turn": 1 if run.turns else None}),
+        "others": _compare_candidates(request, run),
     }
 
 
@@ -206,10 +229,7 @@ def _run_context(request: HttpRequest, run: Run) -> dict[str, Any]:
 @require_GET
 def run_page(request: HttpRequest, run_id: str) -> HttpResponse:
     run = _get_run_for_user(request, run_id)
-    ctx = _run_context(request, run)
-    ctx["replay_form"] = ReplayForm(initial={"from_turn": 1 if run.turns else None})
-    ctx["others"] = visible_runs(request.user).exclude(id=run.id).order_by("-created")[:30]
-    return render(request, "runs/run.html", ctx)
+    return render(request, "runs/run.html", _run_context(request, run))
 
 
 @login_required
