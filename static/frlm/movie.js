@@ -450,8 +450,8 @@
         });
         nav.append(b);
       };
-      seekTo("⏱ clock to its start", "start", d.start_ms);
-      seekTo("⏱ clock to its end", "end", d.status !== "open" ? d.end_ms : null);
+      seekTo("Set the clock to its start", "start", d.start_ms);
+      seekTo("Set the clock to its end", "end", d.status !== "open" ? d.end_ms : null);
       const metrics = el("dl", "kv-grid");
       // Unset attributes (null) say nothing: they are left out.
       const add = (k, v) => { if (v == null || v === "") return; metrics.append(el("dt", null, k), el("dd", "mono", String(v))); };
@@ -530,7 +530,18 @@
         }
         parts.push(sec);
       }
-      if (!parts.length) parts.push(el("p", "muted", this.live ? "The root model has not answered yet." : "No root-model turns in this trace."));
+      if (!parts.length) {
+        // The stored turns lag the live events a little: say what the trace already shows.
+        const T = this.trace, turns = T.totals.turns;
+        const cell = T.rows(T.events.length).some((s) => s.name === "Repl.Exec");
+        let text = "No root-model turns in this trace.";
+        if (this.live && !turns && !cell) text = "The root model has not answered yet.";
+        else if (this.live) {
+          text = `Turn ${Math.max(1, turns)} is under way: ${cell ? "its code is running" : "the root model is writing"}; it shows here in a moment.`;
+          this.loadTurnsSoon();
+        }
+        parts.push(el("p", "muted", text));
+      }
       box.replaceChildren(...parts);
       this.markTurns(this.cursorTime());
     }
