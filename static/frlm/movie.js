@@ -90,7 +90,17 @@
       this.frame(true);
       this.loadTurns();
       if (this.live && !this.trace.done) { this.setLive(true); this.connect(); }
-      else this.setLive(false);
+      else {
+        const missed = this.live && this.trace.done;  // it ended while the page loaded
+        this.setLive(false);
+        // A short run that ended while its page was loading is shown moving all the same:
+        // played from its start, in at most three seconds.
+        if (missed) {
+          const extent = this.endTime() - this.trace.t0;
+          this.speed = Math.max(1, extent / 3000);
+          this.play();
+        }
+      }
       this.ready = true;
       this.root.dataset.ready = "1";
       // Drawn and painted, the main thread free: when the page answers input (bench/ui.py).

@@ -357,7 +357,7 @@
         ],
         xaxis: Object.assign({}, AXIS, { rangemode: "tozero" }),
         yaxis: Object.assign({}, AXIS, { autorange: "reversed", domain: [0, 0.55] }),
-        xaxis2: Object.assign({}, AXIS, { anchor: "y2", rangemode: "tozero", tickprefix: "$", visible: B.events > 0, range: B.cap != null ? [0, B.cap] : undefined }),
+        xaxis2: Object.assign({}, AXIS, { anchor: "y2", rangemode: "tozero", tickprefix: "$", visible: B.events > 0, range: B.cap > 0 ? [0, B.cap] : undefined }),
         yaxis2: Object.assign({}, AXIS, { domain: [0.7, 0.8], visible: B.events > 0 }),
       }));
     }
@@ -435,20 +435,18 @@
         g.append(path);
       }
       svg.append(g);
-      const labels = mk("g", { class: "labels" });
+      // A node and its label in one group, under one tooltip: the full name and counts.
       for (const n of nodes.values()) {
-        const r = mk("rect", { x: n.x, y: n.y.toFixed(1), width: NODE_W, height: n.h.toFixed(1), fill: color(n) });
-        r.append(mk("title", {}, `${n.kind === "out" ? "" : n.kind + " "}${n.name}: ${n.vin.toLocaleString()} in · ${n.vout.toLocaleString()} out`));
-        svg.append(r);
+        const group = mk("g", { class: "node" });
+        group.append(mk("title", {}, `${n.kind === "out" ? "" : n.kind + " "}${n.name}: ${n.vin.toLocaleString()} in · ${n.vout.toLocaleString()} out`));
+        group.append(mk("rect", { x: n.x, y: n.y.toFixed(1), width: NODE_W, height: n.h.toFixed(1), fill: color(n) }));
+        svg.append(group);
         if (n.h < 9 && nodes.size > 6) continue;  // too thin to label without overlapping
         const room = n.col === 3 ? LABEL_W - 4 : colX[Math.min(3, n.col + 1)] - n.x - NODE_W - 6;
         const chars = Math.max(3, Math.floor(room / 5.6));
         const text = n.name.length > chars ? n.name.slice(0, chars - 1) + "…" : n.name;
-        const label = mk("text", { x: (n.x + NODE_W + 3).toFixed(1), y: (n.y + n.h / 2).toFixed(1), "dominant-baseline": "middle", class: "flow-label" }, text);
-        label.append(mk("title", {}, n.name));
-        labels.append(label);
+        group.append(mk("text", { x: (n.x + NODE_W + 3).toFixed(1), y: (n.y + n.h / 2).toFixed(1), "dominant-baseline": "middle", class: "flow-label" }, text));
       }
-      svg.append(labels);
       div.replaceChildren(svg);
       this.updates.flow++;
       div.dataset.updates = this.updates.flow;
