@@ -35,16 +35,23 @@ VIEWS_AT_K = (
 
 
 def _watch_console(page: Any) -> list[str]:
+    """Console errors and any NaN or Infinity the page logs, and requests that failed
+    (the browser's own favicon.ico request apart)."""
     bad: list[str] = []
 
     def seen(msg: Any) -> None:
         text = msg.text
-        if msg.type == "error" and "favicon" not in text:
-            bad.append(text)
-        elif "NaN" in text or "Infinity" in text:
+        if text.startswith("Failed to load resource"):
+            return  # said with its URL by the response handler below
+        if msg.type == "error" or "NaN" in text or "Infinity" in text:
             bad.append(text)
 
+    def answered(response: Any) -> None:
+        if response.status >= 400 and not response.url.endswith("/favicon.ico"):
+            bad.append(f"{response.status} {response.url}")
+
     page.on("console", seen)
+    page.on("response", answered)
     return bad
 
 
@@ -82,7 +89,7 @@ def test_it_tells_one_story_while_the_run_is_live(page, web, staff):
     console = _watch_console(page)
     run = _live_run(staff)
     page.goto(f"/runs/{run.id}", wait_until="domcontentloaded", timeout=90_000)
-    page.wait_for_function("frlmMovie.ws && frlmMovie.ws.readyState === 1")
+    page.wait_for_function("frlmMovie.ws && frlmMovie.ws.readyState === 1", timeout=90_000)
     assert page.locator("#run-actions button.danger", has_text="Cancel run").is_visible()
     assert page.locator("#run-actions details.replay").count() == 0
     client = get_redis()
