@@ -34,6 +34,11 @@ VIEWS_AT_K = (
 )
 
 
+def wait(page: Any, expression: str, what: str = "") -> Any:
+    """wait_for with room for a machine that other test suites load heavily."""
+    return wait_for(page, expression, timeout=90, what=what)
+
+
 def _watch_console(page: Any) -> list[str]:
     """Console errors and any NaN or Infinity the page logs, and requests that failed
     (the browser's own favicon.ico request apart)."""
@@ -70,13 +75,18 @@ def _live_run(owner: Any, question: str = "a fanout watched live") -> Run:
 def _agree(page: Any, settled: int, sent: int) -> dict[str, Any]:
     """Wait until the page holds `sent` sub-queries of which `settled` ended, then check
     that the header says what the waterfall shows, at the same event index."""
-    wait_for(
+    wait(page, "frlmMovie.rows.some(s => s.name === 'Repl.Exec')", what="the first cell")
+    wait(
         page,
         f"(() => {{ const s = frlmMovie.rows.filter(s => s.name === 'SubQuery.Submit');"
         f" return s.length === {sent} && s.filter(s => s.i1 >= 0).length === {settled}; }})()",
         what=f"{settled}/{sent} sub-queries on the waterfall",
     )
-    wait_for(page, f"({AGREE})().subqueries === '{settled}/{sent}'", what="the header to agree")
+    wait(
+        page,
+        f"(s => s.subqueries === '{settled}/{sent}' && s.headerK === s.k)(({AGREE})())",
+        what="the header to agree",
+    )
     state = page.evaluate(AGREE)
     assert state["headerK"] == state["k"], state
     assert (state["settled"], state["sent"]) == (settled, sent), state
@@ -86,6 +96,7 @@ def _agree(page: Any, settled: int, sent: int) -> dict[str, Any]:
 
 
 def test_it_tells_one_story_while_the_run_is_live(page, web, staff):
+    page.set_default_timeout(90_000)
     console = _watch_console(page)
     run = _live_run(staff)
     page.goto(f"/runs/{run.id}", wait_until="domcontentloaded", timeout=90_000)
@@ -114,7 +125,7 @@ def test_it_tells_one_story_while_the_run_is_live(page, web, staff):
     assert state["cost"] == "$0.0020", state
     # The views draw the same tally: each says at which event index it was drawn, and the
     # Fill view's summary at that index is the header's.
-    wait_for(
+    wait(
         page,
         VIEWS_AT_K,
         what="all five views drawn at the waterfall's event index",
@@ -124,7 +135,7 @@ def test_it_tells_one_story_while_the_run_is_live(page, web, staff):
     flow = page.locator("#view-flow text").all_text_contents()
     assert "w-state-1" in flow and "local" in flow, flow
     # Turn 1 runs: the turn panel says so rather than "has not answered yet".
-    wait_for(page, "!document.getElementById('turns').textContent.includes('has not answered')")
+    wait(page, "!document.getElementById('turns').textContent.includes('has not answered')")
     shot(page, "19-live-5-of-12")
     for sub in subs[5:]:
         ex = worker.start("SubQuery.Execute", parent=sub.span_id)
@@ -146,18 +157,19 @@ def test_it_tells_one_story_while_the_run_is_live(page, web, staff):
         cost="0.002",
     )
     root.end()
-    wait_for(page, "document.getElementById('run-header').dataset.done === '1'", what="the end")
-    wait_for(page, "document.getElementById('run-status').textContent.trim() === 'succeeded'")
+    wait(page, "document.getElementById('run-header').dataset.done === '1'", what="the end")
+    wait(page, "document.getElementById('run-status').textContent.trim() === 'succeeded'")
     # Cancel goes and Replay / what-if comes, without a reload.
     assert page.locator("#run-actions button.danger").count() == 0
     assert page.locator("#run-actions details.replay").is_visible()
-    wait_for(page, "document.querySelector('[data-metric=wall]').textContent.trim() === '1.23 s'")
+    wait(page, "document.querySelector('[data-metric=wall]').textContent.trim() === '1.23 s'")
     nan_paths = page.locator("path[d*='NaN'], path[d*='Infinity']").count()
     assert nan_paths == 0
     assert not console, console
 
 
 def test_it_plays_a_finished_run_back_with_header_and_views_at_the_clock(page, web, staff):
+    page.set_default_timeout(90_000)
     console = _watch_console(page)
     run = _live_run(staff, question="a finished fanout")
     client = get_redis()
@@ -174,11 +186,11 @@ def test_it_plays_a_finished_run_back_with_header_and_views_at_the_clock(page, w
     wait_until(lambda: store.event_count(run.id) >= 35, timeout=30, what="the run stored")
     page.goto(f"/runs/{run.id}", wait_until="domcontentloaded", timeout=90_000)
     page.wait_for_selector("#movie[data-ready='1']")
-    wait_for(page, "Number(document.getElementById('movie').dataset.viewsDrawn) >= 1")
+    wait(page, "Number(document.getElementById('movie').dataset.viewsDrawn) >= 1")
     assert page.locator("#run-actions button.danger").count() == 0
     # The clock at the start: the header and the views at the waterfall's event index.
     page.keyboard.press("Home")
-    wait_for(
+    wait(
         page,
         f"(s => s.k < 8 && s.headerK === s.k)(({AGREE})())",
         what="the header at the start",
@@ -186,13 +198,13 @@ def test_it_plays_a_finished_run_back_with_header_and_views_at_the_clock(page, w
     state = page.evaluate(AGREE)
     assert state["subqueries"] == f"{state['settled']}/{state['sent']}", state
     assert state["status"] == "running", state
-    wait_for(
+    wait(
         page,
         VIEWS_AT_K,
         what="the views at the start",
     )
     page.keyboard.press("End")
-    wait_for(page, f"({AGREE})().status === 'succeeded'", what="the end")
+    wait(page, f"({AGREE})().status === 'succeeded'", what="the end")
     assert page.evaluate(AGREE)["subqueries"] == "8"
     assert page.locator("path[d*='NaN']").count() == 0
     assert not console, console
