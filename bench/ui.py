@@ -261,7 +261,7 @@ WATCH_JS = """(views) => {
 
 def watch_live(page, run_id: str, emit, *, views: bool = True) -> dict:
     """Open the live run's page, emit, and collect each event's arrival and appearance."""
-    page.goto(f"/runs/{run_id}")
+    page.goto(f"/runs/{run_id}", wait_until="commit")
     page.wait_for_function("frlmMovie.ws && frlmMovie.ws.readyState === 1")
     page.evaluate(WATCH_JS, views)
     sent, elapsed = emit()
@@ -342,9 +342,10 @@ def main() -> None:
             context = browser.new_context(viewport={"width": 1600, "height": 1000}, base_url=base)
             context.add_cookies([cookie])
             page = context.new_page()
+            page.set_default_timeout(120_000)  # a loaded machine answers slowly
 
             # --- the run page of a 10,000-span run: waterfall, then the five views ------
-            page.goto(f"/runs/{big.id}")  # warm: daphne, the static files in cache
+            page.goto(f"/runs/{big.id}", wait_until="commit")  # warm: daphne, the static files
             page.wait_for_selector("#movie[data-interactive][data-views-ready]", timeout=120_000)
             warm = [time_load(page, big.id) for _ in range(args.loads)]
             # Cold, the two deliveries alternated so that the machine's load falls on both.
