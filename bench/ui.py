@@ -262,7 +262,7 @@ WATCH_JS = """(views) => {
 def watch_live(page, run_id: str, emit, *, views: bool = True) -> dict:
     """Open the live run's page, emit, and collect each event's arrival and appearance."""
     page.goto(f"/runs/{run_id}", wait_until="commit")
-    page.wait_for_function("frlmMovie.ws && frlmMovie.ws.readyState === 1")
+    page.wait_for_function("window.frlmMovie && frlmMovie.ws && frlmMovie.ws.readyState === 1")
     page.evaluate(WATCH_JS, views)
     sent, elapsed = emit()
     deadline = time.monotonic() + 30
