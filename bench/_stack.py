@@ -23,17 +23,32 @@ from django.core.management import call_command  # noqa: E402
 
 from frlm_web.stack import Stack, VenueSpec  # noqa: E402
 
+_leaving: list[int] = []  # the signal that asked the bench to stop, once one did
+
 
 def stop_on_signals() -> None:
     """SIGTERM and SIGINT unwind the bench's `with` and `try` blocks, which stop what they
     started (its private stack, namespaces, extra workers): a bench killed by a timeout or
-    Ctrl-C leaves nothing running."""
+    Ctrl-C leaves nothing running. Library code that catches BaseException can swallow the
+    SystemExit (seen once mid-run: the bench polled on with its stack up), so the bench's
+    waiting loops also ask `stop_requested` and leave again."""
 
     def leave(signum: int, _frame: object) -> None:
+        _leaving.append(signum)
+        # A second signal (an impatient Ctrl-C, a timeout's follow-up TERM) must not cut
+        # the teardown that the first one started.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, leave)
     signal.signal(signal.SIGINT, leave)
+
+
+def stop_requested() -> None:
+    """Leave (SystemExit) if a signal asked the bench to stop and it is still going."""
+    if _leaving:
+        raise SystemExit(128 + _leaving[0])
 
 
 @contextmanager
@@ -95,6 +110,7 @@ def run_to_end(
     run_launch(run)  # outside a transaction: enqueued at once
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        stop_requested()
         run = Run.objects.get(id=run.id)
         if run.done:
             return run

@@ -24,7 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis
-from _stack import private_stack, run_to_end  # sets up Django on a private instance
+
+# _stack sets up Django on a private instance
+from _stack import private_stack, run_to_end, stop_on_signals
 from django.conf import settings
 
 from frlm_web.stack import VenueSpec, free_port
@@ -163,6 +165,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="drains of the recorder")
     parser.add_argument("--skip-overhead", action="store_true")
     args = parser.parse_args()
+    stop_on_signals()
 
     port = free_port()
     server = subprocess.Popen(

@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _stack import private_stack, run_to_end
+from _stack import private_stack, run_to_end, stop_on_signals
 
 from frlm_web import presence
 from frlm_web.redis_client import get_redis
@@ -186,6 +186,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--skip", choices=["verification", "hedging"], action="append", default=[])
     args = parser.parse_args()
+    stop_on_signals()
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         found = {}
