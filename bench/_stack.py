@@ -51,6 +51,27 @@ def stop_requested() -> None:
         raise SystemExit(128 + _leaving[0])
 
 
+def stack_cpu_s(stack: Stack) -> dict[str, float]:
+    """CPU seconds used so far by each of the stack's processes and their children (Linux
+    /proc): what the run costs whatever else the machine is doing."""
+    groups = {proc.popen.pid: name for name, proc in stack.procs.items() if proc.popen is not None}
+    ticks = os.sysconf("SC_CLK_TCK")
+    totals = dict.fromkeys(groups.values(), 0.0)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the process ended meanwhile
+        name = groups.get(int(fields[2]))  # its process group: each stack process leads one
+        if name is not None:
+            totals[name] += (int(fields[11]) + int(fields[12])) / ticks
+    return totals
+
+
+def cpu_spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {name: after[name] - before.get(name, 0.0) for name in after}
+
+
 @contextmanager
 def private_stack(
     venues: list[VenueSpec],

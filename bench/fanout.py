@@ -22,16 +22,14 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import queue
 import threading
 import time
-from pathlib import Path
 
 import httpx
-from _stack import private_stack, run_to_end, stop_on_signals
+from _stack import cpu_spent, private_stack, run_to_end, stack_cpu_s, stop_on_signals
 
-from frlm_web.stack import Stack, VenueSpec
+from frlm_web.stack import VenueSpec
 
 
 def timed_program(n: int, *, sequential: bool) -> str:
@@ -62,27 +60,6 @@ def measure(n: int, venues: list[str], *, sequential: bool) -> tuple[float, int,
         raise SystemExit(f"benchmark run failed: {run.error}")
     elapsed, failed = run.answer.split()
     return float(elapsed), int(failed), str(run.id)
-
-
-def stack_cpu_s(stack: Stack) -> dict[str, float]:
-    """CPU seconds used so far by each of the stack's processes and their children (Linux
-    /proc): what the run costs whatever else the machine is doing."""
-    groups = {proc.popen.pid: name for name, proc in stack.procs.items() if proc.popen is not None}
-    ticks = os.sysconf("SC_CLK_TCK")
-    totals = dict.fromkeys(groups.values(), 0.0)
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # the process ended meanwhile
-        name = groups.get(int(fields[2]))  # its process group: each stack process leads one
-        if name is not None:
-            totals[name] += (int(fields[11]) + int(fields[12])) / ticks
-    return totals
-
-
-def cpu_spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    return {name: after[name] - before.get(name, 0.0) for name in after}
 
 
 def split(run_id: str, n: int) -> list[tuple[int, float]]:
