@@ -6,10 +6,10 @@ import json
 import logging
 from pathlib import Path
 
-from celery import shared_task
 from celery.signals import worker_ready
 from django.utils import timezone
 
+from frlm_web.celery import app
 from runs.engine.conductor import Conductor, conductor_name
 from runs.lease import watch_start
 from runs.models import Run
@@ -27,7 +27,7 @@ def _fail_orphans(**_: object) -> None:
         watch_start(conductor_name())
 
 
-@shared_task(name="runs.conduct", ignore_result=True, acks_late=False)
+@app.task(name="runs.conduct", ignore_result=True, acks_late=False)
 def run_conduct(run_id: str) -> None:
     try:
         run = Run.objects.get(id=run_id)
