@@ -1,23 +1,25 @@
-"""Model backends. Every model, the simulated one included, is reached over the
-OpenAI-compatible HTTP API (`workers/chat_http.py`: one kept-alive connection per thread and
-endpoint), so the same code path runs against OpenAI, vLLM, Ollama, a llama.cpp server or
-FRLM's simulated model."""
+"""Model backends. Every model, the simulated one included, is reached through the
+`openai` client over the OpenAI-compatible HTTP API, so the same code path runs against
+OpenAI, vLLM, Ollama, a llama.cpp server or FRLM's simulated model."""
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from dataclasses import asdict, dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
 from frlm_web.money import money
 from traces import caps
 from traces.cassette import cassette, request_hash
-from workers import chat_http
 from workers.pricing import cost_of
+
+if TYPE_CHECKING:
+    import openai
 
 SIM_ROOT_MODEL = "frlm-sim-root"
 SIM_WORKER_MODEL = "frlm-sim-worker"
@@ -118,6 +120,21 @@ def _api_key(spec: ModelSpec) -> str:
     return key or "no-key-set"
 
 
+@functools.cache
+def _client(base_url: str, api_key: str, timeout: float, retries: int) -> openai.OpenAI:
+    import httpx
+    import openai  # a third of a second to import: only a process that calls a model pays
+
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
+    return openai.OpenAI(
+        base_url=base_url,
+        api_key=api_key,
+        timeout=timeout,
+        max_retries=retries,
+        http_client=httpx.Client(limits=limits, timeout=timeout),
+    )
+
+
 def chat(
     spec: ModelSpec,
     messages: list[dict[str, str]],
@@ -150,22 +167,30 @@ def chat(
                 "(replay with --from-turn to go on live from a turn)"
             )
         spec = live
+    client = _client(
+        spec.base_url,
+        _api_key(spec),
+        timeout or settings.FRLM_MODEL_TIMEOUT_S,
+        settings.FRLM_MODEL_RETRIES if retries is None else retries,
+    )
     body: dict[str, Any] = {"model": spec.model, "messages": messages}
     if spec.kind == "sim" and spec.sim:
         body["sim"] = spec.sim
     if max_tokens:
         body["max_tokens"] = max_tokens
+    import httpx
+    import openai  # loaded by _client already: the names for the call and its errors
+
     started = time.perf_counter()
     try:
-        response = chat_http.post_json(
-            spec.base_url,
-            "/chat/completions",
-            body,
-            api_key=_api_key(spec),
-            timeout=timeout or settings.FRLM_MODEL_TIMEOUT_S,
-            retries=settings.FRLM_MODEL_RETRIES if retries is None else retries,
-        )
-    except chat_http.Unreachable as exc:
+        # The client's own verb for an endpoint by path (its README's "undocumented
+        # requests"): it still does the request, the API key, retries with backoff and
+        # the error mapping, but skips converting the body through the SDK's typed
+        # parameters and wrapping the reply (1.8 ms of CPU per call that way, 1.25 ms
+        # this way: a fanout of thousands of sub-queries feels it).
+        http = client.post("/chat/completions", body=body, cast_to=httpx.Response)
+        response = http.json()
+    except openai.APIConnectionError as exc:
         hint = (
             "start it with `python manage.py frlm_simserver`"
             if spec.kind == "sim"
@@ -174,23 +199,25 @@ def chat(
         raise ModelError(
             f"cannot reach the model endpoint {spec.base_url} ({exc}); {hint}"
         ) from exc
-    except chat_http.StatusError as exc:
+    except openai.APIStatusError as exc:
         raise ModelError(
-            f"the model endpoint {spec.base_url} answered HTTP {exc.status} for "
+            f"the model endpoint {spec.base_url} answered HTTP {exc.status_code} for "
             f"{spec.model}: {_error_text(exc)}"
         ) from exc
-    except chat_http.Garbage as exc:
+    except (openai.OpenAIError, ValueError, TypeError, KeyError) as exc:
         raise ModelError(f"the model endpoint {spec.base_url} answered garbage: {exc}") from exc
     result = _result(spec, response, (time.perf_counter() - started) * 1000)
     result.request_hash = key
     return result
 
 
-def _error_text(exc: chat_http.StatusError) -> str:
-    inner = exc.body.get("error", exc.body) if isinstance(exc.body, dict) else None
-    if isinstance(inner, dict) and inner.get("message"):
-        return str(inner["message"])[:300]
-    return exc.text[:300] or f"HTTP {exc.status}"
+def _error_text(exc: openai.APIStatusError) -> str:
+    body = exc.body
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and inner.get("message"):
+            return str(inner["message"])[:300]
+    return str(exc.message)[:300]
 
 
 def _result(spec: ModelSpec, response: Any, ms: float) -> ChatResult:

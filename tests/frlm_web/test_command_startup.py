@@ -52,3 +52,28 @@ def loaded_by_help(command: str, tmp_path: Path) -> list[str]:
 )
 def test_it_starts_a_command_without_the_heavy_libraries(command: str, tmp_path: Path) -> None:
     assert loaded_by_help(command, tmp_path) == []
+
+
+def test_it_loads_the_model_client_when_a_model_is_called(tmp_path: Path) -> None:
+    """The probe can see a heavy import: the runtime path still loads what it needs."""
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "frlm_web.settings",
+        "FRLM_DATA_DIR": str(tmp_path),
+    }
+    code = (
+        "import django, sys; django.setup()\n"
+        "from workers.backends import _client\n"
+        "_client('http://127.0.0.1:9', 'k', 1.0, 0)\n"
+        "print('openai' in sys.modules, 'httpx' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    assert done.stdout.split() == ["True", "True"]

@@ -1,5 +1,5 @@
-"""workers.backends.chat over real HTTP on loopback: what it sends (workers/chat_http.py),
-and the message a user gets for each way an endpoint can answer wrongly."""
+"""workers.backends.chat over real HTTP on loopback: what it sends through the openai
+client, and the message a user gets for each way an endpoint can answer wrongly."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def test_a_server_error_is_retried_with_the_clients_backoff() -> None:
         reply = chat(ModelSpec("openai", "m", url), MESSAGES, retries=1)
     assert reply.text == "ok"
     assert len(seen) == 2
-    assert seen[1]["headers"]["x-frlm-retry-count"] == "1"
+    assert seen[1]["headers"]["x-stainless-retry-count"] == "1"
 
 
 @pytest.mark.parametrize(
