@@ -29,7 +29,9 @@ from runs.sandbox import isolation_problem
 from runs.selectors import visible_runs
 from runs.services import RunInputError, run_cancel, run_create, run_launch, run_replay
 from traces.diff import TraceDiffError, run_diff
+from traces.selectors import run_worker_ids
 from workers.models import Venue
+from workers.selectors import worker_names
 from workers.venues import live_workers
 
 PERIODS: dict[str, timedelta] = {
@@ -209,6 +211,8 @@ def run_page(request: HttpRequest, run_id: str) -> HttpResponse:
     ctx = _run_context(request, run)
     ctx["replay_form"] = ReplayForm(initial={"from_turn": 1 if run.turns else None})
     ctx["others"] = visible_runs(request.user).exclude(id=run.id).order_by("-created")[:30]
+    # Worker ids as the trace has them, with the names they registered (waterfall, views).
+    ctx["workers"] = worker_names(run_worker_ids(run.id), active=not run.done)
     return render(request, "runs/run.html", ctx)
 
 

@@ -125,3 +125,11 @@ def worker_history(run_ids: list[str], *, bucket_s: int) -> list[dict]:
            GROUP BY ALL ORDER BY worker_id, t_ms""",
         [bucket_s, bucket_s],
     )
+
+
+def run_worker_ids(run_id: str) -> list[str]:
+    """The workers that appear in one run's trace, for naming them on its page."""
+    rows = store._query(
+        run_id, "SELECT DISTINCT worker_id FROM ev WHERE worker_id IS NOT NULL ORDER BY 1"
+    )
+    return [row["worker_id"] for row in rows]
