@@ -184,7 +184,9 @@ def test_it_shows_a_clicked_span_beside_the_waterfall_in_view(page, web, staff, 
     assert "part=receipt" in page.url
     shot(page, "20-span-panel-1440")
     # The address opens the page on that span and part.
-    page.goto(page.url)
+    address = page.url
+    page.goto("about:blank")
+    page.goto(address)
     page.wait_for_selector("#detail-body [data-part=receipt]")
     page.click("[data-act=close-span]")
     assert page.locator("#span-detail").is_hidden()
