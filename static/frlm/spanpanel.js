@@ -184,6 +184,12 @@
         a.addEventListener("click", (e) => { e.preventDefault(); history.replaceState(null, "", a.href); this.goTo(p); });
         jumps.append(a);
       }
+      // A Submit span carries no tokens or cost itself: its attempts (Execute spans) do.
+      const spent = { tin: d.tokens_in, tout: d.tokens_out, cost: d.cost };
+      if (sq && d.tokens_in == null && sq.attempts.some((a) => a.tokens_in != null)) {
+        spent.tin = spent.tout = spent.cost = 0;
+        for (const a of sq.attempts) { spent.tin += a.tokens_in || 0; spent.tout += a.tokens_out || 0; spent.cost += a.cost || 0; }
+      }
       const worker = d.worker_id ? el("a", "mono", names ? names.label(d.worker_id) : d.worker_id) : null;
       if (worker) { worker.href = "/workers/" + encodeURIComponent(d.worker_id); worker.title = names ? names.title(d.worker_id) : d.worker_id; }
       const overview = table([
@@ -192,9 +198,9 @@
         ["start", d.start_ms != null ? "+" + FRLM.fmtMs(d.start_ms - T.t0) : null],
         ["worker", worker],
         ["venue", d.venue],
-        ["tokens in", count(d.tokens_in)],
-        ["tokens out", count(d.tokens_out)],
-        ["cost", money(d.cost)],
+        ["tokens in", count(spent.tin)],
+        ["tokens out", count(spent.tout)],
+        ["cost", money(spent.cost)],
         ["depth", d.depth],
         ["span", d.span_id],
         ["parent", d.parent_id],
