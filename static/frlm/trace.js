@@ -137,7 +137,7 @@
   /** One name per worker on the page: the name it registered ("edge-edge-1"), its id on
       hover. The page starts with {id: {name, venue, departed}} (#run-workers, from
       workers.selectors.worker_names); an id met later in a live run is asked of
-      /api/workers/names once. `listeners` are told when names arrive (the waterfall and
+      /api/worker-names once. `listeners` are told when names arrive (the waterfall and
       the views redraw their labels). */
   class WorkerNames {
     constructor(map, url) {
