@@ -231,6 +231,9 @@ def test_it_narrows_a_2000_span_waterfall_by_search_and_filters(page, web, staff
     options = page.locator("#waterfall .wf-worker option").all_inner_texts()
     assert "edge-edge-1" in options and "edge-edge-2 (departed)" in options
     assert not any(w.id in options for w in workers)
+    # The rows are labelled with the names too (the canvas draws _who's text).
+    labels = page.evaluate("[...new Set(frlmMovie.wf.rows.map(s => frlmMovie.wf._who(s)))]")
+    assert set(labels) == {"", "edge-edge-1", "edge-edge-2", HOSTILE}
     page.select_option("#waterfall .wf-worker", workers[0].id)
     assert shown() == 2 * 334
     page.select_option("#waterfall .wf-venue", "conductor")
