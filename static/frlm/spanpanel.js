@@ -23,8 +23,18 @@
 
   /** An attribute's value: a scalar as text, a small object or list as a nested table,
       anything deeper as wrapped JSON in a box that scrolls (never wider than the panel). */
+  /** A worker's id as its registered name, the id on hover (receipts, routing scores). */
+  function named(text) {
+    const names = FRLM.workers;
+    if (!names || !names.map.has(text)) return null;
+    const e = el("span", "mono", names.label(text));
+    e.title = names.title(text);
+    return e;
+  }
+
   function value(v, level) {
     if (v === null || v === undefined) return el("span", "muted", "–");
+    if (typeof v === "string") return named(v) || el("span", "mono", v);
     if (typeof v !== "object") return el("span", "mono", String(v));
     const entries = Array.isArray(v) ? v.map((x, i) => [String(i), x]) : Object.entries(v);
     const simple = entries.length <= 12 && entries.every(([, x]) => x === null || typeof x !== "object" || level < NESTED_MAX);
@@ -41,7 +51,9 @@
       const tr = el("tr");
       const td = el("td");
       td.append(v instanceof Node ? v : value(v, level || 0));
-      tr.append(el("th", null, k), td);
+      const th = el("th");
+      th.append(named(k) || document.createTextNode(k));
+      tr.append(th, td);
       body.append(tr);
     }
     t.append(body);
@@ -158,8 +170,9 @@
 
     /** Scroll the panel to one part (prompt, reply, routing, verdicts, receipt). */
     goTo(part) {
+      // Within the panel only: the page itself stays where the reader has it.
       const target = this.body.querySelector(`[data-part="${part}"]`);
-      if (target) target.scrollIntoView({ block: "start" });
+      if (target) this.body.scrollTop += target.getBoundingClientRect().top - this.body.getBoundingClientRect().top;
     }
 
     _render(d) {
