@@ -78,6 +78,8 @@
       // Plotly loads beside the page (async): the views are drawn as soon as it is there.
       const plotly = document.getElementById("plotly-js");
       if (plotly && !global.Plotly) plotly.addEventListener("load", () => { this.viewsDirty = true; this.frame(true); });
+      // Names a live run's new workers registered arrive after their events: relabel the views.
+      if (FRLM.workers) FRLM.workers.listeners.push(() => { this.viewsDirty = true; this.frame(true); });
       this.turnsTimer = null;
     }
 

@@ -316,3 +316,18 @@ def test_it_names_workers_on_the_venues_history_marking_departed_ones(page, web,
     legend = page.locator("#history .legendtext").evaluate_all("es => es.map(e => e.textContent)")
     assert "edge-edge-1 p50" in legend and "edge-edge-2 (departed) p50" in legend
     assert not any(w.id in text for w in workers for text in legend)
+
+
+def test_it_names_workers_in_flow_heat_and_topology(page, web, staff, venues):
+    workers = _workers()
+    run, _ = _fanout_run(staff, workers[:2], subqueries=4)
+    _open(page, run)
+    wait_for(page, "Number(document.getElementById('movie').dataset.viewsDrawn) >= 1")
+    # Flow shortens a label to its node's room and gives the whole name on hover (<title>).
+    for view, tag in (("flow", "title"), ("topology", "text"), ("heat", "text")):
+        page.wait_for_selector(f"#view-{view} {tag}", state="attached")
+        texts = page.locator(f"#view-{view} {tag}").evaluate_all("es => es.map(e => e.textContent)")
+        assert any("edge-edge-1" in t for t in texts), (view, texts)
+        assert any("edge-edge-2 (departed)" in t for t in texts), (view, texts)
+        if tag == "text":  # a hover names the id beside the name
+            assert not any(w.id in t for w in workers for t in texts), (view, texts)
