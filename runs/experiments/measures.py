@@ -27,6 +27,7 @@ NAMES = [
     "Verify.Redundant",
     "Verify.Objective",
     "Verify.Attest",
+    "Verify.Probe",
     "Budget.Settle",
 ]
 # A moment of a run's wall clock counts once, for the first of these that is busy then.
@@ -252,7 +253,7 @@ def worker_names(ids: Iterable[str]) -> dict[str, str]:
 def verdicts(trace: RunTrace) -> list[tuple[str, bool]]:
     """(worker id, accepted) for each verdict a verifier passed on one worker's reply:
     redundancy's agreed and disagreed (an unresolved vote accepts nobody's reply), an
-    objective check, a validator's attestation."""
+    objective check, a validator's attestation, a known-answer probe."""
     out: list[tuple[str, bool]] = []
     for e in trace.events:
         attrs = e["attrs"]
@@ -266,6 +267,8 @@ def verdicts(trace: RunTrace) -> list[tuple[str, bool]]:
             out.append((e["worker_id"], e["status"] == "ok"))
         elif e["name"] == "Verify.Attest" and e["worker_id"] and "attestation" in attrs:
             out.append((e["worker_id"], e["status"] == "ok"))
+        elif e["name"] == "Verify.Probe" and e["worker_id"]:
+            out.append((e["worker_id"], e["status"] == "ok"))  # a known-answer question
     return out
 
 

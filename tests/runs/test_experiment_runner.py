@@ -5,6 +5,7 @@ an ordinary run."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -230,6 +231,20 @@ def test_it_runs_the_small_suite_as_ordinary_runs(venues, tmp_path: Path):
     assert json.loads((out / "suite.json").read_text())["name"] == "small"
     machine = json.loads((out / "machine.json").read_text())
     assert machine["cpu_count"] >= 1 and machine["git_commit"]
+
+    # The report of the small suite: every table has rows, and every cell is a number.
+    from runs.experiments.report import build_report
+
+    assert build_report(out) == out / "report.html"
+    tables = {t["key"]: t for t in json.loads((out / "report.json").read_text())["tables"]}
+    assert list(tables) == ["latency", "cost", "success", "detection"]
+    for name, table in tables.items():
+        assert table["rows"], f"{name} has no rows: {table['note']}"
+        for row in table["rows"]:
+            assert list(row["values"]) == table["columns"]
+            assert all(math.isfinite(v) for v in row["values"].values()), (name, row)
+    judged = {r["label"]["baseline"] for r in tables["detection"]["rows"]}
+    assert {"fed_redundancy", "fed_validator"} <= judged, tables["detection"]["note"]
 
 
 def _spans(events: list[dict], name: str) -> list[tuple[int, int, str]]:
