@@ -23,17 +23,53 @@ from django.core.management import call_command  # noqa: E402
 
 from frlm_web.stack import Stack, VenueSpec  # noqa: E402
 
+_leaving: list[int] = []  # the signal that asked the bench to stop, once one did
+
 
 def stop_on_signals() -> None:
     """SIGTERM and SIGINT unwind the bench's `with` and `try` blocks, which stop what they
     started (its private stack, namespaces, extra workers): a bench killed by a timeout or
-    Ctrl-C leaves nothing running."""
+    Ctrl-C leaves nothing running. Library code that catches BaseException can swallow the
+    SystemExit (seen once mid-run: the bench polled on with its stack up), so the bench's
+    waiting loops also ask `stop_requested` and leave again."""
 
     def leave(signum: int, _frame: object) -> None:
+        _leaving.append(signum)
+        # A second signal (an impatient Ctrl-C, a timeout's follow-up TERM) must not cut
+        # the teardown that the first one started.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, leave)
     signal.signal(signal.SIGINT, leave)
+
+
+def stop_requested() -> None:
+    """Leave (SystemExit) if a signal asked the bench to stop and it is still going."""
+    if _leaving:
+        raise SystemExit(128 + _leaving[0])
+
+
+def stack_cpu_s(stack: Stack) -> dict[str, float]:
+    """CPU seconds used so far by each of the stack's processes and their children (Linux
+    /proc): what the run costs whatever else the machine is doing."""
+    groups = {proc.popen.pid: name for name, proc in stack.procs.items() if proc.popen is not None}
+    ticks = os.sysconf("SC_CLK_TCK")
+    totals = dict.fromkeys(groups.values(), 0.0)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the process ended meanwhile
+        name = groups.get(int(fields[2]))  # its process group: each stack process leads one
+        if name is not None:
+            totals[name] += (int(fields[11]) + int(fields[12])) / ticks
+    return totals
+
+
+def cpu_spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {name: after[name] - before.get(name, 0.0) for name in after}
 
 
 @contextmanager
@@ -96,6 +132,7 @@ def run_to_end(
     run_launch(run)  # outside a transaction: enqueued at once
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        stop_requested()
         run = Run.objects.get(id=run.id)
         if run.done:
             return run

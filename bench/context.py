@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _stack import private_stack
+from _stack import private_stack, stop_on_signals
 
 from frlm_web.stack import Stack, VenueSpec
 
@@ -251,6 +251,7 @@ def main() -> None:
     parser.add_argument("--skip-1gb", action="store_true")
     parser.add_argument("--latency-ms", type=float, default=5)
     args = parser.parse_args()
+    stop_on_signals()
     sizes = [int(s) for s in args.sizes.split(",") if s]
 
     sim = {"latency_ms": args.latency_ms, "spread": 0}

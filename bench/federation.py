@@ -12,8 +12,11 @@ Gateway workers reach only the web server (through a forwarder on their host's v
 can add one-way delay: --wan-ms); broker workers reach the web server and Redis the same
 way. Both run the simulated model in-process, so the model's latency is the same.
 
-    .venv/bin/python bench/federation.py [--n 256] [--latency-ms 200] [--workers 4]
-                                         [--slots 8] [--repeat 3] [--wan-ms 0] [--quick]
+    .venv/bin/python bench/federation.py [--n 256 | --n 64,256,1024] [--latency-ms 200]
+                                         [--workers 4] [--slots 8] [--repeat 3]
+                                         [--failovers 3] [--wan-ms 0] [--quick]
+
+Each batch size is printed as soon as it is measured; the failover rounds come last.
 
 SIGTERM or SIGINT stops it cleanly: workers, namespaces and the private stack go.
 """
@@ -39,6 +42,11 @@ from frlm_web import netlab, redis_acl
 from frlm_web.stack import Stack, free_port
 
 SUBQUERY_TIMEOUT_S = 60
+
+
+class FailoverMissed(Exception):
+    """A failover round whose trace shows no loss or no re-dispatch (said, not fatal: the
+    batches measured before it are already printed)."""
 
 
 def cpu_s(pids: list[int]) -> float:
@@ -241,11 +249,11 @@ class Federation:
             ):
                 break
             time.sleep(0.1)
-        if not lost or not retry:
-            raise SystemExit(f"run {run.id}: no Worker.Lost or re-dispatch after the kill")
         self.victim = f"gw-0.{len(self.procs)}{int(time.time()) % 1000}"
         self.start("gw", 0, name=self.victim)
         self.wait_workers()
+        if not lost or not retry:
+            raise FailoverMissed(f"run {run.id}: no Worker.Lost or re-dispatch after the kill")
         return min(lost) / 1e9 - killed, min(retry) / 1e9 - killed
 
 
@@ -317,61 +325,20 @@ def where_time_goes(run_id: str, slots: int) -> str:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=256)
-    parser.add_argument("--latency-ms", type=float, default=200)
-    parser.add_argument(
-        "--workers", type=int, default=4, help="hosts; a gateway and a broker worker on each"
-    )
-    parser.add_argument("--slots", type=int, default=8, help="slots per worker")
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument(
-        "--wan-ms", type=float, default=0.0, help="one-way delay on each host's wire"
-    )
-    parser.add_argument("--quick", action="store_true", help="one round: a minute or two")
-    args = parser.parse_args()
-    if args.quick:
-        args.repeat = 1
-    ok, why = netlab.can_create()
-    if not ok:
-        raise SystemExit(f"this machine cannot create network namespaces: {why}")
-    stop_on_signals()
-
+def report(args: argparse.Namespace, n: int, floor: float, rows: dict, spent: dict) -> None:
+    """The batches of `n` sub-queries: each try, then the best and median of each path."""
     slots = args.workers * args.slots
-    ideal = math.ceil(args.n / slots) * args.latency_ms / 1000
-    rows: dict[str, list[tuple[float, int, float, float, str]]] = {"gw": [], "bk": []}
-    failovers: list[tuple[float, float]] = []
-    with ExitStack() as exits:
-        fed = Federation(args, exits)
-        for venue in ("gw", "bk"):
-            fed.batch(venue, slots)  # warm connections, workers and the model
-        # The machine's floor: the same requests straight to a simulated model from W
-        # threads, with no FRLM at all (bench/fanout.py).
-        floor = min(harness_floor(args.n, slots, args.latency_ms) for _ in range(2))
-        for i in range(args.repeat):
-            order = ("gw", "bk") if i % 2 == 0 else ("bk", "gw")
-            for venue in order:
-                rows[venue].append(fed.batch(venue, args.n))
-        for _ in range(args.repeat):
-            failovers.append(fed.failover(args.n))
-        spent = {v: where_time_goes(rows[v][-1][4], args.slots) for v in rows}
-
+    ideal = math.ceil(n / slots) * args.latency_ms / 1000
     label = {"gw": "gateway", "bk": "broker "}
-    print(
-        f"federation benchmark: {args.n} sub-queries of {args.latency_ms:.0f} ms over "
-        f"{args.workers} workers x {args.slots} slots, each worker on a host of its own "
-        f"(network + mount namespace), one-way delay {args.wan_ms:g} ms"
-    )
-    print(f"  ideal ceil(N/W)*L         {ideal:7.3f} s")
+    print(f"  N={n}: ideal ceil(N/W)*L {ideal:7.3f} s")
     print(f"  harness floor (no FRLM)   {floor:7.3f} s  {floor / ideal:6.3f}x ideal")
     best = {}
     for venue in ("gw", "bk"):
         for i, (t, failed, web, work, _) in enumerate(rows[venue], 1):
             print(
                 f"  {label[venue]} try {i}         {t:7.3f} s  {t / ideal:6.3f}x ideal  "
-                f"failed {failed}  CPU per sub-query: web {web * 1000 / args.n:5.2f} ms, workers "
-                f"{work * 1000 / args.n:5.2f} ms"
+                f"failed {failed}  CPU per sub-query: web {web * 1000 / n:5.2f} ms, workers "
+                f"{work * 1000 / n:5.2f} ms"
             )
         best[venue] = min(t for t, *_ in rows[venue])
         print(f"  {label[venue]} last try: {spent[venue]}")
@@ -379,18 +346,83 @@ def main() -> None:
         times = [t for t, *_ in rows[venue]]
         print(
             f"  {label[venue]} best / median  {best[venue]:7.3f} / {statistics.median(times):.3f} s"
-            f"  {best[venue] / ideal:6.3f}x ideal   (target: gateway <= 1.10x)"
+            f"  {best[venue] / ideal:6.3f}x / {statistics.median(times) / ideal:.3f}x ideal"
+            "   (target: gateway <= 1.10x)"
         )
     medians = {v: statistics.median(t for t, *_ in rows[v]) for v in rows}
     print(
         f"  gateway / broker          {best['gw'] / best['bk']:7.3f}x best, "
-        f"{medians['gw'] / medians['bk']:.3f}x median   (target <= 1.05x)"
+        f"{medians['gw'] / medians['bk']:.3f}x median   (target <= 1.05x)",
+        flush=True,
     )
-    for i, (lost, retry) in enumerate(failovers, 1):
-        print(
-            f"  failover {i}: kill -9 -> Worker.Lost {lost * 1000:6.0f} ms, -> first re-dispatch "
-            f"{retry * 1000:6.0f} ms   (target < 1000 ms)"
-        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--n", default="256", help="sub-queries per batch; a comma list measures each (64,256)"
+    )
+    parser.add_argument("--latency-ms", type=float, default=200)
+    parser.add_argument(
+        "--workers", type=int, default=4, help="hosts; a gateway and a broker worker on each"
+    )
+    parser.add_argument("--slots", type=int, default=8, help="slots per worker")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--failovers", type=int, default=None, help="worker kills measured (default: --repeat)"
+    )
+    parser.add_argument(
+        "--wan-ms", type=float, default=0.0, help="one-way delay on each host's wire"
+    )
+    parser.add_argument("--quick", action="store_true", help="one round: a minute or two")
+    args = parser.parse_args()
+    try:
+        sizes = [int(n) for n in str(args.n).split(",") if n.strip()]
+    except ValueError:
+        raise SystemExit(f"--n {args.n!r}: give whole numbers separated by commas") from None
+    if not sizes or min(sizes) < 1:
+        raise SystemExit(f"--n {args.n!r}: give at least one batch size of 1 or more")
+    if args.quick:
+        args.repeat = 1
+    failover_count = args.repeat if args.failovers is None else args.failovers
+    ok, why = netlab.can_create()
+    if not ok:
+        raise SystemExit(f"this machine cannot create network namespaces: {why}")
+    stop_on_signals()
+
+    slots = args.workers * args.slots
+    print(
+        f"federation benchmark: sub-queries of {args.latency_ms:.0f} ms over "
+        f"{args.workers} workers x {args.slots} slots, each worker on a host of its own "
+        f"(network + mount namespace), one-way delay {args.wan_ms:g} ms",
+        flush=True,
+    )
+    with ExitStack() as exits:
+        fed = Federation(args, exits)
+        for venue in ("gw", "bk"):
+            fed.batch(venue, slots)  # warm connections, workers and the model
+        for n in sizes:
+            rows: dict[str, list[tuple[float, int, float, float, str]]] = {"gw": [], "bk": []}
+            # The machine's floor: the same requests straight to a simulated model from W
+            # threads, with no FRLM at all (bench/fanout.py).
+            floor = min(harness_floor(n, slots, args.latency_ms) for _ in range(2))
+            for i in range(args.repeat):
+                order = ("gw", "bk") if i % 2 == 0 else ("bk", "gw")
+                for venue in order:
+                    rows[venue].append(fed.batch(venue, n))
+            spent = {v: where_time_goes(rows[v][-1][4], args.slots) for v in rows}
+            report(args, n, floor, rows, spent)
+        for i in range(1, failover_count + 1):
+            try:
+                lost, retry = fed.failover(max(sizes))
+            except FailoverMissed as missed:
+                print(f"  failover {i}: {missed}", flush=True)
+                continue
+            print(
+                f"  failover {i}: kill -9 -> Worker.Lost {lost * 1000:6.0f} ms, -> first "
+                f"re-dispatch {retry * 1000:6.0f} ms   (target < 1000 ms)",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _stack import private_stack, run_to_end
+from _stack import private_stack, run_to_end, stop_on_signals
 
 from frlm_web import presence
 from frlm_web.redis_client import get_redis
@@ -193,6 +193,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--skip-liar", action="store_true")
     args = parser.parse_args()
+    stop_on_signals()
 
     from frlm_web.stack import VenueSpec
 

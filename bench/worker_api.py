@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from _stack import private_stack
+from _stack import private_stack, stop_on_signals
 
 from frlm_web.stack import free_port, web_proc
 
@@ -31,6 +31,7 @@ def main() -> None:
     parser.add_argument("--registrations", type=int, default=30)
     parser.add_argument("--results", type=int, default=5000)
     args = parser.parse_args()
+    stop_on_signals()
 
     from workers import keys
     from workers.client import HttpControl, LocalControl

@@ -13,12 +13,19 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
+from django.urls import get_resolver  # noqa: E402
 
 from frlm_web.checks import refuse_to_serve  # noqa: E402
 from frlm_web.routing import websocket_urlpatterns  # noqa: E402
 
 # daphne runs no system checks: the refusal they would give is given here.
 refuse_to_serve()
+
+# The URLconf imports every view and, through them, the model clients (the openai SDK
+# alone is seconds of imports on a busy machine). Loaded here, before daphne listens, that
+# cost is part of starting; loaded by the first request, it was that request's, and a
+# worker registering first timed out (seen under load: "could not register: timed out").
+get_resolver().url_patterns  # noqa: B018
 
 if settings.FRLM_LEASE_WATCH:
     # The web server is up whenever the product is: it fails the runs of a conductor that

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from pathlib import Path
 
 from frlm_web import redis_acl, secret
@@ -47,8 +48,12 @@ if FRLM_HTTPS:
         ],
     )
 
+# daphne's app makes `manage.py runserver` serve ASGI (WebSockets); importing it installs
+# Twisted's reactor, a third of a second, so only runserver loads it. The web process is
+# `python -m daphne` (frlm_web/stack.py), which needs no app.
+_DAPHNE_APP = ["daphne"] if sys.argv[1:2] == ["runserver"] else []
 INSTALLED_APPS = [
-    "daphne",
+    *_DAPHNE_APP,
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",

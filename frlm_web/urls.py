@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.contrib import admin
 from django.urls import include, path
 
-from frlm_web import accounts
+from frlm_web import accounts, vendor
 from runs.selectors import recent_run_ids, run_started_bounds, run_visible
 from traces import views as trace_views
 from workers import api as worker_api
@@ -56,5 +56,5 @@ urlpatterns = [
         name="api-worker-deregister",
     ),
     path("api/openapi.json", worker_api.openapi, name="api-openapi"),
-    path("vendor/plotly.min.js", trace_views.plotly_js, name="plotly-js"),
+    path(f"vendor/{vendor.PLOTLY_FILE}", vendor.plotly_js, name="plotly-js"),
 ]

@@ -109,3 +109,39 @@ class Run(models.Model):
             self.Status.CANCELLED,
             self.Status.PARTIAL,
         }
+
+
+class Experiment(models.Model):
+    """A suite run from the web console (runs.experiments): its definition, where its data
+    and report go, and how far it got. Its runs are ordinary runs."""
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        DONE = "done"
+        FAILED = "failed"
+
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    created = models.DateTimeField(auto_now_add=True)
+    suite_name = models.CharField(max_length=64)
+    suite = models.JSONField(default=dict, help_text="the suite as resolved (suite.json)")
+    tune = models.JSONField(default=dict, blank=True, help_text="policy loop: key -> values")
+    output_dir = models.CharField(max_length=1024)
+    status = models.CharField(max_length=8, choices=Status.choices, default=Status.QUEUED)
+    done = models.IntegerField(default=0)
+    total = models.IntegerField(default=0)
+    error = models.TextField(blank=True)
+    report_path = models.CharField(max_length=1024, blank=True)
+    finished = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created"]
+
+    def __str__(self) -> str:
+        return f"experiment {self.pk}: {self.suite_name} ({self.status})"
+
+    @property
+    def ended(self) -> bool:
+        return self.status in {self.Status.DONE, self.Status.FAILED}

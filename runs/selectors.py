@@ -13,7 +13,7 @@ from typing import Any
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from runs.models import Run
+from runs.models import Experiment, Run
 
 
 def visible_runs(user: Any) -> QuerySet[Run]:
@@ -58,3 +58,12 @@ def run_started_bounds(run_ids: list[str]) -> tuple[datetime, datetime] | None:
     if not starts:
         return None
     return min(starts), max(ends)
+
+
+def visible_experiments(user: Any) -> QuerySet[Experiment]:
+    """Experiments as runs: its creator's, and staff see all."""
+    if not user.is_authenticated:
+        return Experiment.objects.none()
+    if user.is_staff:
+        return Experiment.objects.all()
+    return Experiment.objects.filter(created_by=user)

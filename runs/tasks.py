@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 
-from celery import shared_task
 from celery.signals import worker_ready
 from django.utils import timezone
 
+from frlm_web.celery import app
 from runs.engine.conductor import Conductor, conductor_name
 from runs.lease import watch_start
 from runs.models import Run
@@ -25,7 +27,7 @@ def _fail_orphans(**_: object) -> None:
         watch_start(conductor_name())
 
 
-@shared_task(name="runs.conduct", ignore_result=True, acks_late=False)
+@app.task(name="runs.conduct", ignore_result=True, acks_late=False)
 def run_conduct(run_id: str) -> None:
     try:
         run = Run.objects.get(id=run_id)
@@ -44,3 +46,36 @@ def run_conduct(run_id: str) -> None:
         )
         return
     conductor.conduct()
+
+
+@shared_task(name="runs.experiment", ignore_result=True, acks_late=False)
+def experiment_conduct(experiment_id: int) -> None:
+    """Run an experiment's suite (each run an ordinary run, conducted by the conductors),
+    then build its report. It holds one conductor slot for the suite's length, so a
+    conductor needs --concurrency of 2 or more to serve both it and the suite's runs."""
+    from runs.experiments import services
+    from runs.experiments.report import build_report
+    from runs.experiments.runner import run_suite
+    from runs.experiments.suite import load_suite
+    from runs.models import Experiment
+
+    if not services.experiment_start(experiment_id):
+        return
+    experiment = Experiment.objects.get(pk=experiment_id)
+    out = Path(experiment.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "suite-request.json").write_text(json.dumps(experiment.suite))
+    try:
+        suite = load_suite(out / "suite-request.json")
+        run_suite(
+            suite,
+            out,
+            progress=lambda info: services.experiment_progress(experiment_id, info),
+            tune=experiment.tune or None,
+        )
+        report = build_report(out)
+    except Exception as exc:
+        log.exception("experiment %s failed", experiment_id)
+        services.experiment_finish(experiment_id, report=None, error=f"{type(exc).__name__}: {exc}")
+        return
+    services.experiment_finish(experiment_id, report=report)

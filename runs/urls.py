@@ -3,6 +3,7 @@ from __future__ import annotations
 from django.urls import path
 
 from runs import views
+from runs.experiments import views as experiment_views
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
@@ -13,4 +14,16 @@ urlpatterns = [
     path("runs/<str:run_id>/replay", views.run_replay_view, name="run-replay"),
     path("runs/<str:run_id>/cancel", views.run_cancel_view, name="run-cancel"),
     path("diff", views.diff_page, name="diff"),
+    path("experiments/", experiment_views.experiments_page, name="experiments"),
+    path("experiments/<int:experiment_id>/", experiment_views.experiment_page, name="experiment"),
+    path(
+        "experiments/<int:experiment_id>/progress",
+        experiment_views.experiment_progress,
+        name="experiment-progress",
+    ),
+    path(
+        "experiments/<int:experiment_id>/report.html",
+        experiment_views.experiment_report,
+        name="experiment-report",
+    ),
 ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 from django.conf import settings
 from django.contrib import messages
@@ -38,6 +39,11 @@ PERIODS: dict[str, timedelta] = {
     "30d": timedelta(days=30),
 }
 RUNS_SHOWN = 100
+# The dashboard's status filter: "live" is queued or running, the rest one status each.
+STATUS_FILTERS: dict[str, list[str]] = {
+    "live": [Run.Status.QUEUED, Run.Status.RUNNING],
+    **{s.value: [s.value] for s in Run.Status if s not in (Run.Status.QUEUED, Run.Status.RUNNING)},
+}
 
 
 # --- who sees what -------------------------------------------------------------------------
@@ -52,14 +58,25 @@ def _period(request: HttpRequest) -> str:
 
 
 # --- dashboard ----------------------------------------------------------------------------
+def _run_filter(request: HttpRequest) -> dict[str, str]:
+    """The dashboard's search text and status filter, as asked (an unknown status: all)."""
+    status = request.GET.get("status", "")
+    return {
+        "q": request.GET.get("q", "").strip()[:200],
+        "status": status if status in STATUS_FILTERS else "",
+    }
+
+
 def _run_rows(request: HttpRequest, period: str) -> list[dict[str, Any]]:
     since = timezone.now() - PERIODS[period]
-    runs = list(
-        visible_runs(request.user)
-        .filter(created__gte=since)
-        .select_related("owner")
-        .order_by("-created")[:RUNS_SHOWN]
-    )
+    wanted = _run_filter(request)
+    runs = visible_runs(request.user).filter(created__gte=since)
+    if wanted["q"]:
+        q = wanted["q"]
+        runs = runs.filter(Q(question__icontains=q) | Q(id__icontains=q) | Q(answer__icontains=q))
+    if wanted["status"]:
+        runs = runs.filter(status__in=STATUS_FILTERS[wanted["status"]])
+    runs = list(runs.select_related("owner").order_by("-created")[:RUNS_SHOWN])
     client = get_redis()
     now = timezone.now()
     rows = []
@@ -92,7 +109,8 @@ def _totals(request: HttpRequest, period: str) -> dict[str, Any]:
             wall_ms=Avg("wall_ms"),
         )
     )
-    totals["tokens"] = fmt_count((totals["tokens_in"] or 0) + (totals["tokens_out"] or 0))
+    totals["tokens_total"] = (totals["tokens_in"] or 0) + (totals["tokens_out"] or 0)
+    totals["tokens"] = fmt_count(totals["tokens_total"])
     totals["wall"] = fmt_ms(totals["wall_ms"])
     return totals
 
@@ -121,22 +139,28 @@ def fmt_count(n: float) -> str:
 @require_GET
 def dashboard(request: HttpRequest) -> HttpResponse:
     period = _period(request)
-    ctx = {
+    return render(request, "runs/dashboard.html", _dashboard_context(request, period))
+
+
+def _dashboard_context(request: HttpRequest, period: str) -> dict[str, Any]:
+    wanted = _run_filter(request)
+    return {
         "period": period,
         "periods": list(PERIODS),
+        "statuses": list(STATUS_FILTERS),
+        "filter": wanted,
+        # What the table polls with: the same period, search and status.
+        "table_query": urlencode({"period": period, **{k: v for k, v in wanted.items() if v}}),
         "rows": _run_rows(request, period),
         "totals": _totals(request, period),
     }
-    return render(request, "runs/dashboard.html", ctx)
 
 
 @login_required
 @require_GET
 def runs_table(request: HttpRequest) -> HttpResponse:
     """The dashboard's runs and totals, polled by htmx while the page is open."""
-    period = _period(request)
-    ctx = {"period": period, "rows": _run_rows(request, period), "totals": _totals(request, period)}
-    return render(request, "runs/_runs.html", ctx)
+    return render(request, "runs/_runs.html", _dashboard_context(request, _period(request)))
 
 
 # --- launcher -----------------------------------------------------------------------------
@@ -192,13 +216,36 @@ def run_new(request: HttpRequest) -> HttpResponse:
 
 
 # --- the run page -------------------------------------------------------------------------
+def _compare_candidates(request: HttpRequest, run: Run) -> list[Run]:
+    """Runs to diff this one with, the related first: the same question over the same
+    context (or the same generated task), then whatever else is recent. The replay source
+    and the replays are offered apart, above these."""
+    others = visible_runs(request.user).exclude(id=run.id).exclude(replay_of=run)
+    if run.replay_of_id:
+        others = others.exclude(id=run.replay_of_id)
+    if run.task:
+        same = Q(task=run.task)
+    else:
+        same = Q(question=run.question, context_path=run.context_path)
+    related = list(others.filter(same).order_by("-created")[:15])
+    taken = {r.id for r in related}
+    rest = [r for r in others.order_by("-created")[:30] if r.id not in taken]
+    for r in related:
+        r.related = True
+    return related + rest[: max(0, 30 - len(related))]
+
+
 def _run_context(request: HttpRequest, run: Run) -> dict[str, Any]:
+    """What the header and its buttons show: the page renders it, and the page fetches it
+    again when the run ends (so Cancel goes and Replay comes without a reload)."""
     progress = read_progress(get_redis(), run.id) if not run.done else {}
     return {
         "run": run,
         "progress": progress,
         "policy_items": [(k, run.policy[k]) for k in POLICY_FIELDS if k in run.policy],
         "replays": visible_runs(request.user).filter(replay_of=run).order_by("-created")[:10],
+        "replay_form": ReplayForm(initial={"from_turn": 1 if run.turns else None}),
+        "others": _compare_candidates(request, run),
     }
 
 
@@ -206,10 +253,7 @@ def _run_context(request: HttpRequest, run: Run) -> dict[str, Any]:
 @require_GET
 def run_page(request: HttpRequest, run_id: str) -> HttpResponse:
     run = _get_run_for_user(request, run_id)
-    ctx = _run_context(request, run)
-    ctx["replay_form"] = ReplayForm(initial={"from_turn": 1 if run.turns else None})
-    ctx["others"] = visible_runs(request.user).exclude(id=run.id).order_by("-created")[:30]
-    return render(request, "runs/run.html", ctx)
+    return render(request, "runs/run.html", _run_context(request, run))
 
 
 @login_required

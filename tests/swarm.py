@@ -78,7 +78,7 @@ class Swarm:
     def wait_up(self) -> list[dict]:
         return wait_until(
             lambda: len(self.live()) >= self.workers and self.live(),
-            timeout=90,
+            timeout=240,  # devices start slowly on a shared machine (load average 60 seen)
             what=f"{self.workers} workers of the swarm {self.venue}",
         )
 

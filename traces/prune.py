@@ -7,8 +7,6 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import duckdb
-
 from traces import blobs, store
 
 # A blob younger than this may belong to a batch the recorder is writing right now.
@@ -83,6 +81,8 @@ def _referenced(*, exclude: set[str]) -> set[str]:
     )
     if not files:
         return set()
+    import duckdb  # only a prune that finds segments pays for it
+
     con = duckdb.connect()
     try:
         rows = con.execute(

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any, TypedDict
-
-import pyarrow as pa
 
 NAMES = frozenset(
     {
@@ -74,30 +73,43 @@ class Event(TypedDict, total=False):
     attrs: dict[str, Any]
 
 
-ARROW_SCHEMA = pa.schema(
-    [
-        ("run_id", pa.string()),
-        ("seq", pa.int64()),
-        ("event_id", pa.string()),
-        ("span_id", pa.string()),
-        ("parent_id", pa.string()),
-        ("links", pa.list_(pa.string())),
-        ("name", pa.string()),
-        ("phase", pa.string()),
-        ("ts", pa.timestamp("ns")),  # UTC
-        ("status", pa.string()),
-        ("venue", pa.string()),
-        ("worker_id", pa.string()),
-        ("depth", pa.int32()),
-        ("ms", pa.float64()),
-        ("bytes", pa.int64()),
-        ("tokens_in", pa.int64()),
-        ("tokens_out", pa.int64()),
-        ("cost", pa.float64()),
-        ("payload_ref", pa.string()),
-        ("attrs", pa.string()),  # JSON text: DuckDB reads it with json functions
-    ]
-)
+@functools.cache
+def _arrow_schema() -> Any:
+    import pyarrow as pa  # a second to import on a busy machine: only the store's users pay
+
+    return pa.schema(
+        [
+            ("run_id", pa.string()),
+            ("seq", pa.int64()),
+            ("event_id", pa.string()),
+            ("span_id", pa.string()),
+            ("parent_id", pa.string()),
+            ("links", pa.list_(pa.string())),
+            ("name", pa.string()),
+            ("phase", pa.string()),
+            ("ts", pa.timestamp("ns")),  # UTC
+            ("status", pa.string()),
+            ("venue", pa.string()),
+            ("worker_id", pa.string()),
+            ("depth", pa.int32()),
+            ("ms", pa.float64()),
+            ("bytes", pa.int64()),
+            ("tokens_in", pa.int64()),
+            ("tokens_out", pa.int64()),
+            ("cost", pa.float64()),
+            ("payload_ref", pa.string()),
+            ("attrs", pa.string()),  # JSON text: DuckDB reads it with json functions
+        ]
+    )
+
+
+def __getattr__(name: str) -> Any:
+    """`ARROW_SCHEMA`, the Parquet segments' columns, made when first asked for: the
+    emitter and the command line import this module and never need it."""
+    if name == "ARROW_SCHEMA":
+        return _arrow_schema()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 _REQUIRED_TEXT = ("run_id", "event_id", "span_id", "name", "phase", "status")
 _FLOATS = ("ms", "cost")

@@ -4,6 +4,7 @@ given runs' segments instead of one per run."""
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from typing import Any, TypedDict
 
@@ -125,3 +126,18 @@ def worker_history(run_ids: list[str], *, bucket_s: int) -> list[dict]:
            GROUP BY ALL ORDER BY worker_id, t_ms""",
         [bucket_s, bucket_s],
     )
+
+
+def runs_events(run_ids: list[str], names: list[str]) -> list[dict[str, Any]]:
+    """The events of the given names over several runs, in time order, with their attrs
+    parsed: what an experiment's report measures across a whole suite in one scan."""
+    rows = _runs_query(
+        run_ids,
+        """SELECT run_id, name, phase, span_id, parent_id, epoch_ns(ts) AS ts, ms, status,
+                  venue, worker_id, cost, tokens_in, tokens_out, attrs
+           FROM ev WHERE list_contains(?, name) ORDER BY ts, seq""",
+        [names],
+    )
+    for row in rows:
+        row["attrs"] = json.loads(row["attrs"]) if row["attrs"] else {}
+    return rows

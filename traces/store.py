@@ -8,12 +8,14 @@ import json
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
-import duckdb
 from django.conf import settings
 
 from traces.schema import RUN_ID
+
+if TYPE_CHECKING:
+    import duckdb
 
 
 def events_dir() -> Path:
@@ -60,6 +62,8 @@ def _connection() -> duckdb.DuckDBPyConnection:
     It holds no database file, only views over the immutable segments."""
     con = getattr(_local, "con", None)
     if con is None:
+        import duckdb  # half a second to import: a command that never reads the store skips it
+
         con = _local.con = duckdb.connect()
     return con
 

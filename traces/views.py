@@ -9,12 +9,9 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypedDict
 
-import plotly
-from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse
-from django.views.decorators.cache import cache_control
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
 from traces import live, store
@@ -300,13 +297,3 @@ def diff_json(request: HttpRequest, *, access: RunAccess) -> HttpResponse:
         return JsonResponse(run_diff(a, b))
     except TraceDiffError as exc:
         return JsonResponse({"error": str(exc)}, status=409)
-
-
-@require_GET
-@cache_control(public=True, max_age=86_400)
-def plotly_js(request: HttpRequest) -> FileResponse:
-    """plotly.min.js from the installed plotly package (no CDN, no copy to keep in step)."""
-    path = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
-    response = FileResponse(path.open("rb"), content_type="text/javascript")
-    response["ETag"] = f'"plotly-{plotly.__version__}"'
-    return response

@@ -8,7 +8,6 @@ from django.contrib import admin, messages
 from django.http import HttpRequest
 
 from workers.models import EnrolmentToken, Venue, Worker
-from workers.services import token_create, worker_deregister
 
 
 @admin.register(Venue)
@@ -49,8 +48,10 @@ class EnrolmentTokenAdmin(admin.ModelAdmin):
         if change:
             super().save_model(request, obj, form, change)
             return
+        from workers import services  # Redis's client: loaded when an admin acts, not at setup
+
         ttl_hours = form.cleaned_data.get("ttl_hours")
-        token, plaintext = token_create(
+        token, plaintext = services.token_create(
             form.cleaned_data["venue"],
             ttl=timedelta(hours=ttl_hours) if ttl_hours else None,
             label=form.cleaned_data.get("label") or "",
@@ -80,5 +81,7 @@ class WorkerAdmin(admin.ModelAdmin):
 
     @admin.action(description="Deregister the selected workers")
     def deregister(self, request: HttpRequest, queryset: Any) -> None:
+        from workers import services
+
         for worker in queryset.select_related("venue"):
-            worker_deregister(worker)
+            services.worker_deregister(worker)

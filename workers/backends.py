@@ -9,16 +9,17 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
-import openai
 from django.conf import settings
 
 from frlm_web.money import money
 from traces import caps
 from traces.cassette import cassette, request_hash
 from workers.pricing import cost_of
+
+if TYPE_CHECKING:
+    import openai
 
 SIM_ROOT_MODEL = "frlm-sim-root"
 SIM_WORKER_MODEL = "frlm-sim-worker"
@@ -121,6 +122,9 @@ def _api_key(spec: ModelSpec) -> str:
 
 @functools.cache
 def _client(base_url: str, api_key: str, timeout: float, retries: int) -> openai.OpenAI:
+    import httpx
+    import openai  # a third of a second to import: only a process that calls a model pays
+
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
     return openai.OpenAI(
         base_url=base_url,
@@ -174,6 +178,9 @@ def chat(
         body["sim"] = spec.sim
     if max_tokens:
         body["max_tokens"] = max_tokens
+    import httpx
+    import openai  # loaded by _client already: the names for the call and its errors
+
     started = time.perf_counter()
     try:
         # The client's own verb for an endpoint by path (its README's "undocumented

@@ -21,6 +21,9 @@ class Policy:
     max_turns: int = 8  # root-model turns per RLM before it is asked for its best answer
     max_subqueries: int = 2000  # sub-queries (and child RLMs) in the whole run
     max_batch: int = 512  # prompts in one llm_query_batched call
+    # Sub-queries of one batch out at once (0: as many as the workers have credit for);
+    # 1 runs them one after another, as the original RLM's sequential sub-calls do.
+    max_inflight: int = 0
     subquery_timeout_s: float = 60.0  # one attempt of one sub-query
     max_retries: int = 1  # attempts after the first, on another venue where possible
     quorum: float = 1.0  # a batch proceeds once this fraction has returned
@@ -56,6 +59,12 @@ class Policy:
     # a trusted datacenter pod checking an edge swarm's answers; the answers themselves
     # then run on the run's other venues. Empty: copies go anywhere.
     verify_venues: str = ""
+    # A premium lane: venues (comma-separated, e.g. a datacenter pod) kept for selected
+    # steps only, while every other sub-query runs on the run's other venues. The steps:
+    # "single" (an llm_query of one prompt, such as the merge of partial answers),
+    # "retries" (an attempt after one failed or timed out), or "both". Empty: no lane.
+    premium_venues: str = ""
+    premium_steps: str = "single"
     # The high-trust tier's sample: the share of answers a validator re-runs when only
     # workers that have not passed the trust gate vouch for them, and when one that has does.
     # validate_rate applies to a worker that has not yet passed check_warmup checks (all
@@ -141,10 +150,12 @@ _VENUE = r"[a-z][a-z0-9_-]{0,31}"
 _PROVIDER_CAP = r"[A-Za-z0-9_.:/@-]{1,100}=\d+(?:\.\d+)?"
 TEXTS: dict[str, re.Pattern[str]] = {
     "verify_venues": re.compile(rf"(?:{_VENUE}(?:,{_VENUE})*)?"),
+    "premium_venues": re.compile(rf"(?:{_VENUE}(?:,{_VENUE})*)?"),
     "provider_budgets": re.compile(rf"(?:{_PROVIDER_CAP}(?:,{_PROVIDER_CAP})*)?"),
 }
 TEXT_HINTS = {
     "verify_venues": "venue names separated by commas",
+    "premium_venues": "venue names separated by commas",
     "provider_budgets": "MODEL=DOLLARS pairs separated by commas, e.g. gpt-4.1-mini=2.5",
 }
 
@@ -153,6 +164,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "tier": ("best_effort", "redundant", "high_trust"),
     "hedge": ("off", "p90", "p95", "p99"),
     "agree_mode": ("exact", "numeric", "similar"),
+    "premium_steps": ("single", "retries", "both"),
 }
 
 RANGES: dict[str, tuple[float, float]] = {
@@ -160,6 +172,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "max_turns": (1, 50),
     "max_subqueries": (1, 100_000),
     "max_batch": (1, 4096),
+    "max_inflight": (0, 4096),
     "subquery_timeout_s": (0.1, 3600),
     "max_retries": (0, 5),
     "quorum": (0.05, 1.0),

@@ -7,6 +7,7 @@ all from (task name, tokens, seed), so a benchmark run needs no data download.
 | mniah | one key with several values (RULER multi-value) | share of the values given |
 | oolong | aggregation over labelled records (OOLONG trec_coarse) | label 1/0, number 0.75^err |
 | pairs | pairs of users meeting a condition (OOLONG-Pairs style) | F1 over the pairs |
+| repoqa | a question about Python standard library modules, answered by `ast` | 1 if exact |
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, Protocol
 
 from runs.taskgen.mniah import make_mniah, score_mniah
 from runs.taskgen.oolong import make_oolong, make_pairs, score_oolong, score_pairs
+from runs.taskgen.repoqa import make_repoqa, score_repoqa
 from runs.taskgen.sniah import GeneratedTask, answer_matches, make_sniah, score_answer
 
 MIN_TOKENS = 100
@@ -38,6 +40,7 @@ TASKS: dict[str, TaskFactory] = {
     "mniah": make_mniah,
     "oolong": make_oolong,
     "pairs": make_pairs,
+    "repoqa": make_repoqa,
 }
 
 SCORERS: dict[str, Callable[[str, str], float]] = {
@@ -45,6 +48,7 @@ SCORERS: dict[str, Callable[[str, str], float]] = {
     "mniah": score_mniah,
     "oolong": score_oolong,
     "pairs": score_pairs,
+    "repoqa": score_repoqa,
 }
 
 __all__ = [

@@ -11,7 +11,7 @@
   const FRLM = global.FRLM;
   const F = FRLM.F;
   const VIEW_INTERVAL_MS = 300;
-  const LIVE_VIEWS_MIN_MS = 1000;
+  const LIVE_VIEWS_MIN_MS = 300;
   const LIVE_VIEWS_MAX_MS = 2500;
 
   function el(tag, cls, text) {
@@ -20,6 +20,11 @@
     if (text != null) e.textContent = text;
     return e;
   }
+
+  const num = (v) => {
+    const n = typeof v === "string" && v.trim() !== "" ? Number(v) : v;
+    return typeof n === "number" && isFinite(n) ? n : null;
+  };
 
   function getJSON(url) {
     return fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } }).then((r) => {
@@ -52,6 +57,7 @@
       });
       this.wf.collapsed = this.collapsed;
       this.views = new FRLM.Views(root);
+      this.A = null;             // the run at the cursor: header, views and turn panel read it
       this.views.onRendered = (n) => {
         this.root.dataset.viewsDrawn = String(n);
         if (n === 1) this.root.dataset.viewsReady = performance.now().toFixed(0);
@@ -64,8 +70,12 @@
       this.wfInfo = document.getElementById("wf-info");
       this.playBtn = root.querySelector("[data-act=play]");
       this._wireTransport();
-      // The header is swapped in anew when the run ends: its summary is filled again.
-      document.body.addEventListener("htmx:afterSwap", () => this.updateTrust());
+      // The header is swapped in anew when the run ends (its buttons follow the run: Cancel
+      // goes, Replay comes): its figures are filled again from the cursor's state.
+      document.body.addEventListener("htmx:afterSwap", () => { this.lastHeader = null; this.updateHeader(); });
+      // Plotly loads beside the page (async): the views are drawn as soon as it is there.
+      const plotly = document.getElementById("plotly-js");
+      if (plotly && !global.Plotly) plotly.addEventListener("load", () => { this.viewsDirty = true; this.frame(true); });
       this.turnsTimer = null;
     }
 
@@ -80,7 +90,17 @@
       this.frame(true);
       this.loadTurns();
       if (this.live && !this.trace.done) { this.setLive(true); this.connect(); }
-      else this.setLive(false);
+      else {
+        const missed = this.live && this.trace.done;  // it ended while the page loaded
+        this.setLive(false);
+        // A short run that ended while its page was loading is shown moving all the same:
+        // played from its start, in at most three seconds.
+        if (missed) {
+          const extent = this.endTime() - this.trace.t0;
+          this.speed = Math.max(1, extent / 3000);
+          this.play();
+        }
+      }
       this.ready = true;
       this.root.dataset.ready = "1";
       // Drawn and painted, the main thread free: when the page answers input (bench/ui.py).
@@ -106,7 +126,7 @@
         if ((name === "Repl.Exec" || name === "Run.Decode") && r[F.PHASE] !== "progress") turnsChanged = true;
         if (name === "Run.Done") this.onDone(r);
       }
-      if (turnsChanged && before > 0) this.loadTurnsSoon();
+      if (turnsChanged && this.ready) this.loadTurnsSoon();
       this.root.dataset.lastSeq = this.trace.lastSeq;
       this.root.dataset.events = this.trace.events.length;
     }
@@ -254,12 +274,13 @@
       this.lastK = k;
       this.lastVersion = T.version;
       if (rowsChanged) this.rows = T.rows(k, this.collapsed);
+      const extent = Math.max(1, end - T.t0);
+      if (rowsChanged || !this.A) this.A = FRLM.aggregate(T, k, extent, this.A);
       const cursorMark = this.following && !this.live ? null : t;
       this.wf.follow = this.live && this.following;
       this.wf.set(this.rows || [], {
         tStart: T.t0, tEnd: Math.max(end, T.t0 + 1), cursor: cursorMark, k, events: T.events, origin: T.t0,
       }, inFrame);
-      const extent = Math.max(1, end - T.t0);
       if (!T.empty) {
         this.scrubber.max = Math.ceil(extent);
         if (!this.dragging) this.scrubber.value = Math.round(t - T.t0);
@@ -277,12 +298,12 @@
         this.lastViews = now;
         const done = T.done && k > T.doneIndex;
         const failed = done && T.events[T.doneIndex][F.STATUS] !== "ok";
-        if (!this.views.render(T, k, this.following ? null : t, extent, { done, failed })) {
-          this.viewsDirty = true;  // Plotly still loading
-        }
-        this.updateHeader(k);
+        this.A = FRLM.aggregate(T, k, extent, this.A);
+        // Plotly still loading: Flow is drawn, the others when "frlm:plotly" comes.
+        this.views.render(this.A, this.following ? null : t, { done, failed, extent });
         this.markTurns(t);
       }
+      this.updateHeader(t);
       if (rowsChanged) {
         this.setText(this.counts, `${T.events.length.toLocaleString()} events · ${T.spans.size.toLocaleString()} spans`);
         this.setText(this.wfInfo, `${(this.rows || []).length.toLocaleString()} shown`);
@@ -294,23 +315,53 @@
       if (element && element.textContent !== text) element.textContent = text;
     }
 
-    updateHeader() {
+    /** The header at the cursor, from the same tally as the views and the same k as the
+        waterfall: status, wall so far, sub-queries settled / sent, turns, tokens, cost.
+        After Run.Done its own figures (those the run's row holds) are shown. */
+    updateHeader(t) {
+      const A = this.A;
+      if (!A || this.trace.empty) return;
+      const T = this.trace;
+      const at = t != null ? t : this.cursorTime();
+      const D = A.doneAttrs;
+      const wallMs = D && num(D.wall_ms) != null ? num(D.wall_ms) : Math.max(0, at - T.t0);
+      const tin = D && num(D.tokens_in) != null ? num(D.tokens_in) : A.tin;
+      const tout = D && num(D.tokens_out) != null ? num(D.tokens_out) : A.tout;
+      const cost = D && num(D.cost) != null ? num(D.cost) : A.cost;
+      const settled = A.ok + A.error + A.timeout + A.cancelled;
+      const failed = A.error + A.timeout + A.cancelled;
+      const key = [A.n, A.status, Math.round(wallMs / 100)].join("|");
+      if (key === this.lastHeader) return;
+      this.lastHeader = key;
+      const set = (name, text) => this.setText(document.querySelector(`[data-metric=${name}]`), text);
+      set("wall", FRLM.fmtMs(wallMs));
+      set("subqueries", D ? settled.toLocaleString() + (failed ? ` (${failed.toLocaleString()} failed)` : "") : `${settled.toLocaleString()}/${A.submitted.toLocaleString()}`);
+      set("turns", A.turns.toLocaleString());
+      set("tokens", `${Math.round(tin).toLocaleString()} / ${Math.round(tout).toLocaleString()}`);
+      set("cost", "$" + cost.toFixed(4));
+      const pill = document.getElementById("run-status");
+      if (pill && pill.dataset.status !== A.status) {
+        pill.dataset.status = A.status;
+        pill.className = "pill st-" + A.status;
+        const live = A.status === "running" || A.status === "queued";
+        pill.replaceChildren();
+        if (live) { const dot = el("i", "dot"); pill.append(dot); }
+        pill.append(document.createTextNode(A.status));
+      }
+      const header = document.getElementById("run-header");
+      if (header) {
+        header.dataset.k = String(A.n);
+        header.dataset.settled = String(settled);
+        header.dataset.submitted = String(A.submitted);
+      }
       this.updateTrust();
-      if (!this.live) return;
-      const T = this.trace.totals;
-      const set = (key, text) => this.setText(document.querySelector(`[data-metric=${key}]`), text);
-      set("subqueries", `${T.settled}/${T.submitted}`);
-      set("turns", String(T.turns));
-      set("tokens", `${T.tin.toLocaleString()} / ${T.tout.toLocaleString()}`);
-      set("cost", "$" + T.cost.toFixed(4));
-      set("wall", ((this.endTime() - this.trace.t0) / 1000).toFixed(1) + " s");
     }
 
     /** Receipts (count, paid, verdicts) and verification (share of sub-queries checked,
         outcomes, tiers) at the cursor, from the views' last aggregation: live and in
         playback alike. Whatever a worker or conductor wrote goes in as text. */
     updateTrust() {
-      const A = this.views.A;
+      const A = this.A;
       if (!A) return;
       const set = (key, text, title) => {
         const e = document.querySelector(`[data-metric=${key}]`);
@@ -409,8 +460,8 @@
         });
         nav.append(b);
       };
-      seekTo("⏱ clock to its start", "start", d.start_ms);
-      seekTo("⏱ clock to its end", "end", d.status !== "open" ? d.end_ms : null);
+      seekTo("Set the clock to its start", "start", d.start_ms);
+      seekTo("Set the clock to its end", "end", d.status !== "open" ? d.end_ms : null);
       const metrics = el("dl", "kv-grid");
       // Unset attributes (null) say nothing: they are left out.
       const add = (k, v) => { if (v == null || v === "") return; metrics.append(el("dt", null, k), el("dd", "mono", String(v))); };
@@ -489,7 +540,18 @@
         }
         parts.push(sec);
       }
-      if (!parts.length) parts.push(el("p", "muted", this.live ? "The root model has not answered yet." : "No root-model turns in this trace."));
+      if (!parts.length) {
+        // The stored turns lag the live events a little: say what the trace already shows.
+        const T = this.trace, turns = T.totals.turns;
+        const cell = T.rows(T.events.length).some((s) => s.name === "Repl.Exec");
+        let text = "No root-model turns in this trace.";
+        if (this.live && !turns && !cell) text = "The root model has not answered yet.";
+        else if (this.live) {
+          text = `Turn ${Math.max(1, turns)} is under way: ${cell ? "its code is running" : "the root model is writing"}; it shows here in a moment.`;
+          this.loadTurnsSoon();
+        }
+        parts.push(el("p", "muted", text));
+      }
       box.replaceChildren(...parts);
       this.markTurns(this.cursorTime());
     }

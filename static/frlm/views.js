@@ -24,16 +24,6 @@
   const fmt$ = (v) => (v >= 100 ? v.toFixed(2) : v.toFixed(4));
   const STATUS_COLOR = { ok: C.ok, error: C.err, timeout: C.timeout, cancelled: C.cancelled, rejected: C.err, abandoned: C.err };
 
-  const hasWebGL = (function () {
-    try {
-      const c = document.createElement("canvas");
-      return !!(global.WebGLRenderingContext && (c.getContext("webgl") || c.getContext("experimental-webgl")));
-    } catch (e) { return false; }
-  })();
-  // WebGL pays off for thousands of points; a binned series has tens, and SVG draws those
-  // several times faster than WebGL set-up (in software rendering, most of all).
-  const lineType = (points) => (points > 2000 && hasWebGL ? "scattergl" : "scatter");
-
   function niceBin(range, target) {
     const raw = Math.max(1, range / target);
     const pow = Math.pow(10, Math.floor(Math.log10(raw)));
@@ -41,17 +31,22 @@
     return 10 * pow;
   }
 
-  /** One pass over events [0, k): everything the five views show at that moment. */
-  function aggregate(trace, k, extent) {
-    const ev = trace.events;
-    const t0 = trace.t0;
+  function perWorker(A, vn) {
+    const zeros = () => new Array(A.nb).fill(0);
+    return { venue: vn, inflight: 0, calls: 0, errors: 0, latSum: zeros(), latN: zeros(), errN: zeros(), lastErrBin: -99 };
+  }
+
+  /** A fresh tally, before any event: the run as the page knows it at k = 0. */
+  function fresh(trace, extent) {
     const binMs = niceBin(extent, 60);
     const nb = Math.max(1, Math.ceil(extent / binMs) + 1);
     const zeros = () => new Array(nb).fill(0);
-    const A = {
-      binMs, nb, t0,
+    return {
+      trace, n: 0, binMs, nb, t0: trace.t0,
       dispatch: zeros(), done: zeros(), failed: zeros(), tokens: zeros(),
       submitted: 0, ok: 0, error: 0, timeout: 0, cancelled: 0, tin: 0, tout: 0, cost: 0,
+      // The run's own state at k: what the header says (status, turns, the Run.Done figures).
+      status: "queued", turns: 0, tLast: null, doneAttrs: null, doneStatus: null,
       venues: new Map(),    // name -> {inflight, ok, failed, cancelled, submitted}
       workers: new Map(),   // name -> {venue, inflight, calls, errors, lat: [], err: [], n: [], lastErrBin}
       flows: new Map(),     // "from\u0000to" -> count
@@ -67,6 +62,35 @@
       cache: { hits: 0, misses: 0 },
       verify: { events: 0, ok: 0, rejected: 0, tiers: new Map(), subqueries: new Set() },
     };
+  }
+
+  /** Lengthen every per-bin array to nb bins (a live run's extent grew, its bin did not). */
+  function grow(A, nb) {
+    if (nb <= A.nb) return;
+    const more = (arr) => { while (arr.length < nb) arr.push(0); };
+    for (const arr of [A.dispatch, A.done, A.failed, A.tokens]) more(arr);
+    for (const w of A.workers.values()) { more(w.latSum); more(w.latN); more(w.errN); }
+    A.nb = nb;
+  }
+
+  /** Everything the header, the turn panel and the five views show after events [0, k).
+      One tally for all of them, advanced event by event: `prev` is carried forward when
+      the cursor only moved on and the bin width is unchanged (every frame of a live run),
+      else the tally starts over (a seek back, a bin width that grew). */
+  function aggregate(trace, k, extent, prev) {
+    const binMs = niceBin(extent, 60);
+    const nb = Math.max(1, Math.ceil(extent / binMs) + 1);
+    let A = prev;
+    if (!A || A.trace !== trace || A.t0 !== trace.t0 || A.n > k || A.binMs !== binMs) A = fresh(trace, extent);
+    else grow(A, nb);
+    const n = Math.min(k, trace.events.length);
+    for (let i = A.n; i < n; i++) tally(A, trace.events[i]);
+    A.n = Math.max(A.n, n);
+    return A;
+  }
+
+  function tally(A, r) {
+    const t0 = A.t0, nb = A.nb, binMs = A.binMs;
     const venue = (name) => {
       let v = A.venues.get(name);
       if (!v) { v = { inflight: 0, ok: 0, failed: 0, cancelled: 0, submitted: 0 }; A.venues.set(name, v); }
@@ -74,96 +98,96 @@
     };
     const worker = (name, vn) => {
       let w = A.workers.get(name);
-      if (!w) {
-        w = { venue: vn, inflight: 0, calls: 0, errors: 0, latSum: zeros(), latN: zeros(), errN: zeros(), lastErrBin: -99 };
-        A.workers.set(name, w);
-      }
+      if (!w) { w = perWorker(A, vn); A.workers.set(name, w); }
       if (vn && !w.venue) w.venue = vn;
       return w;
     };
     const flow = (a, b) => { const key = a + "\u0000" + b; A.flows.set(key, (A.flows.get(key) || 0) + 1); };
-    const n = Math.min(k, ev.length);
-    for (let i = 0; i < n; i++) {
-      const r = ev[i];
-      const name = r[F.NAME], phase = r[F.PHASE];
-      const b = Math.max(0, Math.min(nb - 1, Math.floor((r[F.T] - t0) / binMs)));
-      A.lastBin = b;
-      if (name === "SubQuery.Submit") {
-        if (phase === "start") {
-          const vn = r[F.VENUE] || "?";
-          A.submitted++; A.dispatch[b]++;
-          A.submitVenue.set(r[F.SPAN], vn);
-          const v = venue(vn); v.inflight++; v.submitted++;
-          flow("conductor", "venue:" + vn);
-        } else if (phase === "end") {
-          const st = r[F.STATUS];
-          const vn = A.submitVenue.get(r[F.SPAN]) || r[F.VENUE] || "?";
-          const v = venue(vn); v.inflight = Math.max(0, v.inflight - 1);
-          if (st === "ok") { A.ok++; v.ok++; A.done[b]++; }
-          else if (st === "cancelled") { A.cancelled++; v.cancelled++; A.failed[b]++; }
-          else { if (st === "timeout") A.timeout++; else A.error++; v.failed++; A.failed[b]++; }
-          if (!A.executed.has(r[F.SPAN])) flow("venue:" + vn, "out:not run (" + st + ")");
-        }
-      } else if (name === "SubQuery.Retry" && phase === "instant") {
-        const attrs = r[F.ATTRS] || {};
-        if (attrs.venue && attrs.from_venue) {
-          const from = venue(attrs.from_venue), to = venue(attrs.venue);
-          from.inflight = Math.max(0, from.inflight - 1); to.inflight++;
-          A.submitVenue.set(r[F.PARENT], attrs.venue);
-          A.dispatch[b]++;
-          flow("conductor", "venue:" + attrs.venue);
-        }
-      } else if (name === "SubQuery.Execute") {
-        const wn = r[F.WORKER] || "?";
-        const w = worker(wn, r[F.VENUE]);
-        if (phase === "start") {
-          w.inflight++;
-          A.executed.add(r[F.PARENT]);
-          flow("venue:" + (r[F.VENUE] || "?"), "worker:" + wn);
-        } else if (phase === "end") {
-          w.inflight = Math.max(0, w.inflight - 1);
-          w.calls++;
-          const st = r[F.STATUS];
-          if (st !== "ok") { w.errors++; w.errN[b]++; w.lastErrBin = b; }
-          if (r[F.MS] != null) { w.latSum[b] += r[F.MS]; }
-          w.latN[b]++;
-          A.tin += r[F.TIN] || 0; A.tout += r[F.TOUT] || 0; A.cost += r[F.COST] || 0;
-          A.tokens[b] += (r[F.TIN] || 0) + (r[F.TOUT] || 0);
-          if ((r[F.ATTRS] || {}).replayed) A.cache.hits++;
-          flow("worker:" + wn, "out:" + (st === "ok" ? "results back" : st));
-        }
-      } else if (name === "Memory.CacheHit") {
-        A.cache.hits++;
-      } else if (name === "Memory.CacheMiss") {
-        A.cache.misses++;
-      } else if (name === "Run.Decode" && phase === "end") {
-        if ((r[F.ATTRS] || {}).replayed) A.cache.hits++;
+    const name = r[F.NAME], phase = r[F.PHASE];
+    const b = Math.max(0, Math.min(nb - 1, Math.floor((r[F.T] - t0) / binMs)));
+    A.lastBin = b;
+    A.tLast = A.tLast == null ? r[F.T] : Math.max(A.tLast, r[F.T]);
+    if (A.status === "queued") A.status = "running";
+    if (name === "Run.Decode" && phase === "start" && !r[F.DEPTH]) A.turns++;
+    if (name === "Run.Done") {
+      const attrs = r[F.ATTRS] || {};
+      A.doneAttrs = attrs;
+      A.status = attrs.run_status || (r[F.STATUS] === "ok" ? "succeeded" : r[F.STATUS] === "cancelled" ? "cancelled" : "failed");
+    }
+    if (name === "SubQuery.Submit") {
+      if (phase === "start") {
+        const vn = r[F.VENUE] || "?";
+        A.submitted++; A.dispatch[b]++;
+        A.submitVenue.set(r[F.SPAN], vn);
+        const v = venue(vn); v.inflight++; v.submitted++;
+        flow("conductor", "venue:" + vn);
+      } else if (phase === "end") {
+        const st = r[F.STATUS];
+        const vn = A.submitVenue.get(r[F.SPAN]) || r[F.VENUE] || "?";
+        const v = venue(vn); v.inflight = Math.max(0, v.inflight - 1);
+        if (st === "ok") { A.ok++; v.ok++; A.done[b]++; }
+        else if (st === "cancelled") { A.cancelled++; v.cancelled++; A.failed[b]++; }
+        else { if (st === "timeout") A.timeout++; else A.error++; v.failed++; A.failed[b]++; }
+        if (!A.executed.has(r[F.SPAN])) flow("venue:" + vn, "out:not run (" + st + ")");
+      }
+    } else if (name === "SubQuery.Retry" && phase === "instant") {
+      const attrs = r[F.ATTRS] || {};
+      if (attrs.venue && attrs.from_venue) {
+        const from = venue(attrs.from_venue), to = venue(attrs.venue);
+        from.inflight = Math.max(0, from.inflight - 1); to.inflight++;
+        A.submitVenue.set(r[F.PARENT], attrs.venue);
+        A.dispatch[b]++;
+        flow("conductor", "venue:" + attrs.venue);
+      }
+    } else if (name === "SubQuery.Execute") {
+      const wn = r[F.WORKER] || "?";
+      const w = worker(wn, r[F.VENUE]);
+      if (phase === "start") {
+        w.inflight++;
+        A.executed.add(r[F.PARENT]);
+        flow("venue:" + (r[F.VENUE] || "?"), "worker:" + wn);
+      } else if (phase === "end") {
+        w.inflight = Math.max(0, w.inflight - 1);
+        w.calls++;
+        const st = r[F.STATUS];
+        if (st !== "ok") { w.errors++; w.errN[b]++; w.lastErrBin = b; }
+        if (r[F.MS] != null) { w.latSum[b] += r[F.MS]; }
+        w.latN[b]++;
         A.tin += r[F.TIN] || 0; A.tout += r[F.TOUT] || 0; A.cost += r[F.COST] || 0;
         A.tokens[b] += (r[F.TIN] || 0) + (r[F.TOUT] || 0);
-      } else if (name.startsWith("Budget.")) {
-        const a = r[F.ATTRS] || {}, B = A.budget;
-        B.events++;
-        if (num(a.run_cap) != null) B.cap = num(a.run_cap);
-        if (num(a.run_committed) != null) B.committed = num(a.run_committed);
-        if (num(a.run_settled) != null) B.settled = num(a.run_settled);
-        if (name === "Budget.Reserve" && a.ok === false) { B.refused++; B.lastRefusal = a.reason || a.refused_by || "refused"; }
-        if (name === "Budget.Alert") B.alerts.push(a);
-      } else if (name === "Receipt.Emit") {
-        const receipt = (r[F.ATTRS] || {}).receipt || {}, R = A.receipts;
-        R.count++;
-        R.paid += num(receipt.paid) || 0;  // what the reply earned: nothing if judged wrong
-        const verdict = String(receipt.verdict || "no verdict");
-        R.verdicts.set(verdict, (R.verdicts.get(verdict) || 0) + 1);
-        flow("worker:" + (r[F.WORKER] || receipt.worker || "?"), "out:receipts");
-      } else if (name.startsWith("Verify.")) {
-        const V = A.verify, tier = String((r[F.ATTRS] || {}).tier || name.slice(7).toLowerCase());
-        V.events++;
-        if (r[F.STATUS] === "ok") V.ok++; else V.rejected++;
-        V.tiers.set(tier, (V.tiers.get(tier) || 0) + 1);
-        if (r[F.PARENT]) V.subqueries.add(r[F.PARENT]);
+        if ((r[F.ATTRS] || {}).replayed) A.cache.hits++;
+        flow("worker:" + wn, "out:" + (st === "ok" ? "results back" : st));
       }
+    } else if (name === "Memory.CacheHit") {
+      A.cache.hits++;
+    } else if (name === "Memory.CacheMiss") {
+      A.cache.misses++;
+    } else if (name === "Run.Decode" && phase === "end") {
+      if ((r[F.ATTRS] || {}).replayed) A.cache.hits++;
+      A.tin += r[F.TIN] || 0; A.tout += r[F.TOUT] || 0; A.cost += r[F.COST] || 0;
+      A.tokens[b] += (r[F.TIN] || 0) + (r[F.TOUT] || 0);
+    } else if (name.startsWith("Budget.")) {
+      const a = r[F.ATTRS] || {}, B = A.budget;
+      B.events++;
+      if (num(a.run_cap) != null) B.cap = num(a.run_cap);
+      if (num(a.run_committed) != null) B.committed = num(a.run_committed);
+      if (num(a.run_settled) != null) B.settled = num(a.run_settled);
+      if (name === "Budget.Reserve" && a.ok === false) { B.refused++; B.lastRefusal = a.reason || a.refused_by || "refused"; }
+      if (name === "Budget.Alert") B.alerts.push(a);
+    } else if (name === "Receipt.Emit") {
+      const receipt = (r[F.ATTRS] || {}).receipt || {}, R = A.receipts;
+      R.count++;
+      R.paid += num(receipt.paid) || 0;  // what the reply earned: nothing if judged wrong
+      const verdict = String(receipt.verdict || "no verdict");
+      R.verdicts.set(verdict, (R.verdicts.get(verdict) || 0) + 1);
+      flow("worker:" + (r[F.WORKER] || receipt.worker || "?"), "out:receipts");
+    } else if (name.startsWith("Verify.")) {
+      const V = A.verify, tier = String((r[F.ATTRS] || {}).tier || name.slice(7).toLowerCase());
+      V.events++;
+      if (r[F.STATUS] === "ok") V.ok++; else V.rejected++;
+      V.tiers.set(tier, (V.tiers.get(tier) || 0) + 1);
+      if (r[F.PARENT]) V.subqueries.add(r[F.PARENT]);
     }
-    return A;
   }
 
   const BASE = {
@@ -183,6 +207,11 @@
     return { text, xref: "paper", yref: "paper", x: 0.5, y: 0.5, showarrow: false, font: { size: 11, color: C.muted } };
   }
 
+  // Latency: dark green (fast) through amber to red (the slowest in view). Errors: a calm
+  // slate for none, then amber from the first error to red at all of them.
+  const HEAT_LATENCY = [[0, "#0e4429"], [0.5, "#d6a23a"], [1, "#f85149"]];
+  const HEAT_ERRORS = [[0, "#253140"], [0.001, "#9e6a03"], [0.3, "#ff8b3d"], [1, "#ff4d4d"]];
+
   function cursorShape(x) {
     return { type: "line", xref: "x", yref: "paper", x0: x, x1: x, y0: 0, y1: 1, line: { color: C.cursor, width: 1 } };
   }
@@ -201,26 +230,28 @@
       this.onRendered = null;
     }
 
-    /** Draw the five views at event index k. The aggregation runs now; each view is then
-        drawn in an animation frame of its own, so socket messages and input are handled
-        between them and each frame paints one chart, not five (five Plotly draws and their
-        paint in one go block the page for a fifth of a second on a big run). `cost` is
-        what the last full render took, for the caller to space renders by. */
-    render(trace, k, cursorT, extent, state) {
-      if (!global.Plotly) return false;
-      if (this.busy) { this.again = [trace, k, cursorT, extent, state]; return true; }
+    /** Draw the five views from `A`, the page's tally at event index A.n (the one the
+        header and the waterfall show). Flow is SVG of the page's own and is drawn at once;
+        the four others wait for Plotly, which loads after the page (false: not yet).
+        Each view is drawn in an animation frame of its own, so socket messages and input
+        are handled between them and each frame paints one chart, not five (five Plotly
+        draws and their paint in one go block the page for a fifth of a second on a big
+        run). `cost` is what the last full render took, for the caller to space renders by. */
+    render(A, cursorT, state) {
+      if (!global.Plotly) { this.flow(A); return false; }
+      if (this.busy) { this.again = [A, cursorT, state]; return true; }
       this.busy = true;
-      const started = performance.now();
-      const A = aggregate(trace, k, extent);
-      this.A = A;  // the run's figures at k, for the page's summary strip (same clock)
+      this.A = A;
+      const k = A.n;
       const xs = [];
       for (let i = 0; i < A.nb; i++) xs.push((i * A.binMs) / 1000);
-      const cx = cursorT != null ? (cursorT - trace.t0) / 1000 : null;
-      let spent = performance.now() - started;
-      this.timings = { aggregate: spent };
+      const cx = cursorT != null && isFinite(cursorT - A.t0) ? (cursorT - A.t0) / 1000 : null;
+      const xEnd = Math.max(0.001, (state.extent || A.nb * A.binMs) / 1000);
+      let spent = 0;
+      this.timings = {};
       const steps = [
-        ["pulse", () => this.pulse(A, xs, cx)], ["fill", () => this.fill(A)], ["flow", () => this.flow(A)],
-        ["heat", () => this.heat(A, xs, cx)], ["topology", () => this.topology(A, state)],
+        ["pulse", () => this.pulse(A, xs, cx, xEnd)], ["fill", () => this.fill(A)], ["flow", () => this.flow(A)],
+        ["heat", () => this.heat(A, xs, cx, xEnd)], ["topology", () => this.topology(A, state)],
       ];
       const next = () => {
         const step = steps.shift();
@@ -228,13 +259,14 @@
           this.busy = false;
           this.cost = spent;
           this.rendered++;
-          if (this.onRendered) this.onRendered(this.rendered);
+          if (this.onRendered) this.onRendered(this.rendered, k);
           if (this.again) { const args = this.again; this.again = null; this.render(...args); }
           return;
         }
         const t = performance.now();
         // One view that fails to draw must not stop the others (nor the clock).
         try { step[1](); } catch (err) { console.error("view " + step[0] + ":", err); }
+        if (this.el[step[0]]) this.el[step[0]].dataset.k = String(A.n);
         this.timings[step[0]] = performance.now() - t;
         spent += this.timings[step[0]];
         global.requestAnimationFrame(next);
@@ -251,9 +283,9 @@
       div.dataset.updates = this.updates[name];
     }
 
-    pulse(A, xs, cx) {
+    pulse(A, xs, cx, xEnd) {
       const perS = 1000 / A.binMs;
-      const LINE = lineType(xs.length);
+      const LINE = "scatter";
       this._draw("pulse", [
         { type: LINE, mode: "lines", name: "dispatched", x: xs, y: A.dispatch.map((v) => v * perS), line: { color: C.amber, width: 1.5 }, hovertemplate: "%{y:.1f}/s dispatched<extra></extra>" },
         { type: LINE, mode: "lines", name: "completed", x: xs, y: A.done.map((v) => v * perS), line: { color: C.ok, width: 1.5 }, hovertemplate: "%{y:.1f}/s completed<extra></extra>" },
@@ -262,7 +294,7 @@
         { type: LINE, mode: "lines", name: "tokens", x: xs, y: A.tokens.map((v) => v * perS), yaxis: "y2", line: { color: "rgba(79,179,255,0.5)", width: 0.5, shape: "hv" }, fill: "tozeroy", fillcolor: "rgba(79,179,255,0.22)", hovertemplate: "%{y:.0f} tokens/s<extra></extra>" },
       ], layout({
         margin: { l: 40, r: 46, t: 6, b: 24 },
-        xaxis: Object.assign({}, AXIS, { ticksuffix: " s" }),
+        xaxis: Object.assign({}, AXIS, { ticksuffix: " s", range: [0, xEnd] }),
         yaxis: Object.assign({}, AXIS, { title: { text: "per s", font: { size: 9 } }, rangemode: "tozero" }),
         yaxis2: Object.assign({}, AXIS, { overlaying: "y", side: "right", showgrid: false, rangemode: "tozero", title: { text: "tokens/s", font: { size: 9 } } }),
         shapes: cx != null ? [cursorShape(cx)] : [],
@@ -325,40 +357,104 @@
         ],
         xaxis: Object.assign({}, AXIS, { rangemode: "tozero" }),
         yaxis: Object.assign({}, AXIS, { autorange: "reversed", domain: [0, 0.55] }),
-        xaxis2: Object.assign({}, AXIS, { anchor: "y2", rangemode: "tozero", tickprefix: "$", visible: B.events > 0, range: B.cap != null ? [0, B.cap] : undefined }),
+        xaxis2: Object.assign({}, AXIS, { anchor: "y2", rangemode: "tozero", tickprefix: "$", visible: B.events > 0, range: B.cap > 0 ? [0, B.cap] : undefined }),
         yaxis2: Object.assign({}, AXIS, { domain: [0.7, 0.8], visible: B.events > 0 }),
       }));
     }
 
+    /** Flow: where the sub-queries went, as bands from the conductor to the venues, to
+        the workers, to what came back. Drawn as SVG by the page (no sankey in the small
+        Plotly bundle): each column is stacked top down, a band is as thick as its count,
+        and a label is written only where its node is tall enough to hold it, the full
+        name and the counts in the node's tooltip. */
     flow(A) {
-      const labels = [], index = new Map(), colors = [];
+      const div = this.el.flow;
+      if (!div) return;
+      const W = Math.max(240, div.clientWidth || 360), H = Math.max(140, div.clientHeight || 220);
+      const kindOf = (key) => (key === "conductor" ? "conductor" : key.slice(0, key.indexOf(":")));
+      const COL = { conductor: 0, venue: 1, worker: 2, out: 3 };
+      const nodes = new Map();
       const node = (key) => {
-        if (!index.has(key)) {
-          index.set(key, labels.length);
-          const [kind, name] = key.includes(":") ? key.split(/:(.*)/s) : ["conductor", key];
-          labels.push(kind === "conductor" ? "conductor" : esc(name));
-          colors.push(kind === "venue" ? C.amber : kind === "worker" ? C.ok : kind === "out" ? (name === "results back" ? C.teal : name === "receipts" ? C.gold : C.err) : C.purple);
+        let n = nodes.get(key);
+        if (!n) {
+          const kind = kindOf(key), name = key === "conductor" ? "conductor" : key.slice(key.indexOf(":") + 1);
+          n = { key, kind, name, col: COL[kind] != null ? COL[kind] : 3, vin: 0, vout: 0, inOff: 0, outOff: 0 };
+          nodes.set(key, n);
         }
-        return index.get(key);
+        return n;
       };
-      const source = [], target = [], value = [], lcolor = [];
+      const links = [];
       for (const [key, count] of A.flows) {
         const [a, b] = key.split("\u0000");
-        source.push(node(a)); target.push(node(b)); value.push(count);
-        lcolor.push(b === "out:receipts" ? "rgba(227,179,65,0.30)" : b.startsWith("out:") && b !== "out:results back" ? "rgba(248,81,73,0.35)" : b === "out:results back" ? "rgba(57,197,207,0.30)" : "rgba(139,148,158,0.25)");
+        const na = node(a), nb = node(b);
+        na.vout += count; nb.vin += count;
+        links.push({ a: na, b: nb, v: count });
       }
-      if (!value.length) {
-        this._draw("flow", [], layout({ xaxis: { visible: false }, yaxis: { visible: false }, annotations: [waiting("no sub-queries yet")] }));
+      const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+      svg.setAttribute("width", W); svg.setAttribute("height", H);
+      svg.setAttribute("class", "flow-svg");
+      const mk = (tag, attrs, text) => {
+        const e = document.createElementNS("http://www.w3.org/2000/svg", tag);
+        for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+        if (text != null) e.textContent = text;
+        return e;
+      };
+      if (!links.length) {
+        svg.append(mk("text", { x: W / 2, y: H / 2, "text-anchor": "middle", class: "flow-wait" }, A.n ? "no sub-query sent yet" : "waiting for the run's first event"));
+        div.replaceChildren(svg);
+        this.updates.flow++; div.dataset.updates = this.updates.flow;
         return;
       }
-      this._draw("flow", [{
-        type: "sankey", arrangement: "snap", valueformat: "d",
-        node: { label: labels, color: colors, pad: 10, thickness: 10, line: { color: "#0d1117", width: 0.5 } },
-        link: { source, target, value, color: lcolor },
-      }], layout({ margin: { l: 4, r: 4, t: 6, b: 6 }, font: { color: C.fg, size: 9 } }));
+      const cols = [[], [], [], []];
+      for (const n of nodes.values()) { n.v = Math.max(n.vin, n.vout, 1); cols[n.col].push(n); }
+      const ORDER = { "results back": 0, receipts: 1 };
+      cols[1].sort((x, y) => x.name.localeCompare(y.name));
+      cols[2].sort((x, y) => x.name.localeCompare(y.name));
+      cols[3].sort((x, y) => (ORDER[x.name] ?? 2) - (ORDER[y.name] ?? 2) || x.name.localeCompare(y.name));
+      const PAD = 4, NODE_W = 8, TOP = 4, LABEL_W = 92;
+      const usable = H - 2 * TOP;
+      const scale = Math.min(...cols.filter((c) => c.length).map((c) => (usable - PAD * (c.length - 1)) / c.reduce((t, n) => t + n.v, 0)));
+      const colX = [4, 4 + (W - LABEL_W - 12) / 3, 4 + (2 * (W - LABEL_W - 12)) / 3, W - LABEL_W - NODE_W];
+      cols.forEach((col, c) => {
+        const total = col.reduce((t, n) => t + n.v * scale, 0) + PAD * Math.max(0, col.length - 1);
+        let y = TOP + Math.max(0, (usable - total) / 2);
+        for (const n of col) { n.x = colX[c]; n.y = y; n.h = Math.max(1, n.v * scale); y += n.h + PAD; }
+      });
+      const COLORS = { conductor: C.purple, venue: C.amber, worker: C.ok };
+      const outColor = (name) => (name === "results back" ? C.teal : name === "receipts" ? C.gold : C.err);
+      const color = (n) => (n.kind === "out" ? outColor(n.name) : COLORS[n.kind] || C.muted);
+      links.sort((x, y) => x.a.y - y.a.y || x.b.y - y.b.y);
+      const g = mk("g", { class: "links" });
+      for (const l of links) {
+        const w = Math.max(1, l.v * scale);
+        const y0 = l.a.y + l.a.outOff + w / 2, y1 = l.b.y + l.b.inOff + w / 2;
+        l.a.outOff += w; l.b.inOff += w;
+        const x0 = l.a.x + NODE_W, x1 = l.b.x, xm = (x0 + x1) / 2;
+        const path = mk("path", { d: `M${x0.toFixed(1)},${y0.toFixed(1)}C${xm.toFixed(1)},${y0.toFixed(1)} ${xm.toFixed(1)},${y1.toFixed(1)} ${x1.toFixed(1)},${y1.toFixed(1)}`, stroke: l.b.kind === "out" ? outColor(l.b.name) : "#8b949e", "stroke-width": w.toFixed(1), "stroke-opacity": l.b.kind === "out" ? 0.35 : 0.25, fill: "none" });
+        path.append(mk("title", {}, `${l.a.name} → ${l.b.name}: ${l.v.toLocaleString()}`));
+        g.append(path);
+      }
+      svg.append(g);
+      // A node and its label in one group, under one tooltip: the full name and counts.
+      for (const n of nodes.values()) {
+        const group = mk("g", { class: "node" });
+        group.append(mk("title", {}, `${n.kind === "out" ? "" : n.kind + " "}${n.name}: ${n.vin.toLocaleString()} in · ${n.vout.toLocaleString()} out`));
+        group.append(mk("rect", { x: n.x, y: n.y.toFixed(1), width: NODE_W, height: n.h.toFixed(1), fill: color(n) }));
+        svg.append(group);
+        if (n.h < 9 && nodes.size > 6) continue;  // too thin to label without overlapping
+        const room = n.col === 3 ? LABEL_W - 4 : colX[Math.min(3, n.col + 1)] - n.x - NODE_W - 6;
+        const chars = Math.max(3, Math.floor(room / 5.6));
+        const text = n.name.length > chars ? n.name.slice(0, chars - 1) + "…" : n.name;
+        group.append(mk("text", { x: (n.x + NODE_W + 3).toFixed(1), y: (n.y + n.h / 2).toFixed(1), "dominant-baseline": "middle", class: "flow-label" }, text));
+      }
+      div.replaceChildren(svg);
+      this.updates.flow++;
+      div.dataset.updates = this.updates.flow;
     }
 
-    heat(A, xs, cx) {
+    /** Heat: latency (left) and error rate (right) per worker over time, side by side on
+        one worker axis. */
+    heat(A, xs, cx, xEnd) {
       const names = [...A.workers.keys()].sort();
       const shown = names.map(esc);
       const lat = [], err = [];
@@ -368,22 +464,23 @@
         err.push(w.latN.map((n, i) => (n ? w.errN[i] / n : null)));
       }
       if (!names.length) {
-        this._draw("heat", [], layout({ xaxis: { visible: false }, yaxis: { visible: false }, annotations: [waiting("no worker has answered yet")] }));
+        this._draw("heat", [], layout({ xaxis: { visible: false }, yaxis: { visible: false }, annotations: [waiting(A.submitted ? "sub-queries sent, no worker has answered yet" : "no sub-query sent yet")] }));
         return;
       }
+      const half = xEnd / 2 > 0 ? [0, xEnd] : undefined;
       this._draw("heat", [
-        { type: "heatmap", x: xs, y: shown, z: lat, colorscale: [[0, "#0e4429"], [0.5, "#d6a23a"], [1, "#f85149"]], zmin: 0, showscale: false, hoverongaps: false, xgap: 1, ygap: 1, hovertemplate: "%{y} at %{x}s: %{z:.0f} ms<extra>latency</extra>" },
-        { type: "heatmap", x: xs, y: shown, z: err, yaxis: "y2", colorscale: [[0, "#161b22"], [1, "#f85149"]], zmin: 0, zmax: 1, showscale: false, hoverongaps: false, xgap: 1, ygap: 1, hovertemplate: "%{y} at %{x}s: %{z:.0%} errors<extra>error rate</extra>" },
+        { type: "heatmap", x: xs, y: shown, z: lat, colorscale: HEAT_LATENCY, zmin: 0, showscale: false, hoverongaps: false, xgap: 1, ygap: 1, hovertemplate: "%{y} at %{x}s: %{z:.0f} ms<extra>latency</extra>" },
+        { type: "heatmap", x: xs, y: shown, z: err, xaxis: "x2", colorscale: HEAT_ERRORS, zmin: 0, zmax: 1, showscale: false, hoverongaps: false, xgap: 1, ygap: 1, hovertemplate: "%{y} at %{x}s: %{z:.0%} errors<extra>error rate</extra>" },
       ], layout({
-        margin: { l: 86, r: 8, t: 14, b: 24 },
-        xaxis: Object.assign({}, AXIS, { ticksuffix: " s" }),
-        yaxis: Object.assign({}, AXIS, { domain: [0.54, 1] }),
-        yaxis2: Object.assign({}, AXIS, { domain: [0, 0.46] }),
+        margin: { l: 86, r: 8, t: 16, b: 24 },
+        xaxis: Object.assign({}, AXIS, { ticksuffix: " s", domain: [0, 0.49], range: half, nticks: 4 }),
+        xaxis2: Object.assign({}, AXIS, { ticksuffix: " s", domain: [0.51, 1], range: half, nticks: 4, anchor: "y" }),
+        yaxis: Object.assign({}, AXIS, { automargin: false }),
         annotations: [
-          { text: "latency", xref: "paper", yref: "paper", x: 1, y: 1, xanchor: "right", yanchor: "bottom", showarrow: false, font: { size: 9, color: C.muted } },
-          { text: "error rate", xref: "paper", yref: "paper", x: 1, y: 0.46, xanchor: "right", yanchor: "bottom", showarrow: false, font: { size: 9, color: C.muted } },
+          { text: "latency", xref: "paper", yref: "paper", x: 0, y: 1, xanchor: "left", yanchor: "bottom", yshift: 1, showarrow: false, font: { size: 9, color: C.muted } },
+          { text: "error rate", xref: "paper", yref: "paper", x: 0.51, y: 1, xanchor: "left", yanchor: "bottom", yshift: 1, showarrow: false, font: { size: 9, color: C.muted } },
         ],
-        shapes: cx != null ? [cursorShape(cx)] : [],
+        shapes: cx != null ? [cursorShape(cx), Object.assign(cursorShape(cx), { xref: "x2" })] : [],
       }));
     }
 
@@ -434,5 +531,5 @@
 
   FRLM.Views = Views;
   FRLM.aggregate = aggregate;
-  FRLM.plotTheme = { BASE, AXIS, CONFIG, C, lineType };
+  FRLM.plotTheme = { BASE, AXIS, CONFIG, C };
 })(window);

@@ -23,7 +23,7 @@ def _key(question: str) -> str:
 
 
 def test_it_registers_the_generated_tasks() -> None:
-    assert sorted(TASKS) == ["mniah", "oolong", "pairs", "sniah"]
+    assert sorted(TASKS) == ["mniah", "oolong", "pairs", "repoqa", "sniah"]
 
 
 def test_it_gives_the_same_bytes_for_the_same_tokens_and_seed() -> None:
@@ -91,7 +91,7 @@ def test_it_scores_the_expected_number_wherever_it_appears() -> None:
 
 def test_it_rejects_an_unknown_task() -> None:
     with pytest.raises(
-        ValueError, match="^unknown task 'x'; known tasks: mniah, oolong, pairs, sniah$"
+        ValueError, match="^unknown task 'x'; known tasks: mniah, oolong, pairs, repoqa, sniah$"
     ):
         make_task("x", 1_000, 0)
 

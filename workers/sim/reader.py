@@ -10,6 +10,8 @@ It knows the prompt shapes the simulated root model and the REPL's program patte
 - score: "Score from 0 to 10 how likely the excerpt ..." -> a number;
 - refine: "Improve the draft answer ... DRAFT ANSWER: d ... EXCERPT:" -> a better answer or SAME;
 - summarise: "Summarise the text below ..." -> the lines that report results;
+- source: "which module defines X", "the value of the constant C" over modules under file
+  headers (workers.sim.source);
 - anything else: the fragment sentence sharing most content words with the question.
 """
 
@@ -21,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from workers.sim import ChatMessage
+from workers.sim.source import source_answer
 
 NONE = "NONE"
 
@@ -93,6 +96,9 @@ def answer_prompt(prompt: str) -> str:
     if partials is not None:
         return _most_common(partials) or NONE
     question, excerpt = _question_and_excerpt(prompt)
+    from_source = source_answer(question, excerpt)
+    if from_source is not None:
+        return from_source or NONE
     return best_sentence(question, excerpt) or NONE
 
 

@@ -172,6 +172,8 @@ class Attempts:
             return
         if flight.outcome.attempts <= self.scope.policy.max_retries:
             flight.retry_reason = reason
+            if not flight.kind and self.scope.premium_for("retries"):
+                flight.venues = self.scope.premium_venues
             wave.backlog.appendleft(flight)
             return
         self.settle(flight, status, error=reason)

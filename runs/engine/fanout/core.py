@@ -71,16 +71,19 @@ class Fanout:
         on_progress: Callable[[], None],
     ) -> None:
         verify_venues = frozenset(v for v in policy.verify_venues.split(",") if v)
+        premium = frozenset(v for v in policy.premium_venues.split(",") if v)
+        kept = verify_venues | premium
         self.scope = Scope(
             run_id=run_id,
             policy=policy,
             worker_model=worker_model,
-            # The checking venues are watched too.
-            venue_names=list(dict.fromkeys([*venue_names, *sorted(verify_venues)])),
-            # Answers run on the run's venues, less those kept for checking them (unless that
-            # would leave none).
-            answer_venues=frozenset(venue_names) - verify_venues or frozenset(venue_names),
+            # The checking venues and the premium lane are watched too.
+            venue_names=list(dict.fromkeys([*venue_names, *sorted(kept)])),
+            # Answers run on the run's venues, less those kept for checking them or for the
+            # premium steps (unless that would leave none).
+            answer_venues=frozenset(venue_names) - kept or frozenset(venue_names),
             verify_venues=verify_venues,
+            premium_venues=premium,
         )
         self.roster = Roster()
         self.emitter = emitter
@@ -205,6 +208,8 @@ class Fanout:
             judging=tier != "best_effort" or check is not None or defer_check,
         )
         self.scope.batch = state
+        if len(prompts) == 1 and self.scope.premium_for("single"):
+            state.flights[0].venues = self.scope.premium_venues
         # Known-answer probes go out in the same dispatch as the work they hide among.
         probes = self.judge.probes_for(state)
         self._dispatch(state.flights + probes)
@@ -289,7 +294,10 @@ class Fanout:
         trip, their messages through one producer (transport.Transport.publish)."""
         if not wave.backlog:
             return
-        picks = self.router.plan(wave)
+        room = self._room(wave)
+        if room <= 0:
+            return
+        picks = self.router.plan(wave)[:room]
         if not picks:
             if not wave.out and self.router.any_credit():
                 # Workers are there but none may take it, and nothing in flight will free
@@ -313,6 +321,12 @@ class Fanout:
                 ready.append((flight, self.attempts.prepare(flight, target, wave)))
                 self.spending.hold(flight, reservation)
         self.transport.publish(ready)
+
+    def _room(self, wave: Wave) -> int:
+        """How many more attempts may go out now: policy.max_inflight less those out (hedges
+        count, so a sequential run never has two attempts out)."""
+        limit = self.policy.max_inflight
+        return len(wave.backlog) if limit == 0 else limit - len(wave.out)
 
     def _collect(self, batch: list[Flight], wave: Wave) -> None:
         """Read replies as they come, one read per gather window, and send more as they free

@@ -286,11 +286,13 @@ class Router:
         order = sorted(
             w for w, info in workers.items() if self._allowed(info) and not self._capped(info)
         )
-        if not order:
-            return []
         picks = []
         for flight in wave.backlog:
-            wid = order[self._turn % len(order)]
+            where = flight.venues or self.scope.answer_venues
+            eligible = [w for w in order if workers[w]["venue"] in where]
+            if not eligible:
+                continue
+            wid = eligible[self._turn % len(eligible)]
             self._turn += 1
             w = workers[wid]
             picks.append(
@@ -306,15 +308,17 @@ class Router:
         picks = []
         used = dict(self.roster.inflight)
         for flight in wave.backlog:
+            where = flight.venues or self.scope.answer_venues
             open_ = [
                 v
                 for v in self.scope.venue_names
-                if limit.get(v, 0) > used.get(f"venue:{v}", 0)
+                if v in where
+                and limit.get(v, 0) > used.get(f"venue:{v}", 0)
                 and self.breakers.allows(f"venue:{v}")
             ]
             fresh = [v for v in open_ if v not in flight.tried] or open_
             if not fresh:
-                break
+                continue
             best = max(fresh, key=lambda v: 1 - used.get(f"venue:{v}", 0) / limit[v])
             key = f"venue:{best}"
             routing = {"inflight": used.get(key, 0), "credit": limit[best]}

@@ -165,10 +165,15 @@ class Scope:
     venue_names: list[str]  # every venue watched: the answer venues and the checking ones
     answer_venues: frozenset[str]
     verify_venues: frozenset[str]
+    premium_venues: frozenset[str] = frozenset()  # the premium lane (policy.premium_venues)
     parent: str | None = None
     depth: int = 0
     batches: int = 0  # batches numbered so far; Submit spans name the latest
     batch: Batch | None = None
+
+    def premium_for(self, step: str) -> bool:
+        """Whether `step` ("single" or "retries") runs on the premium lane."""
+        return bool(self.premium_venues) and self.policy.premium_steps in (step, "both")
 
 
 @dataclass

@@ -5,13 +5,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import redis
 from django.core.management.base import CommandError
 
 from frlm_web.commands import FrlmCommand, number
-from frlm_web.redis_client import redis_available
-from runs.importing import run_import
-from traces.interchange import InterchangeError
 
 
 class Command(FrlmCommand):
@@ -30,6 +26,13 @@ class Command(FrlmCommand):
         )
 
     def handle(self, *args: Any, file: str, **o: Any) -> None:
+        # Imported here, not with the module: `--help` and a bad flag answer at once.
+        import redis
+
+        from frlm_web.redis_client import redis_available
+        from runs.importing import run_import
+        from traces.interchange import InterchangeError
+
         """1. check the file and Redis, 2. import (parse all, save, send, wait),
         3. report; exit 1 when the recorder did not store the events."""
         path = Path(file)

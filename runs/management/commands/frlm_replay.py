@@ -7,11 +7,6 @@ from typing import Any
 from django.core.management.base import CommandError
 
 from frlm_web.commands import FrlmCommand, number, whole
-from runs.cli import format_summary, summarise, wait_for
-from runs.engine.policy import PolicyError, parse_assignments
-from runs.models import Run
-from runs.services import RunInputError, run_launch, run_replay
-from workers.backends import model_spec
 
 
 class Command(FrlmCommand):
@@ -57,6 +52,13 @@ class Command(FrlmCommand):
         )
 
     def handle(self, *args, run_id: str, **o: Any) -> None:
+        # Imported here, not with the module: `--help` and a bad flag answer at once.
+        from runs.cli import format_summary, summarise, wait_for
+        from runs.engine.policy import PolicyError, parse_assignments
+        from runs.models import Run
+        from runs.services import RunInputError, run_launch, run_replay
+        from workers.backends import model_spec
+
         try:
             source = Run.objects.get(id=run_id)
         except Run.DoesNotExist:

@@ -2,21 +2,19 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import CommandError
 
-from frlm_web import presence
 from frlm_web.commands import FrlmCommand, number, whole
-from frlm_web.redis_client import get_redis, redis_available
-from runs.cli import format_summary, summarise, wait_for
-from runs.engine.policy import PolicyError, parse_assignments
-from runs.models import Run
-from runs.orphans import CONDUCTOR_GROUP
 from runs.program_templates import PROGRAM_TEMPLATES
-from runs.services import ContextSpec, RunInputError, run_cancel, run_create, run_launch
 from runs.taskgen import MAX_TOKENS, MIN_TOKENS, TASKS
-from workers.backends import model_spec
+
+if TYPE_CHECKING:
+    from runs.models import Run
+
+# What a run needs (Redis, the services, the models' clients) is imported in `handle`:
+# `--help` and a refused argument answer without loading it (tests/frlm_web/test_command_startup.py).
 
 
 class Command(FrlmCommand):
@@ -66,6 +64,10 @@ class Command(FrlmCommand):
         )
 
     def handle(self, *args, **o: Any) -> None:
+        from runs.cli import format_summary, summarise, wait_for
+        from runs.models import Run
+        from runs.services import run_cancel
+
         run = self.create(o)
         if o["no_wait"]:
             self.stdout.write(run.id)
@@ -84,6 +86,13 @@ class Command(FrlmCommand):
             sys.exit(1)
 
     def create(self, o: dict[str, Any]) -> Run:
+        from frlm_web import presence
+        from frlm_web.redis_client import get_redis, redis_available
+        from runs.engine.policy import PolicyError, parse_assignments
+        from runs.orphans import CONDUCTOR_GROUP
+        from runs.services import ContextSpec, RunInputError, run_create, run_launch
+        from workers.backends import model_spec
+
         if not redis_available():
             raise CommandError("Redis is not reachable at FRLM_REDIS_URL; start it with `make up`")
         if not presence.alive(get_redis(), CONDUCTOR_GROUP):

@@ -9,10 +9,6 @@ from django.core.management.base import CommandError
 
 from frlm_web.commands import FrlmCommand
 from traces import store
-from traces.blobs import blob_get
-from traces.interchange import to_jsonl, write_parquet
-from traces.otlp import to_otlp
-from traces.otlp_push import HEADERS_ENV, PushError, parse_headers, push
 
 FORMATS = ("otlp", "parquet", "jsonl")
 
@@ -52,12 +48,17 @@ class Command(FrlmCommand):
             action="append",
             default=[],
             metavar="KEY=VALUE",
-            help=f"a header for the collector (repeatable), e.g. Authorization=Basic ...; "
-            f"also read from {HEADERS_ENV} (k1=v1,k2=v2)",
+            help="a header for the collector (repeatable), e.g. Authorization=Basic ...; "
+            "also read from OTEL_EXPORTER_OTLP_HEADERS (k1=v1,k2=v2)",
         )
 
     def handle(self, *args: Any, run_id: str, **o: Any) -> None:
         """1. check the options, 2. read the run's stored events, 3. write them out."""
+        # Imported here, not with the module (Arrow and the OTLP schema): `--help` is at once.
+        from traces.blobs import blob_get
+        from traces.interchange import to_jsonl, write_parquet
+        from traces.otlp import to_otlp
+
         fmt, output = o["format"], o["output"]
         if fmt == "parquet" and not output:
             raise CommandError("--format parquet writes a binary file: give --output PATH")
@@ -81,6 +82,10 @@ class Command(FrlmCommand):
     def push(self, run_id: str, o: dict[str, Any]) -> None:
         """1. check the headers, 2. read and export the run, 3. POST it, 4. say what the
         collector kept."""
+        from traces.blobs import blob_get
+        from traces.otlp import to_otlp
+        from traces.otlp_push import HEADERS_ENV, PushError, parse_headers, push
+
         if o["format"] != "otlp" or o["output"]:
             raise CommandError("--otlp-endpoint pushes OTLP: leave out --format and --output")
         try:

@@ -1,0 +1,79 @@
+"""A command's start: what `manage.py frlm_* --help` imports. Every command pays for what
+Django's setup and the command's module import, before it does anything; the model client,
+DuckDB, Arrow, Plotly and Celery are loaded only by the code that uses them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+HEAVY = ("openai", "duckdb", "plotly", "pyarrow", "numpy", "celery", "twisted", "httpx")
+
+# Runs the command as manage.py does, then names the heavy modules it loaded.
+PROBE = f"""
+import contextlib, io, json, sys
+from django.core.management import execute_from_command_line
+with contextlib.redirect_stdout(io.StringIO()):
+    try:
+        execute_from_command_line(["manage.py", sys.argv[1], "--help"])
+    except SystemExit:
+        pass
+print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))
+"""
+
+
+def loaded_by_help(command: str, tmp_path: Path) -> list[str]:
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "frlm_web.settings",
+        "FRLM_DATA_DIR": str(tmp_path),
+        "PYTHONPATH": str(ROOT),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, command],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize(
+    "command", ["frlm_run", "frlm_diff", "frlm_replay", "frlm_export", "frlm_import", "frlm_runs"]
+)
+def test_it_starts_a_command_without_the_heavy_libraries(command: str, tmp_path: Path) -> None:
+    assert loaded_by_help(command, tmp_path) == []
+
+
+def test_it_loads_the_model_client_when_a_model_is_called(tmp_path: Path) -> None:
+    """The probe can see a heavy import: the runtime path still loads what it needs."""
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "frlm_web.settings",
+        "FRLM_DATA_DIR": str(tmp_path),
+    }
+    code = (
+        "import django, sys; django.setup()\n"
+        "from workers.backends import _client\n"
+        "_client('http://127.0.0.1:9', 'k', 1.0, 0)\n"
+        "print('openai' in sys.modules, 'httpx' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    assert done.stdout.split() == ["True", "True"]
