@@ -167,7 +167,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # The one task sent by name alone: a run to a conductor. A sub-query
 # (workers.subquery_execute) is always sent with the queue of the worker or venue the
 # router chose (runs/engine/fanout/transport.py), so it has no static route.
-CELERY_TASK_ROUTES = {"runs.conduct": {"queue": "runs"}}
+CELERY_TASK_ROUTES = {"runs.conduct": {"queue": "runs"}, "runs.experiment": {"queue": "runs"}}
 CELERY_TASK_DEFAULT_QUEUE = "runs"
 # Celery task events for a monitor such as Flower (off: every task then costs extra Redis
 # publishes, measured in README). On, conductors and workers start with -E and their

@@ -44,6 +44,7 @@ urlpatterns = [
     ),
     path("api/diff", trace_views.diff_json, access, name="api-diff"),
     # The worker registration API: machine clients, token or signature, no session.
+    path("api/worker-names", worker_views.worker_names_json, name="api-worker-names"),
     path("api/workers/register", worker_api.register, name="api-worker-register"),
     path(
         "api/workers/<str:worker_id>/heartbeat",

@@ -30,7 +30,9 @@ from runs.sandbox import isolation_problem
 from runs.selectors import visible_runs
 from runs.services import RunInputError, run_cancel, run_create, run_launch, run_replay
 from traces.diff import TraceDiffError, run_diff
+from traces.selectors import run_worker_ids
 from workers.models import Venue
+from workers.selectors import worker_names
 from workers.venues import live_workers
 
 PERIODS: dict[str, timedelta] = {
@@ -253,7 +255,10 @@ def _run_context(request: HttpRequest, run: Run) -> dict[str, Any]:
 @require_GET
 def run_page(request: HttpRequest, run_id: str) -> HttpResponse:
     run = _get_run_for_user(request, run_id)
-    return render(request, "runs/run.html", _run_context(request, run))
+    ctx = _run_context(request, run)
+    # Worker ids as the trace has them, with the names they registered (waterfall, views).
+    ctx["workers"] = worker_names(run_worker_ids(run.id), active=not run.done)
+    return render(request, "runs/run.html", ctx)
 
 
 @login_required

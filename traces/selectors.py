@@ -141,3 +141,11 @@ def runs_events(run_ids: list[str], names: list[str]) -> list[dict[str, Any]]:
     for row in rows:
         row["attrs"] = json.loads(row["attrs"]) if row["attrs"] else {}
     return rows
+
+
+def run_worker_ids(run_id: str) -> list[str]:
+    """The workers that appear in one run's trace, for naming them on its page."""
+    rows = store._query(
+        run_id, "SELECT DISTINCT worker_id FROM ev WHERE worker_id IS NOT NULL ORDER BY 1"
+    )
+    return [row["worker_id"] for row in rows]

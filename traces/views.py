@@ -103,6 +103,22 @@ class SpanDetail(TypedDict):
     input: dict[str, Any] | None
     output: dict[str, Any] | None
     events: list[dict[str, Any]]
+    subquery: SubQueryRecord | None
+
+
+class SubQueryRecord(TypedDict):
+    """Everything the trace holds on one sub-query, whichever of its spans was clicked: the
+    prompt, the reply, the routing decision, each attempt, the verdicts and the receipts."""
+
+    submit_span: str
+    prompt: dict[str, Any] | None
+    reply: dict[str, Any] | None
+    reply_span: str | None
+    routing: dict[str, Any] | None
+    attempts: list[dict[str, Any]]
+    verdicts: list[dict[str, Any]]
+    receipts: list[dict[str, Any]]
+    budget: list[dict[str, Any]]
 
 
 @api_view
@@ -125,6 +141,7 @@ def span_detail(
         return JsonResponse({"error": f"run {run_id} has no span {span_id!r}"}, status=404)
     detail = _span_detail(span_id, own)
     detail["events"] = _span_instants(span_id, rows)
+    detail["subquery"] = _subquery(run_id, detail)
     return JsonResponse(detail)
 
 
@@ -172,6 +189,102 @@ def _span_detail(span_id: str, own: list[dict[str, Any]]) -> SpanDetail:
     if first["phase"] == "instant":
         detail["input"] = None
     return detail
+
+
+def _subquery(run_id: str, detail: SpanDetail) -> SubQueryRecord | None:
+    """The sub-query a Submit or Execute span belongs to, told by its Submit span: the
+    events under it, and the verdicts that link to it (ARCHITECTURE.md §6)."""
+    if detail["name"] == "SubQuery.Submit":
+        submit = detail["span_id"]
+    elif detail["name"] == "SubQuery.Execute" and detail["parent_id"]:
+        submit = detail["parent_id"]
+    else:
+        return None
+    rows = store._query(
+        run_id,
+        """SELECT * EXCLUDE (run_id, ts), epoch_ns(ts) AS ts FROM ev
+           WHERE span_id = ? OR parent_id = ? OR list_contains(links, ?) ORDER BY seq""",
+        [submit, submit, submit],
+    )
+    record: SubQueryRecord = {
+        "submit_span": submit,
+        "prompt": None,
+        "reply": None,
+        "reply_span": None,
+        "routing": None,
+        "attempts": [],
+        "verdicts": [],
+        "receipts": [],
+        "budget": [],
+    }
+    executions: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        attrs = json.loads(row["attrs"]) if row["attrs"] else {}
+        attrs = {k: v for k, v in attrs.items() if not k.startswith("_")}
+        name, phase = row["name"], row["phase"]
+        if row["span_id"] == submit:
+            _submit_row(record, row, attrs)
+        elif name == "SubQuery.Execute":
+            _execute_row(record, executions, row)
+        elif phase == "instant":
+            entry = {
+                "span_id": row["span_id"],
+                "name": name,
+                "status": row["status"],
+                "t_ms": row["ts"] / 1e6,
+                "worker_id": row["worker_id"],
+                "venue": row["venue"],
+                "links": list(row["links"] or []),
+                "attrs": attrs,
+            }
+            if name.startswith("Verify."):
+                record["verdicts"].append(entry)
+            elif name == "Receipt.Emit":
+                record["receipts"].append(entry)
+            elif name.startswith("Budget."):
+                record["budget"].append(entry)
+    record["attempts"] = list(executions.values())
+    return record
+
+
+def _submit_row(record: SubQueryRecord, row: dict[str, Any], attrs: dict[str, Any]) -> None:
+    if row["phase"] == "start":
+        record["prompt"] = _text(row["payload_ref"], TEXT_CHARS)
+        routing = attrs.get("routing")
+        if routing is not None or attrs.get("route"):
+            record["routing"] = {
+                "route": attrs.get("route"),
+                "venue": row["venue"],
+                "worker_id": row["worker_id"],
+                "decision": routing,
+            }
+    elif row["phase"] == "end" and row["payload_ref"]:
+        record["reply"] = _text(row["payload_ref"], TEXT_CHARS)
+        record["reply_span"] = row["span_id"]
+
+
+def _execute_row(
+    record: SubQueryRecord, executions: dict[str, dict[str, Any]], row: dict[str, Any]
+) -> None:
+    """One attempt on a worker; the last ok one's reply stands when the Submit span's end
+    carries none."""
+    attempt = executions.setdefault(
+        row["span_id"],
+        {"span_id": row["span_id"], "status": "open", "ms": None, "worker_id": None, "venue": None},
+    )
+    attempt["worker_id"] = row["worker_id"] or attempt["worker_id"]
+    attempt["venue"] = row["venue"] or attempt["venue"]
+    if row["phase"] == "end":
+        attempt.update(
+            status=row["status"],
+            ms=row["ms"],
+            tokens_in=row["tokens_in"],
+            tokens_out=row["tokens_out"],
+            cost=row["cost"],
+        )
+        if row["status"] == "ok" and row["payload_ref"] and record["reply_span"] is None:
+            record["reply"] = _text(row["payload_ref"], TEXT_CHARS)
+            record["reply_span"] = row["span_id"]
 
 
 def _span_instants(span_id: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

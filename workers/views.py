@@ -26,6 +26,7 @@ from traces.selectors import recent_executions, worker_activity, worker_history
 from traces.views import api_view
 from workers import reputation
 from workers.models import Venue, Worker
+from workers.selectors import worker_names
 from workers.venues import live_workers, queued
 
 # Traces are read per segment file (about a millisecond each), so health looks at the
@@ -271,7 +272,22 @@ def venues_history(request: HttpRequest, *, run_reads: RunReads) -> JsonResponse
         s["p95_ms"].append(row["p95_ms"])
         s["calls"].append(row["calls"])
         s["error_rate"].append(row["errors"] / row["calls"] if row["calls"] else 0)
-    return JsonResponse({"workers": series, "runs": len(recent)})
+    # The legend names each worker as it registered, and says which ones have departed.
+    return JsonResponse({"workers": series, "names": worker_names(series), "runs": len(recent)})
+
+
+NAMES_PER_ASK = 200  # ids in one ?id= look-up (a live batch's new workers)
+
+
+@api_view
+def worker_names_json(request: HttpRequest) -> JsonResponse:
+    """{workers: {id: {name, venue, departed}}} for `?id=` ids: the run page asks when a
+    live event names a worker it has not met. Workers are shared infrastructure: any
+    signed-in user may see one (as on the venues page)."""
+    ids = request.GET.getlist("id")
+    if len(ids) > NAMES_PER_ASK:
+        return JsonResponse({"error": f"ask for at most {NAMES_PER_ASK} ids at once"}, status=400)
+    return JsonResponse({"workers": worker_names(ids)})
 
 
 def _bucket_s(run_ids: list[str], run_reads: RunReads) -> int:

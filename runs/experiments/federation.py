@@ -26,7 +26,6 @@ from runs.orphans import CONDUCTOR_GROUP
 from workers.models import Venue, venue_defaults
 from workers.venues import live_workers
 
-
 # How long each process may take to come up: worker processes start slowly on a busy
 # machine, and a swarm's devices all start at once.
 START_TIMEOUT_S = 300.0

@@ -104,16 +104,16 @@ def tune_policy(
         best[0]["kept"] = True
         current, current_records = best[1], best[2]
         del remaining[best[0]["key"]]
+    start = Policy.from_dict(suite.baseline_policy(baseline)).to_dict()
+    final = Policy.from_dict(current).to_dict()
     result = {
         "objective": OBJECTIVE,
         "baseline": baseline,
-        "start_policy": suite.baseline_policy(baseline),
+        "start_policy": start,
         "start_objective": objective(base_records),
         "steps": steps,
-        "final_policy": Policy.from_dict(current).to_dict(),
-        "changed": {
-            k: v for k, v in current.items() if suite.baseline_policy(baseline).get(k) != v
-        },
+        "final_policy": final,
+        "changed": {key: value for key, value in final.items() if start[key] != value},
     }
     (out / "tune.json").write_text(json.dumps(result, indent=2))
     return result

@@ -18,12 +18,16 @@
     const traces = [];
     // Plotly reads a few HTML tags in its texts: a worker's id goes in as entities.
     const esc = (t) => String(t).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+    const names = data.names || {};
     Object.entries(data.workers).forEach(([raw, s], i) => {
-      const name = esc(raw);
+      // Its registered name (the id on hover), "departed" once it is lost or deregistered.
+      const known = names[raw];
+      const name = esc(known ? known.name + (known.departed ? " (departed)" : "") : raw);
+      const hover = "%{y:.0f} ms · " + esc(raw) + "<extra>" + name + "</extra>";
       const color = palette[i % palette.length];
       const x = s.t_ms.map((t) => new Date(t));
-      traces.push({ type: "scatter", mode: "lines+markers", name: name + " p50", x, y: s.p50_ms, line: { color, width: 1.5 }, marker: { size: 6 }, legendgroup: name });
-      traces.push({ type: "scatter", mode: "lines+markers", name: name + " p95", x, y: s.p95_ms, line: { color, width: 1, dash: "dot" }, marker: { size: 5, symbol: "circle-open" }, legendgroup: name, showlegend: false });
+      traces.push({ type: "scatter", mode: "lines+markers", name: name + " p50", x, y: s.p50_ms, line: { color, width: 1.5 }, marker: { size: 6 }, legendgroup: name, hovertemplate: hover });
+      traces.push({ type: "scatter", mode: "lines+markers", name: name + " p95", x, y: s.p95_ms, line: { color, width: 1, dash: "dot" }, marker: { size: 5, symbol: "circle-open" }, legendgroup: name, showlegend: false, hovertemplate: hover });
       traces.push({ type: "bar", name: name + " errors", x, y: s.error_rate, yaxis: "y2", marker: { color }, opacity: 0.6, legendgroup: name, showlegend: false });
     });
     const axis = { gridcolor: "#1d242d", zerolinecolor: "#1d242d", tickfont: { size: 9, color: "#7d8896" } };

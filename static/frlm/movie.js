@@ -56,6 +56,8 @@
         onToggle: (s) => { if (this.collapsed.has(s.id)) this.collapsed.delete(s.id); else this.collapsed.add(s.id); this.frame(true); },
       });
       this.wf.collapsed = this.collapsed;
+      this.wf.trace = this.trace;  // its filters list the trace's workers and venues
+      this.panel = new FRLM.SpanPanel(document.getElementById("span-detail"), this);
       this.views = new FRLM.Views(root);
       this.A = null;             // the run at the cursor: header, views and turn panel read it
       this.views.onRendered = (n) => {
@@ -76,6 +78,8 @@
       // Plotly loads beside the page (async): the views are drawn as soon as it is there.
       const plotly = document.getElementById("plotly-js");
       if (plotly && !global.Plotly) plotly.addEventListener("load", () => { this.viewsDirty = true; this.frame(true); });
+      // Names a live run's new workers registered arrive after their events: relabel the views.
+      if (FRLM.workers) FRLM.workers.listeners.push(() => { this.viewsDirty = true; this.frame(true); });
       this.turnsTimer = null;
     }
 
@@ -102,6 +106,7 @@
         }
       }
       this.ready = true;
+      this.panel.fromAddress();
       this.root.dataset.ready = "1";
       // Drawn and painted, the main thread free: when the page answers input (bench/ui.py).
       global.requestAnimationFrame(() => setTimeout(() => {
@@ -421,85 +426,8 @@
       });
     }
 
-    // --- a span's detail -------------------------------------------------------------
-    async select(s) {
-      const body = document.getElementById("detail-body");
-      body.replaceChildren(el("p", "muted", "Loading " + s.name + "…"));
-      let d;
-      try {
-        d = await getJSON(this.d.spanUrl.replace("__span__", encodeURIComponent(s.id)));
-      } catch (err) {
-        body.replaceChildren(el("p", "err", err.message));
-        return;
-      }
-      const head = el("div", "detail-head");
-      head.append(el("span", "span-name", d.name), el("span", "pill st-" + d.status, d.status));
-      if (d.ms != null) head.append(el("span", "mono", FRLM.fmtMs(d.ms)));
-      if (d.venue || d.worker_id) head.append(el("span", "muted", [d.venue, d.worker_id].filter(Boolean).join(" / ")));
-      const nav = el("div", "detail-nav");
-      const jump = (label, id) => {
-        const target = this.trace.spans.get(id);
-        const b = el("button", "linkish", label);
-        b.type = "button";
-        b.disabled = !target;
-        b.addEventListener("click", () => { if (target) { this.wf.reveal(target); this.select(target); } });
-        nav.append(b);
-      };
-      if (d.parent_id) jump("↑ parent", d.parent_id);
-      for (const link of d.links || []) jump("→ linked " + link.slice(0, 8), link);
-      // Put the movie's clock on this span's start or end (and so every view with it).
-      const seekTo = (label, act, t) => {
-        if (t == null) return;
-        const b = el("button", "linkish", label);
-        b.type = "button";
-        b.dataset.seek = act;
-        b.addEventListener("click", () => {
-          this.playing = false;
-          this.playBtn.classList.remove("on");
-          this.seek(t);
-        });
-        nav.append(b);
-      };
-      seekTo("Set the clock to its start", "start", d.start_ms);
-      seekTo("Set the clock to its end", "end", d.status !== "open" ? d.end_ms : null);
-      const metrics = el("dl", "kv-grid");
-      // Unset attributes (null) say nothing: they are left out.
-      const add = (k, v) => { if (v == null || v === "") return; metrics.append(el("dt", null, k), el("dd", "mono", String(v))); };
-      add("span", d.span_id);
-      add("start", d.start_ms != null ? "+" + FRLM.fmtMs(d.start_ms - this.trace.t0) : null);
-      add("tokens in", d.tokens_in);
-      add("tokens out", d.tokens_out);
-      add("cost", d.cost != null ? "$" + Number(d.cost).toFixed(6) : null);
-      add("depth", d.depth);
-      for (const [k, v] of Object.entries(d.attrs || {})) {
-        if (v !== null) add(k, typeof v === "object" ? JSON.stringify(v) : v);
-      }
-      const parts = [head, nav, metrics];
-      const text = (label, payload) => {
-        if (!payload) return;
-        const box = el("div", "payload");
-        const t = el("div", "payload-head");
-        t.append(el("span", "k", label), el("span", "muted small", `${payload.chars.toLocaleString()} chars${payload.truncated ? " (first " + payload.text.length.toLocaleString() + " shown)" : ""}`));
-        const pre = el("pre", "payload-text " + label, payload.text == null ? "(not in the blob store)" : payload.text);
-        box.append(t, pre);
-        parts.push(box);
-      };
-      text(d.labels[0], d.input);
-      text(d.labels[1], d.output);
-      if (d.events && d.events.length) {
-        const list = el("ul", "instants");
-        for (const ev of d.events.slice(0, 50)) {
-          const li = el("li", null);
-          li.append(el("span", "mono muted", "+" + FRLM.fmtMs(ev.t_ms - this.trace.t0)), el("span", "pill st-" + ev.status, ev.name), el("span", "small", Object.entries(ev.attrs || {}).map(([k, v]) => k + "=" + (typeof v === "object" ? JSON.stringify(v) : v)).join("  ")));
-          li.title = "put the clock on this event";
-          li.addEventListener("click", () => { this.playing = false; this.playBtn.classList.remove("on"); this.seek(ev.t_ms); });
-          list.append(li);
-        }
-        parts.push(list);
-      }
-      body.replaceChildren(...parts);
-      this.root.dataset.selected = s.id;
-    }
+    // --- a span's detail: static/frlm/spanpanel.js ---------------------------------
+    select(s) { this.panel.show(s); }
 
     // --- the root model's code per turn ----------------------------------------------
     loadTurnsSoon() {

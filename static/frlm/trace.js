@@ -25,6 +25,8 @@
       this.turnStarts = [];    // times of the root's turns (Run.Decode at depth 0)
       this.totals = { submitted: 0, settled: 0, failed: 0, tin: 0, tout: 0, cost: 0, turns: 0 };
       this.duplicates = 0;
+      this.workerIds = new Set();  // every worker and venue named so far (the filters' choices)
+      this.venues = new Set();
     }
 
     /** Append events in seq order; returns how many were new. */
@@ -50,6 +52,9 @@
 
     _index(r, i) {
       const phase = r[F.PHASE], name = r[F.NAME];
+      const wid = r[F.WORKER], venue = r[F.VENUE];
+      if (wid && !this.workerIds.has(wid)) { this.workerIds.add(wid); if (FRLM.workers) FRLM.workers.meet(wid); }
+      if (venue && !this.venues.has(venue)) this.venues.add(venue);
       if (phase === "progress") return;
       if (phase === "instant") {
         const parent = this.spans.get(r[F.PARENT]);
@@ -129,7 +134,69 @@
     }
   }
 
+  /** One name per worker on the page: the name it registered ("edge-edge-1"), its id on
+      hover. The page starts with {id: {name, venue, departed}} (#run-workers, from
+      workers.selectors.worker_names); an id met later in a live run is asked of
+      /api/worker-names once. `listeners` are told when names arrive (the waterfall and
+      the views redraw their labels). */
+  class WorkerNames {
+    constructor(map, url) {
+      this.map = new Map(Object.entries(map || {}));
+      this.url = url;
+      this.asked = new Set(this.map.keys());
+      this.waiting = new Set();
+      this.timer = null;
+      this.listeners = [];
+    }
+
+    /** The registered name, or the id when the worker never registered one here. */
+    name(id) { const w = id && this.map.get(id); return w ? w.name : (id || ""); }
+
+    /** The name, marked when the worker has departed (lost or deregistered). */
+    label(id) { const w = id && this.map.get(id); return w ? w.name + (w.departed ? " (departed)" : "") : (id || ""); }
+
+    /** What a hover says: the id, and the venue it registered with. */
+    title(id) { const w = id && this.map.get(id); return w ? `${id} · venue ${w.venue}${w.departed ? " · departed" : ""}` : (id || ""); }
+
+    departed(id) { const w = id && this.map.get(id); return !!(w && w.departed); }
+
+    meet(id) {
+      if (!this.url || this.asked.has(id)) return;
+      this.asked.add(id);
+      this.waiting.add(id);
+      // One request for the ids a burst of events brings, not one per event.
+      if (!this.timer) this.timer = setTimeout(() => this._ask(), 150);
+    }
+
+    async _ask() {
+      this.timer = null;
+      const ids = [...this.waiting].slice(0, 200);
+      ids.forEach((id) => this.waiting.delete(id));
+      if (this.waiting.size) this.timer = setTimeout(() => this._ask(), 150);
+      const q = ids.map((id) => "id=" + encodeURIComponent(id)).join("&");
+      let data;
+      try {
+        const r = await fetch(this.url + "?" + q, { credentials: "same-origin", headers: { Accept: "application/json" } });
+        if (!r.ok) return;
+        data = await r.json();
+      } catch (err) { return; }
+      let added = 0;
+      for (const [id, w] of Object.entries(data.workers || {})) { this.map.set(id, w); added++; }
+      if (added) for (const fn of this.listeners) fn();
+    }
+  }
+
+  function readWorkers() {
+    const el = document.getElementById("run-workers");
+    let map = {};
+    if (el) { try { map = JSON.parse(el.textContent); } catch (err) { map = {}; } }
+    return new WorkerNames(map, el && el.parentElement ? el.parentElement.dataset.namesUrl : null);
+  }
+
   global.FRLM = global.FRLM || {};
-  global.FRLM.F = F;
-  global.FRLM.Trace = Trace;
+  const FRLM = global.FRLM;
+  FRLM.F = F;
+  FRLM.Trace = Trace;
+  FRLM.WorkerNames = WorkerNames;
+  FRLM.workers = readWorkers();
 })(window);

@@ -21,6 +21,10 @@
   // Plotly reads a few HTML tags in its texts (<b>, <a href>...): names that workers and
   // venues chose go in as entities, so they show as written.
   const esc = (t) => String(t).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+  // Traces carry a worker's id; the pages show the name it registered (FRLM.workers, read
+  // by trace.js from the page's #run-workers), marked when it has departed.
+  const wname = (id) => (FRLM.workers && id && id !== "?" ? FRLM.workers.label(id) : id);
+  const wtitle = (id) => (FRLM.workers && id && id !== "?" ? FRLM.workers.title(id) : id);
   const fmt$ = (v) => (v >= 100 ? v.toFixed(2) : v.toFixed(4));
   const STATUS_COLOR = { ok: C.ok, error: C.err, timeout: C.timeout, cancelled: C.cancelled, rejected: C.err, abandoned: C.err };
 
@@ -438,13 +442,15 @@
       // A node and its label in one group, under one tooltip: the full name and counts.
       for (const n of nodes.values()) {
         const group = mk("g", { class: "node" });
-        group.append(mk("title", {}, `${n.kind === "out" ? "" : n.kind + " "}${n.name}: ${n.vin.toLocaleString()} in · ${n.vout.toLocaleString()} out`));
+        const shown = n.kind === "worker" ? wname(n.name) : n.name;
+        const who = n.kind === "worker" ? `${shown} (${wtitle(n.name)})` : n.name;
+        group.append(mk("title", {}, `${n.kind === "out" ? "" : n.kind + " "}${who}: ${n.vin.toLocaleString()} in · ${n.vout.toLocaleString()} out`));
         group.append(mk("rect", { x: n.x, y: n.y.toFixed(1), width: NODE_W, height: n.h.toFixed(1), fill: color(n) }));
         svg.append(group);
         if (n.h < 9 && nodes.size > 6) continue;  // too thin to label without overlapping
         const room = n.col === 3 ? LABEL_W - 4 : colX[Math.min(3, n.col + 1)] - n.x - NODE_W - 6;
         const chars = Math.max(3, Math.floor(room / 5.6));
-        const text = n.name.length > chars ? n.name.slice(0, chars - 1) + "…" : n.name;
+        const text = shown.length > chars ? shown.slice(0, chars - 1) + "…" : shown;
         group.append(mk("text", { x: (n.x + NODE_W + 3).toFixed(1), y: (n.y + n.h / 2).toFixed(1), "dominant-baseline": "middle", class: "flow-label" }, text));
       }
       div.replaceChildren(svg);
@@ -455,8 +461,8 @@
     /** Heat: latency (left) and error rate (right) per worker over time, side by side on
         one worker axis. */
     heat(A, xs, cx, xEnd) {
-      const names = [...A.workers.keys()].sort();
-      const shown = names.map(esc);
+      const names = [...A.workers.keys()].sort((a, b) => String(wname(a)).localeCompare(String(wname(b))));
+      const shown = names.map((id) => esc(wname(id)));
       const lat = [], err = [];
       for (const name of names) {
         const w = A.workers.get(name);
@@ -509,7 +515,7 @@
           const wy = 1 - (slot + j + 0.5) / total;
           const recentErr = A.lastBin - w.lastErrBin <= 2;
           const color = recentErr ? C.err : w.inflight ? C.ok : C.idle;
-          nodes.push({ id: wn, x: 2, y: wy, color, size: 10 + Math.min(24, w.inflight * 3), text: esc(wn), hover: `${esc(wn)} · ${w.inflight} in flight · ${w.calls} done · ${w.errors} errors` });
+          nodes.push({ id: wn, x: 2, y: wy, color, size: 10 + Math.min(24, w.inflight * 3), text: esc(wname(wn)), hover: `${esc(wname(wn))} (${esc(wtitle(wn))}) · ${w.inflight} in flight · ${w.calls} done · ${w.errors} errors` });
           ex.push(1, 2, null); ey.push(vy, wy, null);
         });
         slot += span;

@@ -31,7 +31,7 @@ def test_it_frames_a_report_whose_four_figures_draw_offline(experiment_dir, page
     frame.locator("#fig-diff .main-svg").first.wait_for(timeout=180_000)
     for key in ("rail", "budget", "routing", "diff"):
         assert frame.locator(f"#fig-{key} .main-svg").count() >= 1, key
-    assert frame.locator("table[data-table=detection] tbody tr").count() >= 1
+    assert frame.locator("table[data-table=latency] tbody tr").count() == 5
     answers = frame.locator("table[data-table=runs]").inner_text()
     assert HOSTILE in answers and not dialogs  # shown as the text it is, never run
     assert not [u for u in requested if not u.startswith(page.url.split("/experiments")[0])]

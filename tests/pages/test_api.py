@@ -10,6 +10,7 @@ from runs.services import run_launch, run_replay
 from tests.helpers import finish, launch, scripted, stack_worker_ids, trace
 from tests.pages.helpers import make_user
 from traces.live import WIRE_FIELDS
+from workers.models import Venue, Worker
 
 
 def signed_in(user) -> Client:
@@ -81,3 +82,49 @@ def test_it_keeps_server_paths_to_staff(venues, context_root):
     assert response.status_code == 302 and response["Location"].startswith("/runs/r")
     run = finish(Run.objects.get(id=response["Location"].rsplit("/", 1)[1]))
     assert run.status == "succeeded" and run.context_source == "path", run.error
+
+
+def test_it_gathers_a_subquerys_prompt_reply_routing_and_attempts_from_either_span(venues):
+    client = signed_in(make_user("ops", staff=True))
+    run = finish(launch(task="sniah", tokens=60_000, seed=3))
+    stored = trace(run)
+    submit = next(e for e in stored if e["name"] == "SubQuery.Submit" and e["phase"] == "start")
+    execute = next(
+        e
+        for e in stored
+        if e["name"] == "SubQuery.Execute"
+        and e["parent_id"] == submit["span_id"]
+        and e["phase"] == "end"
+    )
+    by_submit = client.get(f"/api/runs/{run.id}/spans/{submit['span_id']}").json()["subquery"]
+    by_execute = client.get(f"/api/runs/{run.id}/spans/{execute['span_id']}").json()["subquery"]
+    assert by_submit == by_execute  # the same sub-query, whichever span was clicked
+    assert by_submit["submit_span"] == submit["span_id"]
+    assert "special magic number" in by_submit["prompt"]["text"]
+    assert by_submit["reply"]["text"]
+    assert by_submit["routing"]["route"] == submit["attrs"]["route"]
+    assert by_submit["routing"]["decision"] == submit["attrs"].get("routing")
+    attempt = next(a for a in by_submit["attempts"] if a["span_id"] == execute["span_id"])
+    assert attempt["worker_id"] == execute["worker_id"] and attempt["status"] == "ok"
+    # Spans that are no sub-query's have none; another user's run is not found.
+    root = next(e for e in stored if e["name"] == "Run.Init")
+    assert client.get(f"/api/runs/{run.id}/spans/{root['span_id']}").json()["subquery"] is None
+    other = signed_in(make_user("mallory"))
+    assert other.get(f"/api/runs/{run.id}/spans/{submit['span_id']}").status_code == 404
+
+
+def test_it_names_workers_by_id_saying_which_have_departed(venues):
+    client = signed_in(make_user("ops"))
+    venue = Venue.objects.get(name="edge")
+    staying, gone = (
+        Worker.objects.create(name=name, venue=venue, public_key="k" * 44)
+        for name in ("edge-names-1", "edge-names-2")
+    )
+    Worker.objects.filter(id=gone.id).update(status=Worker.Status.DEREGISTERED)
+    ids = [staying.id, gone.id]
+    names = client.get("/api/worker-names", {"id": [*ids, "wnosuchworker"]}).json()["workers"]
+    assert set(names) == set(ids)
+    assert names[staying.id] == {"name": "edge-names-1", "venue": "edge", "departed": False}
+    assert names[gone.id]["departed"] is True
+    too_many = client.get("/api/worker-names", {"id": [f"w{i}" for i in range(201)]})
+    assert too_many.status_code == 400 and "at most 200" in too_many.json()["error"]

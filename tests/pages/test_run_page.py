@@ -113,8 +113,10 @@ def test_it_plays_a_finished_run_back_with_the_scrubber(page, web):
     assert page.evaluate("frlmMovie.cursor") == page.evaluate("frlmMovie.trace.turnStarts[0]")
     page.click("[data-act=end]")
     wait_for(page, f"frlmMovie.rows.length === {total}")
-    # A click on a span opens its detail with the texts from the blob store.
-    submit_row = page.evaluate("frlmMovie.rows.findIndex(s => s.name === 'SubQuery.Submit')")
+    # A click on a span opens its detail with the texts from the blob store (batches
+    # unfolded: each sub-query on its own row).
+    page.uncheck("#waterfall .wf-group input")
+    submit_row = page.evaluate("frlmMovie.wf.rows.findIndex(s => s.name === 'SubQuery.Submit')")
     box = page.locator("#waterfall canvas.wf-canvas").bounding_box()
     page.mouse.click(box["x"] + 120, box["y"] + submit_row * 16 + 8)
     page.wait_for_selector("#detail-body .payload-text.prompt")

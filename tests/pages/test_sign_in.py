@@ -28,6 +28,7 @@ APIS = [
     "/api/runs/rabc123/aggregates",
     "/api/diff?a=rabc123&b=rabc123",
     "/venues/history",
+    "/api/worker-names?id=wabc123",
 ]
 
 

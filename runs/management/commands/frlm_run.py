@@ -14,7 +14,8 @@ if TYPE_CHECKING:
     from runs.models import Run
 
 # What a run needs (Redis, the services, the models' clients) is imported in `handle`:
-# `--help` and a refused argument answer without loading it (tests/frlm_web/test_command_startup.py).
+# `--help` and a refused argument answer without loading it
+# (tests/frlm_web/test_command_startup.py).
 
 
 class Command(FrlmCommand):
