@@ -96,12 +96,16 @@ class Reputation:
     strikes: float = 0.0  # forged results and attestations, fading with their half-life
 
     def mean(self, signal: Signal) -> float | None:
-        """The Beta mean of a signal, or None while there is no evidence on it."""
+        """The share of good results in a signal's evidence, the prior counting as one good
+        result and no bad one, or None while there is no evidence on it. Good results alone
+        keep it at 1: with the Beta(1, 1) mean a worker that passed one probe scored 2/3 on
+        validation while one never probed scored 1, so passing probes cost a worker half
+        its share of an honest swarm's work (issue 23). One lie still counts in full."""
         a = getattr(self, f"{signal}_a")
         b = getattr(self, f"{signal}_b")
         if a + b - 2 < MIN_EVIDENCE:
             return None
-        return a / (a + b)
+        return a / (a + b - 1)
 
     @property
     def score(self) -> float:
