@@ -250,25 +250,35 @@ def worker_names(ids: Iterable[str]) -> dict[str, str]:
     return dict(Worker.objects.filter(id__in=set(ids)).values_list("id", "name"))
 
 
-def verdicts(trace: RunTrace) -> list[tuple[str, bool]]:
-    """(worker id, accepted) for each verdict a verifier passed on one worker's reply:
-    redundancy's agreed and disagreed (an unresolved vote accepts nobody's reply), an
-    objective check, a validator's attestation, a known-answer probe."""
-    out: list[tuple[str, bool]] = []
+def trusted_workers(ids: Iterable[str]) -> set[str]:
+    """The ids among `ids` of workers on trusted venues (the validators and datacenter pods
+    the verifiers take on trust: no verdict on them says anything about catching liars)."""
+    return set(
+        Worker.objects.filter(id__in=set(ids), venue__trusted=True).values_list("id", flat=True)
+    )
+
+
+def verdicts(trace: RunTrace) -> list[tuple[str, bool, str]]:
+    """(worker id, accepted, verifier) for each verdict a verifier passed on one worker's
+    reply. verifier is "redundancy" (agreed: accepted, outvoted: not; an unresolved vote
+    accepts nobody's reply), "check" (an objective check), "attestation" (a validator's
+    signed verdict on the judged worker; a refused attestation or a validator that gave no
+    answer judges nobody's reply) or "probe" (a known-answer question)."""
+    out: list[tuple[str, bool, str]] = []
     for e in trace.events:
         attrs = e["attrs"]
         if e["name"] == "Verify.Redundant":
             if attrs.get("outcome") == "accept":
-                out += [(w, True) for w in attrs.get("agreed") or []]
-                out += [(w, False) for w in attrs.get("disagreed") or []]
+                out += [(w, True, "redundancy") for w in attrs.get("agreed") or []]
+                out += [(w, False, "redundancy") for w in attrs.get("disagreed") or []]
             else:
-                out += [(w, False) for group in attrs.get("groups") or [] for w in group]
+                out += [(w, False, "redundancy") for g in attrs.get("groups") or [] for w in g]
         elif e["name"] == "Verify.Objective" and e["worker_id"]:
-            out.append((e["worker_id"], e["status"] == "ok"))
+            out.append((e["worker_id"], e["status"] == "ok", "check"))
         elif e["name"] == "Verify.Attest" and e["worker_id"] and "attestation" in attrs:
-            out.append((e["worker_id"], e["status"] == "ok"))
+            out.append((e["worker_id"], e["status"] == "ok", "attestation"))
         elif e["name"] == "Verify.Probe" and e["worker_id"]:
-            out.append((e["worker_id"], e["status"] == "ok"))  # a known-answer question
+            out.append((e["worker_id"], e["status"] == "ok", "probe"))
     return out
 
 

@@ -10,7 +10,13 @@ from collections import defaultdict
 from typing import Any, TypedDict
 
 from runs.experiments import stats
-from runs.experiments.measures import RunTrace, dishonest_workers, verdicts, worker_names
+from runs.experiments.measures import (
+    RunTrace,
+    dishonest_workers,
+    trusted_workers,
+    verdicts,
+    worker_names,
+)
 
 BASELINE_ORDER = [
     "rlm_sequential",
@@ -174,32 +180,40 @@ def detection_table(
     rows: list[dict[str, Any]], traces: dict[str, RunTrace], suite: dict[str, Any], base: Any
 ) -> Table:
     """Table 4: per baseline and kind of dishonest worker, the share of their judged
-    replies the verifiers did not accept (detection), and the share of honest workers'
-    judged replies they did not accept (false positives)."""
+    replies the verifiers did not accept (detection), and the share of honest, untrusted
+    workers' judged replies they did not accept (false positives), with the part of those
+    that known-answer probes made shown apart."""
     dishonest = dishonest_workers(suite, base)
     judged = {r["run_id"]: verdicts(traces[r["run_id"]]) for r in rows if r["run_id"] in traces}
-    names = worker_names(w for vs in judged.values() for w, _ in vs)
+    ids = {w for vs in judged.values() for w, _, _ in vs}
+    names = worker_names(ids)
+    trusted = trusted_workers(ids)
     out, skipped = [], []
     for baseline, group in by_baseline(rows).items():
-        tally: dict[str, list[bool]] = defaultdict(list)  # kind -> accepted flags
+        tally: dict[str, list[tuple[bool, str]]] = defaultdict(list)  # kind -> verdicts
         caught: dict[str, set[str]] = defaultdict(set)
         seen: dict[str, set[str]] = defaultdict(set)
         for row in group:
-            for worker, accepted in judged.get(row["run_id"], []):
+            for worker, accepted, verifier in judged.get(row["run_id"], []):
+                if worker in trusted:
+                    continue  # a validator or datacenter pod: taken on trust, not judged
                 kind = dishonest.get(names.get(worker, worker), "honest")
-                tally[kind].append(accepted)
+                tally[kind].append((accepted, verifier))
                 seen[kind].add(worker)
                 if not accepted:
                     caught[kind].add(worker)
         honest = tally.get("honest", [])
+        honest_no = sum(not a for a, _ in honest)
+        probe_no = sum(not a for a, v in honest if v == "probe")
+        others = [a for a, v in honest if v != "probe"]
         for kind in ("lying", "colluding"):
-            flags = tally.get(kind, [])
+            flags = [a for a, _ in tally.get(kind, [])]
             if not flags or not honest:
                 if any(k == kind for k in dishonest.values()):
                     skipped.append(f"{baseline}/{kind}")
                 continue
             hit = stats.wilson(sum(not a for a in flags), len(flags))
-            fp = stats.wilson(sum(not a for a in honest), len(honest))
+            fp = stats.wilson(honest_no, len(honest))
             out.append(
                 Row(
                     label={"baseline": baseline, "workers": kind},
@@ -212,16 +226,30 @@ def detection_table(
                         "workers_caught": len(caught[kind]),
                         "workers_judged": len(seen[kind]),
                         "honest_judged": len(honest),
+                        "honest_not_accepted": honest_no,
                         "false_positive_rate": fp["value"],
                         "fp_ci_low": fp["low"],
                         "fp_ci_high": fp["high"],
+                        "honest_probe_not_accepted": probe_no,
+                        "honest_judged_without_probes": len(others),
+                        "fp_rate_without_probes": (
+                            sum(not a for a in others) / len(others) if others else 0.0
+                        ),
                     },
                 )
             )
     note = (
-        "From the runs' Verify.* events: a reply is detected when the verifier did not "
-        "accept it (outvoted, unresolved, failed its check or its attestation); 95% Wilson "
-        f"intervals. Dishonest workers per the suite's federation: {len(dishonest)}."
+        "From the runs' Verify.* events, one verdict per judged reply of an untrusted worker "
+        "(workers on trusted venues, the validators and datacenter pods, are left out on both "
+        "sides): redundancy's agreed (accepted) and outvoted (not), every reply of an "
+        "unresolved vote (not accepted), an objective check, a validator's signed "
+        "attestation on the judged worker (a refused attestation or a validator's missing "
+        "answer judges no worker), and a known-answer probe (Verify.Probe). Detection: the "
+        "share of dishonest workers' verdicts that did not accept the reply; false positive: "
+        "the same share for honest workers; honest_probe_not_accepted and "
+        "fp_rate_without_probes (over honest_judged_without_probes, 0 when there are none) show "
+        "how much of it the probes made. 95% Wilson intervals. "
+        f"Dishonest workers per the suite's federation: {len(dishonest)}."
     )
     if skipped:
         note += f" No verdicts on both sides (no rate): {', '.join(skipped)}."
