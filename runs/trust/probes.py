@@ -19,6 +19,8 @@ from workers.agreement import normalise_exact
 
 _WORD = re.compile(r"[a-z0-9]+")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
+_TEXT_LABEL = re.compile(r"^(?:TEXT|EXCERPT):[ \t]*\n?", re.MULTILINE)
+_LABEL_LINE = re.compile(r"^[A-Z][A-Z ]*:")  # QUESTION: ..., PARTIAL ANSWERS:, DRAFT ANSWER:
 # The words of the question itself: a sentence holding one of them could tie with the answer.
 _ASK_WORDS = frozenset({"which", "sentence", "mentions"})
 SENTENCES = 4  # per probe: the answer and three others
@@ -42,15 +44,31 @@ def _words(text: str) -> set[str]:
     return set(_WORD.findall(text.lower()))
 
 
+def _text_to_read(prompt: str) -> str:
+    """The part of a prompt that is text to read: after its TEXT: or EXCERPT: label when it
+    has one (the program's instructions above it are not), else after its first line."""
+    label = _TEXT_LABEL.search(prompt)
+    if label is not None:
+        return prompt[label.end() :]
+    return prompt.strip().partition("\n")[2]
+
+
 def sentences_of(prompts: Sequence[str]) -> list[str]:
-    """The distinct sentences in the batch's prompts (each prompt's lines after its first,
-    which asks the question), short enough to quote."""
+    """The distinct sentences of the text the batch's prompts give to read, short enough to
+    quote. A fragment marker is not text: the worker reads the context in its place, so a
+    sentence quoting one (or a label line such as "QUESTION: ...") could never be given back
+    by an honest worker."""
     found: dict[str, None] = {}
     for prompt in prompts:
-        _ask, _, text = prompt.strip().partition("\n")
-        for sentence in _SENTENCE.split(text):
+        for sentence in _SENTENCE.split(_text_to_read(prompt)):
             sentence = sentence.strip()
-            if 3 <= len(sentence) <= MAX_SENTENCE_CHARS and not _words(sentence) & _ASK_WORDS:
+            if (
+                3 <= len(sentence) <= MAX_SENTENCE_CHARS
+                and "<<frlm:" not in sentence
+                and not _LABEL_LINE.match(sentence)
+                and not sentence.startswith("- ")  # a combine prompt's partial answers
+                and not _words(sentence) & _ASK_WORDS
+            ):
                 found[sentence] = None
     return list(found)
 

@@ -114,3 +114,43 @@ def test_it_takes_the_checking_policy_keys_and_refuses_bad_ones():
         Policy.from_dict({"check_floor": 2})
     with pytest.raises(PolicyError, match="policy.lie_penalty"):
         Policy.from_dict({"lie_penalty": 0})
+
+
+def _real_prompts(header: str, n: int) -> list[str]:
+    """Prompts as the conductor holds them: the program's header over a fragment marker
+    that the worker, not the conductor, turns into text."""
+    marker = '<<frlm:fragment {"path":"/srv/ctx.txt","chars":[%d,%d],"sha256":"ab"}>>'
+    return [header + marker % (i * 100, i * 100 + 100) for i in range(n)]
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "Find the special magic number for 'amber-fox' in the text below. "
+        "Reply with the number only, or NONE if it is not there.\n\nTEXT:\n",
+        "Answer the question using only the excerpt below. Reply NONE if the excerpt "
+        "does not help.\n\nQUESTION: Which module defines fsum?\n\nEXCERPT:\n",
+    ],
+)
+def test_it_builds_no_probe_from_a_fragment_marker_or_the_programs_instructions(header):
+    """Seen in the default experiment suite: probes quoted `<<frlm:fragment ...>>` and the
+    header's own lines, which no honest worker can give back (it reads the fragment's text
+    in the marker's place): every honest worker failed them and was punished as a liar."""
+    rng = random.Random(5)
+    prompts = _real_prompts(header, 20)
+    assert sentences_of(prompts) == []
+    for _ in range(30):
+        probe = make_probe(prompts, rng)
+        assert "<<frlm:" not in probe.prompt and "TEXT:" not in probe.prompt
+        assert probe_passed(probe, answer_prompt(probe.prompt))
+
+
+def test_it_builds_probes_from_a_prompts_own_excerpt_text():
+    header = "Answer the question using only the excerpt below.\n\nQUESTION: Where?\n\nEXCERPT:\n"
+    text = "Station {} is north of the river. It opened in 19{:02d}."
+    prompts = [header + text.format(i, i) for i in range(9)]
+    pool = sentences_of(prompts)
+    assert pool and all("QUESTION" not in s and "excerpt" not in s.lower() for s in pool)
+    probe = make_probe(prompts, random.Random(1))
+    assert probe.source == "context"
+    assert probe_passed(probe, answer_prompt(probe.prompt))
