@@ -48,7 +48,7 @@ def run_conduct(run_id: str) -> None:
     conductor.conduct()
 
 
-@shared_task(name="runs.experiment", ignore_result=True, acks_late=False)
+@app.task(name="runs.experiment", ignore_result=True, acks_late=False)
 def experiment_conduct(experiment_id: int) -> None:
     """Run an experiment's suite (each run an ordinary run, conducted by the conductors),
     then build its report. It holds one conductor slot for the suite's length, so a

@@ -99,3 +99,24 @@ def test_it_rejects_what_it_cannot_replay(venues, subprocess_env):
         done = replay(subprocess_env, *args)
         assert done.returncode != 0 and message in done.stderr, (args, done.stderr)
     assert Run.objects.count() == before
+
+
+def test_a_full_replay_follows_the_recorded_hedges_and_diffs_clean(venues, subprocess_env):
+    """The original hedged its stragglers on its timers; the replay answers in milliseconds,
+    so deciding again it would hedge nothing. It follows the recording's hedges instead."""
+    batch = "rs = llm_query_batched(['h %d' % i for i in range(20)])\nprint(len(rs))"
+    sim = {"latency_ms": 40, "straggler_rate": 0.3, "straggler_factor": 25, "seed": 5}
+    original = finish(
+        launch(question=scripted(batch, "FINAL('done')"), worker_sim=sim, policy={"hedge": "p90"})
+    )
+    assert original.status == "succeeded", original.error
+    hedges = named(trace(original), "SubQuery.Hedge")
+    assert hedges, "the original should have hedged its stragglers"
+
+    done = replay(subprocess_env, original.id, "--json")
+    assert done.returncode == 0, done.stderr
+    copy = Run.objects.get(id=json.loads(done.stdout)["run_id"])
+    events = trace(copy)
+    assert len(named(events, "SubQuery.Hedge")) == len(hedges)
+    assert all(e["attrs"].get("replayed") is True for e in named(events, "SubQuery.Hedge"))
+    assert run_diff(original.id, copy.id)["first_divergence"] is None
