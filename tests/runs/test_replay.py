@@ -101,13 +101,15 @@ def test_it_rejects_what_it_cannot_replay(venues, subprocess_env):
     assert Run.objects.count() == before
 
 
-def test_a_full_replay_follows_the_recorded_hedges_and_diffs_clean(venues, subprocess_env):
+def test_a_full_replay_follows_the_recorded_hedges_and_diffs_clean(swarm_factory, subprocess_env):
     """The original hedged its stragglers on its timers; the replay answers in milliseconds,
     so deciding again it would hedge nothing. It follows the recording's hedges instead."""
-    batch = "rs = llm_query_batched(['h %d' % i for i in range(20)])\nprint(len(rs))"
-    sim = {"latency_ms": 40, "straggler_rate": 0.3, "straggler_factor": 25, "seed": 5}
+    # One slow worker in eight: its jobs stand out past the venue's p95 (as in test_trust).
+    swarm_factory("rehedge", 8, latency=60, slow_share=0.125, slow_factor=20)
+    batch = "rs = llm_query_batched(['h %d' % i for i in range(48)])\nprint(len(rs))"
+    policy = {"explore": 0, "hedge": "p95", "subquery_timeout_s": 30}
     original = finish(
-        launch(question=scripted(batch, "FINAL('done')"), worker_sim=sim, policy={"hedge": "p90"})
+        launch(question=scripted(batch, "FINAL('done')"), venues=["rehedge"], policy=policy)
     )
     assert original.status == "succeeded", original.error
     hedges = named(trace(original), "SubQuery.Hedge")

@@ -97,6 +97,7 @@ class Attempts:
                 route=target.how,
                 routing=target.routing,
                 attempt=flight.outcome.attempts,
+                replayed=self.scope.book is not None or None,  # from the recording's book
             )
         else:
             self.emitter.instant(
