@@ -51,6 +51,13 @@ class Attempts:
         self.router.take(flight, target)
         wave.out[flight.sq_id] = flight
         self._announce(flight, target, before)
+        book = self.scope.book
+        if flight.hedge and book is not None:
+            place = (self.scope.depth, self.scope.batches, flight.outcome.index)
+            if book.loser_cancelled(*place):
+                # Cancelled before it leaves: its worker ends it at start, as the recording's
+                # loser was; its twin's reply settles the pair (intake, hedging.drop_twin).
+                self.transport.revoke([flight])
         return {
             "run_id": self.scope.run_id,
             "sq_id": flight.sq_id,

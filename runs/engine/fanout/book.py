@@ -13,13 +13,27 @@ from traces import store
 Place = tuple[int, int, int, int]
 
 
-@dataclass(frozen=True)
+@dataclass
 class Book:
     hedges: frozenset[Place]  # the hedge attempts the recording sent
+    # Per sub-query (depth, batch, index): how many of its attempts a worker started.
+    started: dict[tuple[int, int, int], int]
+    # Sub-queries one of whose attempts a worker started only to find it cancelled.
+    cancelled_at_start: frozenset[tuple[int, int, int]]
 
     def hedged(self, depth: int, batch: int, sq: int, attempt: int) -> bool:
         """Whether the recording sent `attempt` of this sub-query as a hedge."""
         return (depth, batch, sq, attempt) in self.hedges
+
+    def both_ran(self, depth: int, batch: int, sq: int) -> bool:
+        """Whether the recording's hedged sub-query had both twins started by workers: then
+        the loser ran to its end, else it was revoked before its worker took it."""
+        return self.started.get((depth, batch, sq), 0) > 1
+
+    def loser_cancelled(self, depth: int, batch: int, sq: int) -> bool:
+        """Whether the recording's hedge loser was cancelled as its worker took it: the
+        replay's loser is cancelled before it is sent, so its worker does the same."""
+        return (depth, batch, sq) in self.cancelled_at_start
 
 
 def load_book(run_id: str) -> Book:
@@ -27,13 +41,34 @@ def load_book(run_id: str) -> Book:
     depth, batch and index; the hedge's attempt number)."""
     submits: dict[str, tuple[int, int, int]] = {}
     hedges: list[tuple[str, int]] = []
+    executed: dict[str, str] = {}  # Execute span -> its Submit span
+    cancelled: list[str] = []  # Execute spans that ended cancelled
     for event in store.read_events(run_id):
         name = event["name"]
         if name == "SubQuery.Submit" and event["phase"] == "start":
             attrs = event["attrs"]
-            submits[event["span_id"]] = (event["depth"] or 0, attrs["batch"], attrs["sq"])
+            submits[event["span_id"]] = (
+                event["depth"] or 0,
+                attrs.get("batch", 0),
+                attrs.get("sq", 0),
+            )
         elif name == "SubQuery.Hedge" and event["parent_id"]:
             hedges.append((event["parent_id"], event["attrs"]["attempt"]))
+        elif name == "SubQuery.Execute" and event["phase"] == "start" and event["parent_id"]:
+            executed[event["span_id"]] = event["parent_id"]
+        elif name == "SubQuery.Execute" and event["phase"] == "end":
+            if event["status"] == "cancelled":
+                cancelled.append(event["span_id"])
+    started: dict[tuple[int, int, int], int] = {}
+    for parent in executed.values():
+        if parent in submits:
+            started[submits[parent]] = started.get(submits[parent], 0) + 1
     return Book(
-        frozenset((*submits[parent], attempt) for parent, attempt in hedges if parent in submits)
+        frozenset((*submits[parent], attempt) for parent, attempt in hedges if parent in submits),
+        started,
+        frozenset(
+            submits[executed[span]]
+            for span in cancelled
+            if span in executed and executed[span] in submits
+        ),
     )

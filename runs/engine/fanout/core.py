@@ -357,6 +357,8 @@ class Fanout:
                 self._settle_rest(batch, wave, need, batch_deadline)
             self._pump(wave)
             with self.emitter.batch():
+                for result in self.hedger.unpark(wave):
+                    self.intake.on_result(result, wave)
                 self.router.flush()
             if time.monotonic() - last_progress > 0.2:
                 self.on_progress()

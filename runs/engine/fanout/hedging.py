@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from runs.engine.fanout.state import Flight, Scope, Wave
 from traces.emitter import Emitter
+from workers.jobs import Result
 
 # Replies per venue the quantile is taken over: recent enough to follow a venue that slows.
 WINDOW = 256
@@ -63,6 +64,8 @@ class Hedger:
     latency: LatencyWindows
     abandon: Callable[[Flight, Wave], None]  # gives up an attempt that is out (Attempts.abandon)
     release: Callable[[Flight, Wave], None]  # frees its credit, not revoking it (Attempts.release)
+    # A replay's replies held back until the recorded hedge of their attempt has left.
+    parked: list[Result] = field(default_factory=list, init=False)
     _hedges: int = field(default=0, init=False)  # hedges made in the current dispatch
     _limit: int = field(default=0, init=False)
 
@@ -121,6 +124,16 @@ class Hedger:
                 queued = True
         return queued
 
+    def unpark(self, wave: Wave) -> list[Result]:
+        """The parked replies whose attempt's hedge has left (or is gone)."""
+        ready, self.parked = self.parked, []
+        for result in ready:
+            flight = wave.out.get(result.get("sq_id", ""))
+            twin = flight.twin if flight is not None else None
+            if twin is not None and any(f is twin for f in wave.backlog):
+                self.parked.append(result)
+        return [r for r in ready if not any(r is p for p in self.parked)]
+
     def _twin(self, flight: Flight, wave: Wave) -> None:
         """Queue a hedge of `flight` first in the backlog, bound to it as its twin."""
         hedge = Flight(
@@ -163,9 +176,11 @@ class Hedger:
             venue=twin.venue,
             worker_id=twin.worker_id or None,
         )
-        if self.scope.book is not None:
-            # A replay's loser is not revoked: its worker runs it from the recording as the
-            # original's did, so the replay holds the same Execute spans.
+        book = self.scope.book
+        place = (self.scope.depth, self.scope.batches, twin.outcome.index)
+        if book is not None and book.both_ran(*place):
+            # The recording's loser had started: the replay's runs to its end too (from the
+            # recording), not revoked, so the replay holds the same Execute spans.
             self.release(twin, wave)
             return
         self.abandon(twin, wave)
