@@ -69,7 +69,16 @@ class Attempts:
             "timeout_s": self.scope.policy.subquery_timeout_s,
             "attempt": flight.outcome.attempts,
             **({"validate": self._validate_order(flight)} if flight.judged else {}),
+            **self._recorded(flight),
         }
+
+    def _recorded(self, flight: Flight) -> dict[str, Any]:
+        """A full replay's job carries its recorded reply: no worker loads the cassette."""
+        book = self.scope.book
+        if book is None or self.scope.worker_model.kind != "cassette":
+            return {}
+        reply = book.reply(self.scope.depth, self.scope.batches, flight.outcome.index)
+        return {"recorded": reply} if reply else {}
 
     def _announce(self, flight: Flight, target: Target, before: str) -> None:
         """The attempt in the trace: a first one opens its Submit span, a hedge or a retry is

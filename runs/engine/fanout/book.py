@@ -5,9 +5,10 @@ sub-queries at the same attempts, and its trace diffs clean against the recordin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
-from traces import store
+from traces import blobs, store
 
 # A sub-query attempt's stable place in a run: (depth, batch, sub-query index, attempt).
 Place = tuple[int, int, int, int]
@@ -20,6 +21,12 @@ class Book:
     started: dict[tuple[int, int, int], int]
     # Sub-queries one of whose attempts a worker started only to find it cancelled.
     cancelled_at_start: frozenset[tuple[int, int, int]]
+    # The recorded reply per sub-query, put into its jobs so the replay's workers need not
+    # each load the cassette (workers.backends.chat, `recorded`).
+    replies: dict[tuple[int, int, int], dict[str, Any]] = field(default_factory=dict)
+
+    def reply(self, depth: int, batch: int, sq: int) -> dict[str, Any] | None:
+        return self.replies.get((depth, batch, sq))
 
     def hedged(self, depth: int, batch: int, sq: int, attempt: int) -> bool:
         """Whether the recording sent `attempt` of this sub-query as a hedge."""
@@ -43,6 +50,7 @@ def load_book(run_id: str) -> Book:
     hedges: list[tuple[str, int]] = []
     executed: dict[str, str] = {}  # Execute span -> its Submit span
     cancelled: list[str] = []  # Execute spans that ended cancelled
+    answered: list[dict[str, Any]] = []  # Execute ends with a reply
     for event in store.read_events(run_id):
         name = event["name"]
         if name == "SubQuery.Submit" and event["phase"] == "start":
@@ -59,10 +67,26 @@ def load_book(run_id: str) -> Book:
         elif name == "SubQuery.Execute" and event["phase"] == "end":
             if event["status"] == "cancelled":
                 cancelled.append(event["span_id"])
+            elif event["status"] == "ok" and event["payload_ref"]:
+                answered.append(event)
     started: dict[tuple[int, int, int], int] = {}
     for parent in executed.values():
         if parent in submits:
             started[submits[parent]] = started.get(submits[parent], 0) + 1
+    replies: dict[tuple[int, int, int], dict[str, Any]] = {}
+    for event in answered:
+        place = submits.get(executed.get(event["span_id"], ""))
+        text = blobs.blob_get(event["payload_ref"])
+        if place is None or place in replies or text is None:
+            continue
+        replies[place] = {
+            "text": text,
+            "tokens_in": event["tokens_in"] or 0,
+            "tokens_out": event["tokens_out"] or 0,
+            "cost": event["cost"],
+            "ms": event["ms"] or 0.0,
+            "request_hash": event["attrs"].get("request_hash") or "",
+        }
     return Book(
         frozenset((*submits[parent], attempt) for parent, attempt in hedges if parent in submits),
         started,
@@ -71,4 +95,5 @@ def load_book(run_id: str) -> Book:
             for span in cancelled
             if span in executed and executed[span] in submits
         ),
+        replies,
     )
