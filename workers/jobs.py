@@ -23,6 +23,9 @@ class Job(TypedDict):
     # A validator's job (the high-trust tier): the reply to re-run and attest to, with
     # subquery, span, worker, output and mode (the agreement rule).
     validate: NotRequired[dict[str, Any]]
+    # A full replay's: the recorded reply (text, tokens, cost, ms, request_hash), used when
+    # the request hashes the same (workers.backends.chat).
+    recorded: NotRequired[dict[str, Any]]
 
 
 class Result(TypedDict, total=False):

@@ -66,7 +66,11 @@ def subquery_execute(job: Job) -> None:
     try:
         prompt = _load_fragments(emitter, span, job)
         reply = chat(
-            spec, [{"role": "user", "content": prompt}], timeout=job["timeout_s"], retries=1
+            spec,
+            [{"role": "user", "content": prompt}],
+            timeout=job["timeout_s"],
+            retries=1,
+            recorded=job.get("recorded"),
         )
     except (fragments.FragmentError, ModelError) as exc:
         _fail(emitter, span, stream, base, str(exc))

@@ -22,6 +22,7 @@ from frlm_web.redis_client import get_redis
 from runs.engine import prompts
 from runs.engine.context import PreparedContext
 from runs.engine.fanout import Fanout, Totals
+from runs.engine.fanout.book import load_book
 from runs.engine.finish import RunAbort, partial_reason, run_done, run_record
 from runs.engine.parsing import FinalInText, code_blocks, final_in_text
 from runs.engine.policy import Policy
@@ -94,6 +95,9 @@ class Conductor:
             cancelled=lambda: cancel_requested(self.client, run.id),
             on_progress=self.report,
         )
+        if run.replay_of_id and run.replay_turn is None:
+            # A full replay follows the recording's decisions, read once here (fanout.book).
+            self.fanout.scope.book = load_book(run.replay_of_id)
         self.calls = ReplCalls(
             fanout=self.fanout,
             emitter=self.emitter,

@@ -99,3 +99,28 @@ def test_it_rejects_what_it_cannot_replay(venues, subprocess_env):
         done = replay(subprocess_env, *args)
         assert done.returncode != 0 and message in done.stderr, (args, done.stderr)
     assert Run.objects.count() == before
+
+
+def test_a_full_replay_follows_the_recorded_hedges_and_diffs_clean(swarm_factory, subprocess_env):
+    """The original hedged its stragglers on its timers; the replay answers in milliseconds,
+    so deciding again it would hedge nothing. It follows the recording's hedges instead."""
+    # One slow worker in eight: its jobs stand out past the venue's p95 (as in test_trust).
+    swarm_factory("rehedge", 8, latency=60, slow_share=0.125, slow_factor=30)
+    batch = "rs = llm_query_batched(['h %d' % i for i in range(64)])\nprint(len(rs))"
+    policy = {"explore": 0, "hedge": "p95", "subquery_timeout_s": 30}
+    original = finish(
+        launch(question=scripted(batch, "FINAL('done')"), venues=["rehedge"], policy=policy)
+    )
+    assert original.status == "succeeded", original.error
+    hedges = named(trace(original), "SubQuery.Hedge")
+    assert hedges, "the original should have hedged its stragglers"
+
+    done = replay(subprocess_env, original.id, "--json")
+    assert done.returncode == 0, done.stderr
+    copy = Run.objects.get(id=json.loads(done.stdout)["run_id"])
+    events = trace(copy)
+    assert len(named(events, "SubQuery.Hedge")) == len(hedges)
+    assert all(e["attrs"].get("replayed") is True for e in named(events, "SubQuery.Hedge"))
+    hedged = {e["attrs"]["attempt"] for e in named(events, "SubQuery.Hedge")}
+    assert hedged == {e["attrs"]["attempt"] for e in hedges}
+    assert run_diff(original.id, copy.id)["first_divergence"] is None

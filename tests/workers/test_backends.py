@@ -78,3 +78,31 @@ def test_a_reply_that_is_not_a_chat_completion_is_a_clear_error(body: bytes, say
         with pytest.raises(ModelError, match=says) as caught:
             chat(ModelSpec("openai", "m", url), MESSAGES, retries=0)
     assert url in str(caught.value)
+
+
+def test_a_replay_job_answers_from_the_reply_it_carries_not_the_cassette(monkeypatch) -> None:
+    """A full replay's job carries its recorded reply: the worker never loads the cassette
+    for it. A reply for another request is not used: the cassette answers (or refuses)."""
+    from traces import cassette
+    from workers.backends import cassette_spec
+
+    loads: list[str] = []
+    monkeypatch.setattr(cassette, "recordings", lambda run_id: loads.append(run_id) or {})
+    cassette.cassette.cache_clear()
+    spec = cassette_spec({"kind": "sim", "model": "m"}, "r-none", live=None)
+    messages = [{"role": "user", "content": "q"}]
+    carried = {
+        "text": "recorded answer",
+        "tokens_in": 3,
+        "tokens_out": 2,
+        "cost": 0.001,
+        "ms": 12.0,
+        "request_hash": cassette.request_hash("m", messages),
+    }
+    reply = chat(spec, messages, recorded=carried)
+    assert (reply.text, reply.tokens_in, reply.replayed) == ("recorded answer", 3, True)
+    assert loads == []
+    with pytest.raises(ModelError, match="left the recorded path"):
+        chat(spec, [{"role": "user", "content": "other"}], recorded=carried)
+    assert loads == ["r-none"]
+    cassette.cassette.cache_clear()

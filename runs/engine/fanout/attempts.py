@@ -51,6 +51,13 @@ class Attempts:
         self.router.take(flight, target)
         wave.out[flight.sq_id] = flight
         self._announce(flight, target, before)
+        book = self.scope.book
+        if flight.hedge and book is not None:
+            place = (self.scope.depth, self.scope.batches, flight.outcome.index)
+            if book.loser_cancelled(*place):
+                # Cancelled before it leaves: its worker ends it at start, as the recording's
+                # loser was; its twin's reply settles the pair (intake, hedging.drop_twin).
+                self.transport.revoke([flight])
         return {
             "run_id": self.scope.run_id,
             "sq_id": flight.sq_id,
@@ -62,7 +69,16 @@ class Attempts:
             "timeout_s": self.scope.policy.subquery_timeout_s,
             "attempt": flight.outcome.attempts,
             **({"validate": self._validate_order(flight)} if flight.judged else {}),
+            **self._recorded(flight),
         }
+
+    def _recorded(self, flight: Flight) -> dict[str, Any]:
+        """A full replay's job carries its recorded reply: no worker loads the cassette."""
+        book = self.scope.book
+        if book is None or self.scope.worker_model.kind != "cassette":
+            return {}
+        reply = book.reply(self.scope.depth, self.scope.batches, flight.outcome.index)
+        return {"recorded": reply} if reply else {}
 
     def _announce(self, flight: Flight, target: Target, before: str) -> None:
         """The attempt in the trace: a first one opens its Submit span, a hedge or a retry is
@@ -97,6 +113,7 @@ class Attempts:
                 route=target.how,
                 routing=target.routing,
                 attempt=flight.outcome.attempts,
+                replayed=self.scope.book is not None or None,  # from the recording's book
             )
         else:
             self.emitter.instant(

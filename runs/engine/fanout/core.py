@@ -118,7 +118,11 @@ class Fanout:
             latency=latency,
         )
         self.hedger = Hedger(
-            scope=self.scope, emitter=emitter, latency=latency, abandon=self.attempts.abandon
+            scope=self.scope,
+            emitter=emitter,
+            latency=latency,
+            abandon=self.attempts.abandon,
+            release=self.attempts.release,
         )
         self.intake = Intake(
             scope=self.scope,
@@ -321,6 +325,8 @@ class Fanout:
                 ready.append((flight, self.attempts.prepare(flight, target, wave)))
                 self.spending.hold(flight, reservation)
         self.transport.publish(ready)
+        if self.hedger.follow_book(wave):
+            self._pump(wave)  # a replay sends the recorded hedge before its twin's reply is in
 
     def _room(self, wave: Wave) -> int:
         """How many more attempts may go out now: policy.max_inflight less those out (hedges
@@ -351,6 +357,8 @@ class Fanout:
                 self._settle_rest(batch, wave, need, batch_deadline)
             self._pump(wave)
             with self.emitter.batch():
+                for result in self.hedger.unpark(wave):
+                    self.intake.on_result(result, wave)
                 self.router.flush()
             if time.monotonic() - last_progress > 0.2:
                 self.on_progress()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from runs.engine.fanout.state import Flight, Scope, Wave
 from traces.emitter import Emitter
+from workers.jobs import Result
 
 # Replies per venue the quantile is taken over: recent enough to follow a venue that slows.
 WINDOW = 256
@@ -62,6 +63,9 @@ class Hedger:
     emitter: Emitter
     latency: LatencyWindows
     abandon: Callable[[Flight, Wave], None]  # gives up an attempt that is out (Attempts.abandon)
+    release: Callable[[Flight, Wave], None]  # frees its credit, not revoking it (Attempts.release)
+    # A replay's replies held back until the recorded hedge of their attempt has left.
+    parked: list[Result] = field(default_factory=list, init=False)
     _hedges: int = field(default=0, init=False)  # hedges made in the current dispatch
     _limit: int = field(default=0, init=False)
 
@@ -77,6 +81,9 @@ class Hedger:
         the worker's start: a job waiting in a queue is not a straggler by itself, but one
         queued on a worker whose running job straggles waits on that straggler, and is
         hedged with it."""
+        if self.scope.book is not None:
+            self.follow_book(wave)
+            return
         if self.latency.quantile is None or self._hedges >= self._limit:
             return
         if any(not f.hedge for f in wave.backlog):
@@ -99,22 +106,52 @@ class Hedger:
                 return
             if flight.twin is not None or flight.hedge or flight.outcome.status != "pending":
                 continue
-            hedge = Flight(
-                flight.outcome,
-                flight.prompt,
-                span=flight.span,
-                replica_of=flight.replica_of,
-                venues=flight.venues,
-                original=flight.original,
-                kind=flight.kind,
-                judged=flight.judged,
-                tried=set(flight.tried),
-                twin=flight,
-                hedge=True,
-            )
-            flight.twin = hedge
-            self._hedges += 1
-            wave.backlog.appendleft(hedge)
+            self._twin(flight, wave)
+
+    def follow_book(self, wave: Wave) -> bool:
+        """A full replay hedges what the recording hedged, as soon as the hedged attempt is
+        out (its replayed reply would come before any timer). True when it queued a hedge."""
+        book = self.scope.book
+        if book is None:
+            return False
+        queued = False
+        for flight in list(wave.out.values()):
+            if flight.twin is not None or flight.hedge or flight.outcome.status != "pending":
+                continue
+            place = (self.scope.depth, self.scope.batches, flight.outcome.index)
+            if book.hedged(*place, flight.outcome.attempts + 1):
+                self._twin(flight, wave)
+                queued = True
+        return queued
+
+    def unpark(self, wave: Wave) -> list[Result]:
+        """The parked replies whose attempt's hedge has left (or is gone)."""
+        ready, self.parked = self.parked, []
+        for result in ready:
+            flight = wave.out.get(result.get("sq_id", ""))
+            twin = flight.twin if flight is not None else None
+            if twin is not None and any(f is twin for f in wave.backlog):
+                self.parked.append(result)
+        return [r for r in ready if not any(r is p for p in self.parked)]
+
+    def _twin(self, flight: Flight, wave: Wave) -> None:
+        """Queue a hedge of `flight` first in the backlog, bound to it as its twin."""
+        hedge = Flight(
+            flight.outcome,
+            flight.prompt,
+            span=flight.span,
+            replica_of=flight.replica_of,
+            venues=flight.venues,
+            original=flight.original,
+            kind=flight.kind,
+            judged=flight.judged,
+            tried=set(flight.tried),
+            twin=flight,
+            hedge=True,
+        )
+        flight.twin = hedge
+        self._hedges += 1
+        wave.backlog.appendleft(hedge)
 
     def drop_twin(self, flight: Flight, wave: Wave) -> None:
         """The sub-query is settled: its twin, if still out, is cancelled; if still queued
@@ -139,4 +176,11 @@ class Hedger:
             venue=twin.venue,
             worker_id=twin.worker_id or None,
         )
+        book = self.scope.book
+        place = (self.scope.depth, self.scope.batches, twin.outcome.index)
+        if book is not None and book.both_ran(*place):
+            # The recording's loser had started: the replay's runs to its end too (from the
+            # recording), not revoked, so the replay holds the same Execute spans.
+            self.release(twin, wave)
+            return
         self.abandon(twin, wave)

@@ -38,6 +38,17 @@ class Intake:
         flight = wave.out.get(result.get("sq_id", ""))
         if flight is None:
             return  # a late reply to an attempt that was already settled or replaced
+        twin = flight.twin
+        if (
+            self.scope.book is not None
+            and status in ("ok", "error")
+            and twin is not None
+            and any(f is twin for f in wave.backlog)
+        ):
+            # A replay's recorded hedge has not left yet: the reply waits until it has, so
+            # the replay hedges what the recording did (hedging.Hedger.parked).
+            self.hedger.parked.append(result)
+            return
         if status == "lost":
             # Only a hint (the gateway's, that the holder's connection dropped): presence is
             # read again now, and liveness re-dispatches what a departed worker held.
@@ -63,6 +74,8 @@ class Intake:
             if result.get("alive") == "1":
                 self.roster.watched.add(wid)
             return
+        if status == "cancelled" and flight.hedge and flight.twin and self.scope.book:
+            return  # a replay's loser, cancelled as it left: its twin's reply settles both
         self.attempts.release(flight, wave, spent=result if status == "ok" else None)
         # How long it ran, not how long it queued: the scheduler adds the queue itself.
         end = result.get("at") or time.time()

@@ -11,6 +11,7 @@ from decimal import Decimal
 from typing import Any
 
 from frlm_web.money import ZERO
+from runs.engine.fanout.book import Book
 from runs.engine.policy import CHOICES, Policy
 from runs.trust.budget import Reservation
 from runs.trust.probes import Probe
@@ -170,6 +171,8 @@ class Scope:
     depth: int = 0
     batches: int = 0  # batches numbered so far; Submit spans name the latest
     batch: Batch | None = None
+    # A full replay's recorded decisions (book.Book): its hedges follow them, not timers.
+    book: Book | None = None
 
     def premium_for(self, step: str) -> bool:
         """Whether `step` ("single" or "retries") runs on the premium lane."""
