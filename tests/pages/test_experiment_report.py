@@ -8,8 +8,11 @@ import pytest
 
 from runs.experiments.report import build_report
 from runs.models import Experiment
-from tests.experiments.conftest import HOSTILE
-from tests.pages.conftest import browser, page, staff  # noqa: F401  (fixtures)
+
+# The pages' browser is package-scoped: this test lives here so that it shares it (a second
+# package's copy would start Playwright again inside the first one's loop, and every later
+# page test fails with "Playwright Sync API inside the asyncio loop").
+from tests.experiments.conftest import HOSTILE, experiment_dir  # noqa: F401  (a fixture)
 from tests.pages.helpers import SHOTS
 
 pytestmark = pytest.mark.timeout(900)
