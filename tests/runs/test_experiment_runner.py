@@ -317,3 +317,38 @@ def test_a_change_within_the_noise_has_an_interval_across_zero():
     after = _records([2.4, 2.1, 3.3, 1.9, 2.9, 2.7])
     step = compare(before, after, "explore", "0.1", 1)
     assert step["ci_low"] < 0 < step["ci_high"]
+
+
+class _ScriptedRunner:
+    """The loop's side of the runner, with wall times set by the policy: what the loop
+    decides from them is under test here (the real runner is run by the small suite)."""
+
+    def __init__(self, walls: dict[str, float]):
+        self.walls, self.total, self.steps = walls, 0, []
+
+    def run(self, item, *, policy, tune_step=None):
+        self.steps.append(tune_step)
+        wall = self.walls.get(policy.get("hedge"), 1.0) + 0.01 * item.task_seed
+        return {"task_id": item.task_id, "seed": item.seed, "wall_s": wall, "correct": True}
+
+
+def test_the_policy_loop_measures_its_start_warm_and_keeps_only_what_helps(tmp_path: Path):
+    """The suite's own runs of the baseline ran on a cold federation (new workers probed and
+    fully checked): measured against them, every change of a first round 'helped' (seen:
+    seven of seven). The loop measures its start again, then compares."""
+    from runs.experiments.runner import plan_runs
+    from runs.experiments.tune import tune_policy
+
+    suite = load_suite("small")
+    cold = [
+        {"task_id": p.task_id, "seed": p.seed, "wall_s": 2.0 + 0.01 * p.task_seed, "correct": True}
+        for p in plan_runs(suite, (suite.tune_baseline,))
+    ]
+    runner = _ScriptedRunner({"p95": 1.0, "off": 0.8, "p99": 1.0})
+    result = tune_policy(suite, tmp_path, {"hedge": ["off", "p99"]}, runner, cold)
+    assert runner.steps[: len(cold)] == [0] * len(cold)  # the start, measured again
+    assert result["start_objective"] < result["suite_objective"]
+    by_value = {s["value"]: s for s in result["steps"]}
+    assert by_value["off"]["kept"] and by_value["off"]["ci_high"] < 0
+    assert not by_value["p99"]["kept"] and by_value["p99"]["delta"] == pytest.approx(0)
+    assert result["changed"] == {"hedge": "off"}
