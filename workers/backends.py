@@ -120,6 +120,15 @@ def _api_key(spec: ModelSpec) -> str:
     return key or "no-key-set"
 
 
+def preload() -> None:
+    """Import the model client now. A command that never calls a model does not pay for it,
+    but a process that lives to call models (a conductor, a venue worker) would otherwise
+    pay it inside its first call: the demo's first root turn took 859 ms instead of 89 ms,
+    and its first batch 4.7 s instead of 3.2 s."""
+    import httpx  # noqa: F401
+    import openai  # noqa: F401
+
+
 @functools.cache
 def _client(base_url: str, api_key: str, timeout: float, retries: int) -> openai.OpenAI:
     import httpx

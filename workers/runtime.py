@@ -141,7 +141,9 @@ class WorkerRuntime:
         self._connect()
 
         from frlm_web.celery import run_worker
+        from workers.backends import preload
 
+        preload()  # the model client, before the first job
         run_worker(
             queue=f"{reg['queue']},{reg['venue_queue']}",
             concurrency=self.registration["concurrency"],

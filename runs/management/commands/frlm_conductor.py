@@ -22,7 +22,9 @@ class Command(FrlmCommand):
 
     def handle(self, *args, concurrency: int, name: str | None, **options) -> None:
         from frlm_web.celery import run_worker
+        from workers.backends import preload
 
+        preload()  # the root model's client, before the first run's first turn
         run_worker(
             queue="runs",
             concurrency=concurrency,
