@@ -31,16 +31,21 @@ def vouch(worker_ids: set[str], results: int = 40) -> None:
 
 
 def test_it_probes_each_new_worker_before_trusting_it_and_catches_a_liar(swarm_factory):
-    swarm = swarm_factory("probenew", 2, latency=20, lie_share=0.5)
+    # Three workers, one liar: with two, the redundant tier's extra copies go back to the
+    # same two workers and a liar answering twice outvoted the honest one (seen once in CI:
+    # the honest worker flagged; issue 23's note).
+    swarm = swarm_factory("probenew", 3, latency=20, lie_share=0.34)
     (liar,) = ids(swarm, liars=True)
-    (honest,) = ids(swarm, liars=False)
+    honest = set(ids(swarm, liars=False))
+    assert len(honest) == 2
     policy = {"tier": "redundant", "probe_rate": 0.0}  # only the new workers' probes
     run = finish(launch(question=program(8), venues=["probenew"], policy=policy))
     assert run.status == "succeeded", run.error
     events = trace(run)
     verdicts = {e["worker_id"]: e for e in named(events, "Verify.Probe")}
-    assert set(verdicts) == {liar, honest}
-    assert verdicts[honest]["status"] == "ok" and verdicts[liar]["status"] == "rejected"
+    assert set(verdicts) == {liar} | honest
+    assert all(verdicts[w]["status"] == "ok" for w in honest)
+    assert verdicts[liar]["status"] == "rejected"
     assert verdicts[liar]["attrs"]["source"] == "context"  # built from the batch's own text
     assert "new worker" in verdicts[liar]["attrs"]["why"]
     # The probe catches it first; a later outvote of the same worker may flag it again.
@@ -50,9 +55,9 @@ def test_it_probes_each_new_worker_before_trusting_it_and_catches_a_liar(swarm_f
     assert flag["attrs"]["caught_by"].startswith("failed probe sub-query")
     # Probes hide among the work: their Submit spans are ordinary ones to the worker.
     probes = [e for e in named(events, "SubQuery.Submit", "start") if e["attrs"].get("copy")]
-    assert {e["worker_id"] for e in probes if e["attrs"]["copy"] == "probe"} == {liar, honest}
+    assert {e["worker_id"] for e in probes if e["attrs"]["copy"] == "probe"} == {liar} | honest
     figures = run.accounts["verification"]
-    assert figures["by_kind"]["probe"] == 2 and "cost" in figures and "cost_by_kind" in figures
+    assert figures["by_kind"]["probe"] == 3 and "cost" in figures and "cost_by_kind" in figures
     assert load(get_redis(), [liar])[liar].score < 0.2
 
 
