@@ -19,6 +19,7 @@ records the decision and its inputs."""
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import random
 from dataclasses import dataclass, field
@@ -75,6 +76,10 @@ class Need:
     # a job that waits for a busy worker is planned again after every reply, and a fresh
     # draw each time would explore nearly every waiting job. None: draw now.
     roll: float | None = None
+    # Jobs with the same group (copies of one sub-query made to be judged against each
+    # other) go to distinct workers, within a plan as across plans: a worker answering
+    # twice would be one vote twice.
+    group: int | None = None
 
 
 class Route(TypedDict, total=False):
@@ -175,9 +180,12 @@ def plan(
     heapq.heapify(heap)
     depth = PLAN_ROUNDS * sum(c.credit for c in eligible)
     out: list[Assignment] = []
+    taken: dict[int, set[str]] = {}  # group -> workers its jobs went to in this plan
     for index, need in enumerate(needs[:depth]):
         if len(out) >= credits:
             break
+        if need.group is not None and need.group in taken:
+            need = dataclasses.replace(need, avoid=need.avoid | taken[need.group])
         roll = rng.random() if need.roll is None else need.roll
         if weights.explore and roll < weights.explore:
             # The job's own draw names the worker it explores, among every one it fits,
@@ -191,6 +199,7 @@ def plan(
                 ]
                 if pick.open:
                     out.append(_assign(index, pick, "explore", None))
+                    _take(taken, need, pick.c.worker_id)
                     pick.add()
                     pick.sending += 1
                     continue
@@ -214,7 +223,13 @@ def plan(
                 continue  # its best worker is busy: the job waits for it at the conductor
         chosen.sending += 1
         out.append(assignment)
+        _take(taken, need, chosen.c.worker_id)
     return out
+
+
+def _take(taken: dict[int, set[str]], need: Need, worker_id: str) -> None:
+    if need.group is not None:
+        taken.setdefault(need.group, set()).add(worker_id)
 
 
 def _fits(c: Candidate, need: Need) -> bool:

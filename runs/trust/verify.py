@@ -20,7 +20,7 @@ import json
 import random
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Literal, TypedDict
@@ -185,17 +185,33 @@ def _groups(replies: Sequence[Reply], support: list[set[int]]) -> tuple[tuple[st
     return tuple(tuple(m) for m in members)
 
 
+def _voters(replies: Sequence[Reply], barred: Collection[str]) -> set[int]:
+    """The indices of the replies that vote: each worker's first, none of a barred one's."""
+    seen: set[str] = set()
+    voters: set[int] = set()
+    for i, reply in enumerate(replies):
+        if reply.worker_id not in seen and reply.worker_id not in barred:
+            voters.add(i)
+        seen.add(reply.worker_id)
+    return voters
+
+
 def redundant_decide(
     replies: Sequence[Reply],
     policy: RedundancyPolicy,
     pending: Sequence[Assignment] = (),
+    barred: Collection[str] = frozenset(),
 ) -> Decision:
     """Decide one sub-query of the redundant tier from the replies so far and the replicas
     still in flight. Call it after each reply (or each batch of them).
 
-    A group wins when it has at least N replies and strictly more than any answer outside
+    A group wins when it has at least N votes and strictly more than any answer outside
     it: a tie between two answers is disagreement, settled by one more replica, not by a
-    coin. Replicas are counted against max_replicas whether returned or in flight."""
+    coin. A vote is a worker's first reply: a worker whose copy came back to it again (a
+    swarm with fewer workers than replicas) does not vote twice, and a worker in `barred`
+    (caught lying earlier in the run) does not vote at all, though it is still judged
+    wrong when it disagrees with the accepted answer. Replicas are counted against
+    max_replicas whether returned or in flight."""
     rule = policy.rule
     dispatched = len(replies) + len(pending)
     used_workers = frozenset([r.worker_id for r in replies] + [p.worker_id for p in pending])
@@ -220,14 +236,23 @@ def redundant_decide(
         )
 
     support = _support(replies, rule)
-    # The best centre: most supporters, then the earliest reply.
-    best = max(range(len(replies)), key=lambda i: (len(support[i]), -i))
-    winners = support[best]
-    rival = max((len(support[j]) for j in range(len(replies)) if j not in winners), default=0)
-    groups = _groups(replies, support)
+    common["groups"] = _groups(replies, support)
+    voters = _voters(replies, barred)
+    votes = [support[i] & voters for i in range(len(replies))]
+    # The best centre: most votes, then the earliest reply.
+    best = max(voters, key=lambda i: (len(votes[i]), -i), default=None)
+    winners = votes[best] if best is not None else set()
+    rival = max((len(votes[j]) for j in voters if j not in winners), default=0)
     agreed = tuple(replies[i].worker_id for i in sorted(winners))
-    disagreed = tuple(r.worker_id for i, r in enumerate(replies) if i not in winners)
-    common["groups"] = groups
+    disagreed = tuple(
+        dict.fromkeys(
+            r.worker_id
+            for i, r in enumerate(replies)
+            if r.worker_id not in agreed
+            and (i in voters or r.worker_id in barred)
+            and (best is None or i not in support[best])
+        )
+    )
 
     if len(winners) >= policy.agree and len(winners) > rival:
         return Decision(
@@ -248,7 +273,7 @@ def redundant_decide(
             disagreed=tuple(r.worker_id for r in replies),
             reason=(
                 f"no answer reached {policy.agree} agreeing replies out of "
-                f"{policy.max_replicas} at most ({len(groups)} different answers in "
+                f"{policy.max_replicas} at most ({len(common['groups'])} different answers in "
                 f"{len(replies)} replies)"
             ),
             **common,

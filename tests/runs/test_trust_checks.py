@@ -99,3 +99,26 @@ def test_it_leaves_honest_workers_with_a_good_record_mostly_unchecked(swarm_fact
     assert 3 <= len(checked) <= 12
     assert all("floor" in v["attrs"]["why"] for v in checked)
     assert not named(events, "Verify.Flag")
+
+
+def test_a_liar_asked_twice_never_outvotes_the_only_honest_worker(swarm_factory):
+    # Two workers, one liar: the extra copies of a disagreement can only go back to the
+    # same two. Each worker is one vote however often it answers, so the liar's repeated
+    # answer never makes the honest worker "outvoted"; with nobody else to ask, the
+    # sub-query stays unresolved rather than guessed. Failed before the fix: the honest
+    # worker was named in `disagreed` and flagged.
+    swarm = swarm_factory("twovoters", 2, latency=20, lie_share=0.5)
+    (liar,) = ids(swarm, liars=True)
+    (honest,) = ids(swarm, liars=False)
+    policy = {"tier": "redundant", "probe_rate": 0.0, "check_warmup": 0, "max_replicas": 4}
+    run = finish(launch(question=program(12), venues=["twovoters"], policy=policy))
+    events = trace(run)
+    judged = named(events, "Verify.Redundant")
+    assert judged
+    assert all(honest not in v["attrs"]["disagreed"] for v in judged), judged
+    assert honest not in {f["worker_id"] for f in named(events, "Verify.Flag")}
+    assert load(get_redis(), [honest])[honest].score > 0.5
+    for verdict in judged:
+        # No worker is two votes: an accepted answer has two different workers behind it.
+        agreed = verdict["attrs"]["agreed"]
+        assert len(agreed) == len(set(agreed)), verdict["attrs"]

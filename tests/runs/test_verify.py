@@ -156,6 +156,43 @@ def test_it_breaks_a_tie_with_another_replica_never_a_coin():
     assert redundant_decide([*got, *replies(("w5", "B"))], policy).text == "B"
 
 
+def test_one_worker_answering_twice_is_one_vote():
+    # Issue 23: in a two-worker swarm the extra copies went back to the same two workers,
+    # and a liar answering twice outvoted the honest worker, which was then judged wrong.
+    policy = RedundancyPolicy(replicas=2, agree=2, max_replicas=4)
+    got = replies(("w1", "7"), ("w2", "9"), ("w2", "9"))
+    decision = redundant_decide(got, policy)
+    assert decision.outcome == "more"
+    assert judgements(decision) == {}
+    # Even out of replicas, repeated copies of one worker never make an answer.
+    got = [*got, *replies(("w2", "9"))]
+    decision = redundant_decide(got, policy)
+    assert decision.outcome == "unresolved"
+    assert judgements(decision) == {}
+    # A second worker saying the same thing is a second vote.
+    decision = redundant_decide([*got[:3], *replies(("w3", "9"))], policy)
+    assert (decision.outcome, decision.text, decision.agreed) == ("accept", "9", ("w2", "w3"))
+    assert judgements(decision) == {"w1": False, "w2": True, "w3": True}
+
+
+def test_a_worker_caught_in_the_run_does_not_vote():
+    policy = RedundancyPolicy(replicas=2, agree=2, max_replicas=4)
+    got = replies(("w1", "7"), ("w2", "9"))
+    # w2 was caught lying earlier in the run: its "9" is not a vote, so w3's "9" alone is
+    # not enough, and w2 is not credited when the answer is settled without it.
+    decision = redundant_decide([*got, *replies(("w3", "9"))], policy, barred={"w2"})
+    assert decision.outcome == "more"
+    decision = redundant_decide([*got, *replies(("w3", "9"), ("w4", "9"))], policy, barred={"w2"})
+    assert (decision.outcome, decision.agreed) == ("accept", ("w3", "w4"))
+    assert judgements(decision) == {"w1": False, "w3": True, "w4": True}
+    # A caught worker that disagrees with the accepted answer is judged wrong again.
+    decision = redundant_decide(
+        replies(("w1", "7"), ("w2", "9"), ("w3", "7")), policy, barred={"w2"}
+    )
+    assert (decision.outcome, decision.text) == ("accept", "7")
+    assert judgements(decision) == {"w1": True, "w2": False, "w3": True}
+
+
 def test_it_marks_a_sub_query_unresolved_when_replicas_never_agree():
     policy = RedundancyPolicy(replicas=2, agree=2, max_replicas=4)
     got = replies(("w1", "1"), ("w2", "2"), ("w3", "3"), ("w4", "4"))

@@ -82,6 +82,21 @@ def test_it_respects_capability_avoidance_and_breakers() -> None:
     assert plan(small, [Need(tokens=5000)], NO_EXPLORE, random.Random(1)) == []
 
 
+def test_copies_of_one_sub_query_go_to_distinct_workers_in_one_plan() -> None:
+    # Issue 23: the two copies of a judged sub-query went to the same idle worker, whose
+    # answer then counted twice. A group's jobs never share a worker, explored or not.
+    workers = fleet(fast=3, slow=0, concurrency=8)
+    for weights in (NO_EXPLORE, Weights(explore=1.0)):
+        for seed in range(20):
+            needs = [Need(group=1), Need(group=1), Need(group=2), Need(group=2), Need()]
+            out = plan(workers, needs, weights, random.Random(seed))
+            by_job = {a["index"]: a["worker_id"] for a in out}
+            assert by_job[0] != by_job[1] and by_job[2] != by_job[3]
+    # With fewer workers than copies, the extra copy waits instead of doubling up.
+    out = plan(fleet(fast=1, slow=0), [Need(group=7)] * 2, NO_EXPLORE, random.Random(1))
+    assert len(out) == 1
+
+
 def test_it_explores_about_the_share_the_policy_asks() -> None:
     workers = fleet(fast=8, slow=0, concurrency=64)
     out = plan(workers, [Need()] * 400, Weights(explore=0.25), random.Random(3))

@@ -178,16 +178,27 @@ class Judge:
         while todo:
             copies: list[Flight] = []
             for pos in todo:
-                going: set[str] = set()  # workers the copies going out now may not share
                 judged = [reply for reply, _ in replies[pos]]
-                decision = verify.redundant_decide(judged, policy)
-                if decision.outcome != "more" or sent[pos] >= policy.max_replicas:
+                decision = verify.redundant_decide(judged, policy, barred=self.caught)
+                # Distinct workers: a worker asked again would not vote again
+                # (verify.redundant_decide).
+                avoid = set(decision.avoid_workers)
+                others = self._others(avoid)
+                if decision.outcome == "more" and not others:
+                    decision = dataclasses.replace(
+                        decision,
+                        reason=f"{decision.reason}; no other live worker to ask "
+                        f"({len(avoid)} asked already)",
+                    )
+                if not others or decision.outcome != "more" or sent[pos] >= policy.max_replicas:
                     self._judge(state.flights[pos], decision, replies[pos], why.get(pos, ""))
                     continue
-                for _ in range(min(decision.dispatch, policy.max_replicas - sent[pos])):
-                    # Distinct workers: those that answered, and the copies going out now.
-                    copy = self._copy(state, pos, "replica", set(decision.avoid_workers) | going)
-                    going |= copy.tried
+                # The round's copies share one set of workers tried: each worker one of
+                # them goes to is kept from the others (scheduler.Need.group).
+                tried = avoid | set(self.caught)
+                for _ in range(min(decision.dispatch, policy.max_replicas - sent[pos], others)):
+                    copy = self._copy(state, pos, "replica", tried)
+                    copy.tried = tried
                     copies.append(copy)
                     sent[pos] += 1
             if not copies:
@@ -208,14 +219,15 @@ class Judge:
     ) -> None:
         """Record the verdict on the sub-query's span, teach reputation who was right, and
         make the accepted answer (or the lack of one) the sub-query's outcome."""
-        if decision.outcome == "more":  # out of replicas without agreement
+        if decision.outcome == "more":  # out of replicas, or of workers, without agreement
             decision = verify.Decision(
                 "unresolved",
                 groups=decision.groups,
                 links=decision.links,
                 replies=decision.replies,
                 mode=decision.mode,
-                reason=f"no agreement within {self.scope.policy.max_replicas} replicas",
+                reason=f"no agreement within {self.scope.policy.max_replicas} replicas"
+                + (f" ({decision.reason})" if "no other live worker" in decision.reason else ""),
             )
         attrs: dict[str, Any] = dict(decision.attrs())
         attrs["why"] = why
@@ -551,6 +563,16 @@ class Judge:
         if wrong:
             return None, f"it is not about this reply ({', '.join(wrong)} differ)"
         return signed, None  # type: ignore[return-value]
+
+    def _others(self, avoid: set[str]) -> int:
+        """How many live workers a replica may still go to: on the venues copies run on,
+        not in `avoid`, and not caught lying in this run (their votes do not count)."""
+        where = self.scope.verify_venues or self.scope.answer_venues
+        return sum(
+            1
+            for wid, w in self.roster.workers.items()
+            if w["venue"] in where and wid not in avoid and wid not in self.caught
+        )
 
     def _copy(self, state: Batch, pos: int, kind: str, avoid: set[str]) -> Flight:
         """A copy of position `pos`'s sub-query, made to judge its reply; it runs on none

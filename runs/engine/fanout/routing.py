@@ -225,6 +225,8 @@ class Router:
                     # A job every live worker has failed may try one of them again.
                     avoid=frozenset(avoid if avoid != live else ()),
                     roll=flight.roll,
+                    # Copies made to be judged together share one `tried` set (Judge).
+                    group=id(flight.tried) if flight.replica_of is not None else None,
                 )
             )
         return [
