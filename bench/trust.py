@@ -255,6 +255,7 @@ lie_after_s = {args.warm_s}
         lies = 0
         passed = None
         turned = False
+        first_lie: int | None = None  # its first lying sub-query's place in `sent`
         while passed is None and len(sent) < 5000:
             row, run = batch_figures(round_, n, ["edge", "local"], policy)
             round_ += 1
@@ -270,6 +271,11 @@ lie_after_s = {args.warm_s}
                         raise SystemExit(f"the turncoat {liar} never lied in {round_} rounds")
                     continue
             lies += int(row["wrong"])
+            ends = {
+                e["span_id"]: e
+                for e in events
+                if e["name"] == "SubQuery.Submit" and e["phase"] == "end"
+            }
             for e in events:
                 # Probes are not work: a probe sent to the liar is how it is caught, not
                 # a share of the run's traffic (bench/routing.py counts the same way).
@@ -280,6 +286,9 @@ lie_after_s = {args.warm_s}
                     and e["attrs"].get("copy") != "probe"
                 ):
                     sent.append(e["worker_id"])
+                    if first_lie is None and e["worker_id"] == liar:
+                        if is_lie(ends.get(e["span_id"]), round_ - 1, n):
+                            first_lie = len(sent) - 1
                     if e["worker_id"] == liar:
                         why[f"{e['attrs'].get('copy') or 'answer'}/{e['attrs'].get('route')}"] += 1
                     window = sent[-WINDOW:]
@@ -287,14 +296,28 @@ lie_after_s = {args.warm_s}
                         passed = len(sent)
                         break
         record = records([liar])[liar]
+    since = first_lie or 0
     return {
         "passed": float(passed if passed is not None else -1),
+        "passed_from_lie": float(passed - since if passed is not None else -1),
         "liar_sent": float(sent[: passed or len(sent)].count(liar)),
+        "liar_sent_from_lie": float(sent[since : passed or len(sent)].count(liar)),
         "accepted_lies": float(lies),
         "warm_rounds": float(warm_rounds),
         "why": dict(why),
         "record": record,
     }
+
+
+def is_lie(end: dict | None, round_: int, n: int) -> bool:
+    """Whether a sub-query's reply (its Submit span's end payload) is none of the batch's
+    true answers: the turncoat's lie."""
+    from traces.blobs import blob_get
+
+    if end is None or not end.get("payload_ref"):
+        return False
+    text = blob_get(end["payload_ref"])
+    return text is not None and text not in {truth(round_, i) for i in range(n)}
 
 
 def lied(row: dict[str, float], events: list[dict], liar: str) -> bool:
@@ -394,6 +417,11 @@ def report_turncoat(tier: str, t: dict, warm_s: float) -> None:
         f"{t['warm_rounds']:.0f} honest rounds of 64 before it turned"
         + ("" if t["warm_rounds"] else " (it lied from the start: raise --warm-s)")
         + " (counted from the first batch it lied in)",
+        flush=True,
+    )
+    print(
+        f"  counted from its first lie: {t['passed_from_lie']:.0f} sub-queries "
+        f"({t['liar_sent_from_lie']:.0f} of them to it)",
         flush=True,
     )
     kinds = "  ".join(f"{k} {v}" for k, v in sorted(t["why"].items()))
