@@ -123,20 +123,17 @@
         this.viewsHeld = false;
         this.viewsDirty = true;
         this.frame(true);
-        this.runPlotly();
+        this.awaitPlotly();
       }, 0));
       global.requestAnimationFrame((t) => this.tick(t));
     }
 
-    /** Run Plotly, which the page's head has been fetching (a preload link): the views
-        are drawn as soon as it has run. Flow, which is SVG of the page's own, is already. */
-    runPlotly() {
-      const link = document.getElementById("plotly-js");
-      if (global.Plotly || !link) return;
-      const script = document.createElement("script");
-      script.src = link.href;
+    /** Draw the views as soon as Plotly has run (the page's head loads it async); at
+        once if it already has. Flow, SVG of the page's own, is drawn without it. */
+    awaitPlotly() {
+      const script = document.getElementById("plotly-js");
+      if (global.Plotly || !script) return;
       script.addEventListener("load", () => { this.viewsDirty = true; this.frame(true); });
-      document.head.append(script);
     }
 
     receive(rows, isLive) {
@@ -328,7 +325,7 @@
         const done = T.done && k > T.doneIndex;
         const failed = done && T.events[T.doneIndex][F.STATUS] !== "ok";
         this.A = FRLM.aggregate(T, k, extent, this.A);
-        // Plotly still loading: Flow is drawn, the others once it has run (runPlotly).
+        // Plotly still loading: Flow is drawn, the others once it has run (awaitPlotly).
         this.views.render(this.A, this.following ? null : t, { done, failed, extent });
         this.markTurns(t);
       }
