@@ -4,8 +4,10 @@ payload texts, and sends them to the run's channel group `run-<id>` every FLUSH_
 thousands of events a second reach a page as a few messages a second.
 
 The wire form of an event is a short list in WIRE_FIELDS order (field names repeated
-50,000 times would be most of a big trace's bytes); the HTTP catch-up endpoint, the
-WebSocket consumer and this publisher all use `wire()`, so a page sees one shape."""
+50,000 times would be most of a big trace's bytes); the WebSocket consumer and this
+publisher use `wire()` (`stored_wire` for stored events), and the HTTP catch-up endpoint
+the same rows rendered as JSON text by the store's database (`stored_wire_json`), so a
+page sees one shape."""
 
 from __future__ import annotations
 
