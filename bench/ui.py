@@ -2,14 +2,18 @@
 
 run page         from navigation to the run page of a 10,000-span run: the header and the
                  waterfall drawn and painted, the page answering input ("waterfall"), and
-                 all five views drawn ("views"); cold (a new browser context each load, no
-                 cache) and warm (reloads in one context). Two deliveries of Plotly side by
-                 side, the page's code the same in both: "now" (the 1.5 MB cartesian bundle,
-                 gzipped, loaded async) and "before" (the full 4.8 MB bundle, plain, loaded
-                 with defer so the page waited for it), the latter put in place by the
-                 browser's request routing (which turns the browser's HTTP cache off: a
-                 cold load either way; the routed page costs "before" a little extra); warm
-                 loads of the page as it is served
+                 all five views drawn from the whole stored trace ("views"; the page marks
+                 the first render of the views after the trace is in); cold (a new browser
+                 context each load: an empty profile, no cache) and warm (reloads in one
+                 context). Two deliveries of Plotly side by side, the page's code the same
+                 in both: "now" (the 1.5 MB cartesian bundle, gzipped, loaded async, the
+                 views drawn once the waterfall is on screen) and "before" (the full
+                 4.8 MB bundle, plain, loaded with defer so the page waited for it), the
+                 latter put in place by the browser's request routing (which turns the
+                 browser's HTTP cache off: a cold load either way; the routed page costs
+                 "before" a little extra); warm loads of the page as it is served. Also the
+                 page's own marks, median of the cold loads: the trace parsed, indexed, the
+                 first frame, Plotly run, and each view's first draw
 live latency     from an event's emission to its appearance in the page at 2,000 events/s
                  (target p95 < 100 ms): the waterfall frame that draws the event's span,
                  scrolled into view, has been painted. The page follows the newest spans (the
@@ -171,7 +175,7 @@ class ChannelTap:
 
 
 FULL_PLOTLY = os.path.join(os.path.dirname(plotly.__file__), "package_data", "plotly.min.js")
-PLOTLY_TAG = re.compile(r'<script src="(/vendor/[^"]+)" id="plotly-js" async></script>')
+PLOTLY_TAG = re.compile(r'<script src="(/vendor/[^"]+)" id="plotly-js" async[^>]*></script>')
 
 
 def route_delivery(context, run_id: str, before: bool) -> None:
@@ -197,19 +201,33 @@ def route_delivery(context, run_id: str, before: bool) -> None:
         )
 
 
-def time_load(page, run_id: str) -> tuple[float, float]:
-    """(waterfall, five views) in ms from navigation, for one load of the run page; NaN
-    for a load whose marks did not come within two minutes (printed as such)."""
+# The page's own marks (static/frlm/movie.js) and each view's first draw, ms.
+MARKS_JS = """() => {
+    const out = {};
+    for (const m of performance.getEntriesByType("mark")) {
+        out[m.name.replace("frlm:", "")] = m.startTime;
+    }
+    const got = performance.getEntriesByType("resource").find((r) => r.name.endsWith("/events"));
+    if (got) out["trace received"] = got.responseEnd;
+    for (const [name, ms] of Object.entries(frlmMovie.views.timings)) out["draw " + name] = ms;
+    return out;
+}"""
+
+
+def time_load(page, run_id: str) -> tuple[float, float, dict[str, float]]:
+    """(waterfall, five views, the page's marks) in ms from navigation, for one load of the
+    run page; NaN for a load whose marks did not come within two minutes (printed so)."""
     from playwright.sync_api import TimeoutError as PageTimeout
 
     page.goto(f"/runs/{run_id}", wait_until="commit")
     try:
         page.wait_for_selector("#movie[data-interactive][data-views-ready]", timeout=120_000)
     except PageTimeout:
-        return float("nan"), float("nan")
+        return float("nan"), float("nan"), {}
     return (
         float(page.get_attribute("#movie", "data-interactive")),
         float(page.get_attribute("#movie", "data-views-ready")),
+        page.evaluate(MARKS_JS),
     )
 
 
@@ -416,6 +434,14 @@ def main() -> None:
         now = statistics.median(t[which] for t in cold_now)
         before = statistics.median(t[which] for t in cold_before)
         print(f"  {what}, cold: before / now = {before / max(now, 1):.2f}x")
+    marks: dict[str, list[float]] = {}
+    for _, _, detail in cold_now:
+        for name, ms in detail.items():
+            marks.setdefault(name, []).append(ms)
+    print(
+        "  cold, now, median ms: "
+        + ", ".join(f"{name} {statistics.median(v):.0f}" for name, v in marks.items())
+    )
     print(f"  waterfall scroll            {scroll_fps:5.0f} frames/s")
     print(
         f"live: {full['sent']:,} events at {full['sent'] / full['elapsed']:,.0f}/s for "

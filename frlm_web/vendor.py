@@ -33,7 +33,7 @@ def _plotly() -> tuple[bytes, bytes, str]:
     return raw, packed, '"' + hashlib.sha256(raw).hexdigest()[:20] + '"'
 
 
-def _accepts_gzip(request: HttpRequest) -> bool:
+def accepts_gzip(request: HttpRequest) -> bool:
     codings = request.headers.get("Accept-Encoding", "")
     return any(c.split(";")[0].strip() in ("gzip", "*") for c in codings.split(","))
 
@@ -44,7 +44,7 @@ def plotly_js(request: HttpRequest) -> HttpResponse:
     raw, packed, etag = _plotly()
     if request.headers.get("If-None-Match") == etag:
         response: HttpResponse = HttpResponseNotModified()
-    elif _accepts_gzip(request):
+    elif accepts_gzip(request):
         response = HttpResponse(packed, content_type="text/javascript; charset=utf-8")
         response["Content-Encoding"] = "gzip"
     else:

@@ -42,16 +42,25 @@ def _columns_many(
     run_id: str, queries: list[tuple[str, list[Any] | None]]
 ) -> list[dict[str, list[Any]]]:
     """Several queries over one view of the run's segments."""
+    con = run_view(run_id)
+    if con is None:
+        return []
+    return [
+        con.sql(sql, params=params or None).to_arrow_table().to_pydict() for sql, params in queries
+    ]
+
+
+def run_view(run_id: str) -> duckdb.DuckDBPyConnection | None:
+    """This thread's connection with the run's segments as the view `ev`, or None when the
+    run has none; for a query that reads the result some other way than column lists."""
     files = _segments(run_id)
     if not files:
-        return []
+        return None
     con = _connection()
     # The file list comes from our own glob of a checked run id, not from user text.
     view = f"SELECT * FROM read_parquet({files!r}, union_by_name=true)"  # noqa: S608
     con.execute(f"CREATE OR REPLACE TEMP VIEW ev AS {view}")
-    return [
-        con.sql(sql, params=params or None).to_arrow_table().to_pydict() for sql, params in queries
-    ]
+    return con
 
 
 _local = threading.local()

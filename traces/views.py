@@ -7,13 +7,16 @@ decided by an `access(user, run_id)` callable the URLconf passes to every view h
 from __future__ import annotations
 
 import functools
+import gzip
 import json
 from collections.abc import Callable
 from typing import Any, TypedDict
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_GET
 
+from frlm_web.vendor import accepts_gzip
 from traces import live, store
 from traces.blobs import blob_get
 from traces.diff import TraceDiffError, run_diff
@@ -21,6 +24,7 @@ from traces.diff import TraceDiffError, run_diff
 RunAccess = Callable[[Any, str], bool]
 TEXT_CHARS = 100_000  # of one payload shown in a span's detail
 TURN_TEXT_CHARS = 20_000  # of each code cell, output and reply in the turns list
+EVENTS_GZIP_BYTES = 64_000  # an events answer longer than this goes gzipped
 
 # What a span's payloads are, by span name: (what went in, what came out).
 PAYLOAD_LABELS: dict[str, tuple[str, str]] = {
@@ -72,15 +76,20 @@ def run_events(request: HttpRequest, run_id: str, *, access: RunAccess) -> HttpR
     if not access(request.user, run_id):
         return _not_found(run_id)
     after = _int(request.GET.get("after_seq"), 0)
-    rows = live.stored_wire(run_id, after)
-    return JsonResponse(
-        {
-            "run_id": run_id,
-            "fields": live.WIRE_FIELDS,
-            "events": rows,
-            "last_seq": rows[-1][0] if rows else after,
-        }
-    )
+    wire = live.stored_wire_json(run_id, after)
+    # The rows come as JSON text from the store (live.stored_wire_json): only the frame
+    # around them is encoded here.
+    head = json.dumps({"run_id": run_id, "fields": live.WIRE_FIELDS})[:-1]
+    last_seq = wire["last_seq"] if wire["count"] else after
+    body = f'{head}, "events": {wire["events"]}, "last_seq": {last_seq}}}'.encode()
+    response = HttpResponse(content_type="application/json")
+    if len(body) > EVENTS_GZIP_BYTES and accepts_gzip(request):
+        # Level 1: a fifth of the bytes (20,000 events: 2.9 MB -> 0.6 MB) for ~30 ms.
+        body = gzip.compress(body, compresslevel=1, mtime=0)
+        response["Content-Encoding"] = "gzip"
+    patch_vary_headers(response, ["Accept-Encoding"])
+    response.content = body
+    return response
 
 
 class SpanDetail(TypedDict):

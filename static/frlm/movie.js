@@ -26,8 +26,9 @@
     return typeof n === "number" && isFinite(n) ? n : null;
   };
 
-  function getJSON(url) {
-    return fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } }).then((r) => {
+  function getJSON(url, asked) {
+    const response = asked || fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
+    return response.then((r) => {
       if (!r.ok) throw new Error(url + ": HTTP " + r.status);
       return r.json();
     });
@@ -60,9 +61,12 @@
       this.panel = new FRLM.SpanPanel(document.getElementById("span-detail"), this);
       this.views = new FRLM.Views(root);
       this.A = null;             // the run at the cursor: header, views and turn panel read it
+      // The views wait until the stored trace is in and the waterfall painted (start):
+      // the first full render after that is when all five show the run (bench/ui.py).
+      this.viewsHeld = true;
       this.views.onRendered = (n) => {
         this.root.dataset.viewsDrawn = String(n);
-        if (n === 1) this.root.dataset.viewsReady = performance.now().toFixed(0);
+        if (this.root.dataset.viewsReady == null) this.root.dataset.viewsReady = performance.now().toFixed(0);
       };
       this.scrubber = document.getElementById("scrubber");
       this.clock = document.getElementById("clock");
@@ -75,9 +79,6 @@
       // The header is swapped in anew when the run ends (its buttons follow the run: Cancel
       // goes, Replay comes): its figures are filled again from the cursor's state.
       document.body.addEventListener("htmx:afterSwap", () => { this.lastHeader = null; this.updateHeader(); });
-      // Plotly loads beside the page (async): the views are drawn as soon as it is there.
-      const plotly = document.getElementById("plotly-js");
-      if (plotly && !global.Plotly) plotly.addEventListener("load", () => { this.viewsDirty = true; this.frame(true); });
       // Names a live run's new workers registered arrive after their events: relabel the views.
       if (FRLM.workers) FRLM.workers.listeners.push(() => { this.viewsDirty = true; this.frame(true); });
       this.turnsTimer = null;
@@ -86,12 +87,18 @@
     // --- loading ---------------------------------------------------------------------
     async start() {
       try {
-        const data = await getJSON(this.d.eventsUrl);
+        // Asked for by the page's head (templates/runs/run.html) while the scripts loaded.
+        const asked = global.FRLM_EVENTS;
+        global.FRLM_EVENTS = null;
+        const data = await getJSON(this.d.eventsUrl, asked);
+        performance.mark("frlm:trace-parsed");
         this.receive(data.events, false);
+        performance.mark("frlm:trace-indexed");
       } catch (err) {
         this.conn.textContent = "could not load the trace: " + err.message;
       }
       this.frame(true);
+      performance.mark("frlm:first-frame");
       this.loadTurns();
       if (this.live && !this.trace.done) { this.setLive(true); this.connect(); }
       else {
@@ -109,10 +116,24 @@
       this.panel.fromAddress();
       this.root.dataset.ready = "1";
       // Drawn and painted, the main thread free: when the page answers input (bench/ui.py).
+      // Then the views: Plotly's first draws of a big run take a few frames, which the
+      // header and the waterfall do not wait for.
       global.requestAnimationFrame(() => setTimeout(() => {
         this.root.dataset.interactive = performance.now().toFixed(0);
+        this.viewsHeld = false;
+        this.viewsDirty = true;
+        this.frame(true);
+        this.awaitPlotly();
       }, 0));
       global.requestAnimationFrame((t) => this.tick(t));
+    }
+
+    /** Draw the views as soon as Plotly has run (the page's head loads it async); at
+        once if it already has. Flow, SVG of the page's own, is drawn without it. */
+    awaitPlotly() {
+      const script = document.getElementById("plotly-js");
+      if (global.Plotly || !script) return;
+      script.addEventListener("load", () => { this.viewsDirty = true; this.frame(true); });
     }
 
     receive(rows, isLive) {
@@ -298,13 +319,13 @@
       const interval = this.live
         ? Math.min(LIVE_VIEWS_MAX_MS, Math.max(LIVE_VIEWS_MIN_MS, 20 * this.views.cost))
         : Math.max(VIEW_INTERVAL_MS, 4 * this.views.cost);
-      if (this.viewsDirty && (force || now - this.lastViews > interval)) {
+      if (this.viewsDirty && !this.viewsHeld && (force || now - this.lastViews > interval)) {
         this.viewsDirty = false;
         this.lastViews = now;
         const done = T.done && k > T.doneIndex;
         const failed = done && T.events[T.doneIndex][F.STATUS] !== "ok";
         this.A = FRLM.aggregate(T, k, extent, this.A);
-        // Plotly still loading: Flow is drawn, the others when "frlm:plotly" comes.
+        // Plotly still loading: Flow is drawn, the others once it has run (awaitPlotly).
         this.views.render(this.A, this.following ? null : t, { done, failed, extent });
         this.markTurns(t);
       }
