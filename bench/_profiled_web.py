@@ -6,6 +6,9 @@ process's event loop (where the gateway's consumers run) over the batches a benc
 SIGUSR1 starts collecting; SIGUSR2 stops and writes what was collected to FILE (pstats).
 Only the main thread is profiled: the event loop's work, not the threads that
 `sync_to_async` hands database calls to (their CPU is in the bench's per-thread figures).
+Times are the thread's CPU time, not wall time: on a loaded machine a system call that
+wakes another process (a socket's send to Redis) is charged, by a wall clock, with the time
+this process then waits for a core.
 """
 
 from __future__ import annotations
@@ -13,11 +16,12 @@ from __future__ import annotations
 import cProfile
 import signal
 import sys
+import time
 
 
 def main() -> None:
     out = sys.argv[1]
-    profile = cProfile.Profile()
+    profile = cProfile.Profile(time.thread_time)
 
     def start(_signum: int, _frame: object) -> None:
         profile.enable()
