@@ -506,10 +506,10 @@ class WorkerLink:
             )
 
     async def _relay(self, relayed: list[Relayed], dropped: list[tuple[Held, str]]) -> None:
-        """The results and their events on the runs' streams in one round trip, with the
-        ends of the Execute spans of jobs whose result was refused; then their slots are
-        free. (The conductor hears nothing of a refused result: to it the job is still
-        running, until its sub-query timeout sends it elsewhere.)"""
+        """The results and their events on the runs' streams, with the ends of the Execute
+        spans of jobs whose result was refused, and the next jobs for the slots they free:
+        one round trip. (The conductor hears nothing of a refused result: to it the job is
+        still running, until its sub-query timeout sends it elsewhere.)"""
         ends = [
             self._execute_event(held, "end", "error", error=f"refused: {why}")
             for held, why in dropped
@@ -523,9 +523,18 @@ class WorkerLink:
         for one in relayed:
             stream = results_stream(one.held.run_id)
             pipe.xadd(stream, encode_result(one.result))  # type: ignore[arg-type]
-        await pipe.execute()
+        # Only the slots these results free: the pump fills the others, so the two never
+        # take more than the worker's slots between them.
+        freed = 0 if self.draining else len(relayed) + len(dropped)
+        if freed:
+            pipe.eval(POP_LUA, len(self.queues), *self.queues, freed)
+        replies = await pipe.execute()
         for held in [*(one.held for one in relayed), *(held for held, _ in dropped)]:
             self.held.pop(held.key, None)
+        # No await between freeing the slots and filling them (_take holds its jobs
+        # before its first await): the pump never sees them free.
+        if freed and replies[-1]:
+            await self._take(replies[-1])
         self._update_room()
 
     async def _append(self, events: list[dict[str, Any]]) -> None:
