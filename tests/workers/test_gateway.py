@@ -510,22 +510,3 @@ def test_a_server_that_refuses_the_host_name_gets_a_hint() -> None:
         with pytest.raises(ControlError) as refused:
             control.register({"name": "n", "venue": "v"})  # type: ignore[typeddict-item]
     assert "add the host of --server (127.0.0.1) to FRLM_ALLOWED_HOSTS" in str(refused.value)
-
-
-def test_the_gateways_redis_commands_are_packed_as_redis_py_packs_them() -> None:
-    from redis.asyncio.connection import Connection
-
-    from workers.gateway.server import _PackedInC
-
-    class Packed(_PackedInC, Connection):
-        pass
-
-    commands = [
-        ("XADD", "frlm:run:r1:results", "*", "status", "ok", "text", "é ∑ 🙂", "ms", "1.5"),
-        ("EVAL", "return 1", 2, "worker.w1", "venue.v", 8),
-        ("CLIENT SETINFO", "LIB-NAME", "redis-py"),
-        ("SISMEMBER", b"frlm:run:r1:cancelled", b"\x00\xff"),
-    ]
-    for command in commands:
-        ours = b"".join(Packed().pack_command(*command))
-        assert ours == b"".join(Connection().pack_command(*command)), command

@@ -28,7 +28,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import hiredis
 import redis.asyncio as aioredis
 from asgiref.sync import sync_to_async
 from channels.consumer import get_handler_name
@@ -86,36 +85,17 @@ REFUSED_FIX = (
 )
 
 
-class _PackedInC:
-    """Commands packed by hiredis, in C. redis-py's asyncio connection packs them in Python,
-    argument by argument: a tenth of the web server's CPU per gateway job (a result's XADD
-    has some thirty arguments), ten times what hiredis takes."""
-
-    def pack_command(self, *args: Any) -> list[bytes]:
-        if isinstance(args[0], str) and " " in args[0]:
-            args = (*args[0].split(), *args[1:])  # "CLIENT SETINFO": one word an argument
-        return [hiredis.pack_command(args)]
-
-
 @functools.cache
 def _async_redis(loop_id: int) -> aioredis.Redis:
     # A Redis restart or a network blip is ridden out command by command, as by the
     # process's other client (frlm_web.redis_client.get_redis); a pump whose pop still
     # fails closes its worker's socket, and the worker connects again.
     base, cap = RETRY_BACKOFF
-    client = aioredis.Redis.from_url(
+    return aioredis.Redis.from_url(
         settings.REDIS_URL,
         retry=AsyncRetry(ExponentialBackoff(cap=cap, base=base), RETRY_ATTEMPTS),
         retry_on_error=list(OUTAGE_ERRORS),
     )
-    # Whatever class the URL chose (TCP, TLS, a Unix socket), with C packing.
-    pool = client.connection_pool
-    pool.connection_class = type(
-        "PackedInC" + pool.connection_class.__name__,
-        (_PackedInC, pool.connection_class),
-        {},
-    )
-    return client
 
 
 def async_redis() -> aioredis.Redis:
