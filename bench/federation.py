@@ -15,6 +15,11 @@ way. Both run the simulated model in-process, so the model's latency is the same
     .venv/bin/python bench/federation.py [--n 256 | --n 64,256,1024] [--latency-ms 200]
                                          [--workers 4] [--slots 8] [--repeat 3]
                                          [--failovers 3] [--wan-ms 0] [--quick]
+                                         [--profile-web FILE]
+
+--profile-web FILE runs the web server under cProfile (bench/_profiled_web.py), collects over
+the measured gateway batches only, writes the profile to FILE and prints its top lines (the
+CPU figures of a profiled run are inflated by the profiler: compare runs without it).
 
 Each batch size is printed as soon as it is measured; the failover rounds come last.
 
@@ -26,14 +31,17 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import pstats
 import signal
 import statistics
 import subprocess
 import sys
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from datetime import timedelta
 from pathlib import Path
+from typing import NamedTuple
 
 from _stack import run_to_end, stop_on_signals
 from fanout import harness_floor, timed_program
@@ -49,16 +57,28 @@ class FailoverMissed(Exception):
     batches measured before it are already printed)."""
 
 
-def cpu_s(pids: list[int]) -> float:
+def cpu_s(pids: list[int], *, main_thread: bool = False) -> float:
+    """CPU seconds of the processes (Linux /proc); with `main_thread`, of each one's main
+    thread only (the web server's event loop, where the gateway's consumers run)."""
     ticks = os.sysconf("SC_CLK_TCK")
     total = 0.0
     for pid in pids:
+        stat = f"/proc/{pid}/task/{pid}/stat" if main_thread else f"/proc/{pid}/stat"
         try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            fields = Path(stat).read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
         total += (int(fields[11]) + int(fields[12])) / ticks
     return total
+
+
+class Batch(NamedTuple):
+    seconds: float
+    failed: int
+    web_s: float  # the web process's CPU
+    loop_s: float  # of which its main thread's: the event loop the gateway runs in
+    workers_s: float
+    run_id: str
 
 
 class Federation:
@@ -97,6 +117,8 @@ class Federation:
             redis_persist=False,
         )
         exits.callback(self.stack.stop)
+        if args.profile_web:
+            self._profile_web(Path(args.profile_web).resolve())
         self.stack.start()
         self.redis_port = int(self.stack.redis_url.rsplit(":", 1)[1].split("/")[0])
         self.hidden = sorted({str(settings.DATA_DIR), str(Path(settings.BASE_DIR) / "var")})
@@ -108,6 +130,34 @@ class Federation:
             self.start("gw", i)
             self.start("bk", i)
         self.wait_workers()
+
+    def _profile_web(self, out: Path) -> None:
+        """The web server started under bench/_profiled_web.py instead of `python -m
+        daphne`, with daphne's own arguments."""
+        plan = self.stack.plan
+
+        def profiled() -> list:
+            procs = plan()
+            for proc in procs:
+                if proc.name == "web":
+                    assert proc.argv[1:3] == ["-m", "daphne"], proc.argv
+                    shim = str(Path(__file__).with_name("_profiled_web.py"))
+                    proc.argv = [proc.argv[0], shim, str(out), *proc.argv[3:]]
+            return procs
+
+        out.unlink(missing_ok=True)
+        self.stack.plan = profiled  # type: ignore[method-assign]
+
+    @contextmanager
+    def profiling(self, on: bool) -> Iterator[None]:
+        """The web server's profile collects while in this block (when `on`)."""
+        if on:
+            os.kill(self.web_pid(), signal.SIGUSR1)
+        try:
+            yield
+        finally:
+            if on:
+                os.kill(self.web_pid(), signal.SIGUSR2)
 
     def start(self, venue: str, i: int, name: str = "") -> None:
         """A worker on host i. Each process on a host gets an empty data directory, so a
@@ -177,10 +227,12 @@ class Federation:
         assert popen is not None
         return popen.pid
 
-    def batch(self, venue: str, n: int) -> tuple[float, int, float, float, str]:
-        """One batch: seconds, failed, web CPU s, workers' CPU s and the run's id."""
+    def batch(self, venue: str, n: int) -> Batch:
+        """One batch: seconds, failed, web CPU s (all, and its event loop's), workers' CPU s
+        and the run's id."""
         workers = [p.pid for name, p in self.procs.items() if name.startswith(venue)]
-        before = cpu_s([self.web_pid()]), cpu_s(workers)
+        web = [self.web_pid()]
+        before = cpu_s(web), cpu_s(web, main_thread=True), cpu_s(workers)
         run = run_to_end(
             timed_program(n, sequential=False),
             venues=[venue],
@@ -194,9 +246,14 @@ class Federation:
         if run.status != "succeeded":
             raise SystemExit(f"the {venue} batch failed: {run.error}")
         elapsed, failed = run.answer.split()
-        web = cpu_s([self.web_pid()]) - before[0]
-        work = cpu_s(workers) - before[1]
-        return float(elapsed), int(failed), web, work, str(run.id)
+        return Batch(
+            float(elapsed),
+            int(failed),
+            cpu_s(web) - before[0],
+            cpu_s(web, main_thread=True) - before[1],
+            cpu_s(workers) - before[2],
+            str(run.id),
+        )
 
     def failover(self, n: int) -> tuple[float, float]:
         """Kill a worker of host 0 while it holds jobs; seconds from the kill to Worker.Lost
@@ -334,27 +391,42 @@ def report(args: argparse.Namespace, n: int, floor: float, rows: dict, spent: di
     print(f"  harness floor (no FRLM)   {floor:7.3f} s  {floor / ideal:6.3f}x ideal")
     best = {}
     for venue in ("gw", "bk"):
-        for i, (t, failed, web, work, _) in enumerate(rows[venue], 1):
+        for i, b in enumerate(rows[venue], 1):
             print(
-                f"  {label[venue]} try {i}         {t:7.3f} s  {t / ideal:6.3f}x ideal  "
-                f"failed {failed}  CPU per sub-query: web {web * 1000 / n:5.2f} ms, workers "
-                f"{work * 1000 / n:5.2f} ms"
+                f"  {label[venue]} try {i}         {b.seconds:7.3f} s  {b.seconds / ideal:6.3f}x "
+                f"ideal  failed {b.failed}  CPU per sub-query: web {b.web_s * 1000 / n:5.2f} ms "
+                f"(event loop {b.loop_s * 1000 / n:5.2f}), workers {b.workers_s * 1000 / n:5.2f} ms"
             )
-        best[venue] = min(t for t, *_ in rows[venue])
+        best[venue] = min(b.seconds for b in rows[venue])
         print(f"  {label[venue]} last try: {spent[venue]}")
     for venue in ("gw", "bk"):
-        times = [t for t, *_ in rows[venue]]
+        times = [b.seconds for b in rows[venue]]
         print(
             f"  {label[venue]} best / median  {best[venue]:7.3f} / {statistics.median(times):.3f} s"
             f"  {best[venue] / ideal:6.3f}x / {statistics.median(times) / ideal:.3f}x ideal"
             "   (target: gateway <= 1.10x)"
         )
-    medians = {v: statistics.median(t for t, *_ in rows[v]) for v in rows}
+    medians = {v: statistics.median(b.seconds for b in rows[v]) for v in rows}
     print(
         f"  gateway / broker          {best['gw'] / best['bk']:7.3f}x best, "
         f"{medians['gw'] / medians['bk']:.3f}x median   (target <= 1.05x)",
         flush=True,
     )
+
+
+def print_profile(path: Path, lines: int = 30) -> None:
+    """The web process's event loop over the gateway batches: top functions by own time,
+    then by cumulative time."""
+    deadline = time.monotonic() + 10
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)  # the web server writes it on SIGUSR2, in its own time
+    time.sleep(0.5)
+    stats = pstats.Stats(str(path))
+    stats.strip_dirs()
+    print(f"  web server's event loop over the gateway batches ({path}):", flush=True)
+    for key in ("tottime", "cumulative"):
+        stats.sort_stats(key).print_stats(lines)
+    sys.stdout.flush()
 
 
 def main() -> None:
@@ -375,6 +447,11 @@ def main() -> None:
         "--wan-ms", type=float, default=0.0, help="one-way delay on each host's wire"
     )
     parser.add_argument("--quick", action="store_true", help="one round: a minute or two")
+    parser.add_argument(
+        "--profile-web",
+        metavar="FILE",
+        help="profile the web server's event loop over the gateway batches (pstats to FILE)",
+    )
     args = parser.parse_args()
     try:
         sizes = [int(n) for n in str(args.n).split(",") if n.strip()]
@@ -402,16 +479,19 @@ def main() -> None:
         for venue in ("gw", "bk"):
             fed.batch(venue, slots)  # warm connections, workers and the model
         for n in sizes:
-            rows: dict[str, list[tuple[float, int, float, float, str]]] = {"gw": [], "bk": []}
+            rows: dict[str, list[Batch]] = {"gw": [], "bk": []}
             # The machine's floor: the same requests straight to a simulated model from W
             # threads, with no FRLM at all (bench/fanout.py).
             floor = min(harness_floor(n, slots, args.latency_ms) for _ in range(2))
             for i in range(args.repeat):
                 order = ("gw", "bk") if i % 2 == 0 else ("bk", "gw")
                 for venue in order:
-                    rows[venue].append(fed.batch(venue, n))
-            spent = {v: where_time_goes(rows[v][-1][4], args.slots) for v in rows}
+                    with fed.profiling(bool(args.profile_web) and venue == "gw"):
+                        rows[venue].append(fed.batch(venue, n))
+            spent = {v: where_time_goes(rows[v][-1].run_id, args.slots) for v in rows}
             report(args, n, floor, rows, spent)
+        if args.profile_web:
+            print_profile(Path(args.profile_web))
         for i in range(1, failover_count + 1):
             try:
                 lost, retry = fed.failover(max(sizes))

@@ -18,16 +18,18 @@ from websockets.sync.client import connect
 from frlm_web.redis_client import get_redis
 from tests.gateway import GatewayWorker, enrolment_token
 from tests.helpers import endpoint, finish, launch, trace, wait_until
+from traces import store
 from traces.emitter import EVENTS_STREAM
-from workers import keys
+from workers import keys, signing
 from workers.backends import ModelError, ModelSpec
 from workers.execution import served
 from workers.gateway.agent import ws_url
-from workers.gateway.protocol import hello_claim
+from workers.gateway.protocol import batches, hello_claim
 from workers.jobs import results_stream
-from workers.models import Venue
+from workers.models import Venue, worker_queue
 from workers.reputation import strikes_key
 from workers.services import worker_register
+from workers.tasks import subquery_execute
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -110,28 +112,32 @@ def test_a_dropped_worker_loses_its_jobs_to_another_at_once(far) -> None:
 
 
 # --- what a hostile worker can send ---------------------------------------------------------
-def _registered(name: str) -> tuple[str, object]:
-    """A worker registered in venue `hostile`, and its key."""
+def _registered(name: str, venue: str = "hostile", concurrency: int = 2) -> tuple[str, object]:
+    """A worker registered in `venue` (untrusted), and its key."""
     key = keys.generate()
-    Venue.objects.get_or_create(name="hostile", defaults={"kind": "edge", "trusted": False})
+    Venue.objects.get_or_create(name=venue, defaults={"kind": "edge", "trusted": False})
     worker = worker_register(
-        enrolment_token("hostile"),
+        enrolment_token(venue),
         {
             "name": name,
-            "venue": "hostile",
+            "venue": venue,
             "models": [],
-            "concurrency": 2,
+            "concurrency": concurrency,
             "public_key": keys.public_b64(key),
         },
     )
     return worker.id, key
 
 
-def _hello(ws, worker_id: str, key) -> dict:
+def _hello(ws, worker_id: str, key, version: int | None = None) -> dict:
+    """Sign the challenge; `version` as a worker of that protocol version says it (an older
+    worker says none)."""
     challenge = json.loads(ws.recv(timeout=10))
     assert challenge["type"] == "challenge"
     sig = keys.sign(key, hello_claim(worker_id, challenge["nonce"]))
     hello = {"type": "hello", "worker_id": worker_id, "nonce": challenge["nonce"], "sig": sig}
+    if version is not None:
+        hello["version"] = version
     ws.send(json.dumps(hello))
     return json.loads(ws.recv(timeout=10))
 
@@ -222,6 +228,234 @@ def test_a_worker_answers_and_reports_only_for_jobs_it_holds(web, venues) -> Non
         if run.id.encode() in fields[b"e"] and b"Run.Done" in fields[b"e"]
     ]
     assert forged == []
+
+
+# --- batches (protocol version 2) -------------------------------------------------------
+def _queue_job(queue: str, run_id: str, sq_id: str) -> None:
+    """A sub-query job pushed onto `queue` as the conductor pushes one."""
+    job = {
+        "run_id": run_id,
+        "sq_id": sq_id,
+        "submit_span": "s" * 16,
+        "prompt": f"question {sq_id}",
+        "model": ModelSpec("sim", "frlm-sim-worker", "").to_dict(),
+        "deadline": time.time() + 120,
+        "depth": 1,
+        "timeout_s": 60,
+        "attempt": 1,
+    }
+    subquery_execute.apply_async(args=[job], queue=queue, declare=[])
+
+
+def _next(ws, kinds: set[str], *, wait_s: float = 20) -> list[dict]:
+    """Messages of `kinds` the server sends within `wait_s` (until one comes, then until it
+    is quiet for half a second), its pings answered."""
+    got: list[dict] = []
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            message = json.loads(ws.recv(timeout=0.5))
+        except TimeoutError:
+            if got:
+                return got
+            continue
+        if message["type"] == "ping":
+            ws.send(json.dumps({"type": "pong", "t": message["t"]}))
+        elif message["type"] in kinds:
+            got.append(message)
+    return got
+
+
+def _jobs(messages: list[dict]) -> list[dict]:
+    return [j for m in messages for j in (m["jobs"] if m["type"] == "jobs" else [m["job"]])]
+
+
+def _answer(job: dict, worker_id: str, key, **changes) -> dict:
+    """A worker's signed answer to `job` and the end of its Execute span, as the agent
+    sends them; `changes` alter the result after it is signed."""
+    result = {
+        "run_id": job["run_id"],
+        "sq_id": job["sq_id"],
+        "venue": "ignored: the server stamps it",
+        "worker_id": worker_id,
+        "status": "ok",
+        "text": "not here",
+        "tokens_in": 3,
+        "tokens_out": 2,
+        "ms": 1.0,
+        "cost": "0",
+    }
+    result["sig"] = signing.result_sign(key, result)
+    end = {
+        "event_id": os.urandom(8).hex(),
+        "span_id": job["execute_span"],
+        "parent_id": job["submit_span"],
+        "name": "SubQuery.Execute",
+        "phase": "end",
+        "ts": time.time_ns(),
+        "status": "ok",
+        "depth": job["depth"],
+        "ms": 1.0,
+        "attrs": {"sq_id": job["sq_id"]},
+    }
+    return {"sq_id": job["sq_id"], "result": {**result, **changes}, "events": [end]}
+
+
+def _execute_ends(run_id: str, sq_ids: set[str]) -> dict[str, dict]:
+    """The Execute spans' ends of these sub-queries, once the recorder has stored them."""
+
+    def stored() -> dict[str, dict] | None:
+        ends = {
+            e["attrs"]["sq_id"]: e
+            for e in store.read_events(run_id)
+            if e["name"] == "SubQuery.Execute" and e["phase"] == "end"
+        }
+        return ends if sq_ids <= set(ends) else None
+
+    return wait_until(stored, timeout=20, what=f"the Execute ends of {sorted(sq_ids)}")
+
+
+def test_a_worker_of_version_2_gets_jobs_together_and_an_older_one_one_a_message(
+    web, venues
+) -> None:
+    for version, kind in ((2, "jobs"), (None, "job")):
+        wid, key = _registered(f"batch-{kind}", concurrency=4)
+        run_id = "rbatch" + os.urandom(4).hex()
+        for i in range(1, 5):
+            _queue_job(worker_queue(wid), run_id, f"{i}.1")
+        with connect(ws_url(web), open_timeout=10) as ws:
+            assert _hello(ws, wid, key, version)["type"] == "welcome"
+            messages = _next(ws, {"job", "jobs"})
+        assert {m["type"] for m in messages} == {kind}
+        assert sorted(j["sq_id"] for j in _jobs(messages)) == ["1.1", "2.1", "3.1", "4.1"]
+        if kind == "jobs":
+            assert len(messages) < 4  # popped and sent together, not one by one
+
+
+def test_a_result_that_breaks_the_protocol_is_refused_alone_and_the_rest_relayed(
+    web, venues
+) -> None:
+    """One `results` message: two sound results, one with a status no result has, one
+    reporting an event of another kind, one for a job never given. The sound ones reach
+    the run's stream; each other one is named in `refused` with its error, the jobs it
+    held are ended (their slots free, their Execute spans closed as errors), and the
+    connection stays open."""
+    wid, key = _registered("refusee", concurrency=4)
+    run_id = "rrefuse" + os.urandom(4).hex()
+    for i in range(1, 5):
+        _queue_job(worker_queue(wid), run_id, f"{i}.1")
+    with connect(ws_url(web), open_timeout=10) as ws:
+        assert _hello(ws, wid, key, 2)["type"] == "welcome"
+        jobs = {j["sq_id"]: j for j in _jobs(_next(ws, {"jobs"}))}
+        assert sorted(jobs) == ["1.1", "2.1", "3.1", "4.1"]
+        forged_event = _answer(jobs["3.1"], wid, key)
+        forged_event["events"].append({"name": "Run.Done", "parent_id": "x"})
+        never_given = _answer({**jobs["1.1"], "sq_id": "9.1"}, wid, key)
+        items = [
+            _answer(jobs["1.1"], wid, key),
+            _answer(jobs["2.1"], wid, key, status="finished"),
+            forged_event,
+            never_given,
+            _answer(jobs["4.1"], wid, key),
+        ]
+        ws.send(json.dumps({"type": "results", "results": items}))
+        (refused,) = _next(ws, {"refused", "error"})
+        # The refused jobs' slots are free again: four more jobs fill all four.
+        for i in range(5, 9):
+            _queue_job(worker_queue(wid), run_id, f"{i}.1")
+        more = _jobs(_next(ws, {"job", "jobs"}))
+
+    assert refused["type"] == "refused", refused
+    why = {r["sq_id"]: r["error"] for r in refused["results"]}
+    assert set(why) == {"2.1", "3.1", "9.1"}
+    assert "status must be ok, error or cancelled" in why["2.1"]
+    assert "a worker reports only" in why["3.1"]
+    assert "holds no job '9.1'" in why["9.1"]
+    assert "workers/gateway/protocol.py" in refused["fix"]
+    assert sorted(j["sq_id"] for j in more) == ["5.1", "6.1", "7.1", "8.1"]
+    entries = get_redis().xrange(results_stream(run_id), "-", "+")
+    answered = {
+        f[b"sq_id"].decode(): f[b"worker_id"].decode()
+        for _, f in entries
+        if f[b"status"] not in (b"started", b"lost")  # lost: the last four, on closing
+    }
+    assert answered == {"1.1": wid, "4.1": wid}
+    ends = _execute_ends(run_id, {f"{i}.1" for i in range(1, 9)})
+    assert {sq: ends[sq]["status"] for sq in ("1.1", "2.1", "3.1", "4.1")} == {
+        "1.1": "ok",
+        "2.1": "error",
+        "3.1": "error",
+        "4.1": "ok",
+    }
+    assert ends["2.1"]["attrs"]["error"].startswith("refused: ")
+    assert all(e["worker_id"] == wid and e["venue"] == "hostile" for e in ends.values())
+    # The last four were held when the connection closed: ended as abandoned.
+    assert {ends[sq]["status"] for sq in ("5.1", "6.1", "7.1", "8.1")} == {"abandoned"}
+
+
+def _serve(ws, run, worker_id: str, key, forge: set[str]) -> dict[str, dict]:
+    """Answer every job of `run` until it is done, each batch in one `results` message;
+    the first answer for an sq_id in `forge` is signed with another key. Returns the jobs
+    answered, by sq_id."""
+    stranger = keys.generate()
+    answered: dict[str, dict] = {}
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        run.refresh_from_db()
+        if run.done:
+            return answered
+        jobs = _jobs(_next(ws, {"job", "jobs"}, wait_s=1))
+        items = []
+        for job in jobs:
+            forged = job["sq_id"] in forge and job["sq_id"] not in answered
+            items.append(_answer(job, worker_id, stranger if forged else key))
+            answered[job["sq_id"]] = job
+        if items:
+            ws.send(json.dumps({"type": "results", "results": items}))
+    raise AssertionError(f"run {run.id} did not finish")
+
+
+def test_a_forged_signature_in_a_batch_loses_only_that_result(web, venues) -> None:
+    """Signatures are checked one result at a time by the conductor, batch or not: the
+    forged one is rejected (and its worker struck), the others in the same message count."""
+    wid, key = _registered("forger", venue="batchsig", concurrency=8)
+    with connect(ws_url(web), open_timeout=10) as ws:
+        assert _hello(ws, wid, key, 2)["type"] == "welcome"
+        run = launch(
+            task="sniah",
+            tokens=60_000,
+            seed=4,
+            venues=["batchsig"],
+            policy={"subquery_timeout_s": 4, "hedge": "off"},
+        )
+        first = _jobs(_next(ws, {"job", "jobs"}))
+        assert len(first) >= 2, first
+        forged = first[0]["sq_id"]
+        stranger = keys.generate()
+        items = [_answer(job, wid, stranger if job is first[0] else key) for job in first]
+        ws.send(json.dumps({"type": "results", "results": items}))
+        answered = _serve(ws, run, wid, key, forge=set())
+
+    events = trace(run)
+    rejected = [e for e in named(events, "SubQuery.Return") if e["status"] == "rejected"]
+    assert [(e["attrs"]["sq_id"], e["worker_id"]) for e in rejected] == [(forged, wid)]
+    assert "signature is not worker" in rejected[0]["attrs"]["reason"]
+    accepted = [
+        e for e in named(events, "SubQuery.Return") if e["status"] == "ok" and e["worker_id"] == wid
+    ]
+    assert len(accepted) >= len(first) - 1 + len(answered) > 0
+    assert get_redis().get(strikes_key(wid)) is not None
+
+
+def test_batches_keep_each_message_within_the_size_limit() -> None:
+    parts = [json.dumps({"n": i, "text": "x" * 30}) for i in range(10)]
+    messages = batches(parts, '"type":"jobs","jobs":', limit=200)
+    assert all(len(m) <= 200 for m in messages) and len(messages) > 1
+    decoded = [json.loads(m) for m in messages]
+    assert {d["type"] for d in decoded} == {"jobs"}
+    assert [j["n"] for d in decoded for j in d["jobs"]] == list(range(10))
+    (alone,) = batches(['"' + "y" * 300 + '"'], '"type":"jobs","jobs":', limit=200)
+    assert json.loads(alone)["jobs"] == ["y" * 300]  # larger than the limit: sent alone
 
 
 # --- the model endpoint is the worker's own -------------------------------------------------

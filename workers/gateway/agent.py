@@ -3,9 +3,10 @@ its enrolment token and its own key.
 
 register (HTTP, workers/client.py) -> open the gateway's WebSocket and sign the server's
 challenge -> run each job it is sent in a pool of `slots` threads, reporting its span
-events and signed result -> heartbeat with its figures -> on a dropped connection, connect
-again -> on SIGTERM or SIGINT: say it is draining (the server sends nothing new), finish
-what it holds, deregister. Its model endpoint is its own: an OpenAI-compatible server it
+events and signed result (results that finish together go in one message, `Outbox`) ->
+heartbeat with its figures -> on a dropped connection, connect again -> on SIGTERM or
+SIGINT: say it is draining (the server sends nothing new), finish what it holds, send its
+results, deregister. Its model endpoint is its own: an OpenAI-compatible server it
 was given (--base-url), or the simulated model running in this process."""
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import signal
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +32,17 @@ from workers import keys, signing
 from workers.backends import ModelError, ModelSpec, chat
 from workers.client import HttpControl, Registered
 from workers.execution import ok_result, reply_fields, served, signed
-from workers.gateway.protocol import MAX_MESSAGE_BYTES, PATH, decode, encode, hello_claim
+from workers.gateway.protocol import (
+    MAX_MESSAGE_BYTES,
+    MAX_RESULTS,
+    PATH,
+    VERSION,
+    batches,
+    decode,
+    encode,
+    hello_claim,
+    speaks_batches,
+)
 from workers.jobs import Job, Result
 from workers.runtime import Tally
 from workers.services import Registration
@@ -39,6 +52,10 @@ log = logging.getLogger(__name__)
 
 RECONNECT_S = (0.2, 0.5, 1.0, 2.0, 5.0)  # waits between attempts, the last repeated
 RECV_WAIT_S = 0.5  # how often the receive loop looks up from the socket
+# How long a finished result waits for others to go with it, while other jobs still run:
+# jobs handed over together finish together, and one message for all of them costs the
+# server one WebSocket message, one decode and one Redis round trip instead of one each.
+LINGER_S = 0.002
 
 
 class GatewayRefused(Exception):
@@ -62,6 +79,49 @@ class Relay(Emitter):
         return events
 
 
+class Outbox:
+    """Results on their way to the server, sent by one thread: each with whatever others are
+    ready by then, waiting up to LINGER_S for more while `busy()` (other jobs run)."""
+
+    def __init__(
+        self, send: Callable[[list[dict[str, Any]]], None], busy: Callable[[], bool]
+    ) -> None:
+        self.send = send
+        self.busy = busy
+        self.items: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.pending = 0  # put and not yet sent
+        threading.Thread(target=self._run, name="frlm-outbox", daemon=True).start()
+
+    def put(self, item: dict[str, Any]) -> None:
+        with self.lock:
+            self.pending += 1
+        self.items.put(item)
+
+    def empty(self) -> bool:
+        with self.lock:
+            return self.pending == 0
+
+    def _run(self) -> None:
+        while True:
+            batch = [self.items.get()]
+            deadline = time.monotonic() + LINGER_S
+            while len(batch) < MAX_RESULTS:
+                wait = deadline - time.monotonic() if self.busy() else 0.0
+                try:
+                    batch.append(
+                        self.items.get(timeout=wait) if wait > 0 else self.items.get_nowait()
+                    )
+                except queue.Empty:
+                    break
+            try:
+                self.send(batch)
+            except Exception:
+                log.exception("could not send %d result(s)", len(batch))
+            with self.lock:
+                self.pending -= len(batch)
+
+
 def ws_url(server: str) -> str:
     base = server.rstrip("/")
     scheme, _, rest = base.partition("://")
@@ -83,6 +143,8 @@ class GatewayAgent:
     sessions: int = 0
     _ws: ClientConnection | None = None
     _send_lock: threading.Lock = field(default_factory=threading.Lock)
+    _batched: bool = False  # the server speaks protocol version 2 (`results`)
+    _outbox: Outbox | None = None
 
     @property
     def worker_id(self) -> str:
@@ -102,6 +164,7 @@ class GatewayAgent:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         slots = int(self.registration["concurrency"])
+        self._outbox = Outbox(self._send_results, lambda: self.tally.inflight > 0)
         log.warning(
             "worker %s registered as %s in venue %s; joining the gateway at %s with %d slots",
             self.worker_id,
@@ -155,9 +218,11 @@ class GatewayAgent:
                         "nonce": challenge["nonce"],
                         "sig": sig,
                         "slots": slots,
+                        "version": VERSION,
                     }
                 )
             )
+            self._batched = speaks_batches(challenge.get("version"))
             welcome = self._expect(ws, "welcome")
             self._ws = ws
             self.sessions += 1
@@ -169,7 +234,7 @@ class GatewayAgent:
                 if self.draining and not announced_drain:
                     self._beat()
                     announced_drain = True
-                if self.draining and self.tally.inflight == 0:
+                if self.draining and self.tally.inflight == 0 and self._sent_all():
                     return
                 if time.monotonic() >= next_beat:
                     self._beat()
@@ -180,10 +245,18 @@ class GatewayAgent:
                     continue
                 message = decode(raw)
                 kind = message["type"]
-                if kind == "job":
-                    job = message["job"]
-                    self.tally.begin(job["sq_id"])
-                    pool.submit(self._execute, job)
+                if kind in ("job", "jobs"):
+                    for job in message["jobs"] if kind == "jobs" else [message["job"]]:
+                        self.tally.begin(_tally_key(job))
+                        pool.submit(self._execute, job)
+                elif kind == "refused":
+                    for item in message.get("results") or []:
+                        log.warning(
+                            "the server refused the result of %s: %s (%s)",
+                            item.get("sq_id"),
+                            item.get("error"),
+                            message.get("fix"),
+                        )
                 elif kind == "ping":
                     self._send({"type": "pong", "t": message.get("t")})
                 elif kind == "error":
@@ -211,21 +284,50 @@ class GatewayAgent:
                 # already given this job to another worker.
                 log.warning("could not send %s: %s", message.get("type"), exc)
 
+    def _send_results(self, items: list[dict[str, Any]]) -> None:
+        """Results in `results` messages to a server of version 2 (each encoded once), one
+        `done` a message to an older one."""
+        if not self._batched:
+            for item in items:
+                self._send({"type": "done", **item})
+            return
+        ws = self._ws
+        if ws is None:
+            return
+        for text in batches([encode(item) for item in items], '"type":"results","results":'):
+            with self._send_lock:
+                try:
+                    ws.send(text)
+                except (OSError, websockets.exceptions.WebSocketException) as exc:
+                    log.warning("could not send %d result(s): %s", len(items), exc)
+                    return
+
+    def _sent_all(self) -> bool:
+        return self._outbox is None or self._outbox.empty()
+
     def _beat(self) -> None:
         self._send({"type": "beat", "figures": self.tally.figures(draining=self.draining)})
 
     # --- one job ------------------------------------------------------------------------
     def _execute(self, job: Job) -> None:
+        done = None
         try:
-            self._work(job)
+            done = self._work(job)
         except Exception:
             log.exception("sub-query %s failed in this worker", job.get("sq_id"))
         finally:
-            self.tally.end(job["sq_id"])
+            self.tally.end(_tally_key(job))
+        if done is not None:
+            result, events = done
+            item = {"sq_id": job["sq_id"], "result": result, "events": events}
+            if self._outbox is not None:
+                self._outbox.put(item)
+            else:
+                self._send({"type": "done", **item})
 
-    def _work(self, job: Job) -> None:
-        """Fragments noted, the model asked, the Execute span (opened by the server) ended
-        and the signed result sent, all in one message."""
+    def _work(self, job: Job) -> tuple[Result, list[Event]]:
+        """Fragments noted, the model asked, the Execute span (opened by the server) ended:
+        the signed result and the span's events, to go in one message."""
         relay = Relay(job["run_id"], venue=self.venue, worker_id=self.worker_id)
         base: Result = {
             "run_id": job["run_id"],
@@ -236,8 +338,7 @@ class GatewayAgent:
         try:
             spec = on_device(served(ModelSpec.from_dict(job["model"])), attempt=job["attempt"])
         except ModelError as exc:
-            self._done(job, signed({**base, "status": "error", "error": str(exc)}), [])
-            return
+            return signed({**base, "status": "error", "error": str(exc)}), []
         extra: dict[str, Any] = job  # type: ignore[assignment]
         # The server opened the Execute span as it sent the job; this worker ends it.
         span = Span(
@@ -269,13 +370,9 @@ class GatewayAgent:
                 error = f"cannot attest: {exc}"
         if error:
             span.end("error", error=error, model=spec.label)
-            self._done(job, signed({**base, "status": "error", "error": error}), relay.take())
-            return
+            return signed({**base, "status": "error", "error": error}), relay.take()
         span.end("ok", model=spec.label, **reply_fields(reply))
-        self._done(job, signed(result), relay.take())
-
-    def _done(self, job: Job, result: Result, events: list[Event]) -> None:
-        self._send({"type": "done", "sq_id": job["sq_id"], "result": result, "events": events})
+        return signed(result), relay.take()
 
     # --- leaving ------------------------------------------------------------------------
     def leave(self) -> None:
@@ -286,6 +383,11 @@ class GatewayAgent:
             log.warning("worker %s deregistered", self.worker_id)
         except Exception as exc:  # noqa: BLE001 - leaving must not fail the exit
             log.error("could not deregister: %s (the gateway dropped it when it left)", exc)
+
+
+def _tally_key(job: Job) -> str:
+    # Two runs' sub-queries may share an sq_id.
+    return f"{job['run_id']}/{job['sq_id']}"
 
 
 def own_simulated_model() -> str:

@@ -1,10 +1,22 @@
 """What travels over the gateway's WebSocket, one JSON object a message, `type` first.
 
-server -> worker: challenge {nonce}, welcome {worker_id, venue, heartbeat_s}, job {job, with
-    the fragments' text and the id of the Execute span the server opened}, ping {t},
-    error {error, fix} (then the server closes).
-worker -> server: hello {worker_id, nonce, sig, slots}, done {sq_id, result, events: the
-    Execute span's end and Env.LoadFragment instants}, beat {figures}, pong {t}.
+server -> worker: challenge {nonce, version}, welcome {worker_id, venue, heartbeat_s, slots},
+    job {job, with the fragments' text and the id of the Execute span the server opened},
+    jobs {jobs: [job, ...]} (version 2), refused {results: [{sq_id, error}], fix}
+    (version 2), ping {t}, error {error, fix} (then the server closes).
+worker -> server: hello {worker_id, nonce, sig, slots, version}, done {sq_id, result,
+    events: the Execute span's end and Env.LoadFragment instants}, results {results:
+    [{sq_id, result, events}, ...]} (version 2), beat {figures}, pong {t}.
+
+Version 2 batches: jobs popped together go in one `jobs` message, and results that finish
+together in one `results` message, so the server spends one WebSocket message, one JSON
+decode and one Redis round trip on a batch, not on each job. Each result in a batch is
+still its own, signed by the worker, stamped by the server and checked by the conductor
+one by one; a result the server cannot relay (a job the worker does not hold, a malformed
+result or event) loses only itself, and the server says which and why in `refused`.
+Either side speaks version 2 only to a peer that said it speaks it (the challenge's
+`version`, the hello's): an older worker gets one `job` a message, an older server one
+`done` a message.
 
 WebSocket rather than HTTP long-poll: jobs reach a worker the moment they are queued, its
 results and heartbeats ride the same connection, and the server knows the instant the
@@ -19,7 +31,8 @@ from typing import Any
 
 from workers.jobs import Job
 
-VERSION = 1
+VERSION = 2
+BATCH_VERSION = 2  # the first version with `jobs`, `results` and `refused`
 PATH = "/ws/workers/gateway"
 # A job carries its fragments' text (at most workers.fragments.MAX_FRAGMENT_BYTES) and a
 # result a model's reply: both directions allow that much and no more.
@@ -27,6 +40,8 @@ MAX_MESSAGE_BYTES = 40 * 1024 * 1024
 # Span events a worker may report, and how many with one message.
 WORKER_EVENTS = frozenset({"SubQuery.Execute", "Env.LoadFragment"})
 MAX_EVENTS = 64
+# Results one `results` message may hold (a worker's slots are at most a few dozen).
+MAX_RESULTS = 256
 
 
 class ProtocolError(ValueError):
@@ -41,6 +56,30 @@ def hello_claim(worker_id: str, nonce: str) -> dict[str, str]:
 
 def encode(message: dict[str, Any]) -> str:
     return json.dumps(message, separators=(",", ":"), default=str)
+
+
+def batches(parts: list[str], head: str, limit: int = MAX_MESSAGE_BYTES) -> list[str]:
+    """Messages `{<head>[<part>,...]}` of JSON texts already encoded, each at most `limit`
+    bytes (a part larger than that alone goes alone): each job's or result's text is
+    encoded once, not again inside its batch. `head` opens the object up to the list's
+    bracket, e.g. '"type":"jobs","jobs":'."""
+    messages: list[str] = []
+    batch: list[str] = []
+    size = len(head) + 4
+    for part in parts:
+        if batch and size + len(part) + 1 > limit:
+            messages.append("{" + head + "[" + ",".join(batch) + "]}")
+            batch, size = [], len(head) + 4
+        batch.append(part)
+        size += len(part) + 1
+    if batch:
+        messages.append("{" + head + "[" + ",".join(batch) + "]}")
+    return messages
+
+
+def speaks_batches(version: Any) -> bool:
+    """Whether a peer that announced `version` takes `jobs`, `results` and `refused`."""
+    return isinstance(version, int) and not isinstance(version, bool) and version >= BATCH_VERSION
 
 
 def decode(text: str | bytes | None) -> dict[str, Any]:

@@ -2,13 +2,15 @@
 
 1. challenge: the worker proves it holds its registered key by signing a fresh nonce
    (no strike when it cannot: an unauthenticated caller is nobody's fault but its own);
-2. pump: while the worker has a free slot, take the next job of its own queue or its
-   venue's (the same Redis lists Celery workers consume, so the conductor cannot tell the
-   two kinds apart), tell the conductor who holds it, open its Execute span, read its
-   fragments here (byte range, sha256) and send it;
+2. pump: while the worker has free slots, take as many jobs as it has free slots from its
+   own queue, then its venue's (the same Redis lists Celery workers consume, so the
+   conductor cannot tell the two kinds apart), tell the conductor who holds each, open
+   their Execute spans (all in one Redis round trip), read their fragments here (byte
+   range, sha256) and send them, together to a worker that speaks version 2;
 3. relay: the worker's results and span events go to the run's result stream and the event
-   stream, stamped with the identity it proved; a result for a job it does not hold, or an
-   event of another kind or another run, is dropped;
+   stream, stamped with the identity it proved (a batch of results in one round trip); a
+   result for a job it does not hold, or an event of another kind or another run, is
+   dropped (workers/gateway/relay.py);
 4. watch: a ping each heartbeat measures the round trip; a worker silent past three
    heartbeats, or whose connection drops, leaves presence at once, and each run it held
    work of is told to look (a `lost` hint), so the conductor re-dispatches within one read.
@@ -17,7 +19,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import logging
 import os
@@ -41,15 +42,17 @@ from frlm_web.redis_client import OUTAGE_ERRORS, RETRY_ATTEMPTS, RETRY_BACKOFF, 
 from traces.emitter import APPEND_LUA, append_args
 from workers import fragments, keys, services
 from workers.gateway.protocol import (
-    MAX_EVENTS,
+    MAX_RESULTS,
     VERSION,
-    WORKER_EVENTS,
     ProtocolError,
+    batches,
     celery_job,
     decode,
     encode,
     hello_claim,
+    speaks_batches,
 )
+from workers.gateway.relay import Held, NotHeld, Relayed, checked, named
 from workers.jobs import Job, cancelled_key, encode_result, results_stream
 from workers.models import Worker
 from workers.venues import Link, presence_group
@@ -61,7 +64,25 @@ RunContext = Callable[[str], "str | None"]
 HELLO_TIMEOUT_S = 10.0
 # Seconds a pump waits on the queues before it looks again whether it should stop.
 POP_WAIT_S = 1
-EVENT_KEYS = ("ms", "bytes", "tokens_in", "tokens_out", "cost", "payload_ref")
+# Up to ARGV[1] messages off the lists in KEYS, the first list drained first (the worker's
+# own queue before its venue's, as BRPOP orders them): the jobs for a worker's free slots
+# in one round trip. RPOP with a count needs Redis 6.2.
+POP_LUA = """
+local want = tonumber(ARGV[1])
+local out = {}
+for _, key in ipairs(KEYS) do
+  if #out >= want then break end
+  local got = redis.call('RPOP', key, want - #out)
+  if got then
+    for _, raw in ipairs(got) do out[#out + 1] = raw end
+  end
+end
+return out
+"""
+REFUSED_FIX = (
+    "send each result as workers/gateway/protocol.py says: for a job this worker holds, "
+    "with status ok, error or cancelled, ending only the Execute span it was given"
+)
 
 
 @functools.cache
@@ -80,18 +101,6 @@ def _async_redis(loop_id: int) -> aioredis.Redis:
 def async_redis() -> aioredis.Redis:
     """One asyncio client (and pool) per event loop: daphne runs one."""
     return _async_redis(id(asyncio.get_running_loop()))
-
-
-@dataclasses.dataclass
-class Held:
-    """A job the worker holds: given to it and not yet answered, and its Execute span."""
-
-    run_id: str
-    sq_id: str
-    submit_span: str
-    execute_span: str
-    depth: int
-    model: str  # the model the job asks for
 
 
 class GatewayConsumer(AsyncWebsocketConsumer):
@@ -197,7 +206,12 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             self._hello_timer.cancel()
         if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
             slots = worker.concurrency
-        self.link = WorkerLink(self, worker, min(slots, worker.concurrency))
+        self.link = WorkerLink(
+            self,
+            worker,
+            min(slots, worker.concurrency),
+            batched=speaks_batches(message.get("version")),
+        )
         await self.link.start()
 
 
@@ -208,13 +222,17 @@ def _load_worker(worker_id: str) -> Worker | None:
 class WorkerLink:
     """An authenticated worker's session: its pump, its watch, the jobs it holds."""
 
-    def __init__(self, consumer: GatewayConsumer, worker: Worker, slots: int) -> None:
+    def __init__(
+        self, consumer: GatewayConsumer, worker: Worker, slots: int, *, batched: bool = False
+    ) -> None:
         self.consumer = consumer
         self.worker = worker
         self.slots = slots
+        self.batched = batched  # it speaks protocol version 2: `jobs`, `results`, `refused`
         self.venue = worker.venue.name
         self.queues = [worker.queue, worker.venue.queue]
-        self.held: dict[str, Held] = {}
+        # Keyed by run and sub-query: two runs' sub-queries may share an sq_id.
+        self.held: dict[tuple[str, str], Held] = {}
         self.room = asyncio.Event()
         self.draining = False
         self.heard = time.monotonic()
@@ -262,8 +280,8 @@ class WorkerLink:
         if self.held:
             pipe = self.redis.pipeline(transaction=False)
             ends = []
-            for sq_id, held in self.held.items():
-                hint = {"run_id": held.run_id, "sq_id": sq_id, "status": "lost"}
+            for held in self.held.values():
+                hint = {"run_id": held.run_id, "sq_id": held.sq_id, "status": "lost"}
                 pipe.xadd(results_stream(held.run_id), {**hint, "worker_id": self.worker.id})
                 ends.append(
                     self._execute_event(held, "end", "abandoned", error=f"worker lost: {why}")
@@ -275,8 +293,11 @@ class WorkerLink:
         )
 
     # --- jobs out -----------------------------------------------------------------------
+    def _free(self) -> int:
+        return 0 if self.draining else max(0, self.slots - len(self.held))
+
     def _update_room(self) -> None:
-        if len(self.held) < self.slots and not self.draining:
+        if self._free():
             self.room.set()
         else:
             self.room.clear()
@@ -285,76 +306,118 @@ class WorkerLink:
         try:
             while True:
                 await self.room.wait()
-                popped = await self.redis.brpop(self.queues, timeout=POP_WAIT_S)
-                if popped is None:
-                    continue
-                await self._take(popped[1])
+                raws = await self._pop(self._free())
+                if not raws:
+                    popped = await self.redis.brpop(self.queues, timeout=POP_WAIT_S)
+                    if popped is None:
+                        continue
+                    # What was queued with it goes out with it.
+                    raws = [popped[1], *await self._pop(self._free() - 1)]
+                await self._take(raws)
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("gateway: the pump of worker %s failed", self.worker.id)
             await self.consumer.close(code=1011)
 
-    async def _take(self, raw: bytes) -> None:
-        """One message off a queue: claimed for this worker, filled, sent."""
+    async def _pop(self, count: int) -> list[bytes]:
+        """Up to `count` messages off its queues without waiting, its own queue first."""
+        if count < 1:
+            return []
+        return await self.redis.eval(POP_LUA, len(self.queues), *self.queues, count)  # type: ignore[misc]
+
+    def _parse(self, raw: bytes) -> Job | None:
+        """The sub-query job in a queue's message, or None for one nobody should run."""
         try:
             task, job = celery_job(raw)
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             log.error("gateway: a message on %s is not a Celery task: %s", self.queues, exc)
-            return
+            return None
         if task != SUBQUERY_TASK:
             log.error("gateway: %s is not a sub-query task; dropped", task[:80])
-            return
-        run_id, sq_id = job["run_id"], job["sq_id"]
+            return None
         if job["deadline"] < time.time():
-            return  # nobody wants it any more (the conductor has moved on)
-        held = self.held[sq_id] = Held(
-            run_id,
-            sq_id,
-            job["submit_span"],
-            secrets.token_hex(8),
-            job["depth"],
-            str(job["model"].get("model", "")),
-        )
+            return None  # nobody wants it any more (the conductor has moved on)
+        return job
+
+    async def _take(self, raws: list[bytes]) -> None:
+        """Messages off a queue: claimed for this worker, filled, sent."""
+        jobs = [job for job in map(self._parse, raws) if job is not None]
+        if not jobs:
+            return
+        ids = _ids(2 * len(jobs))  # an Execute span and its start event's id for each
+        helds = []
+        for i, job in enumerate(jobs):
+            held = Held(
+                job["run_id"],
+                job["sq_id"],
+                job["submit_span"],
+                ids[2 * i],
+                job["depth"],
+                str(job["model"].get("model", "")),
+            )
+            self.held[held.key] = held
+            helds.append(held)
         self._update_room()
-        # In one round trip: who holds it, before anything else can go wrong (if this
+        # In one round trip: who holds each, before anything else can go wrong (if this
         # worker vanishes now, the conductor knows which job to send elsewhere); the start
         # of its Execute span, which the server opens as it hands the job over (the worker
         # ends it: one message a job from the worker, not two); and whether it was
         # cancelled meanwhile (then the claim is a late reply the conductor ignores).
-        claim = {
-            "run_id": run_id,
-            "sq_id": sq_id,
-            "venue": self.venue,
-            "worker_id": self.worker.id,
-            "status": "started",
-        }
-        start = self._execute_event(held, "start", "ok")
         pipe = self.redis.pipeline(transaction=False)
-        pipe.sismember(cancelled_key(run_id), sq_id)
-        pipe.xadd(results_stream(run_id), encode_result(claim))  # type: ignore[arg-type]
-        pipe.eval(APPEND_LUA, 0, *append_args([start]))  # type: ignore[list-item]
-        cancelled, _, _ = await pipe.execute()
-        if cancelled:
-            del self.held[sq_id]
+        starts = []
+        for i, held in enumerate(helds):
+            claim = {
+                "run_id": held.run_id,
+                "sq_id": held.sq_id,
+                "venue": self.venue,
+                "worker_id": self.worker.id,
+                "status": "started",
+            }
+            pipe.sismember(cancelled_key(held.run_id), held.sq_id)
+            pipe.xadd(results_stream(held.run_id), encode_result(claim))  # type: ignore[arg-type]
+            starts.append(self._execute_event(held, "start", "ok", event_id=ids[2 * i + 1]))
+        pipe.eval(APPEND_LUA, 0, *append_args(starts))  # type: ignore[arg-type]
+        replies = await pipe.execute()
+        ends, going = [], []
+        for job, held, cancelled in zip(jobs, helds, replies[0:-1:2], strict=True):
+            if cancelled:
+                del self.held[held.key]
+                ends.append(self._execute_event(held, "end", "cancelled", ms=0.0))
+            else:
+                going.append((job, held))
+        if ends:
             self._update_room()
-            end = self._execute_event(held, "end", "cancelled", ms=0.0)
-            await self._append([end])
-            return
-        if fragments.MARKER_OPEN in job["prompt"]:
-            outgoing = await database_sync_to_async(_filled, thread_sensitive=False)(
-                job, self.run_context
+            await self._append(ends)
+        if going:
+            await self._send_jobs(going)
+
+    async def _send_jobs(self, going: list[tuple[Job, Held]]) -> None:
+        """The jobs with their fragments' text (read in one worker thread for all of them)
+        and their Execute spans' ids: in `jobs` messages to a worker of version 2, each
+        job's text encoded once; one `job` a message to an older one."""
+        if any(fragments.MARKER_OPEN in job["prompt"] for job, _ in going):
+            outgoing = await database_sync_to_async(_all_filled, thread_sensitive=False)(
+                [job for job, _ in going], self.run_context
             )
         else:
-            outgoing = dict(job)
-        outgoing["execute_span"] = held.execute_span
-        await self.consumer.send(encode({"type": "job", "job": outgoing}))
+            outgoing = [dict(job) for job, _ in going]
+        for job, (_, held) in zip(outgoing, going, strict=True):
+            job["execute_span"] = held.execute_span
+        if not self.batched:
+            for job in outgoing:
+                await self.consumer.send(encode({"type": "job", "job": job}))
+            return
+        for text in batches([encode(job) for job in outgoing], '"type":"jobs","jobs":'):
+            await self.consumer.send(text)
 
-    def _execute_event(self, held: Held, phase: str, status: str, **fields: Any) -> dict[str, Any]:
+    def _execute_event(
+        self, held: Held, phase: str, status: str, *, event_id: str = "", **fields: Any
+    ) -> dict[str, Any]:
         """An event of the job's Execute span, in this worker's name."""
         event: dict[str, Any] = {
             "run_id": held.run_id,
-            "event_id": secrets.token_hex(8),
+            "event_id": event_id or secrets.token_hex(8),
             "span_id": held.execute_span,
             "parent_id": held.submit_span,
             "links": [],
@@ -383,7 +446,9 @@ class WorkerLink:
     async def on_message(self, message: dict[str, Any]) -> None:
         self.heard = time.monotonic()
         kind = message["type"]
-        if kind == "done":
+        if kind == "results":
+            await self._results(message)
+        elif kind == "done":
             await self._done(message)
         elif kind == "beat":
             await self._beat(message.get("figures"))
@@ -395,85 +460,82 @@ class WorkerLink:
             raise ProtocolError(f"unknown message type {kind[:40]!r}")
 
     async def _done(self, message: dict[str, Any]) -> None:
-        held = self._held(message)
-        result = message.get("result")
-        if held is None:
+        """One result (version 1): a malformed one breaks the protocol and closes the
+        connection; one for a job the worker does not hold is dropped."""
+        try:
+            relayed = checked(message, self.held, self.venue, self.worker.id)
+        except NotHeld as exc:
+            log.warning("gateway: worker %s: %s; dropped", self.worker.id, exc)
             return
-        if not isinstance(result, dict) or result.get("status") not in ("ok", "error", "cancelled"):
-            raise ProtocolError("done needs a result with status ok, error or cancelled")
-        events = self._events(message, held)
-        sq_id = str(message["sq_id"])
-        # The server's word on who, which run and which venue; the worker's signature
-        # covers them, so a worker that signed for another identity fails at the conductor.
-        stamped = {
-            **{k: v for k, v in result.items() if isinstance(v, str | int | float)},
-            "run_id": held.run_id,
-            "sq_id": sq_id,
-            "venue": self.venue,
-            "worker_id": self.worker.id,
-        }
+        await self._relay([relayed], [])
+
+    async def _results(self, message: dict[str, Any]) -> None:
+        """Several results (version 2), each checked alone: one that cannot be relayed
+        loses only itself, and the worker is told which and why (`refused`); one for a job
+        it holds ends that job, its Execute span closed as an error."""
+        items = message.get("results")
+        if not isinstance(items, list) or not 1 <= len(items) <= MAX_RESULTS:
+            raise ProtocolError(f"results must be a list of 1 to {MAX_RESULTS} results")
+        relayed: list[Relayed] = []
+        refused: list[dict[str, str]] = []
+        dropped: list[tuple[Held, str]] = []  # held jobs whose result was refused
+        seen: set[tuple[str, str]] = set()
+        for item in items:
+            try:
+                one = checked(item, self.held, self.venue, self.worker.id, seen=seen)
+            except ProtocolError as exc:
+                sq_id = item.get("sq_id") if isinstance(item, dict) else None
+                refused.append({"sq_id": str(sq_id)[:40], "error": str(exc)})
+                held = None if isinstance(exc, NotHeld) else named(item, self.held)
+                if held is not None and held.key not in seen:
+                    seen.add(held.key)
+                    dropped.append((held, str(exc)))
+                continue
+            seen.add(one.held.key)
+            relayed.append(one)
+        await self._relay(relayed, dropped)
+        if refused:
+            log.warning(
+                "gateway: worker %s: %d result(s) refused: %s",
+                self.worker.id,
+                len(refused),
+                refused[0]["error"],
+            )
+            await self.consumer.send(
+                encode({"type": "refused", "results": refused, "fix": REFUSED_FIX})
+            )
+
+    async def _relay(self, relayed: list[Relayed], dropped: list[tuple[Held, str]]) -> None:
+        """The results and their events on the runs' streams, with the ends of the Execute
+        spans of jobs whose result was refused, and the next jobs for the slots they free:
+        one round trip. (The conductor hears nothing of a refused result: to it the job is
+        still running, until its sub-query timeout sends it elsewhere.)"""
+        ends = [
+            self._execute_event(held, "end", "error", error=f"refused: {why}")
+            for held, why in dropped
+        ]
+        events = [*ends, *(event for one in relayed for event in one.events)]
+        if not events and not relayed:
+            return
         pipe = self.redis.pipeline(transaction=False)
         if events:
-            pipe.eval(APPEND_LUA, 0, *append_args(events))
-        pipe.xadd(results_stream(held.run_id), encode_result(stamped))  # type: ignore[arg-type]
-        await pipe.execute()
-        del self.held[sq_id]
+            pipe.eval(APPEND_LUA, 0, *append_args(events))  # type: ignore[arg-type]
+        for one in relayed:
+            stream = results_stream(one.held.run_id)
+            pipe.xadd(stream, encode_result(one.result))  # type: ignore[arg-type]
+        # Only the slots these results free: the pump fills the others, so the two never
+        # take more than the worker's slots between them.
+        freed = 0 if self.draining else len(relayed) + len(dropped)
+        if freed:
+            pipe.eval(POP_LUA, len(self.queues), *self.queues, freed)
+        replies = await pipe.execute()
+        for held in [*(one.held for one in relayed), *(held for held, _ in dropped)]:
+            self.held.pop(held.key, None)
+        # No await between freeing the slots and filling them (_take holds its jobs
+        # before its first await): the pump never sees them free.
+        if freed and replies[-1]:
+            await self._take(replies[-1])
         self._update_room()
-
-    def _held(self, message: dict[str, Any]) -> Held | None:
-        sq_id = message.get("sq_id")
-        held = self.held.get(sq_id) if isinstance(sq_id, str) else None
-        if held is None:
-            log.warning(
-                "gateway: worker %s spoke of a job it does not hold (%r); dropped",
-                self.worker.id,
-                str(sq_id)[:40],
-            )
-        return held
-
-    def _events(self, message: dict[str, Any], held: Held) -> list[dict[str, Any]]:
-        """The worker's span events of this job, rebuilt from known fields only, with the
-        run, venue and worker set by the server."""
-        raw = message.get("events") or []
-        if not isinstance(raw, list) or len(raw) > MAX_EVENTS:
-            raise ProtocolError(f"events must be a list of at most {MAX_EVENTS}")
-        events = []
-        for item in raw:
-            if not isinstance(item, dict) or item.get("name") not in WORKER_EVENTS:
-                raise ProtocolError("a worker reports only " + ", ".join(sorted(WORKER_EVENTS)))
-            # The worker ends the Execute span the server opened, and hangs its instants
-            # under it; nothing else.
-            if item["name"] == "SubQuery.Execute":
-                if item.get("span_id") != held.execute_span or item.get("phase") != "end":
-                    raise ProtocolError("a worker only ends the Execute span it was given")
-                parent = held.submit_span
-            else:
-                parent = held.execute_span
-            if item.get("parent_id") != parent:
-                raise ProtocolError(f"a {item['name']} event hangs under the wrong span")
-            attrs = item.get("attrs") if isinstance(item.get("attrs"), dict) else {}
-            event = {
-                "run_id": held.run_id,
-                "event_id": str(item.get("event_id", ""))[:32] or secrets.token_hex(8),
-                "span_id": str(item.get("span_id", ""))[:32] or secrets.token_hex(8),
-                "parent_id": parent,
-                "links": [],
-                "name": item["name"],
-                "phase": item.get("phase")
-                if item.get("phase") in ("start", "end", "instant")
-                else "instant",
-                "ts": item["ts"] if isinstance(item.get("ts"), int) else time.time_ns(),
-                "status": str(item.get("status", "ok"))[:16],
-                "venue": self.venue,
-                "worker_id": self.worker.id,
-                "depth": item["depth"] if isinstance(item.get("depth"), int) else 0,
-                "attrs": attrs,
-            }
-            for key in EVENT_KEYS:
-                if isinstance(item.get(key), int | float | str) and not isinstance(item[key], bool):
-                    event[key] = item[key]
-            events.append(event)
-        return events
 
     async def _append(self, events: list[dict[str, Any]]) -> None:
         if events:
@@ -514,6 +576,20 @@ class WorkerLink:
 
 def _withdraw(venue: str, worker_id: str) -> None:
     presence.withdraw(get_redis(), presence_group(venue), worker_id)
+
+
+def _ids(count: int) -> list[str]:
+    """`count` random ids of 16 hex digits, from one read of the system's random source
+    (a system call is dear here: one per id was a tenth of a job's hand-off)."""
+    pool = os.urandom(8 * count).hex()
+    return [pool[i : i + 16] for i in range(0, 16 * count, 16)]
+
+
+def _all_filled(jobs: list[Job], run_context: RunContext) -> list[dict[str, Any]]:
+    return [
+        _filled(job, run_context) if fragments.MARKER_OPEN in job["prompt"] else dict(job)
+        for job in jobs
+    ]
 
 
 def _filled(job: Job, run_context: RunContext) -> dict[str, Any]:

@@ -1,0 +1,134 @@
+"""What the gateway relays of a worker's result: only for a job the worker holds, its result
+and span events rebuilt from known fields, with run, venue and worker set by the server.
+Plain functions over the jobs a connection holds (workers/gateway/server.py keeps them)."""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import time
+from typing import Any
+
+from workers.gateway.protocol import MAX_EVENTS, WORKER_EVENTS, ProtocolError
+
+EVENT_KEYS = ("ms", "bytes", "tokens_in", "tokens_out", "cost", "payload_ref")
+STATUSES = ("ok", "error", "cancelled")
+
+
+@dataclasses.dataclass
+class Held:
+    """A job the worker holds: given to it and not yet answered, and its Execute span."""
+
+    run_id: str
+    sq_id: str
+    submit_span: str
+    execute_span: str
+    depth: int
+    model: str  # the model the job asks for
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.run_id, self.sq_id)
+
+
+@dataclasses.dataclass
+class Relayed:
+    """A result fit to relay: the job it answers, the result as the server stamps it, and
+    the worker's events of that job."""
+
+    held: Held
+    result: dict[str, Any]
+    events: list[dict[str, Any]]
+
+
+class NotHeld(ProtocolError):
+    """A result for a job this worker does not hold (any more)."""
+
+
+def named(item: Any, held: dict[tuple[str, str], Held]) -> Held | None:
+    """The held job a worker's result names (by its run and sub-query), if any."""
+    if not isinstance(item, dict) or not isinstance(item.get("result"), dict):
+        return None
+    run_id, sq_id = item["result"].get("run_id"), item.get("sq_id")
+    if not isinstance(run_id, str) or not isinstance(sq_id, str):
+        return None
+    return held.get((run_id, sq_id))
+
+
+def checked(
+    item: Any,
+    held: dict[tuple[str, str], Held],
+    venue: str,
+    worker_id: str,
+    *,
+    seen: set[tuple[str, str]] | None = None,
+) -> Relayed:
+    """One result {sq_id, result, events} of a job in `held` (and not in `seen`: answered
+    earlier in the same message), ready to relay; NotHeld or ProtocolError says why not."""
+    job = named(item, held)
+    if job is None or (seen is not None and job.key in seen):
+        sq_id = item.get("sq_id") if isinstance(item, dict) else None
+        raise NotHeld(
+            f"this worker holds no job {str(sq_id)[:40]!r} of that run (answered already, "
+            "or never given to it)"
+        )
+    result = item["result"]
+    if result.get("status") not in STATUSES:
+        raise ProtocolError("a result's status must be ok, error or cancelled")
+    events = worker_events(item.get("events"), job, venue, worker_id)
+    # The server's word on who, which run and which venue; the worker's signature covers
+    # them, so a worker that signed for another identity fails at the conductor.
+    stamped = {
+        **{k: v for k, v in result.items() if isinstance(v, str | int | float)},
+        "run_id": job.run_id,
+        "sq_id": job.sq_id,
+        "venue": venue,
+        "worker_id": worker_id,
+    }
+    return Relayed(job, stamped, events)
+
+
+def worker_events(raw: Any, job: Held, venue: str, worker_id: str) -> list[dict[str, Any]]:
+    """The worker's span events of this job, rebuilt from known fields only, with the
+    run, venue and worker set by the server."""
+    raw = raw or []
+    if not isinstance(raw, list) or len(raw) > MAX_EVENTS:
+        raise ProtocolError(f"events must be a list of at most {MAX_EVENTS}")
+    return [_event(item, job, venue, worker_id) for item in raw]
+
+
+def _event(item: Any, job: Held, venue: str, worker_id: str) -> dict[str, Any]:
+    if not isinstance(item, dict) or item.get("name") not in WORKER_EVENTS:
+        raise ProtocolError("a worker reports only " + ", ".join(sorted(WORKER_EVENTS)))
+    # The worker ends the Execute span the server opened, and hangs its instants under
+    # it; nothing else.
+    if item["name"] == "SubQuery.Execute":
+        if item.get("span_id") != job.execute_span or item.get("phase") != "end":
+            raise ProtocolError("a worker only ends the Execute span it was given")
+        parent = job.submit_span
+    else:
+        parent = job.execute_span
+    if item.get("parent_id") != parent:
+        raise ProtocolError(f"a {item['name']} event hangs under the wrong span")
+    attrs = item.get("attrs") if isinstance(item.get("attrs"), dict) else {}
+    event = {
+        "run_id": job.run_id,
+        "event_id": str(item.get("event_id", ""))[:32] or secrets.token_hex(8),
+        "span_id": str(item.get("span_id", ""))[:32] or secrets.token_hex(8),
+        "parent_id": parent,
+        "links": [],
+        "name": item["name"],
+        "phase": item.get("phase")
+        if item.get("phase") in ("start", "end", "instant")
+        else "instant",
+        "ts": item["ts"] if isinstance(item.get("ts"), int) else time.time_ns(),
+        "status": str(item.get("status", "ok"))[:16],
+        "venue": venue,
+        "worker_id": worker_id,
+        "depth": item["depth"] if isinstance(item.get("depth"), int) else 0,
+        "attrs": attrs,
+    }
+    for key in EVENT_KEYS:
+        if isinstance(item.get(key), int | float | str) and not isinstance(item[key], bool):
+            event[key] = item[key]
+    return event
