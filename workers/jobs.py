@@ -31,7 +31,9 @@ class Job(TypedDict):
 class Result(TypedDict, total=False):
     run_id: str
     sq_id: str
-    status: str  # started | ok | error | cancelled | lost (the gateway: look at presence now)
+    # started | ok | error | cancelled; the gateway's: lost (look at presence now), refused
+    # (it refused the holder's result: try the job again now)
+    status: str
     text: str
     error: str
     tokens_in: int

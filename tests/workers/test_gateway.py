@@ -377,9 +377,14 @@ def test_a_result_that_breaks_the_protocol_is_refused_alone_and_the_rest_relayed
     answered = {
         f[b"sq_id"].decode(): f[b"worker_id"].decode()
         for _, f in entries
-        if f[b"status"] not in (b"started", b"lost")  # lost: the last four, on closing
+        if f[b"status"] not in (b"started", b"lost", b"refused")  # lost: the last four
     }
     assert answered == {"1.1": wid, "4.1": wid}
+    # The conductor is told of each held job whose result was refused (9.1 was never held).
+    told = {f[b"sq_id"].decode(): f for _, f in entries if f[b"status"] == b"refused"}
+    assert set(told) == {"2.1", "3.1"}
+    assert all(f[b"worker_id"].decode() == wid for f in told.values())
+    assert b"status must be ok, error or cancelled" in told["2.1"][b"error"]
     ends = _execute_ends(run_id, {f"{i}.1" for i in range(1, 9)})
     assert {sq: ends[sq]["status"] for sq in ("1.1", "2.1", "3.1", "4.1")} == {
         "1.1": "ok",
@@ -445,6 +450,38 @@ def test_a_forged_signature_in_a_batch_loses_only_that_result(web, venues) -> No
     ]
     assert len(accepted) >= len(first) - 1 + len(answered) > 0
     assert get_redis().get(strikes_key(wid)) is not None
+
+
+def test_a_refused_result_sends_its_job_elsewhere_at_once_not_at_its_timeout(web, venues) -> None:
+    """A result the gateway refuses never reaches the conductor; the gateway tells it the
+    job's holder will not answer, so the job is tried again now (a SubQuery.Retry naming
+    the refusal) instead of when its sub-query timeout (60 s here) runs out."""
+    wid, key = _registered("refused-retry", venue="refretry", concurrency=8)
+    with connect(ws_url(web), open_timeout=10) as ws:
+        assert _hello(ws, wid, key, 2)["type"] == "welcome"
+        run = launch(
+            task="sniah",
+            tokens=60_000,
+            seed=5,
+            venues=["refretry"],
+            policy={"subquery_timeout_s": 60, "hedge": "off"},
+        )
+        first = _jobs(_next(ws, {"job", "jobs"}))
+        items = [
+            _answer(job, wid, key, status="finished" if job is first[0] else "ok") for job in first
+        ]
+        sent_at = time.time()
+        ws.send(json.dumps({"type": "results", "results": items}))
+        _serve(ws, run, wid, key, forge=set())
+        took = time.time() - sent_at
+
+    run.refresh_from_db()
+    assert run.status == "succeeded", run.error
+    assert took < 30, f"the run waited {took:.0f} s: the refused job sat out its timeout"
+    retries = [e for e in named(trace(run), "SubQuery.Retry") if "refused" in e["attrs"]["reason"]]
+    assert retries, "the refused job was not tried again"
+    assert "status must be ok, error or cancelled" in retries[0]["attrs"]["reason"]
+    assert retries[0]["ts"] / 1e9 - sent_at < 10
 
 
 def test_batches_keep_each_message_within_the_size_limit() -> None:

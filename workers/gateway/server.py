@@ -508,8 +508,9 @@ class WorkerLink:
     async def _relay(self, relayed: list[Relayed], dropped: list[tuple[Held, str]]) -> None:
         """The results and their events on the runs' streams, with the ends of the Execute
         spans of jobs whose result was refused, and the next jobs for the slots they free:
-        one round trip. (The conductor hears nothing of a refused result: to it the job is
-        still running, until its sub-query timeout sends it elsewhere.)"""
+        one round trip. The conductor is told of each refused one (status `refused`, the
+        worker stamped here, the reason), so it sends that job elsewhere at once instead of
+        waiting for its sub-query timeout."""
         ends = [
             self._execute_event(held, "end", "error", error=f"refused: {why}")
             for held, why in dropped
@@ -523,6 +524,10 @@ class WorkerLink:
         for one in relayed:
             stream = results_stream(one.held.run_id)
             pipe.xadd(stream, encode_result(one.result))  # type: ignore[arg-type]
+        for held, why in dropped:
+            refusal = {"run_id": held.run_id, "sq_id": held.sq_id, "status": "refused"}
+            refusal |= {"worker_id": self.worker.id, "error": why[:300]}
+            pipe.xadd(results_stream(held.run_id), refusal)  # type: ignore[arg-type]
         # Only the slots these results free: the pump fills the others, so the two never
         # take more than the worker's slots between them.
         freed = 0 if self.draining else len(relayed) + len(dropped)

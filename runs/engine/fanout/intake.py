@@ -55,6 +55,15 @@ class Intake:
             self.router.look_again()
             return
         problem = self._check_sender(flight, wid)
+        if status == "refused":
+            # The gateway refused its holder's result (workers/gateway/relay.py): that
+            # worker will not answer it, so it is tried again now, not at its timeout.
+            if problem is None:
+                self.attempts.abandon(flight, wave)
+                self.router.observe(flight, False)
+                reason = f"the gateway refused worker {wid}'s result: {result.get('error', '')}"
+                self.attempts.retry_or_settle(flight, "error", reason, wave)
+            return
         if problem is None and status in ("ok", "error"):
             problem = self._check_signature(result, wid)
         if problem is not None:
