@@ -124,3 +124,48 @@ def test_a_full_replay_follows_the_recorded_hedges_and_diffs_clean(swarm_factory
     hedged = {e["attrs"]["attempt"] for e in named(events, "SubQuery.Hedge")}
     assert hedged == {e["attrs"]["attempt"] for e in hedges}
     assert run_diff(original.id, copy.id)["first_divergence"] is None
+
+
+def test_a_full_replay_follows_the_recorded_retries_and_quorum_cut_and_diffs_clean(
+    swarm_factory, subprocess_env
+):
+    """The original's workers failed some attempts (retried elsewhere, some given up on) and
+    its quorum cut off the slow worker's sub-queries. The replay's workers answer every job
+    from the recording at once: deciding again it would retry nothing and cut off others.
+    It follows the recording's attempts and cut instead."""
+    swarm_factory("refail", 6, latency=60, failure_rate=0.3, slow_share=0.17, slow_factor=25)
+    batch = "rs = llm_query_batched(['f %d' % i for i in range(40)])\nprint(len(rs))"
+    policy = {
+        "explore": 0,
+        "hedge": "off",
+        "quorum": 0.8,
+        "max_retries": 1,
+        "subquery_timeout_s": 30,
+    }
+    original = finish(
+        launch(question=scripted(batch, "FINAL('done')"), venues=["refail"], policy=policy)
+    )
+    assert original.status == "succeeded", original.error
+    before = trace(original)
+    retries, cancels = named(before, "SubQuery.Retry"), named(before, "SubQuery.Cancel")
+    assert retries, "the original's failing workers should have made it retry"
+    assert cancels and all("quorum of 32/40" in e["attrs"]["reason"] for e in cancels)
+
+    done = replay(subprocess_env, original.id, "--json")
+    assert done.returncode == 0, done.stderr
+    copy = Run.objects.get(id=json.loads(done.stdout)["run_id"])
+    after = trace(copy)
+
+    # Sub-queries are numbered alike in both runs: the same attempts retried and cut off.
+    def sq_ids(events: list[dict], name: str) -> Counter:
+        return Counter(e["attrs"]["sq_id"] for e in named(events, name))
+
+    assert sq_ids(after, "SubQuery.Cancel") == sq_ids(before, "SubQuery.Cancel")
+    executes = Counter(e["attrs"]["sq_id"] for e in named(before, "SubQuery.Execute", "start"))
+    assert Counter(e["attrs"]["sq_id"] for e in named(after, "SubQuery.Execute", "start")) == (
+        executes
+    )
+    assert len(named(after, "SubQuery.Retry")) == len(retries)
+    failed = Counter(e["status"] for e in named(before, "SubQuery.Submit", "end"))
+    assert Counter(e["status"] for e in named(after, "SubQuery.Submit", "end")) == failed
+    assert run_diff(original.id, copy.id)["first_divergence"] is None
