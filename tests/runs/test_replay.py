@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections import Counter
 
 import pytest
 
 from runs.models import Run
 from tests.helpers import finish, launch, named, scripted, trace
+from traces import store
 from traces.diff import run_diff
 
 pytestmark = [pytest.mark.stack]
@@ -24,6 +26,18 @@ def replay(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
         text=True,
         timeout=120,
     )
+
+
+def settled(run: Run, quiet_s: float = 3.0) -> list[dict]:
+    """The run's stored events once none has come for `quiet_s`: the workers of attempts it
+    cut off end their Execute spans after the run has ended (a slow one, seconds after)."""
+    events, quiet_since = trace(run), time.monotonic()
+    while time.monotonic() - quiet_since < quiet_s:
+        time.sleep(0.5)
+        now = store.read_events(run.id)
+        if len(now) != len(events):
+            events, quiet_since = now, time.monotonic()
+    return events
 
 
 def shape(events: list[dict]) -> Counter:
@@ -146,7 +160,7 @@ def test_a_full_replay_follows_the_recorded_retries_and_quorum_cut_and_diffs_cle
         launch(question=scripted(batch, "FINAL('done')"), venues=["refail"], policy=policy)
     )
     assert original.status == "succeeded", original.error
-    before = trace(original)
+    before = settled(original)  # the replay reads its book from the whole recording
     retries, cancels = named(before, "SubQuery.Retry"), named(before, "SubQuery.Cancel")
     assert retries, "the original's failing workers should have made it retry"
     assert cancels and all("quorum of 32/40" in e["attrs"]["reason"] for e in cancels)
@@ -154,7 +168,7 @@ def test_a_full_replay_follows_the_recorded_retries_and_quorum_cut_and_diffs_cle
     done = replay(subprocess_env, original.id, "--json")
     assert done.returncode == 0, done.stderr
     copy = Run.objects.get(id=json.loads(done.stdout)["run_id"])
-    after = trace(copy)
+    after = settled(copy)
 
     # Sub-queries are numbered alike in both runs: the same attempts retried and cut off.
     def sq_ids(events: list[dict], name: str) -> Counter:
