@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from frlm_web.money import ZERO
-from runs.engine.fanout.book import Place
+from runs.engine.fanout.book import Place, attempt_place
 from runs.engine.fanout.hedging import LatencyWindows
 from runs.engine.fanout.routing import Router
 from runs.engine.fanout.spending import Spending
@@ -69,10 +69,8 @@ class Attempts:
 
     def place(self, flight: Flight) -> Place:
         """Where the flight's latest attempt stands in the run (book.Place)."""
-        # Its own attempt's number, from its id: a hedge's twin shares the outcome's count.
-        _, _, attempt = flight.sq_id.rpartition(".")
-        number = int(attempt) if attempt.isdigit() else flight.outcome.attempts
-        return (self.scope.depth, self.scope.batches, flight.outcome.index, number)
+        scope, done = self.scope, flight.outcome
+        return attempt_place(scope.depth, scope.batches, done.index, flight.sq_id, done.attempts)
 
     def withheld(self, flight: Flight) -> bool:
         """Whether a full replay keeps the attempt's job back: no worker of the recording

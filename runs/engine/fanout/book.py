@@ -9,16 +9,20 @@ What the book says per attempt (depth, batch, sub-query, attempt):
   never (Celery dropped the revoked job): the replay's job carries the reply or the error,
   is revoked before it leaves, or is not published at all;
 - where it went and why (`route`: the venue, and the router's `how`);
-- whether it was sent as a hedge (`hedged`) or timed out (`timed_out`);
-and per sub-query, whether the batch cut it off (`cut`: a quorum or a batch deadline), at
-which attempt, and whether that attempt was out or still waiting to be sent."""
+- whether it was sent as a hedge (`hedged`), timed out (`timed_out`), or cancelled while
+  it was out (`held`: a hedge's loser, or found out by its batch's cut);
+and per sub-query, whether the batch cut it off (`cut`: a quorum or a batch deadline), after
+how many attempts, and whether it was out or still waiting to be sent."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from traces import blobs, store
+from traces.cassette import cassette_keep, recordings_of
 
 # A sub-query attempt's stable place in a run: (depth, batch, sub-query index, attempt).
 Place = tuple[int, int, int, int]
@@ -29,6 +33,15 @@ SENT_PREFIX = "cancelled: "
 UNSENT_PREFIX = "cancelled before it was sent: "
 # A run cancelled by its user is not a decision the replay can follow: it runs on.
 RUN_CANCELLED = "the run was cancelled"
+# How a hedge's loser's SubQuery.Cancel begins (hedging.Hedger.drop_twin).
+HEDGE_LOSS = "hedged: "
+
+
+def attempt_place(depth: int, batch: int, index: int, sq_id: str, attempts: int) -> Place:
+    """An attempt's Place: its own number from its id ("12.2"), else `attempts` (a hedge
+    and its twin share their outcome's count)."""
+    number = _attempt(sq_id)
+    return (depth, batch, index, attempts if number is None else number)
 
 
 @dataclass(frozen=True)
@@ -53,8 +66,10 @@ class Cut:
 @dataclass
 class Book:
     hedges: frozenset[Place]  # the hedge attempts the recording sent
-    # Per sub-query (depth, batch, index): how many of its attempts a worker started.
-    started: dict[SubPlace, int]
+    # Attempts the recording cancelled while they were out: a hedge's loser (its twin
+    # answered first), or one its batch's cut found out (quorum, deadline).
+    losers: frozenset[Place]
+    cut_out: frozenset[Place]
     # The recorded reply per sub-query: the first that came back.
     replies: dict[SubPlace, dict[str, Any]] = field(default_factory=dict)
     fates: dict[Place, Fate] = field(default_factory=dict)
@@ -70,10 +85,10 @@ class Book:
         """Whether the recording sent `attempt` of this sub-query as a hedge."""
         return (depth, batch, sq, attempt) in self.hedges
 
-    def both_ran(self, depth: int, batch: int, sq: int) -> bool:
-        """Whether the recording's hedged sub-query had both twins started by workers: then
-        the loser ran to its end, else it was revoked before its worker took it."""
-        return self.started.get((depth, batch, sq), 0) > 1
+    def ran(self, place: Place) -> bool:
+        """Whether a worker of the recording started this attempt: a hedge's loser that ran
+        runs to its end in the replay too, one that never started is revoked."""
+        return place in self.fates
 
     # --- attempts -------------------------------------------------------------------
     def recorded(self, place: Place) -> dict[str, Any] | None:
@@ -93,9 +108,8 @@ class Book:
         replay needs answered."""
         if place in self.fates:
             return False
-        cut = self.cuts.get(place[:3])
-        cut_out = cut is not None and cut.sent and cut.attempts == place[3]
-        return cut_out or place in self.timeouts or place[:3] in self.replies
+        given_up = place in self.cut_out or place in self.losers or place in self.timeouts
+        return given_up or place[:3] in self.replies
 
     def cancelled_at(self, place: Place) -> bool:
         """Whether the attempt's worker found it cancelled as it started: the replay's is
@@ -115,10 +129,13 @@ class Book:
         return self.cuts.get(sub)
 
     def held(self, place: Place) -> bool:
-        """Whether this attempt is the one the batch's cut found out: its reply, if any,
-        does not settle it; the cut does."""
-        cut = self.cuts.get(place[:3])
-        return cut is not None and cut.sent and cut.attempts == place[3]
+        """Whether this attempt's reply, if any, goes unheard: the recording cancelled it
+        while it was out, so its twin's reply or the batch's cut settles it."""
+        return place in self.cut_out or place in self.losers
+
+    def found_out(self, sub: SubPlace) -> list[Place]:
+        """The attempts of the sub-query that the batch's cut found out."""
+        return [p for p in self.cut_out if p[:3] == sub]
 
     def waits(self, place: Place) -> bool:
         """Whether the sub-query was still waiting to be sent, after `place`'s attempts
@@ -130,9 +147,14 @@ class Book:
 def load_book(run_id: str) -> Book:
     """The recorded run's decisions, keyed by where they were taken (its Submit spans'
     depth, batch and index; the attempt number)."""
-    reader = _Reader()
-    for event in store.read_events(run_id):
+    events = store.read_events(run_id)
+    # Replies repeat (a hedge's twins, the root's turns): each payload is read once, and
+    # the same read gives the root turns their cassette (workers.backends.chat).
+    text = functools.cache(blobs.blob_get)
+    reader = _Reader(text)
+    for event in events:
         reader.add(event)
+    cassette_keep(run_id, recordings_of(events, text))
     return reader.book()
 
 
@@ -145,7 +167,8 @@ def _attempt(sq_id: Any) -> int | None:
 class _Reader:
     """The trace read event by event into a Book."""
 
-    def __init__(self) -> None:
+    def __init__(self, text: Callable[[str], str | None]) -> None:
+        self.text = text
         self.submits: dict[str, SubPlace] = {}  # Submit span -> its sub-query
         self.hedges: list[tuple[str, int]] = []
         self.executed: dict[str, tuple[str, int | None]] = {}  # Execute -> (Submit, attempt)
@@ -153,6 +176,7 @@ class _Reader:
         self.timeouts: list[tuple[str, int | None]] = []
         self.cuts: list[dict[str, Any]] = []  # Submit ends cancelled
         self.routes: list[tuple[str, int | None, str, str]] = []  # (Submit, attempt, venue, how)
+        self.cancels: list[tuple[str, int | None, str]] = []  # (Submit, attempt, reason)
 
     def add(self, event: dict[str, Any]) -> None:
         name, phase, attrs = event["name"], event["phase"], event["attrs"]
@@ -170,6 +194,9 @@ class _Reader:
             self.cuts.append(event)
         elif name == "SubQuery.Hedge" and event["parent_id"]:
             self.hedges.append((event["parent_id"], attrs["attempt"]))
+        elif name == "SubQuery.Cancel" and event["parent_id"]:
+            reason = str(attrs.get("reason") or "")
+            self.cancels.append((event["parent_id"], _attempt(attrs.get("sq_id")), reason))
         elif name == "SubQuery.Timeout" and event["parent_id"]:
             self.timeouts.append((event["parent_id"], _attempt(attrs.get("sq_id"))))
         elif name == "SubQuery.Execute" and phase == "start" and event["parent_id"]:
@@ -189,14 +216,15 @@ class _Reader:
 
     def book(self) -> Book:
         fates, replies = self._fates()
-        started: dict[SubPlace, int] = {}
-        for submit, _ in self.executed.values():
-            if submit in self.submits:
-                sub = self.submits[submit]
-                started[sub] = started.get(sub, 0) + 1
+        cancelled = [(p, reason) for s, a, reason in self.cancels if (p := self.place(s, a))]
         return Book(
             frozenset(p for s, a in self.hedges if (p := self.place(s, a))),
-            started,
+            frozenset(p for p, reason in cancelled if reason.startswith(HEDGE_LOSS)),
+            frozenset(
+                p
+                for p, reason in cancelled
+                if not reason.startswith(HEDGE_LOSS) and reason != RUN_CANCELLED
+            ),
             replies,
             fates,
             frozenset(p for s, a in self.timeouts if (p := self.place(s, a))),
@@ -219,7 +247,7 @@ class _Reader:
                 continue
             status = event["status"]
             # An ok one whose reply is not stored has none: the cassette is asked instead.
-            reply = _reply(event) if status == "ok" else None
+            reply = _reply(event, self.text) if status == "ok" else None
             fates[place] = Fate(status, str(event["attrs"].get("error") or ""), reply)
             if reply is not None:
                 replies.setdefault(place[:3], reply)
@@ -238,9 +266,9 @@ class _Reader:
         return cuts
 
 
-def _reply(event: dict[str, Any]) -> dict[str, Any] | None:
+def _reply(event: dict[str, Any], read: Callable[[str], str | None]) -> dict[str, Any] | None:
     """An ok Execute end's reply as a job carries it, or None when its text is not stored."""
-    text = blobs.blob_get(event["payload_ref"]) if event["payload_ref"] else None
+    text = read(event["payload_ref"]) if event["payload_ref"] else None
     if text is None:
         return None
     return {

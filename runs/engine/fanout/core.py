@@ -435,13 +435,12 @@ class Fanout:
                 continue
             if cut is None:
                 return None  # still to settle
-            attempts = flight.outcome.attempts
-            if cut.sent and not any(
-                f.outcome is flight.outcome and f.sq_id == f"{sub[2]}.{cut.attempts}"
-                for f in wave.out.values()
+            if cut.sent and any(
+                wave.out.get(f"{sub[2]}.{place[3]}") is None for place in book.found_out(sub)
             ):
-                return None  # its cut attempt is not out yet
-            if not cut.sent and (attempts != cut.attempts or not wave.holds(flight)):
+                return None  # an attempt the cut found out is not out yet
+            waiting = flight.outcome.attempts == cut.attempts and wave.holds(flight)
+            if not cut.sent and not waiting:
                 return None  # not yet waiting after its attempts
             reason = cut.reason
         return reason
