@@ -183,3 +183,31 @@ def test_a_full_replay_follows_the_recorded_retries_and_quorum_cut_and_diffs_cle
     failed = Counter(e["status"] for e in named(before, "SubQuery.Submit", "end"))
     assert Counter(e["status"] for e in named(after, "SubQuery.Submit", "end")) == failed
     assert run_diff(original.id, copy.id)["first_divergence"] is None
+
+
+def test_a_full_replay_times_out_the_recorded_attempts_and_diffs_clean(
+    swarm_factory, subprocess_env
+):
+    """The original's slow worker let its attempts (and those queued behind them) pass the
+    sub-query timeout, and they were tried again elsewhere. The replay's worker answers at
+    once: it times out the same attempts instead of taking their replies."""
+    # Its replies take 6 s, the timeout is 3 s: margins for a busy machine. Two jobs a
+    # worker, so the slow one's timeouts stay below the venue's circuit breaker.
+    swarm_factory("retime", 6, latency=60, slow_share=0.17, slow_factor=100)
+    batch = "rs = llm_query_batched(['t %d' % i for i in range(12)])\nprint(len(rs))"
+    policy = {"explore": 0, "hedge": "off", "max_retries": 1, "subquery_timeout_s": 3}
+    original = finish(
+        launch(question=scripted(batch, "FINAL('done')"), venues=["retime"], policy=policy)
+    )
+    assert original.status == "succeeded", original.error
+    before = settled(original)
+    timeouts = Counter(e["attrs"]["sq_id"] for e in named(before, "SubQuery.Timeout"))
+    assert timeouts, "the slow worker's attempts should have timed out"
+
+    done = replay(subprocess_env, original.id, "--json")
+    assert done.returncode == 0, done.stderr
+    copy = Run.objects.get(id=json.loads(done.stdout)["run_id"])
+    after = settled(copy)
+    assert Counter(e["attrs"]["sq_id"] for e in named(after, "SubQuery.Timeout")) == timeouts
+    assert len(named(after, "SubQuery.Retry")) == len(named(before, "SubQuery.Retry"))
+    assert run_diff(original.id, copy.id)["first_divergence"] is None
