@@ -91,6 +91,19 @@ class Attempts:
             self.transport.revoke([flight])
         elif book.timed_out(place) and book.withheld(place):
             flight.deadline = 0.0
+        elif book.withheld(place) and book.held(place):
+            self.unburden(flight)
+
+    def unburden(self, flight: Flight) -> None:
+        """A full replay's attempt that only waits for the recording's cut or its twin's
+        reply, its worker done with it (or never given it): its credit goes to the next job
+        and the router no longer counts it as running. Held, such attempts once took every
+        credit of the workers the router preferred, and the batch waited for credit that
+        never came (seen: three sub-queries unsent until their workers' timeouts)."""
+        if flight.slot:
+            self.router.free(flight)
+            flight.slot = ""  # its release at the cut frees nothing a second time
+        flight.started_at = 0.0
 
     def _recorded(self, flight: Flight) -> dict[str, Any]:
         """A full replay's job carries what its recorded worker answered, a reply or an

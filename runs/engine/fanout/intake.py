@@ -102,6 +102,7 @@ class Intake:
             return True
         place = self.attempts.place(flight)
         if book.held(place):
+            self.attempts.unburden(flight)
             return True
         if book.timed_out(place):
             flight.deadline = 0.0
