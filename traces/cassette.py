@@ -4,9 +4,11 @@ in the blob store). Replaying a run answers its model calls from here, with no m
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,17 +31,22 @@ class Recording:
     ms: float
 
 
-def recordings(run_id: str) -> dict[str, Recording]:
-    """The run's cassette: request hash -> what the model answered."""
+def recordings_of(
+    events: Iterable[dict[str, Any]], text: Callable[[str], str | None] = blobs.blob_get
+) -> dict[str, Recording]:
+    """A cassette from a run's events (request hash -> what the model answered); `text`
+    reads a payload ref."""
     found: dict[str, Recording] = {}
-    for event in store.read_events(run_id):
+    for event in events:
         if event["name"] not in MODEL_SPANS or event["phase"] != "end" or event["status"] != "ok":
             continue
         key = event["attrs"].get("request_hash")
-        text = blobs.blob_get(event["payload_ref"]) if event["payload_ref"] else None
-        if key and text is not None and key not in found:
+        if not key or key in found or not event["payload_ref"]:
+            continue
+        reply = text(event["payload_ref"])
+        if reply is not None:
             found[key] = Recording(
-                text,
+                reply,
                 event["tokens_in"] or 0,
                 event["tokens_out"] or 0,
                 event["cost"],
@@ -48,7 +55,41 @@ def recordings(run_id: str) -> dict[str, Recording]:
     return found
 
 
-@functools.lru_cache(maxsize=8)
+def recordings(run_id: str) -> dict[str, Recording]:
+    """The run's cassette: request hash -> what the model answered."""
+    return recordings_of(store.read_events(run_id))
+
+
+_KEPT = 8  # cassettes a process keeps: a finished run's trace does not change
+_cassettes: OrderedDict[str, dict[str, Recording]] = OrderedDict()
+_lock = threading.Lock()
+
+
 def cassette(run_id: str) -> dict[str, Recording]:
-    """Cached per process: a finished run's trace does not change."""
-    return recordings(run_id)
+    """The run's cassette, read once per process."""
+    with _lock:
+        found = _cassettes.get(run_id)
+        if found is not None:
+            _cassettes.move_to_end(run_id)
+            return found
+    return cassette_keep(run_id, recordings(run_id))
+
+
+def cassette_keep(run_id: str, found: dict[str, Recording]) -> dict[str, Recording]:
+    """Keep a cassette read by whoever had the run's events at hand already (a full
+    replay's conductor reads them once for its book and its root turns alike)."""
+    with _lock:
+        _cassettes[run_id] = found
+        _cassettes.move_to_end(run_id)
+        while len(_cassettes) > _KEPT:
+            _cassettes.popitem(last=False)
+    return found
+
+
+def _forget() -> None:
+    with _lock:
+        _cassettes.clear()
+
+
+# The name functools.lru_cache gives it, which the cassette had before it could be kept.
+cassette.cache_clear = _forget  # type: ignore[attr-defined]

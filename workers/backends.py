@@ -156,6 +156,9 @@ def chat(
     """One chat completion; raises ModelError with an actionable message. Every result
     carries the hash of its request, so a trace is also the run's cassette."""
     key = request_hash(spec.model, messages)
+    if spec.kind == "cassette" and recorded and "error" in recorded:
+        # The recorded attempt failed: it fails again, so the replay retries as it did.
+        raise ModelError(str(recorded["error"]))
     if spec.kind == "cassette" and recorded and recorded.get("request_hash") == key:
         # The replay's job carried the reply: this process need not load the cassette.
         cost = recorded.get("cost")

@@ -24,7 +24,8 @@ class Job(TypedDict):
     # subquery, span, worker, output and mode (the agreement rule).
     validate: NotRequired[dict[str, Any]]
     # A full replay's: the recorded reply (text, tokens, cost, ms, request_hash), used when
-    # the request hashes the same (workers.backends.chat).
+    # the request hashes the same, or the recorded failure ({"error": text}), raised again
+    # (workers.backends.chat).
     recorded: NotRequired[dict[str, Any]]
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections import Counter
 
 import pytest
 
 from runs.models import Run
 from tests.helpers import finish, launch, named, scripted, trace
+from traces import store
 from traces.diff import run_diff
 
 pytestmark = [pytest.mark.stack]
@@ -24,6 +26,18 @@ def replay(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
         text=True,
         timeout=120,
     )
+
+
+def settled(run: Run, quiet_s: float = 3.0) -> list[dict]:
+    """The run's stored events once none has come for `quiet_s`: the workers of attempts it
+    cut off end their Execute spans after the run has ended (a slow one, seconds after)."""
+    events, quiet_since = trace(run), time.monotonic()
+    while time.monotonic() - quiet_since < quiet_s:
+        time.sleep(0.5)
+        now = store.read_events(run.id)
+        if len(now) != len(events):
+            events, quiet_since = now, time.monotonic()
+    return events
 
 
 def shape(events: list[dict]) -> Counter:
@@ -123,4 +137,77 @@ def test_a_full_replay_follows_the_recorded_hedges_and_diffs_clean(swarm_factory
     assert all(e["attrs"].get("replayed") is True for e in named(events, "SubQuery.Hedge"))
     hedged = {e["attrs"]["attempt"] for e in named(events, "SubQuery.Hedge")}
     assert hedged == {e["attrs"]["attempt"] for e in hedges}
+    assert run_diff(original.id, copy.id)["first_divergence"] is None
+
+
+def test_a_full_replay_follows_the_recorded_retries_and_quorum_cut_and_diffs_clean(
+    swarm_factory, subprocess_env
+):
+    """The original's workers failed some attempts (retried elsewhere, some given up on) and
+    its quorum cut off the slow worker's sub-queries. The replay's workers answer every job
+    from the recording at once: deciding again it would retry nothing and cut off others.
+    It follows the recording's attempts and cut instead."""
+    swarm_factory("refail", 6, latency=60, failure_rate=0.3, slow_share=0.17, slow_factor=25)
+    batch = "rs = llm_query_batched(['f %d' % i for i in range(40)])\nprint(len(rs))"
+    policy = {
+        "explore": 0,
+        "hedge": "off",
+        "quorum": 0.8,
+        "max_retries": 1,
+        "subquery_timeout_s": 30,
+    }
+    original = finish(
+        launch(question=scripted(batch, "FINAL('done')"), venues=["refail"], policy=policy)
+    )
+    assert original.status == "succeeded", original.error
+    before = settled(original)  # the replay reads its book from the whole recording
+    retries, cancels = named(before, "SubQuery.Retry"), named(before, "SubQuery.Cancel")
+    assert retries, "the original's failing workers should have made it retry"
+    assert cancels and all("quorum of 32/40" in e["attrs"]["reason"] for e in cancels)
+
+    done = replay(subprocess_env, original.id, "--json")
+    assert done.returncode == 0, done.stderr
+    copy = Run.objects.get(id=json.loads(done.stdout)["run_id"])
+    after = settled(copy)
+
+    # Sub-queries are numbered alike in both runs: the same attempts retried and cut off.
+    def sq_ids(events: list[dict], name: str) -> Counter:
+        return Counter(e["attrs"]["sq_id"] for e in named(events, name))
+
+    assert sq_ids(after, "SubQuery.Cancel") == sq_ids(before, "SubQuery.Cancel")
+    executes = Counter(e["attrs"]["sq_id"] for e in named(before, "SubQuery.Execute", "start"))
+    assert Counter(e["attrs"]["sq_id"] for e in named(after, "SubQuery.Execute", "start")) == (
+        executes
+    )
+    assert len(named(after, "SubQuery.Retry")) == len(retries)
+    failed = Counter(e["status"] for e in named(before, "SubQuery.Submit", "end"))
+    assert Counter(e["status"] for e in named(after, "SubQuery.Submit", "end")) == failed
+    assert run_diff(original.id, copy.id)["first_divergence"] is None
+
+
+def test_a_full_replay_times_out_the_recorded_attempts_and_diffs_clean(
+    swarm_factory, subprocess_env
+):
+    """The original's slow worker let its attempts (and those queued behind them) pass the
+    sub-query timeout, and they were tried again elsewhere. The replay's worker answers at
+    once: it times out the same attempts instead of taking their replies."""
+    # Its replies take 6 s, the timeout is 3 s: margins for a busy machine. Two jobs a
+    # worker, so the slow one's timeouts stay below the venue's circuit breaker.
+    swarm_factory("retime", 6, latency=60, slow_share=0.17, slow_factor=100)
+    batch = "rs = llm_query_batched(['t %d' % i for i in range(12)])\nprint(len(rs))"
+    policy = {"explore": 0, "hedge": "off", "max_retries": 1, "subquery_timeout_s": 3}
+    original = finish(
+        launch(question=scripted(batch, "FINAL('done')"), venues=["retime"], policy=policy)
+    )
+    assert original.status == "succeeded", original.error
+    before = settled(original)
+    timeouts = Counter(e["attrs"]["sq_id"] for e in named(before, "SubQuery.Timeout"))
+    assert timeouts, "the slow worker's attempts should have timed out"
+
+    done = replay(subprocess_env, original.id, "--json")
+    assert done.returncode == 0, done.stderr
+    copy = Run.objects.get(id=json.loads(done.stdout)["run_id"])
+    after = settled(copy)
+    assert Counter(e["attrs"]["sq_id"] for e in named(after, "SubQuery.Timeout")) == timeouts
+    assert len(named(after, "SubQuery.Retry")) == len(named(before, "SubQuery.Retry"))
     assert run_diff(original.id, copy.id)["first_divergence"] is None

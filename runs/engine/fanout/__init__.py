@@ -12,7 +12,8 @@ then judged and paid for. The package, one responsibility a module:
 - intake: a reply's checks (its sender, its signature) and strikes;
 - liveness: deadlines, lost workers, the wait for a worker when none is live;
 - hedging: latency quantiles per venue, stragglers' twins;
-- book: a full replay's recorded hedges, which its hedger follows instead of its timers;
+- book: a full replay's recorded decisions (hedges, retries, timeouts, quorum and deadline
+  cut-offs, venues) and what its workers did, followed instead of timers and counts;
 - spending: reserve, settle or release, and pay, against the run's accounts;
 - judging: the objective, redundant and high-trust rounds, given a send callback.
 

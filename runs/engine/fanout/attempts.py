@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from frlm_web.money import ZERO
+from runs.engine.fanout.book import Place, attempt_place
 from runs.engine.fanout.hedging import LatencyWindows
 from runs.engine.fanout.routing import Router
 from runs.engine.fanout.spending import Spending
@@ -51,13 +52,7 @@ class Attempts:
         self.router.take(flight, target)
         wave.out[flight.sq_id] = flight
         self._announce(flight, target, before)
-        book = self.scope.book
-        if flight.hedge and book is not None:
-            place = (self.scope.depth, self.scope.batches, flight.outcome.index)
-            if book.loser_cancelled(*place):
-                # Cancelled before it leaves: its worker ends it at start, as the recording's
-                # loser was; its twin's reply settles the pair (intake, hedging.drop_twin).
-                self.transport.revoke([flight])
+        self._follow_book(flight)
         return {
             "run_id": self.scope.run_id,
             "sq_id": flight.sq_id,
@@ -72,24 +67,64 @@ class Attempts:
             **self._recorded(flight),
         }
 
+    def place(self, flight: Flight) -> Place:
+        """Where the flight's latest attempt stands in the run (book.Place)."""
+        scope, done = self.scope, flight.outcome
+        return attempt_place(scope.depth, scope.batches, done.index, flight.sq_id, done.attempts)
+
+    def withheld(self, flight: Flight) -> bool:
+        """Whether a full replay keeps the attempt's job back: no worker of the recording
+        ever started it (Celery dropped it, revoked while queued)."""
+        book = self.scope.book
+        return book is not None and book.withheld(self.place(flight))
+
+    def _follow_book(self, flight: Flight) -> None:
+        """A full replay's attempt that leaves: one whose recorded worker found it cancelled
+        as it started is cancelled before it leaves, so the replay's worker does the same
+        (its twin's reply or the batch's cut settles it: intake); one the recording timed
+        out without a worker ever starting it is due at once (liveness.check_deadlines)."""
+        book = self.scope.book
+        if book is None:
+            return
+        place = self.place(flight)
+        if book.cancelled_at(place):
+            self.transport.revoke([flight])
+        elif book.timed_out(place) and book.withheld(place):
+            flight.deadline = 0.0
+        elif book.withheld(place) and book.held(place):
+            self.unburden(flight)
+
+    def unburden(self, flight: Flight) -> None:
+        """A full replay's attempt that only waits for the recording's cut or its twin's
+        reply, its worker done with it (or never given it): its credit goes to the next job
+        and the router no longer counts it as running. Held, such attempts once took every
+        credit of the workers the router preferred, and the batch waited for credit that
+        never came (seen: three sub-queries unsent until their workers' timeouts)."""
+        if flight.slot:
+            self.router.free(flight)
+            flight.slot = ""  # its release at the cut frees nothing a second time
+        flight.started_at = 0.0
+
     def _recorded(self, flight: Flight) -> dict[str, Any]:
-        """A full replay's job carries its recorded reply: no worker loads the cassette."""
+        """A full replay's job carries what its recorded worker answered, a reply or an
+        error: no worker loads the cassette, and a failure fails again (book.recorded)."""
         book = self.scope.book
         if book is None or self.scope.worker_model.kind != "cassette":
             return {}
-        reply = book.reply(self.scope.depth, self.scope.batches, flight.outcome.index)
-        return {"recorded": reply} if reply else {}
+        recorded = book.recorded(self.place(flight))
+        return {"recorded": recorded} if recorded else {}
 
     def _announce(self, flight: Flight, target: Target, before: str) -> None:
         """The attempt in the trace: a first one opens its Submit span, a hedge or a retry is
         an event on it."""
         where = {"venue": target.venue, "worker_id": target.worker_id or None}
+        how = self._how(flight, target)
         if flight.span is None:
             # The routing decision and its inputs travel on the Submit span itself.
             self.open_span(
                 flight,
                 **where,
-                route=target.how,
+                route=how,
                 routing=target.routing,
                 replica_of=flight.original or None,
                 copy=flight.kind or None,
@@ -110,7 +145,7 @@ class Attempts:
                 queued=not twin.started_at or None,
                 threshold_ms=self.latency.threshold_ms(twin.venue),
                 quantile=self.scope.policy.hedge,
-                route=target.how,
+                route=how,
                 routing=target.routing,
                 attempt=flight.outcome.attempts,
                 replayed=self.scope.book is not None or None,  # from the recording's book
@@ -123,10 +158,17 @@ class Attempts:
                 reason=flight.retry_reason,
                 from_venue=before,
                 **where,
-                route=target.how,
+                route=how,
                 routing=target.routing,
                 attempt=flight.outcome.attempts,
             )
+
+    def _how(self, flight: Flight, target: Target) -> str:
+        """Why the attempt goes where it goes: the router's reason, or in a full replay that
+        sends it where the recording did (core.Fanout._kept_back), the recording's."""
+        book = self.scope.book
+        route = book.route(self.place(flight)) if book is not None else None
+        return route[1] if route is not None and route[0] == target.venue else target.how
 
     def _validate_order(self, flight: Flight) -> dict[str, Any]:
         """What a validator needs to attest to the reply it re-runs."""

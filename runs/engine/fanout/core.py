@@ -294,6 +294,40 @@ class Fanout:
         self._collect(batch, wave)
 
     def _pump(self, wave: Wave) -> None:
+        """Plan and send the backlog jobs that should go now (a full replay keeps back those
+        its recording's batch cut off while they waited), then, in a replay, the recorded
+        hedges of what just left."""
+        kept = self._as_recorded(wave)
+        try:
+            self._send(wave)
+        finally:
+            wave.backlog.extend(kept)
+        if self.hedger.follow_book(wave):
+            self._pump(wave)  # a replay sends the recorded hedge before its twin's reply is in
+
+    def _as_recorded(self, wave: Wave) -> list[Flight]:
+        """A full replay plans its backlog as the recording went: each job's next attempt
+        may run only on the venue the recording sent it to (while that venue has a live
+        worker), and the flights that waited to be sent when the recording's batch was cut
+        off are taken out of the backlog, not to be sent (the cut settles them)."""
+        book = self.scope.book
+        if book is None or not wave.backlog:
+            return []
+        place = (self.scope.depth, self.scope.batches)
+        for flight in wave.backlog:
+            route = book.route((*place, flight.outcome.index, flight.outcome.attempts + 1))
+            if route is not None and self.roster.live.get(route[0]):
+                flight.venues = frozenset({route[0]})
+        kept = [
+            f
+            for f in wave.backlog
+            if not f.hedge and book.waits((*place, f.outcome.index, f.outcome.attempts))
+        ]
+        if kept:
+            wave.backlog = deque(f for f in wave.backlog if not any(f is k for k in kept))
+        return kept
+
+    def _send(self, wave: Wave) -> None:
         """Plan and send the backlog jobs that should go now: their Submit spans in one round
         trip, their messages through one producer (transport.Transport.publish)."""
         if not wave.backlog:
@@ -324,9 +358,8 @@ class Fanout:
                     continue
                 ready.append((flight, self.attempts.prepare(flight, target, wave)))
                 self.spending.hold(flight, reservation)
-        self.transport.publish(ready)
-        if self.hedger.follow_book(wave):
-            self._pump(wave)  # a replay sends the recorded hedge before its twin's reply is in
+        # A replay's attempt that no recorded worker started is not sent to any either.
+        self.transport.publish([(f, job) for f, job in ready if not self.attempts.withheld(f)])
 
     def _room(self, wave: Wave) -> int:
         """How many more attempts may go out now: policy.max_inflight less those out (hedges
@@ -371,15 +404,46 @@ class Fanout:
         """At the quorum or the batch's deadline, what is still out or waiting is cancelled;
         while no worker is live, the batch waits a while for one."""
         busy = bool(wave.out or wave.backlog)
-        settled = sum(1 for f in batch if f.outcome.status != "pending")
-        if busy and settled >= need:
-            self.attempts.cancel_rest(wave, f"quorum of {need}/{len(batch)} reached")
+        if self.scope.book is not None:
+            cut = self._recorded_cut(batch, wave)  # a full replay cuts off where it was cut
+        elif sum(1 for f in batch if f.outcome.status != "pending") >= need:
+            cut = f"quorum of {need}/{len(batch)} reached"
+        else:
+            cut = None
+        if busy and cut is not None:
+            self.attempts.cancel_rest(wave, cut)
         elif busy and time.time() > batch_deadline:
             self.attempts.cancel_rest(
                 wave, f"batch deadline of {self.policy.batch_deadline_s} s passed"
             )
         else:
             self.liveness.await_workers(wave)
+
+    def _recorded_cut(self, batch: list[Flight], wave: Wave) -> str | None:
+        """A full replay cuts its batch off where the recording did, not at its own count:
+        once every sub-query the recording's cut did not find is settled and every one it
+        found stands as it found it (its attempt out, or waiting after as many attempts).
+        The reason the recording gave, or None while it is not time (or the recording
+        cut nothing off in this batch)."""
+        book = self.scope.book
+        assert book is not None
+        reason = None
+        for flight in batch:
+            sub = (self.scope.depth, self.scope.batches, flight.outcome.index)
+            cut = book.cut(sub)
+            if flight.outcome.status != "pending":
+                continue
+            if cut is None:
+                return None  # still to settle
+            if cut.sent and any(
+                wave.out.get(f"{sub[2]}.{place[3]}") is None for place in book.found_out(sub)
+            ):
+                return None  # an attempt the cut found out is not out yet
+            waiting = flight.outcome.attempts == cut.attempts and wave.holds(flight)
+            if not cut.sent and not waiting:
+                return None  # not yet waiting after its attempts
+            reason = cut.reason
+        return reason
 
     def _finish_batch(self, state: Batch) -> None:
         """Judge the replies as the tier asks, then pay for each one by its verdict."""

@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from runs.engine.fanout.book import attempt_place
 from runs.engine.fanout.state import Flight, Scope, Wave
 from traces.emitter import Emitter
 from workers.jobs import Result
@@ -176,9 +177,11 @@ class Hedger:
             venue=twin.venue,
             worker_id=twin.worker_id or None,
         )
-        book = self.scope.book
-        place = (self.scope.depth, self.scope.batches, twin.outcome.index)
-        if book is not None and book.both_ran(*place):
+        book, scope = self.scope.book, self.scope
+        place = attempt_place(
+            scope.depth, scope.batches, twin.outcome.index, twin.sq_id, twin.outcome.attempts
+        )
+        if book is not None and book.ran(place):
             # The recording's loser had started: the replay's runs to its end too (from the
             # recording), not revoked, so the replay holds the same Execute spans.
             self.release(twin, wave)

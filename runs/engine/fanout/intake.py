@@ -38,16 +38,7 @@ class Intake:
         flight = wave.out.get(result.get("sq_id", ""))
         if flight is None:
             return  # a late reply to an attempt that was already settled or replaced
-        twin = flight.twin
-        if (
-            self.scope.book is not None
-            and status in ("ok", "error")
-            and twin is not None
-            and any(f is twin for f in wave.backlog)
-        ):
-            # A replay's recorded hedge has not left yet: the reply waits until it has, so
-            # the replay hedges what the recording did (hedging.Hedger.parked).
-            self.hedger.parked.append(result)
+        if self.scope.book is not None and self._held_by_book(result, flight, wave):
             return
         if status == "lost":
             # Only a hint (the gateway's, that the holder's connection dropped): presence is
@@ -83,8 +74,6 @@ class Intake:
             if result.get("alive") == "1":
                 self.roster.watched.add(wid)
             return
-        if status == "cancelled" and flight.hedge and flight.twin and self.scope.book:
-            return  # a replay's loser, cancelled as it left: its twin's reply settles both
         self.attempts.release(flight, wave, spent=result if status == "ok" else None)
         # How long it ran, not how long it queued: the scheduler adds the queue itself.
         end = result.get("at") or time.time()
@@ -105,6 +94,29 @@ class Intake:
             self.attempts.retry_or_settle(
                 flight, "error", "the worker dropped the job as expired or cancelled", wave
             )
+
+    def _held_by_book(self, result: Result, flight: Flight, wave: Wave) -> bool:
+        """Whether a full replay's reply waits or goes unheard, as the recording's did
+        (book.Book): it waits while its attempt's recorded hedge has not left yet
+        (hedging.Hedger.parked); it does not settle an attempt the batch cut off (the cut
+        does, core.Fanout._settle_rest), nor one that timed out (it is due now instead:
+        liveness.check_deadlines), nor one cancelled as it left whose twin answers."""
+        book = self.scope.book
+        status = result.get("status")
+        if book is None or status not in ("ok", "error", "cancelled"):
+            return False
+        twin = flight.twin
+        if status != "cancelled" and twin is not None and any(f is twin for f in wave.backlog):
+            self.hedger.parked.append(result)
+            return True
+        place = self.attempts.place(flight)
+        if book.held(place):
+            self.attempts.unburden(flight)
+            return True
+        if book.timed_out(place):
+            flight.deadline = 0.0
+            return True
+        return status == "cancelled" and twin is not None
 
     def public_key(self, wid: str) -> str | None:
         """The worker's registered public key (read once per run), or None when it is not

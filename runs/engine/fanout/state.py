@@ -171,7 +171,7 @@ class Scope:
     depth: int = 0
     batches: int = 0  # batches numbered so far; Submit spans name the latest
     batch: Batch | None = None
-    # A full replay's recorded decisions (book.Book): its hedges follow them, not timers.
+    # A full replay's recorded decisions (book.Book), followed instead of timers and counts.
     book: Book | None = None
 
     def premium_for(self, step: str) -> bool:

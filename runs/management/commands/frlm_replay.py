@@ -10,6 +10,9 @@ from frlm_web.commands import FrlmCommand, number, whole
 
 
 class Command(FrlmCommand):
+    # Django's system checks import every URL module and view: a second before a replay
+    # can start, for checks that the web server and the conductor run themselves.
+    requires_system_checks: list[str] = []
     help = (
         "Re-execute a run from its cassette (its recorded model replies): all of it, with no "
         "model calls, or its first K root turns and live after them with a changed policy or "

@@ -10,6 +10,9 @@ from traces.diff import format_trace_diff, run_diff
 
 
 class Command(FrlmCommand):
+    # Django's system checks import every URL module and view (a second, more than the
+    # diff itself takes); a read of the trace store needs none of them.
+    requires_system_checks: list[str] = []
     help = (
         "Compare two runs' traces: what ran on one side only, what changed per node, and "
         "the first orchestration decision where they diverge."
