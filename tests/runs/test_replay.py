@@ -126,13 +126,16 @@ def test_a_full_replay_follows_the_recorded_hedges_and_diffs_clean(swarm_factory
         launch(question=scripted(batch, "FINAL('done')"), venues=["rehedge"], policy=policy)
     )
     assert original.status == "succeeded", original.error
-    hedges = named(trace(original), "SubQuery.Hedge")
+    # The replay reads its book from the whole recording: the slow worker's hedged-away
+    # attempts run to their end after the run has (seconds later), so wait for their events
+    # (seen in CI: the replay, started before they were stored, diffed).
+    hedges = named(settled(original), "SubQuery.Hedge")
     assert hedges, "the original should have hedged its stragglers"
 
     done = replay(subprocess_env, original.id, "--json")
     assert done.returncode == 0, done.stderr
     copy = Run.objects.get(id=json.loads(done.stdout)["run_id"])
-    events = trace(copy)
+    events = settled(copy)
     assert len(named(events, "SubQuery.Hedge")) == len(hedges)
     assert all(e["attrs"].get("replayed") is True for e in named(events, "SubQuery.Hedge"))
     hedged = {e["attrs"]["attempt"] for e in named(events, "SubQuery.Hedge")}
