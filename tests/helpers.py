@@ -68,6 +68,15 @@ def launch(
     return run
 
 
+def bare_run(question: str = "q", **fields: Any) -> Run:
+    """A Run row with no context and no models, for pages and APIs that read only its
+    row and its stored trace; `fields` set the rest (owner, status, ...)."""
+    fields.setdefault("context_source", "text")
+    return Run.objects.create(
+        question=question, context_path="/dev/null", root_model={}, worker_model={}, **fields
+    )
+
+
 def finish(run: Run, timeout: float = 90.0) -> Run:
     def done() -> bool:
         run.refresh_from_db()

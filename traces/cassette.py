@@ -86,10 +86,7 @@ def cassette_keep(run_id: str, found: dict[str, Recording]) -> dict[str, Recordi
     return found
 
 
-def _forget() -> None:
+def cassette_forget() -> None:
+    """Drop every cassette this process keeps (a test that rewrites a run's trace)."""
     with _lock:
         _cassettes.clear()
-
-
-# The name functools.lru_cache gives it, which the cassette had before it could be kept.
-cassette.cache_clear = _forget  # type: ignore[attr-defined]

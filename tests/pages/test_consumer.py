@@ -18,7 +18,7 @@ from django.test import Client
 from frlm_web.asgi import application
 from frlm_web.redis_client import get_redis
 from runs.models import Run
-from tests.helpers import finish, launch, scripted, trace, wait_until
+from tests.helpers import bare_run, finish, launch, scripted, trace, wait_until
 from traces import live, store
 from traces.emitter import Emitter
 from traces.recorder import _write_segment
@@ -58,12 +58,8 @@ async def receive_events(ws: WebsocketCommunicator, until_seq: int, timeout: flo
 
 
 def empty_run(owner=None) -> Run:
-    return Run.objects.create(
+    return bare_run(
         question="q",
-        context_source="text",
-        context_path="/dev/null",
-        root_model={},
-        worker_model={},
         owner=owner,
     )
 

@@ -7,6 +7,7 @@ import urllib.error
 import urllib.request
 
 from runs.models import Run
+from tests.helpers import bare_run
 from tests.pages.helpers import shot, wait_for
 
 LONG = (
@@ -16,12 +17,8 @@ LONG = (
 
 
 def _run(owner, question: str, status: str, **fields) -> Run:
-    return Run.objects.create(
+    return bare_run(
         question=question,
-        context_source="text",
-        context_path="/dev/null",
-        root_model={},
-        worker_model={},
         owner=owner,
         status=status,
         **fields,

@@ -6,8 +6,7 @@ from __future__ import annotations
 from django.test import Client
 
 from frlm_web.redis_client import get_redis
-from runs.models import Run
-from tests.helpers import finish, launch, scripted, trace, wait_until
+from tests.helpers import bare_run, finish, launch, scripted, trace, wait_until
 from tests.pages.helpers import SLOW_WORKERS, make_user, plot_updates, shot, slow_question, wait_for
 from traces import store
 from traces.emitter import Emitter
@@ -162,20 +161,12 @@ def test_it_shows_what_a_model_wrote_as_text(page, web):
 
 def test_it_hides_a_run_from_a_user_who_may_not_see_it(browser, web, venues):
     alice, bob = make_user("alice"), make_user("bob")
-    mine = Run.objects.create(
+    mine = bare_run(
         question="alice's question",
-        context_source="text",
-        context_path="/dev/null",
-        root_model={},
-        worker_model={},
         owner=alice,
     )
-    cli = Run.objects.create(
+    cli = bare_run(
         question="a CLI run",
-        context_source="text",
-        context_path="/dev/null",
-        root_model={},
-        worker_model={},
     )
     as_alice, as_bob = Client(), Client()
     as_alice.force_login(alice)
@@ -215,12 +206,8 @@ def test_it_shows_names_workers_chose_as_text_in_the_views(page, web, staff):
     """Plotly reads some HTML in its texts (<b>, <a href>): a worker's or venue's name
     must show as written there too."""
     worker, venue = "<b>w9</b>", "<i>edge</i>"
-    run = Run.objects.create(
+    run = bare_run(
         question="names",
-        context_source="text",
-        context_path="/dev/null",
-        root_model={},
-        worker_model={},
         owner=staff,
         status="succeeded",
     )
@@ -246,12 +233,8 @@ def test_it_shows_names_workers_chose_as_text_in_the_views(page, web, staff):
 
 
 def test_it_keeps_the_newest_spans_in_view_until_the_reader_scrolls_up(page, web, staff):
-    run = Run.objects.create(
+    run = bare_run(
         question="a long fanout",
-        context_source="text",
-        context_path="/dev/null",
-        root_model={},
-        worker_model={},
         owner=staff,
         status="running",
     )

@@ -11,7 +11,7 @@ from typing import Any
 
 from frlm_web.redis_client import get_redis
 from runs.models import Run
-from tests.helpers import wait_until
+from tests.helpers import bare_run, wait_until
 from tests.pages.helpers import shot, wait_for
 from traces import store
 from traces.emitter import Emitter
@@ -61,12 +61,8 @@ def _watch_console(page: Any) -> list[str]:
 
 
 def _live_run(owner: Any, question: str = "a fanout watched live") -> Run:
-    return Run.objects.create(
+    return bare_run(
         question=question,
-        context_source="text",
-        context_path="/dev/null",
-        root_model={},
-        worker_model={},
         owner=owner,
         status="running",
     )
@@ -216,12 +212,9 @@ def test_it_proposes_runs_of_the_same_question_first_to_compare_with(page, web, 
     twin = _live_run(staff, question="how many cats")
     Run.objects.filter(id=twin.id).update(status="succeeded")
     for n in range(3):  # newer and unrelated
-        Run.objects.create(
+        bare_run(
             question=f"imported {n}",
             context_source="imported",
-            context_path="/dev/null",
-            root_model={},
-            worker_model={},
             owner=staff,
             status="succeeded",
         )

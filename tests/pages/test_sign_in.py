@@ -6,7 +6,7 @@ import json
 import urllib.error
 import urllib.request
 
-from runs.models import Run
+from tests.helpers import bare_run
 from tests.pages.helpers import PASSWORD, make_user, shot
 
 PAGES = [
@@ -80,12 +80,8 @@ def test_it_redirects_pages_and_refuses_apis_to_anonymous_users(web, venues):
 
 
 def test_it_refuses_an_anonymous_socket(anonymous, web, venues):
-    run = Run.objects.create(
+    run = bare_run(
         question="q",
-        context_source="text",
-        context_path="/dev/null",
-        root_model={},
-        worker_model={},
     )
     page = anonymous
     page.goto("/accounts/login/")

@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 
 from frlm_web.redis_client import get_redis
-from runs.models import Run
-from tests.helpers import wait_until
+from tests.helpers import bare_run, wait_until
 from tests.pages.helpers import session_cookie, shot, wait_for
 from traces import store
 from traces.emitter import Emitter
@@ -51,12 +50,8 @@ def _fanout_run(staff, workers: list[Worker], *, subqueries: int, status: str = 
     """A stored run of one batch of `subqueries` sub-queries (a Submit and an Execute span
     each) spread over `workers`: every tenth failed, every fiftieth slow, the first with a
     routing decision, verdicts and a receipt, and a reply with markup in it."""
-    run = Run.objects.create(
+    run = bare_run(
         question="a big fanout",
-        context_source="text",
-        context_path="/dev/null",
-        root_model={},
-        worker_model={},
         owner=staff,
         status=status,
     )

@@ -10,7 +10,7 @@ import json
 import pytest
 from django.test import Client
 
-from runs.models import Run
+from tests.helpers import bare_run
 from tests.pages.helpers import make_user
 from traces import live, views
 from traces.recorder import _write_segment
@@ -101,12 +101,8 @@ def test_it_serves_the_events_gzipped_to_a_browser_that_takes_gzip(
     settings.FRLM_TRACE_DIR = tmp_path / "traces"
     monkeypatch.setattr(views, "EVENTS_GZIP_BYTES", 100)  # the test's answer is small
     owner = make_user("ops")
-    run = Run.objects.create(
+    run = bare_run(
         question="q",
-        context_source="text",
-        context_path="/dev/null",
-        root_model={},
-        worker_model={},
         owner=owner,
     )
     _store(run.id)

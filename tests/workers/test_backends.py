@@ -88,7 +88,7 @@ def test_a_replay_job_answers_from_the_reply_it_carries_not_the_cassette(monkeyp
 
     loads: list[str] = []
     monkeypatch.setattr(cassette, "recordings", lambda run_id: loads.append(run_id) or {})
-    cassette.cassette.cache_clear()
+    cassette.cassette_forget()
     spec = cassette_spec({"kind": "sim", "model": "m"}, "r-none", live=None)
     messages = [{"role": "user", "content": "q"}]
     carried = {
@@ -105,4 +105,4 @@ def test_a_replay_job_answers_from_the_reply_it_carries_not_the_cassette(monkeyp
     with pytest.raises(ModelError, match="left the recorded path"):
         chat(spec, [{"role": "user", "content": "other"}], recorded=carried)
     assert loads == ["r-none"]
-    cassette.cassette.cache_clear()
+    cassette.cassette_forget()

@@ -420,20 +420,21 @@ def _serve(ws, run, worker_id: str, key, forge: set[str]) -> dict[str, dict]:
     raise AssertionError(f"run {run.id} did not finish")
 
 
+def _first_batch(ws, wid: str, key, venue: str, *, seed: int, timeout_s: float):
+    """Say hello as a version-2 worker, launch a fragment run on `venue` (no hedging), and
+    take the first jobs it sends: (the run, those jobs)."""
+    assert _hello(ws, wid, key, 2)["type"] == "welcome"
+    policy = {"subquery_timeout_s": timeout_s, "hedge": "off"}
+    run = launch(task="sniah", tokens=60_000, seed=seed, venues=[venue], policy=policy)
+    return run, _jobs(_next(ws, {"job", "jobs"}))
+
+
 def test_a_forged_signature_in_a_batch_loses_only_that_result(web, venues) -> None:
     """Signatures are checked one result at a time by the conductor, batch or not: the
     forged one is rejected (and its worker struck), the others in the same message count."""
     wid, key = _registered("forger", venue="batchsig", concurrency=8)
     with connect(ws_url(web), open_timeout=10) as ws:
-        assert _hello(ws, wid, key, 2)["type"] == "welcome"
-        run = launch(
-            task="sniah",
-            tokens=60_000,
-            seed=4,
-            venues=["batchsig"],
-            policy={"subquery_timeout_s": 4, "hedge": "off"},
-        )
-        first = _jobs(_next(ws, {"job", "jobs"}))
+        run, first = _first_batch(ws, wid, key, "batchsig", seed=4, timeout_s=4)
         assert len(first) >= 2, first
         forged = first[0]["sq_id"]
         stranger = keys.generate()
@@ -458,15 +459,7 @@ def test_a_refused_result_sends_its_job_elsewhere_at_once_not_at_its_timeout(web
     the refusal) instead of when its sub-query timeout (60 s here) runs out."""
     wid, key = _registered("refused-retry", venue="refretry", concurrency=8)
     with connect(ws_url(web), open_timeout=10) as ws:
-        assert _hello(ws, wid, key, 2)["type"] == "welcome"
-        run = launch(
-            task="sniah",
-            tokens=60_000,
-            seed=5,
-            venues=["refretry"],
-            policy={"subquery_timeout_s": 60, "hedge": "off"},
-        )
-        first = _jobs(_next(ws, {"job", "jobs"}))
+        run, first = _first_batch(ws, wid, key, "refretry", seed=5, timeout_s=60)
         items = [
             _answer(job, wid, key, status="finished" if job is first[0] else "ok") for job in first
         ]

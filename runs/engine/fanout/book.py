@@ -78,9 +78,6 @@ class Book:
     # Where each attempt went and why: (venue, the router's `how`: score, explore, ...).
     routes: dict[Place, tuple[str, str]] = field(default_factory=dict)
 
-    def reply(self, depth: int, batch: int, sq: int) -> dict[str, Any] | None:
-        return self.replies.get((depth, batch, sq))
-
     def hedged(self, depth: int, batch: int, sq: int, attempt: int) -> bool:
         """Whether the recording sent `attempt` of this sub-query as a hedge."""
         return (depth, batch, sq, attempt) in self.hedges

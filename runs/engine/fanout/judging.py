@@ -92,7 +92,7 @@ class Judge:
             failed = state.failed.setdefault(pos, set())
             failed.add(worker)
             if len(failed) <= self.scope.policy.max_retries:
-                retry.append(self._copy(state, pos, "recheck", failed))
+                retry.append(self._copy(state, pos, "recheck", set(failed)))
                 continue
             flight.outcome.status = "rejected"
             flight.outcome.error = (
@@ -185,21 +185,17 @@ class Judge:
                 avoid = set(decision.avoid_workers)
                 others = self._others(avoid)
                 if decision.outcome == "more" and not others:
-                    decision = dataclasses.replace(
-                        decision,
-                        reason=f"{decision.reason}; no other live worker to ask "
-                        f"({len(avoid)} asked already)",
-                    )
-                if not others or decision.outcome != "more" or sent[pos] >= policy.max_replicas:
+                    short = f"no other live worker to ask ({len(avoid)} asked already)"
+                    self._judge(state.flights[pos], decision, replies[pos], why.get(pos, ""), short)
+                    continue
+                if decision.outcome != "more" or sent[pos] >= policy.max_replicas:
                     self._judge(state.flights[pos], decision, replies[pos], why.get(pos, ""))
                     continue
                 # The round's copies share one set of workers tried: each worker one of
                 # them goes to is kept from the others (scheduler.Need.group).
                 tried = avoid | set(self.caught)
                 for _ in range(min(decision.dispatch, policy.max_replicas - sent[pos], others)):
-                    copy = self._copy(state, pos, "replica", tried)
-                    copy.tried = tried
-                    copies.append(copy)
+                    copies.append(self._copy(state, pos, "replica", tried))
                     sent[pos] += 1
             if not copies:
                 break
@@ -216,9 +212,11 @@ class Judge:
         decision: verify.Decision,
         replies: list[tuple[verify.Reply, Flight]],
         why: str = "",
+        short: str = "",
     ) -> None:
         """Record the verdict on the sub-query's span, teach reputation who was right, and
-        make the accepted answer (or the lack of one) the sub-query's outcome."""
+        make the accepted answer (or the lack of one) the sub-query's outcome. `short` says
+        why no more copies could go out when workers, not replicas, ran out."""
         if decision.outcome == "more":  # out of replicas, or of workers, without agreement
             decision = verify.Decision(
                 "unresolved",
@@ -227,7 +225,7 @@ class Judge:
                 replies=decision.replies,
                 mode=decision.mode,
                 reason=f"no agreement within {self.scope.policy.max_replicas} replicas"
-                + (f" ({decision.reason})" if "no other live worker" in decision.reason else ""),
+                + (f" ({decision.reason}; {short})" if short else ""),
             )
         attrs: dict[str, Any] = dict(decision.attrs())
         attrs["why"] = why
@@ -574,9 +572,10 @@ class Judge:
             if w["venue"] in where and wid not in avoid and wid not in self.caught
         )
 
-    def _copy(self, state: Batch, pos: int, kind: str, avoid: set[str]) -> Flight:
+    def _copy(self, state: Batch, pos: int, kind: str, tried: set[str]) -> Flight:
         """A copy of position `pos`'s sub-query, made to judge its reply; it runs on none
-        of the workers in `avoid`."""
+        of the workers in `tried`, which becomes its own set of workers tried: copies given
+        one set share it (scheduler.Need.group keeps them on distinct workers)."""
         holder = state.holder(pos)
         copy = Flight(
             Outcome(0),
@@ -586,7 +585,7 @@ class Judge:
             original=state.flights[pos].outcome.index,
             kind=kind,
         )
-        copy.tried = set(avoid)
+        copy.tried = tried
         return copy
 
 
