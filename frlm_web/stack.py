@@ -67,6 +67,9 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
+WS_HANDSHAKE_S = 30
+
+
 def web_proc(port: int, host: str | None = None) -> Proc:
     """The web server (daphne: HTTP and WebSockets), on loopback unless FRLM_WEB_HOST (or
     `host`) names another address: workers on other machines reach it there. Its WebSocket
@@ -93,6 +96,12 @@ def web_proc(port: int, host: str | None = None) -> Proc:
             str(MAX_MESSAGE_BYTES),
             "--websocket-max-frame-size",
             str(MAX_MESSAGE_BYTES),
+            # daphne refuses a socket whose handshake the app has not answered in 5 s, and
+            # a browser sees that as 1006 with no reason. The answer waits on the session
+            # lookup, which queues behind every other sync call of the process: on a loaded
+            # machine (CI) or a gateway worker's slow link, 5 s was seen to be too short.
+            "--websocket_connect_timeout",
+            str(WS_HANDSHAKE_S),
             *proxied,
             "frlm_web.asgi:application",
         ],

@@ -13,6 +13,7 @@ from django.conf import settings
 from django.core.management import get_commands, load_command_class
 
 from frlm_web.redis_acl import ROLES
+from frlm_web.stack import WS_HANDSHAKE_S
 from workers.gateway.protocol import MAX_MESSAGE_BYTES
 
 PROCFILE = Path(settings.BASE_DIR) / "Procfile"
@@ -83,6 +84,8 @@ def test_the_web_process_is_daphne_as_the_stack_starts_it():
     # A gateway job with its fragments fits in one WebSocket message (frlm_web/stack.py).
     assert args.websocket_max_message_size == MAX_MESSAGE_BYTES
     assert args.websocket_max_frame_size == MAX_MESSAGE_BYTES
+    # A handshake slowed by a loaded machine is not refused as 1006 (frlm_web/stack.py).
+    assert args.websocket_connect_timeout == WS_HANDSHAKE_S
     assert args.proxy_headers and args.host == "127.0.0.1" and args.port == 8000
 
 
