@@ -79,6 +79,11 @@ class Policy:
     # known-answer probes mixed into each batch; a new worker gets one per batch as well.
     check_floor: float = 0.06
     check_warmup: int = 10
+    # "batch": on the redundant tier every untrusted worker that answers in a batch takes
+    # part in at least one check of it (its answer copied, or a copy sent to it), so a
+    # turncoat is caught in the batch it turns in (runs.trust.verify.cover); "off": the
+    # floor alone.
+    check_cover: str = "batch"
     probe_rate: float = 0.01
     lie_penalty: float = 250.0
     # Hedging: a sub-query still running past this quantile of its venue's latency (in this
@@ -165,6 +170,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "hedge": ("off", "p90", "p95", "p99"),
     "agree_mode": ("exact", "numeric", "similar"),
     "premium_steps": ("single", "retries", "both"),
+    "check_cover": ("batch", "off"),
 }
 
 RANGES: dict[str, tuple[float, float]] = {

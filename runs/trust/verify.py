@@ -501,6 +501,67 @@ class Sampler:
         return checked
 
 
+COVER_WHY = "cover: every untrusted worker takes part in a check of each batch"
+
+
+@dataclass(frozen=True)
+class Cover:
+    """What `cover` adds to a batch's checks: positions to check besides the sampled ones,
+    and the worker the first copy of a checked position goes to."""
+
+    extra: list[int]
+    pins: dict[int, str]
+
+
+def cover(
+    owners: dict[int, str],
+    untrusted: Collection[str],
+    checked: Sequence[int],
+    checkers: Collection[str],
+    rng: random.Random,
+) -> Cover:
+    """Every untrusted worker that answered in a batch takes part in at least one check of
+    it: one of its answers is copied, or the copy of another worker's answer goes to it.
+    Either way a worker that has turned liar is caught in the first batch it lies in (it
+    cannot tell a copy from work), and its other answers of the batch are corrected before
+    they go back, instead of waiting up to 1/check_floor answers for the sampler.
+
+    A copy checks both workers at once, so the sampled checks (`checked`, positions of
+    `owners`) are sent first to workers not yet covered, then the workers left are paired:
+    one's answer goes to the other. With 6% sampled, a batch of 64 over 8 workers is
+    covered by the sampled checks alone most of the time; at most one copy per two
+    workers is added. `checkers` are the workers a copy may go to."""
+    by_worker: dict[str, list[int]] = {}
+    for pos, worker in sorted(owners.items()):
+        if worker in untrusted:
+            by_worker.setdefault(worker, []).append(pos)
+    covered = {owners[pos] for pos in checked if pos in owners}
+    left = [w for w in sorted(by_worker) if w not in covered]
+    rng.shuffle(left)
+    pins: dict[int, str] = {}
+
+    def checker(owner: str) -> str | None:
+        for worker in left:
+            if worker != owner and worker in checkers:
+                left.remove(worker)
+                return worker
+        return None
+
+    for pos in checked:
+        target = checker(owners.get(pos, ""))
+        if target is not None:
+            pins[pos] = target
+    extra: list[int] = []
+    while left:
+        worker = left.pop()
+        pos = rng.choice(by_worker[worker])
+        extra.append(pos)
+        target = checker(worker)
+        if target is not None:
+            pins[pos] = target
+    return Cover(sorted(extra), pins)
+
+
 def should_validate(
     agreeing_counts: Sequence[int],
     rng: random.Random,

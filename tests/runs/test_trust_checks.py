@@ -87,6 +87,39 @@ def test_it_catches_a_turncoat_with_a_good_record_and_corrects_its_answers(swarm
     assert all(v["attrs"]["why"].startswith(("suspect", "recheck")) for v in outvoted)
 
 
+def test_a_turncoat_the_sampler_passes_over_is_caught_by_the_batch_cover(swarm_factory):
+    # No floor and no probes: before every worker took part in a check of each batch, a
+    # liar with a long good record went unchecked and its lies were the run's answers
+    # (seen failing before runs.trust.verify.cover). Now its answer is copied, or another
+    # worker's answer goes to it, and either way it is outvoted and its answers corrected.
+    swarm = swarm_factory("covered", 4, latency=20, lie_share=0.25)
+    (liar,) = ids(swarm, liars=True)
+    vouch(ids(swarm, liars=False) | {liar})
+    policy = {
+        "tier": "redundant",
+        "check_floor": 0.0,
+        "probe_rate": 0.0,
+        "max_replicas": 3,
+        "explore": 0,
+        "min_reputation": 0.0,  # the liar keeps its share: its answers must be corrected
+    }
+    run = finish(launch(question=program(24), venues=["covered"], policy=policy))
+    assert run.status == "succeeded", run.error
+    replies = eval(run.answer)  # noqa: S307 (our own repr)
+    assert replies == [f"Station {i} is north of the river." for i in range(24)]
+    events = trace(run)
+    judged = named(events, "Verify.Redundant")
+    assert any(v["attrs"]["why"].startswith("cover") for v in judged), judged
+    assert liar in {f["worker_id"] for f in named(events, "Verify.Flag")}
+    # Cheap with honest workers: at most one copy per two of them, beyond the liar's.
+    honest_covers = [
+        v
+        for v in judged
+        if v["attrs"]["why"].startswith("cover") and liar not in v["attrs"]["disagreed"]
+    ]
+    assert len(honest_covers) <= 2
+
+
 def test_it_leaves_honest_workers_with_a_good_record_mostly_unchecked(swarm_factory):
     swarm = swarm_factory("honestfloor", 3, latency=20)
     vouch(ids(swarm, liars=False), results=200)
@@ -97,7 +130,8 @@ def test_it_leaves_honest_workers_with_a_good_record_mostly_unchecked(swarm_fact
     # At the floor of 10%: 60 answers, each worker checked every tenth answer or so.
     checked = named(events, "Verify.Redundant")
     assert 3 <= len(checked) <= 12
-    assert all("floor" in v["attrs"]["why"] for v in checked)
+    # The floor's, and the batch cover's for a worker the floor passed over.
+    assert all(v["attrs"]["why"].startswith(("sampled", "cover")) for v in checked)
     assert not named(events, "Verify.Flag")
 
 

@@ -13,6 +13,7 @@ from runs.trust.verify import (
     Reply,
     VerificationTally,
     consecutive_valid_after,
+    cover,
     function_verdict,
     judgements,
     objective_check,
@@ -191,6 +192,39 @@ def test_a_worker_caught_in_the_run_does_not_vote():
     )
     assert (decision.outcome, decision.text) == ("accept", "7")
     assert judgements(decision) == {"w1": True, "w2": False, "w3": True}
+
+
+def test_every_untrusted_worker_of_a_batch_takes_part_in_a_check():
+    # Eight untrusted workers with eight answers each, and one trusted worker: two sampled
+    # checks cover their owners and, through where their copies go, two more workers; the
+    # four left are paired, one's answer going to the other.
+    owners = {pos: f"w{pos % 9}" for pos in range(72)}
+    untrusted = {f"w{i}" for i in range(8)}  # w8 is trusted: nobody needs to check it
+    checkers = untrusted | {"w8"}
+    plan = cover(owners, untrusted, [0, 1], checkers, random.Random(7))
+    assert len(plan.extra) == 2  # four workers left: one copy per pair
+    assert set(plan.pins) == {0, 1, *plan.extra}
+    involved = {owners[p] for p in [0, 1, *plan.extra]} | set(plan.pins.values())
+    assert involved == untrusted
+    for pos, target in plan.pins.items():
+        assert target != owners[pos] and target in untrusted  # never a worker's own answer
+
+
+def test_cover_adds_nothing_when_the_sampled_checks_involve_everyone():
+    owners = {0: "a", 1: "b", 2: "c", 3: "d"}
+    plan = cover(owners, {"a", "b", "c", "d"}, [0, 2], {"a", "b", "c", "d"}, random.Random(1))
+    assert plan.extra == []
+    assert {plan.pins[0], plan.pins[2]} == {"b", "d"}
+
+
+def test_a_lone_worker_left_is_checked_by_anyone():
+    # Three workers, none sampled: a pair, and the third's answer copied wherever the
+    # scheduler sends it (no worker left uncovered to pin it to).
+    owners = {0: "a", 1: "b", 2: "c"}
+    plan = cover(owners, {"a", "b", "c"}, [], {"a", "b", "c"}, random.Random(3))
+    assert len(plan.extra) == 2 and len(plan.pins) == 1
+    involved = {owners[p] for p in plan.extra} | set(plan.pins.values())
+    assert involved == {"a", "b", "c"}
 
 
 def test_it_marks_a_sub_query_unresolved_when_replicas_never_agree():

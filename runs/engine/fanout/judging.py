@@ -123,8 +123,10 @@ class Judge:
     def redundant(self, state: Batch) -> None:
         """Copies of each answered sub-query go to other workers, in rounds, until its
         answer is accepted or it is unresolved. Which answers are copied: all of a new
-        worker's and a suspect's, policy.check_floor of the others (Judge._sample); a worker
-        outvoted here has its other answers of the batch copied too."""
+        worker's and a suspect's, policy.check_floor of the others (Judge._sample), and
+        enough more that every untrusted worker of the batch takes part in a check
+        (Judge._cover); a worker outvoted here has its other answers of the batch copied
+        too."""
         policy = verify.RedundancyPolicy(
             replicas=self.scope.policy.replicas,
             agree=self.scope.policy.agree,
@@ -152,7 +154,8 @@ class Judge:
                 if reason:
                     why[pos] = reason
         self._save_credit()
-        self._rounds(state, policy, sorted(why), replies, sent, why)
+        pins = self._cover(replies, why) if policy.agree > 1 else {}
+        self._rounds(state, policy, sorted(why), replies, sent, why, pins)
         # A worker caught in this batch has every other answer of it checked too: these
         # have not gone back to the REPL yet, so the check corrects them.
         again = [
@@ -173,8 +176,11 @@ class Judge:
         replies: dict[int, list[tuple[verify.Reply, Flight]]],
         sent: dict[int, int],
         why: dict[int, str],
+        pins: dict[int, str] | None = None,
     ) -> None:
-        """Copies of the sub-queries at `todo` go out in rounds until each is judged."""
+        """Copies of the sub-queries at `todo` go out in rounds until each is judged; the
+        first copy of a position in `pins` goes to the worker named there."""
+        pins = dict(pins or {})
         while todo:
             copies: list[Flight] = []
             for pos in todo:
@@ -194,7 +200,16 @@ class Judge:
                 # The round's copies share one set of workers tried: each worker one of
                 # them goes to is kept from the others (scheduler.Need.group).
                 tried = avoid | set(self.caught)
-                for _ in range(min(decision.dispatch, policy.max_replicas - sent[pos], others)):
+                count = min(decision.dispatch, policy.max_replicas - sent[pos], others)
+                target = pins.pop(pos, None)
+                if count and target is not None and target not in tried:
+                    # Pinned: every other worker counts as tried (as a probe is sent).
+                    pinned = set(self.roster.workers) - {target}
+                    copies.append(self._copy(state, pos, "replica", pinned))
+                    tried.add(target)
+                    sent[pos] += 1
+                    count -= 1
+                for _ in range(count):
                     copies.append(self._copy(state, pos, "replica", tried))
                     sent[pos] += 1
             if not copies:
@@ -364,6 +379,30 @@ class Judge:
             self.sampler.save()
         except redis.RedisError:
             pass  # the next run starts at a fresh phase
+
+    def _cover(
+        self, replies: dict[int, list[tuple[verify.Reply, Flight]]], why: dict[int, str]
+    ) -> dict[int, str]:
+        """Add checks so that every untrusted worker that answered in this batch takes part
+        in one (policy.check_cover, runs.trust.verify.cover); returns the worker the first
+        copy of each checked position goes to."""
+        if self.scope.policy.check_cover != "batch":
+            return {}
+        owners = {pos: judged[0][0].worker_id for pos, judged in replies.items()}
+        workers = self.roster.workers
+        untrusted = {
+            w
+            for w in owners.values()
+            if w and w not in self.caught and not workers.get(w, {}).get("trusted")
+        }
+        where = self.scope.verify_venues or self.scope.answer_venues
+        checkers = {
+            wid for wid, w in workers.items() if w["venue"] in where and wid not in self.caught
+        }
+        plan = verify.cover(owners, untrusted, sorted(why), checkers, self.rng)
+        for pos in plan.extra:
+            why[pos] = verify.COVER_WHY
+        return plan.pins
 
     def _recheck_why(self, worker: str) -> str:
         return f"recheck: its worker was caught ({self.caught[worker]})"
