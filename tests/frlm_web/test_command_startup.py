@@ -77,3 +77,54 @@ def test_it_loads_the_model_client_when_a_model_is_called(tmp_path: Path) -> Non
         check=True,
     )
     assert done.stdout.split() == ["True", "True"]
+
+
+# Runs manage.py itself, then says whether the app registry was populated and which model
+# modules were imported.
+MANAGE_PROBE = """
+import contextlib, io, json, runpy, sys
+sys.argv = ["manage.py", *sys.argv[1:]]
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    try:
+        runpy.run_path("manage.py", run_name="__main__")
+    except SystemExit:
+        pass
+from django.apps import apps
+print(json.dumps([apps.ready, sorted(m for m in sys.modules if m.endswith(".models"))]))
+"""
+
+
+def registry_after(tmp_path: Path, *argv: str) -> tuple[bool, list[str]]:
+    env = {**os.environ, "FRLM_DATA_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    env.pop("DJANGO_SETTINGS_MODULE", None)  # manage.py sets it, as for a user
+    done = subprocess.run(
+        [sys.executable, "-c", MANAGE_PROBE, *argv],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    ready, models = json.loads(done.stdout.strip().splitlines()[-1])
+    return ready, models
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["frlm_diff", "--help"],
+        ["frlm_diff", "rNoSuchA", "rNoSuchB"],  # as far as the store's answer
+        ["frlm_trace", "--help"],
+        ["frlm_trace", "rNoSuchA"],
+    ],
+)
+def test_a_trace_store_command_runs_without_the_app_registry(argv: list[str], tmp_path: Path):
+    # django.setup() imports every installed app (admin, auth, ...): most of a command's
+    # start. A read of the trace store needs only the settings (frlm_web/light.py).
+    assert registry_after(tmp_path, *argv) == (False, [])
+
+
+def test_the_probe_sees_a_command_that_sets_up_django(tmp_path: Path):
+    ready, models = registry_after(tmp_path, "frlm_runs", "--help")
+    assert ready and "runs.models" in models

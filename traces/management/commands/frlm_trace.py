@@ -9,6 +9,8 @@ from traces import store
 
 
 class Command(FrlmCommand):
+    # A read of the trace store: no system checks, and no app registry (frlm_web/light.py).
+    requires_system_checks: list[str] = []
     help = "Print a run's span tree with timings (or its events as JSON lines)."
 
     def add_arguments(self, parser) -> None:
