@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,15 +29,15 @@ print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))
 """
 
 
-def loaded_by_help(command: str, tmp_path: Path) -> list[str]:
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "frlm_web.settings",
-        "FRLM_DATA_DIR": str(tmp_path),
-        "PYTHONPATH": str(ROOT),
-    }
+def probe(code: str, argv: list[str], tmp_path: Path, *, settings: bool = True) -> Any:
+    """Run `code` in a fresh interpreter with `argv`; the JSON of its last line. Without
+    `settings`, DJANGO_SETTINGS_MODULE is left for manage.py to set, as for a user."""
+    env = {**os.environ, "FRLM_DATA_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    if settings:
+        env["DJANGO_SETTINGS_MODULE"] = "frlm_web.settings"
     done = subprocess.run(
-        [sys.executable, "-c", PROBE, command],
+        [sys.executable, "-c", code, *argv],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -45,6 +46,10 @@ def loaded_by_help(command: str, tmp_path: Path) -> list[str]:
         check=True,
     )
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def loaded_by_help(command: str, tmp_path: Path) -> list[str]:
+    return probe(PROBE, [command], tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -95,18 +100,7 @@ print(json.dumps([apps.ready, sorted(m for m in sys.modules if m.endswith(".mode
 
 
 def registry_after(tmp_path: Path, *argv: str) -> tuple[bool, list[str]]:
-    env = {**os.environ, "FRLM_DATA_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
-    env.pop("DJANGO_SETTINGS_MODULE", None)  # manage.py sets it, as for a user
-    done = subprocess.run(
-        [sys.executable, "-c", MANAGE_PROBE, *argv],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
-    ready, models = json.loads(done.stdout.strip().splitlines()[-1])
+    ready, models = probe(MANAGE_PROBE, list(argv), tmp_path, settings=False)
     return ready, models
 
 

@@ -30,6 +30,27 @@ def vouch(worker_ids: set[str], results: int = 40) -> None:
     reputations.flush()
 
 
+def corrected_run(swarm, n: int, **policy):
+    """A redundant-tier run of `n` questions on `swarm`, every worker (the liar too) with a
+    long good record and the liar keeping its share: every answer must come out right, so
+    whatever checks the policy makes must catch it and correct its answers. The liar's
+    id and the run's events."""
+    (liar,) = ids(swarm, liars=True)
+    vouch(ids(swarm, liars=False) | {liar})
+    policy = {
+        "tier": "redundant",
+        "max_replicas": 3,
+        "explore": 0,
+        "min_reputation": 0.0,  # the liar keeps its share: its answers must be corrected
+        **policy,
+    }
+    run = finish(launch(question=program(n), venues=[swarm.venue], policy=policy))
+    assert run.status == "succeeded", run.error
+    replies = eval(run.answer)  # noqa: S307 (our own repr)
+    assert replies == [f"Station {i} is north of the river." for i in range(n)]
+    return liar, trace(run)
+
+
 def test_it_probes_each_new_worker_before_trusting_it_and_catches_a_liar(swarm_factory):
     # Three workers, one liar: with two, the redundant tier's extra copies go back to the
     # same two workers and a liar answering twice outvoted the honest one (seen once in CI:
@@ -65,21 +86,7 @@ def test_it_catches_a_turncoat_with_a_good_record_and_corrects_its_answers(swarm
     # Every worker has a long good record, so the floor alone would check few answers; the
     # liar is caught by a probe, and then every answer of it in the batch is re-checked.
     swarm = swarm_factory("turncoat", 3, latency=20, lie_share=0.34)
-    (liar,) = ids(swarm, liars=True)
-    vouch(ids(swarm, liars=False) | {liar})
-    policy = {
-        "tier": "redundant",
-        "check_floor": 0.0,
-        "probe_rate": 1.0,
-        "max_replicas": 3,
-        "explore": 0,
-        "min_reputation": 0.0,  # the liar keeps its share: its answers must be corrected
-    }
-    run = finish(launch(question=program(20), venues=["turncoat"], policy=policy))
-    assert run.status == "succeeded", run.error
-    replies = eval(run.answer)  # noqa: S307 (our own repr)
-    assert replies == [f"Station {i} is north of the river." for i in range(20)]
-    events = trace(run)
+    liar, events = corrected_run(swarm, 20, check_floor=0.0, probe_rate=1.0)
     assert any(e["status"] == "rejected" for e in named(events, "Verify.Probe"))
     # Caught, it is a suspect: each of its answers was checked, and outvoted.
     outvoted = [v for v in named(events, "Verify.Redundant") if liar in v["attrs"]["disagreed"]]
@@ -93,21 +100,7 @@ def test_a_turncoat_the_sampler_passes_over_is_caught_by_the_batch_cover(swarm_f
     # (seen failing before runs.trust.verify.cover). Now its answer is copied, or another
     # worker's answer goes to it, and either way it is outvoted and its answers corrected.
     swarm = swarm_factory("covered", 4, latency=20, lie_share=0.25)
-    (liar,) = ids(swarm, liars=True)
-    vouch(ids(swarm, liars=False) | {liar})
-    policy = {
-        "tier": "redundant",
-        "check_floor": 0.0,
-        "probe_rate": 0.0,
-        "max_replicas": 3,
-        "explore": 0,
-        "min_reputation": 0.0,  # the liar keeps its share: its answers must be corrected
-    }
-    run = finish(launch(question=program(24), venues=["covered"], policy=policy))
-    assert run.status == "succeeded", run.error
-    replies = eval(run.answer)  # noqa: S307 (our own repr)
-    assert replies == [f"Station {i} is north of the river." for i in range(24)]
-    events = trace(run)
+    liar, events = corrected_run(swarm, 24, check_floor=0.0, probe_rate=0.0)
     judged = named(events, "Verify.Redundant")
     assert any(v["attrs"]["why"].startswith("cover") for v in judged), judged
     assert liar in {f["worker_id"] for f in named(events, "Verify.Flag")}
