@@ -5,7 +5,9 @@ these through the environment."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import socket
 import tempfile
 
@@ -30,6 +32,12 @@ if "FRLM_TEST_SESSION_DIR" not in os.environ:
             "FRLM_MODEL_RETRIES": "0",
         }
     )
+    # The process that made the directory removes it when it exits, after its stack has
+    # stopped (pytest's session fixtures, a bench's private_stack): each test session left
+    # up to 80 MB in /tmp, and 800 of them had piled up here. FRLM_KEEP_TEST_DIR=1 keeps it
+    # (its stack/logs hold every process's log).
+    if os.environ.get("FRLM_KEEP_TEST_DIR") != "1":
+        atexit.register(shutil.rmtree, _dir, True)
 
 # This process (the test runner, a bench's driver) may import the ASGI application but is
 # not the web server: it leaves the run leases to the stack's web server and conductors.

@@ -478,6 +478,21 @@ def test_it_diffs_two_real_runs_that_differ_in_their_second_cell(venues, subproc
     submit = [n for n in diff["nodes"] if n["name"] == "SubQuery.Submit"]
     assert submit[0]["count"] == {"a": 4, "b": 4, "delta": 0}
 
+    # The command fetched row tuples (it never imports pyarrow); a process that has Arrow
+    # loaded reads the same columns through it (traces.store._columns_many).
+    from traces import store
+
+    queries = [(store._SPANS_SQL, None), (store._INSTANTS_SQL, None)]
+
+    def rows(columns: dict) -> list:  # spans come grouped, in no set order
+        return sorted(zip(*columns.values(), strict=True), key=repr)
+
+    for run in (run_a, run_b):
+        through_arrow = store._columns_many(run.id, queries, arrow=True)
+        as_tuples = store._columns_many(run.id, queries, arrow=False)
+        assert [list(c) for c in as_tuples] == [list(c) for c in through_arrow]  # names
+        assert [rows(c) for c in as_tuples] == [rows(c) for c in through_arrow]
+
     out = StringIO()
     call_command("frlm_diff", run_a.id, run_b.id, stdout=out)
     text = out.getvalue()
