@@ -1,7 +1,9 @@
 """Replay and diff benchmark, measured side by side in one run on a private stack:
 
 frlm_diff A B            `manage.py frlm_diff` of two 1,000-sub-query runs, as a command
-                         (target < 0.6 s); the same diff in-process beside it
+                         (target < 0.6 s), as a user finds them (the recorder has cached
+                         each run's span tree beside its segments), then with no cache (the
+                         command folds both trees in DuckDB); the diff in-process beside it
 frlm_replay, cold        `manage.py frlm_replay` of a 1,000-sub-query run with fresh worker
                          and conductor processes (target < 3 s), and the recorded run's wall
                          time beside it
@@ -200,13 +202,23 @@ def main() -> None:
 def measure(stack: Stack, run_a: str, run_b: str, repeat: int) -> dict[str, list]:
     """Each command `repeat` times, interleaved so drift in the machine's load falls on
     all of them: the floor, the diff, the diff in-process, a cold replay and its diff."""
+    from traces import store
     from traces.diff import run_diff
 
     rows: dict[str, list] = {"floor": [], "diff": [], "in_process": [], "replay": []}
-    rows |= {"replay_wall": [], "clean": []}
+    rows |= {"replay_wall": [], "clean": [], "first": [], "cached": []}
     for _ in range(repeat):
         rows["floor"].append(command(stack, "frlm_diff", "--help")[0])
+        # The recorder folds a finished run's span tree into a cache beside its segments
+        # once the run has been quiet for 2 s (traces.store._tree_columns): the diff as a
+        # user finds it. Then without the cache (a run diffed within 2 s of its end, or
+        # recorded before there was one): the command folds both trees in DuckDB.
+        caches = [store.run_dir(run_id) / store.TREE_CACHE for run_id in (run_a, run_b)]
+        rows["cached"].append(all(cache.exists() for cache in caches))
         rows["diff"].append(command(stack, "frlm_diff", run_a, run_b)[0])
+        for cache in caches:
+            cache.unlink(missing_ok=True)
+        rows["first"].append(command(stack, "frlm_diff", run_a, run_b)[0])
         cpu, started = time.process_time(), time.perf_counter()
         run_diff(run_a, run_b)
         rows["in_process"].append(Timing(time.perf_counter() - started, time.process_time() - cpu))
@@ -241,13 +253,19 @@ def report(n: int, run_a: str, rows: dict[str, list]) -> None:
     print(f"  {'':34} {'wall best':>9} {'median':>9}  CPU (command, stack meanwhile)")
     print(row("manage.py frlm_diff --help (floor)", rows["floor"]))
     print(row("manage.py frlm_diff A B", rows["diff"], DIFF_TARGET_S))
+    print(row("  the same with no tree cache", rows["first"], DIFF_TARGET_S))
     print(row("  run_diff in-process", rows["in_process"]))
     print(row("manage.py frlm_replay, cold", rows["replay"], REPLAY_TARGET_S))
     print(row("  the replay run's own wall", rows["replay_wall"]))
     print(row("  the recorded run's wall", [Timing(wall_s(run_a), 0.0)]))
     floor = min(t.wall_s for t in rows["floor"])
+    first = min(t.wall_s for t in rows["first"]) - floor
     over = min(t.wall_s for t in rows["diff"]) - floor
-    print(f"  frlm_diff A B over the floor       {over:7.3f} s")
+    print(f"  frlm_diff A B over the floor       {over:7.3f} s ({first:.3f} s with no cache)")
+    print(
+        f"  trees cached by the recorder       {sum(rows['cached'])}/{len(rows['cached'])} "
+        "of the diffs found both runs' cache"
+    )
     print(f"  replay diffs clean                 {sum(rows['clean'])}/{len(rows['clean'])}")
 
 

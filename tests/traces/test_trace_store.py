@@ -69,6 +69,62 @@ def test_it_builds_the_span_tree(client):
     assert "SubQuery.Submit open" in text
 
 
+def test_it_caches_a_finished_runs_tree_until_another_segment_arrives(client, monkeypatch):
+    emitter = Emitter(client, "rC")
+    recorder = Recorder(client)
+    recorder.ensure_group()
+    with emitter.span("Run.Init") as run:
+        submit = emitter.start("SubQuery.Submit", parent=run.span_id)
+    recorder.step()
+    cache = store.run_dir("rC") / store.TREE_CACHE
+    (root,) = store.span_tree("rC")
+    assert root.children[0].open and not cache.exists()  # a live run's tree is not kept
+    submit.end(status="cancelled")  # the hedged-away attempt ends after its run
+    recorder.step()
+    (folded,) = store.span_tree("rC")
+    assert cache.exists() and folded.children[0].status == "cancelled"
+
+    def no_duckdb(*args, **kwargs):
+        raise AssertionError("the cache should have answered")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(store, "_columns_many", no_duckdb)
+        (cached,) = store.span_tree("rC")
+    assert cached == folded
+    # A later event is a new segment: the cache no longer names the run's segments.
+    emitter.instant("Verify.Flag", parent=run.span_id, status="rejected")
+    recorder.step()
+    (again,) = store.span_tree("rC")
+    assert [i["name"] for i in again.instants] == ["Verify.Flag"]
+    # A torn cache file is folded again, never trusted.
+    cache.write_text('{"segments": [')
+    assert store.span_tree("rC") == [again]
+
+
+def test_the_recorder_folds_a_run_once_it_has_ended_and_gone_quiet(client):
+    emitter = Emitter(client, "rF")
+    recorder = Recorder(client)
+    recorder.ensure_group()
+    with emitter.span("Run.Init") as run:
+        emitter.instant("Env.LoadFragment", parent=run.span_id, chars=10)
+        recorder.step()
+        assert recorder.fold_due == {}  # still running: nothing to fold
+    recorder.step()
+    assert set(recorder.fold_due) == {"rF"}
+    cache = store.run_dir("rF") / store.TREE_CACHE
+    recorder.fold(time.monotonic())  # not quiet long enough yet
+    assert not cache.exists() and set(recorder.fold_due) == {"rF"}
+    recorder.fold(time.monotonic() + 60)
+    assert cache.exists() and recorder.fold_due == {}
+    # An event after the fold makes the cache stale: the run is folded again later.
+    emitter.instant("Verify.Flag", parent=run.span_id, status="rejected")
+    recorder.step()
+    assert set(recorder.fold_due) == {"rF"}
+    recorder.fold(time.monotonic() + 60)
+    cached = json.loads(cache.read_text())
+    assert len(cached["segments"]) == 3 and len(cached["columns"][1]["name"]) == 2
+
+
 def test_it_dead_letters_bad_events_and_goes_on(client):
     recorder = Recorder(client)
     recorder.ensure_group()

@@ -32,6 +32,10 @@ log = logging.getLogger("traces.recorder")  # the name its log lines had before 
 # is stored (see Recorder._gather); a backlog is stored at once.
 GATHER_S = 0.1
 GATHER_BELOW = 1000
+# A run whose root span has ended is folded into its cached span tree once no event of it
+# has come for this long (see Recorder.fold): the attempts it gave up (a hedge's loser, a
+# cut-off straggler) end their spans within a second or two of it.
+FOLD_QUIET_S = 2.0
 
 
 class Recorder:
@@ -61,6 +65,10 @@ class Recorder:
         # Called with each batch once it is durable, before it is acknowledged (the OTLP
         # stream, traces.otlp_stream); it must return at once and never raise.
         self.on_stored: Callable[[pa.Table], None] | None = None
+        # Runs to fold into their cached span tree, with when (store._tree_columns): the
+        # first `frlm_diff` of a run then reads one file instead of its segments.
+        self.fold_due: dict[str, float] = {}
+        self.fold_quiet_s = FOLD_QUIET_S
 
     # --- lifecycle -------------------------------------------------------------------
     def acquire(self, ttl_s: int = 10) -> None:
@@ -108,7 +116,8 @@ class Recorder:
                 if outage.away:
                     self._resume()
                     outage.back()
-                self.step()
+                if not self.step():
+                    self.fold(time.monotonic())
                 if time.monotonic() - last_refresh > 2:
                     self.refresh()
                     last_refresh = time.monotonic()
@@ -210,6 +219,7 @@ class Recorder:
             if events.num_rows:
                 staged.append(_stage_table(run_id, events, self.blobs, first_id=first_id))
                 stored += events.num_rows
+                self._fold_later(run_id, events)
         self.blobs.sync()
         if staged:
             _commit(staged)
@@ -228,6 +238,28 @@ class Recorder:
             log.warning("recorder: %d event(s) dead-lettered, first: %s", len(dead), dead[0][1])
         self.stored += stored
         return stored
+
+    def _fold_later(self, run_id: str, events: pa.Table) -> None:
+        """Put off the run's fold while its events come: the run ended in this batch, or
+        it was already waiting, or it has a cached tree these events make stale."""
+        ended = pc.any(
+            pc.and_(pc.equal(events.column("phase"), "end"), events.column("parent_id").is_null())
+        ).as_py()
+        if ended or run_id in self.fold_due or (store.run_dir(run_id) / store.TREE_CACHE).exists():
+            self.fold_due[run_id] = time.monotonic() + self.fold_quiet_s
+
+    def fold(self, now: float) -> None:
+        """Fold one run that has been quiet long enough into its cached span tree, while
+        the stream has nothing to store (a fold of 1,000 sub-queries takes ~0.15 s)."""
+        due = [run_id for run_id, at in self.fold_due.items() if at <= now]
+        if not due:
+            return
+        run_id = min(due, key=self.fold_due.__getitem__)
+        del self.fold_due[run_id]
+        try:
+            store.span_tree(run_id)  # writes the cache once every span has ended
+        except Exception:  # a cache is only a shortcut: readers fold the tree themselves
+            log.exception("recorder: could not fold the span tree of run %s", run_id)
 
     def trim(self) -> None:
         """Delete what every reader of the stream is done with (stream.trim)."""
