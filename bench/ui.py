@@ -207,8 +207,21 @@ MARKS_JS = """() => {
     for (const m of performance.getEntriesByType("mark")) {
         out[m.name.replace("frlm:", "")] = m.startTime;
     }
+    const [nav] = performance.getEntriesByType("navigation");
+    if (nav) {
+        out["page first byte"] = nav.responseStart;
+        out["page received"] = nav.responseEnd;
+    }
+    for (const r of performance.getEntriesByType("resource")) {
+        const name = r.name.split("?")[0].split("/").pop();
+        if (name.endsWith(".js") || name.endsWith(".css")) out["got " + name] = r.responseEnd;
+    }
     const got = performance.getEntriesByType("resource").find((r) => r.name.endsWith("/events"));
-    if (got) out["trace received"] = got.responseEnd;
+    if (got) {
+        out["trace asked"] = got.requestStart;
+        out["trace first byte"] = got.responseStart;
+        out["trace received"] = got.responseEnd;
+    }
     for (const [name, ms] of Object.entries(frlmMovie.views.timings)) out["draw " + name] = ms;
     return out;
 }"""

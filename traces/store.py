@@ -122,6 +122,13 @@ def read_events(run_id: str, *, after_seq: int = 0) -> list[dict[str, Any]]:
     return rows
 
 
+def run_ended(run_id: str) -> bool:
+    """Whether the run's root span has ended (later events may still come: the attempts it
+    gave up end after it)."""
+    rows = _query(run_id, "SELECT count(*) AS n FROM ev WHERE phase = 'end' AND parent_id IS NULL")
+    return bool(rows and rows[0]["n"])
+
+
 def event_count(run_id: str) -> int:
     rows = _query(run_id, "SELECT count(*) AS n FROM ev")
     return rows[0]["n"] if rows else 0
@@ -200,38 +207,53 @@ def span_tree(run_id: str) -> list[SpanNode]:
 TREE_CACHE = "span-tree.json"
 
 
+def read_beside(run_id: str, name: str) -> tuple[list[list[Any]], bytes | None]:
+    """A file kept beside the run's segments, made from them (a folded span tree, the run
+    page's events): the segments' key, and the file's content when it was made from
+    exactly these segments, else None. A segment is written whole, by rename, and never
+    changed, so file names and sizes are the key; an event stored later adds a segment
+    and makes every such file stale. The file is the key's JSON on its first line, then
+    the content."""
+    files = _segments(run_id)
+    key = [[Path(f).name, Path(f).stat().st_size] for f in files]
+    try:
+        head, _, content = (run_dir(run_id) / name).read_bytes().partition(b"\n")
+        if key and json.loads(head) == key:
+            return key, content
+    except (OSError, ValueError):
+        pass  # none yet, or torn by a crash (rename makes that rare): make it again
+    return key, None
+
+
+def write_beside(run_id: str, name: str, key: list[list[Any]], content: bytes) -> None:
+    """Keep `content` beside the run's segments, under the key read_beside gave, by
+    rename (whichever reader comes first); a data directory it cannot write to is only
+    read."""
+    path = run_dir(run_id) / name
+    tmp = path.with_name(f".{name}.{os.getpid()}.{threading.get_ident()}")
+    try:
+        tmp.write_bytes(json.dumps(key).encode() + b"\n" + content)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
 def _tree_columns(run_id: str) -> list[dict[str, list[Any]]]:
-    """The spans' and the instants' columns of the run, from the cache when the segments
-    it was made from are still the run's segments, else from DuckDB.
+    """The spans' and the instants' columns of the run, from the cache beside its segments
+    when it is fresh (read_beside), else from DuckDB.
 
     A cold `frlm_diff` of two 1,000-sub-query runs spent 0.13 s importing DuckDB and 0.15 s
     per run in its queries over some 25 segments; the cache is one file that json reads in
-    20 ms. It is made when a reader finds every span ended (a live run's tree changes with
-    each batch) and names the segments (file and size: a segment is written whole, by
-    rename, and never changed), so an event stored later, such as a hedged-away attempt's
-    end after its run, adds a segment and the next read folds the tree again. Written by
-    rename, by whichever reader comes first; a data directory it cannot write to is only
-    read."""
-    files = _segments(run_id)
-    if not files:
-        return []
-    key = [[Path(f).name, Path(f).stat().st_size] for f in files]
-    cache = run_dir(run_id) / TREE_CACHE
-    try:
-        cached = json.loads(cache.read_bytes())
-        if cached["segments"] == key:
-            return cached["columns"]
-    except (OSError, ValueError, KeyError, TypeError):
-        pass  # none yet, or torn by a crash (rename makes that rare): fold again
+    20 ms. It is made when every span has ended (a live run's tree changes with each
+    batch): by the recorder once the run has gone quiet (Recorder.fold), or by the first
+    reader to find it missing or stale."""
+    key, cached = read_beside(run_id, TREE_CACHE)
+    if cached is not None:
+        return json.loads(cached)
     columns = _columns_many(run_id, [(_SPANS_SQL, None), (_INSTANTS_SQL, None)])
     spans = columns[0] if columns else {}
     if spans and all(end is not None for end in spans["end_ns"]):
-        tmp = cache.with_name(f".{TREE_CACHE}.{os.getpid()}.{threading.get_ident()}")
-        try:
-            tmp.write_text(json.dumps({"segments": key, "columns": columns}))
-            os.replace(tmp, cache)
-        except OSError:
-            tmp.unlink(missing_ok=True)
+        write_beside(run_id, TREE_CACHE, key, json.dumps(columns).encode())
     return columns
 
 

@@ -259,3 +259,36 @@ def test_it_keeps_the_newest_spans_in_view_until_the_reader_scrolls_up(page, web
     page.wait_for_timeout(300)
     assert page.evaluate(f"{scroller}.scrollTop") == 0
     root.end()
+
+
+def test_it_keeps_an_ended_runs_trace_answer_until_a_later_event(staff):
+    import gzip
+    import json
+
+    from traces.views import EVENTS_CACHE
+
+    run = finish(launch(question=scripted("FINAL('kept')")))
+    assert run.status == "succeeded", run.error
+    trace(run)
+    client = Client()
+    client.force_login(staff)
+
+    def events(**headers) -> dict:
+        answer = client.get(f"/api/runs/{run.id}/events", **headers)
+        assert answer.status_code == 200
+        body = answer.content
+        if answer.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        return json.loads(body)
+
+    first = events(HTTP_ACCEPT_ENCODING="gzip")
+    cache = store.run_dir(run.id) / EVENTS_CACHE
+    assert cache.exists()  # the run has ended: its answer is kept
+    assert events(HTTP_ACCEPT_ENCODING="gzip") == first == events()  # kept, and as built
+    # A later event (a given-up attempt ending after its run) makes the kept answer stale.
+    count = store.event_count(run.id)
+    Emitter(get_redis(), run.id).instant("Verify.Flag", status="rejected", reason="late")
+    wait_until(lambda: store.event_count(run.id) > count, what="the late event stored")
+    later = events(HTTP_ACCEPT_ENCODING="gzip")
+    assert later["last_seq"] > first["last_seq"]
+    assert later["events"][: len(first["events"])] == first["events"]

@@ -121,8 +121,9 @@ def test_the_recorder_folds_a_run_once_it_has_ended_and_gone_quiet(client):
     recorder.step()
     assert set(recorder.fold_due) == {"rF"}
     recorder.fold(time.monotonic() + 60)
-    cached = json.loads(cache.read_text())
-    assert len(cached["segments"]) == 3 and len(cached["columns"][1]["name"]) == 2
+    key, content = store.read_beside("rF", store.TREE_CACHE)
+    assert len(key) == 3 and content is not None  # folded from all three segments
+    assert len(json.loads(content)[1]["name"]) == 2  # both instants
 
 
 def test_it_dead_letters_bad_events_and_goes_on(client):
