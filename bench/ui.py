@@ -6,7 +6,7 @@ run page         from navigation to the run page of a 10,000-span run: the heade
                  the first render of the views after the trace is in); cold (a new browser
                  context each load: an empty profile, no cache) and warm (reloads in one
                  context). Two deliveries of Plotly side by side, the page's code the same
-                 in both: "now" (the 1.5 MB cartesian bundle, gzipped, loaded async, the
+                 in both: "now" (the 1.5 MB cartesian bundle, gzipped, preloaded, run and the
                  views drawn once the waterfall is on screen) and "before" (the full
                  4.8 MB bundle, plain, loaded with defer so the page waited for it), the
                  latter put in place by the browser's request routing (which turns the
@@ -175,7 +175,7 @@ class ChannelTap:
 
 
 FULL_PLOTLY = os.path.join(os.path.dirname(plotly.__file__), "package_data", "plotly.min.js")
-PLOTLY_TAG = re.compile(r'<script src="(/vendor/[^"]+)" id="plotly-js" async[^>]*></script>')
+PLOTLY_TAG = re.compile(r'<link rel="preload" href="(/vendor/[^"]+)" as="script" id="plotly-js">')
 
 
 def route_delivery(context, run_id: str, before: bool) -> None:

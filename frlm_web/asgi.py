@@ -12,11 +12,11 @@ django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
-from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.urls import get_resolver  # noqa: E402
 
 from frlm_web.checks import refuse_to_serve  # noqa: E402
 from frlm_web.routing import websocket_urlpatterns  # noqa: E402
+from frlm_web.static_files import StaticFiles  # noqa: E402
 
 # daphne runs no system checks: the refusal they would give is given here.
 refuse_to_serve()
@@ -36,10 +36,10 @@ if settings.FRLM_LEASE_WATCH:
 
 application = ProtocolTypeRouter(
     {
-        # daphne serves no files itself. The handler answers /static/ from the finders
+        # daphne serves no files itself. StaticFiles answers /static/ from the finders
         # (static/ and the apps' own, such as the admin's) with DEBUG off as well, so there
-        # is no collectstatic step to forget; conditional GETs are answered 304.
-        "http": ASGIStaticFilesHandler(django_asgi_app),
+        # is no collectstatic step to forget: from memory, gzipped, 304 when current.
+        "http": StaticFiles(django_asgi_app),
         # Each route brings its own checks (frlm_web/routing.py): browsers' sockets an
         # origin check and the session, the workers' gateway a signed challenge.
         "websocket": URLRouter(websocket_urlpatterns),

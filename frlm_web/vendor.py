@@ -20,6 +20,8 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotModified
 from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_GET
 
+from frlm_web.static_files import gzip_accepted
+
 PLOTLY_VERSION = "4.1.1"
 PLOTLY_FILE = f"plotly-cartesian-{PLOTLY_VERSION}.min.js"
 YEAR_S = 365 * 86_400
@@ -34,8 +36,7 @@ def _plotly() -> tuple[bytes, bytes, str]:
 
 
 def accepts_gzip(request: HttpRequest) -> bool:
-    codings = request.headers.get("Accept-Encoding", "")
-    return any(c.split(";")[0].strip() in ("gzip", "*") for c in codings.split(","))
+    return gzip_accepted(request.headers.get("Accept-Encoding", ""))
 
 
 @require_GET
