@@ -53,8 +53,8 @@ def _stamp(path: Path) -> tuple[int, int]:
     return stat.st_size, stat.st_mtime_ns
 
 
-def _load(relative: str) -> Entry | None:
-    """Find and read a static file; None when no finder has it."""
+def load_file(relative: str) -> Entry | None:
+    """Find and read a static file, gzipped and with its ETag; None when no finder has it."""
     found = finders.find(relative)
     if not found or not os.path.isfile(found):
         return None
@@ -132,7 +132,7 @@ class StaticFiles:
                 return entry
         except OSError:
             pass  # gone since: look again
-        entry = await asyncio.to_thread(_load, relative)
+        entry = await asyncio.to_thread(load_file, relative)
         if entry is None:
             self.entries.pop(relative, None)
         else:

@@ -12,15 +12,12 @@ a half. Its URL names its version, so a browser keeps it a year without asking a
 from __future__ import annotations
 
 import functools
-import gzip
-import hashlib
 
-from django.conf import settings
 from django.http import HttpRequest, HttpResponse, HttpResponseNotModified
 from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_GET
 
-from frlm_web.static_files import gzip_accepted
+from frlm_web.static_files import Entry, gzip_accepted, load_file
 
 PLOTLY_VERSION = "4.1.1"
 PLOTLY_FILE = f"plotly-cartesian-{PLOTLY_VERSION}.min.js"
@@ -28,11 +25,12 @@ YEAR_S = 365 * 86_400
 
 
 @functools.cache
-def _plotly() -> tuple[bytes, bytes, str]:
-    """(plain bytes, gzipped bytes, ETag) of the vendored bundle."""
-    raw = (settings.BASE_DIR / "static" / "vendor" / PLOTLY_FILE).read_bytes()
-    packed = gzip.compress(raw, compresslevel=9, mtime=0)
-    return raw, packed, '"' + hashlib.sha256(raw).hexdigest()[:20] + '"'
+def _plotly() -> Entry:
+    """The vendored bundle, gzipped and with its ETag (read as any static file is)."""
+    entry = load_file(f"vendor/{PLOTLY_FILE}")
+    if entry is None or entry.packed is None:
+        raise RuntimeError(f"static/vendor/{PLOTLY_FILE} is missing: restore it from git")
+    return entry
 
 
 def accepts_gzip(request: HttpRequest) -> bool:
@@ -42,14 +40,15 @@ def accepts_gzip(request: HttpRequest) -> bool:
 @require_GET
 def plotly_js(request: HttpRequest) -> HttpResponse:
     """The Plotly bundle: gzipped when the browser takes gzip, cached a year (immutable)."""
-    raw, packed, etag = _plotly()
+    entry = _plotly()
+    etag = entry.etag.decode()
     if request.headers.get("If-None-Match") == etag:
         response: HttpResponse = HttpResponseNotModified()
     elif accepts_gzip(request):
-        response = HttpResponse(packed, content_type="text/javascript; charset=utf-8")
+        response = HttpResponse(entry.packed, content_type="text/javascript; charset=utf-8")
         response["Content-Encoding"] = "gzip"
     else:
-        response = HttpResponse(raw, content_type="text/javascript; charset=utf-8")
+        response = HttpResponse(entry.body, content_type="text/javascript; charset=utf-8")
     response["ETag"] = etag
     response["Cache-Control"] = f"public, max-age={YEAR_S}, immutable"
     patch_vary_headers(response, ["Accept-Encoding"])

@@ -203,9 +203,7 @@ class Judge:
                 count = min(decision.dispatch, policy.max_replicas - sent[pos], others)
                 target = pins.pop(pos, None)
                 if count and target is not None and target not in tried:
-                    # Pinned: every other worker counts as tried (as a probe is sent).
-                    pinned = set(self.roster.workers) - {target}
-                    copies.append(self._copy(state, pos, "replica", pinned))
+                    copies.append(self._copy(state, pos, "replica", self._only(target)))
                     tried.add(target)
                     sent[pos] += 1
                     count -= 1
@@ -395,11 +393,7 @@ class Judge:
             for w in owners.values()
             if w and w not in self.caught and not workers.get(w, {}).get("trusted")
         }
-        where = self.scope.verify_venues or self.scope.answer_venues
-        checkers = {
-            wid for wid, w in workers.items() if w["venue"] in where and wid not in self.caught
-        }
-        plan = verify.cover(owners, untrusted, sorted(why), checkers, self.rng)
+        plan = verify.cover(owners, untrusted, sorted(why), self._askable(), self.rng)
         for pos in plan.extra:
             why[pos] = verify.COVER_WHY
         return plan.pins
@@ -484,7 +478,7 @@ class Judge:
                 kind="probe",
                 probe=probe,
             )
-            flight.tried = set(self.roster.workers) - {wid}
+            flight.tried = self._only(wid)
             flights.append(flight)
         if flights:
             self.tally.add_extra("probe", len(flights))
@@ -601,15 +595,23 @@ class Judge:
             return None, f"it is not about this reply ({', '.join(wrong)} differ)"
         return signed, None  # type: ignore[return-value]
 
-    def _others(self, avoid: set[str]) -> int:
-        """How many live workers a replica may still go to: on the venues copies run on,
-        not in `avoid`, and not caught lying in this run (their votes do not count)."""
+    def _askable(self) -> set[str]:
+        """The live workers a copy may go to: on the venues copies run on, and not caught
+        lying in this run (their votes do not count)."""
         where = self.scope.verify_venues or self.scope.answer_venues
-        return sum(
-            1
+        return {
+            wid
             for wid, w in self.roster.workers.items()
-            if w["venue"] in where and wid not in avoid and wid not in self.caught
-        )
+            if w["venue"] in where and wid not in self.caught
+        }
+
+    def _others(self, avoid: set[str]) -> int:
+        """How many workers a replica may still go to, besides those in `avoid`."""
+        return len(self._askable() - avoid)
+
+    def _only(self, worker: str) -> set[str]:
+        """Workers tried for a flight that must go to `worker` alone: every other one."""
+        return set(self.roster.workers) - {worker}
 
     def _copy(self, state: Batch, pos: int, kind: str, tried: set[str]) -> Flight:
         """A copy of position `pos`'s sub-query, made to judge its reply; it runs on none
