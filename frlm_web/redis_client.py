@@ -10,7 +10,7 @@ from typing import Any
 
 import redis
 from django.conf import settings
-from redis.backoff import ExponentialBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 
 
@@ -26,7 +26,7 @@ def get_redis(*, ride_out: bool = True) -> redis.Redis:
     client without it and rides out the outage itself (Outage)."""
     options: dict = {"health_check_interval": 30, "socket_keepalive": True}
     if ride_out:
-        options.update(retry=RidingRetry(), retry_on_error=list(OUTAGE_ERRORS))
+        options.update(retry=RidingRetry(settings.REDIS_URL), retry_on_error=list(OUTAGE_ERRORS))
     else:
         # Its loops block for a fraction of a second at most: a reply 30 s late is a
         # connection that died without a word (a network cut, not a refusal).
@@ -125,28 +125,43 @@ RETRY_BACKOFF = (0.05, 1.0)  # the first wait doubles up to the cap: about 55 s 
 
 class RidingRetry(Retry):
     """redis-py's retry of a command over a new connection, which also says in the log,
-    once per outage and for the whole process, that Redis went away and that it is back."""
+    once per outage and for the whole process, that Redis went away and that it is back.
+
+    A Redis that restarts answers some commands (PUBLISH, AUTH, INFO) while it is still
+    loading its data and refuses the rest with LOADING, so a command going through proves
+    nothing: while away, each success is confirmed by a PING of its own, which the server
+    refuses until it has loaded (so an outage costs a PING per command, and only then)."""
 
     _outage = Outage(logging.getLogger("frlm_web.redis"), "redis client")
     _lock = threading.Lock()
 
-    def __init__(self) -> None:
+    def __init__(self, url: str) -> None:
         base, cap = RETRY_BACKOFF
         super().__init__(ExponentialBackoff(cap=cap, base=base), RETRY_ATTEMPTS, OUTAGE_ERRORS)
+        self.url = url
+        self._probe: redis.Redis | None = None
 
     def call_with_retry(self, do: Any, fail: Any, *args: Any, **kwargs: Any) -> Any:
-        # Redis is back when a command that met the outage goes through: a call that
-        # never failed proves nothing (some, such as a disconnect, need no server).
-        met: list[Exception] = []
-
         def failed(error: Exception, *more: Any) -> Any:
-            met.append(error)
             with self._lock:
                 self._outage.lost(error)
             return fail(error, *more)
 
         result = super().call_with_retry(do, failed, *args, **kwargs)
-        if met and self._outage.away:
-            with self._lock:
-                self._outage.back()
+        if self._outage.away:
+            self._confirm_back()
         return result
+
+    def _confirm_back(self) -> None:
+        with self._lock:
+            if self._probe is None:
+                # Its own client, not retried: one PING, one answer.
+                self._probe = redis.Redis.from_url(
+                    self.url, retry=Retry(NoBackoff(), 0), socket_timeout=2
+                )
+        try:
+            self._probe.ping()
+        except redis.RedisError:
+            return
+        with self._lock:
+            self._outage.back()
