@@ -37,7 +37,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -55,6 +55,23 @@ SUBQUERY_TIMEOUT_S = 60
 class FailoverMissed(Exception):
     """A failover round whose trace shows no loss or no re-dispatch (said, not fatal: the
     batches measured before it are already printed)."""
+
+
+def machine_busy() -> Callable[[], float]:
+    """A stopwatch of the whole machine's CPU: the share of all cores busy since it began."""
+
+    def sample() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = fields[3] + fields[4]
+        return sum(fields) - idle, sum(fields)
+
+    busy0, total0 = sample()
+
+    def share() -> float:
+        busy1, total1 = sample()
+        return (busy1 - busy0) / max(1, total1 - total0)
+
+    return share
 
 
 def cpu_s(pids: list[int], *, main_thread: bool = False) -> float:
@@ -360,7 +377,6 @@ def where_time_goes(run_id: str, slots: int) -> str:
             (starts_ts[k + slots] - ends_ts[k]) / 1e6
             for k in range(min(len(starts_ts) - slots, len(ends_ts)))
         ]
-    med = statistics.median
     first_out = min(submits.values())
     first_run = min(e["ts"] for e in starts.values())
     ends = [e for e in events if e["name"] == "SubQuery.Submit" and e["phase"] == "end"]
@@ -376,10 +392,18 @@ def where_time_goes(run_id: str, slots: int) -> str:
         f"jobs per worker {'/'.join(map(str, shares))}, each done after {finish} ms; "
         f"first job out to first running {first:5.1f} ms, last running to last settled "
         f"{(last_settled - last_run) / 1e6:5.1f} ms; "
-        f"hand-off {med(handoff):6.1f} ms, worker {med(worker):5.1f} ms, "
-        f"model {med(model):6.1f} ms, slot refill {med(refill) if refill else 0:5.1f} ms "
-        "(medians)"
+        f"(median/p90/max) hand-off {spread(handoff)} ms, worker {spread(worker)} ms, "
+        f"model {spread(model)} ms, slot refill {spread(refill)} ms"
     )
+
+
+def spread(values: list[float]) -> str:
+    """median/p90/max of some milliseconds: a wave waits for its slowest, not its median."""
+    if not values:
+        return "-"
+    ranked = sorted(values)
+    p90 = ranked[min(len(ranked) - 1, int(0.9 * len(ranked)))]
+    return f"{statistics.median(ranked):.1f}/{p90:.1f}/{ranked[-1]:.1f}"
 
 
 def report(args: argparse.Namespace, n: int, floor: float, rows: dict, spent: dict) -> None:
@@ -481,8 +505,15 @@ def main() -> None:
         for n in sizes:
             rows: dict[str, list[Batch]] = {"gw": [], "bk": []}
             # The machine's floor: the same requests straight to a simulated model from W
-            # threads, with no FRLM at all (bench/fanout.py).
-            floor = min(harness_floor(n, slots, args.latency_ms) for _ in range(2))
+            # threads in one process per host, with no FRLM at all (bench/fanout.py).
+            idle = machine_busy()
+            time.sleep(2)
+            print(f"  machine busy while the stack idles: {idle():.0%} of its cores", flush=True)
+            busy = machine_busy()
+            floor = min(
+                harness_floor(n, slots, args.latency_ms, procs=args.workers) for _ in range(2)
+            )
+            print(f"  machine busy during the floor: {busy():.0%} of its cores", flush=True)
             for i in range(args.repeat):
                 order = ("gw", "bk") if i % 2 == 0 else ("bk", "gw")
                 for venue in order:
