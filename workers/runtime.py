@@ -36,10 +36,10 @@ from workers import keys, signing
 from workers.alive import ALIVE_ENV, AliveLine
 from workers.client import Control, ControlError, Registered
 from workers.services import Figures, Registration
+from workers.wire import TASK as SUBQUERY_TASK
 
 log = logging.getLogger(__name__)
 
-SUBQUERY_TASK = "workers.subquery_execute"
 LATENCY_WINDOW = 50  # sub-queries the reported latency is the median of
 
 

@@ -9,7 +9,7 @@ import time
 from frlm_web.celery import app
 from frlm_web.redis_client import get_redis
 from traces.emitter import Emitter, Span
-from workers import fragments, venues
+from workers import fragments, venues, wire
 from workers.alive import ALIVE_ENV
 from workers.backends import ModelError, ModelSpec, chat
 from workers.execution import ok_result, reply_fields, served, signed
@@ -19,7 +19,7 @@ from workers.sim.device import on_device
 log = logging.getLogger(__name__)
 
 
-@app.task(name="workers.subquery_execute", ignore_result=True, acks_late=False)
+@app.task(name=wire.TASK, ignore_result=True, acks_late=False)
 def subquery_execute(job: Job) -> None:
     """1. skip work nobody wants any more, 2. call the model inside an Execute span,
     3. push the result to the run's result stream. Two Redis round trips in all: the

@@ -25,11 +25,8 @@ connection drops, which is what lets the conductor re-dispatch that worker's job
 
 from __future__ import annotations
 
-import base64
 import json
 from typing import Any
-
-from workers.jobs import Job
 
 VERSION = 2
 BATCH_VERSION = 2  # the first version with `jobs`, `results` and `refused`
@@ -94,15 +91,3 @@ def decode(text: str | bytes | None) -> dict[str, Any]:
     if not isinstance(message, dict) or not isinstance(message.get("type"), str):
         raise ProtocolError('a message must be a JSON object with a "type"')
     return message
-
-
-def celery_job(raw: bytes) -> tuple[str, Job]:
-    """The task name and sub-query job in a Celery message as kombu's Redis transport
-    keeps it on a queue's list: a JSON envelope whose body is the base64 of the task's
-    [args, kwargs, embed] (Celery's message protocol 2)."""
-    envelope = json.loads(raw)
-    body = envelope["body"]
-    if envelope.get("properties", {}).get("body_encoding") == "base64":
-        body = base64.b64decode(body)
-    args, _kwargs, _embed = json.loads(body)
-    return str(envelope.get("headers", {}).get("task", "")), args[0]

@@ -47,7 +47,6 @@ from workers.gateway.protocol import (
     VERSION,
     ProtocolError,
     batches,
-    celery_job,
     decode,
     encode,
     hello_claim,
@@ -57,10 +56,11 @@ from workers.gateway.relay import Held, NotHeld, Relayed, checked, named
 from workers.jobs import Job, cancelled_key, encode_result, results_stream
 from workers.models import Worker
 from workers.venues import Link, presence_group
+from workers.wire import TASK as SUBQUERY_TASK
+from workers.wire import job_of
 
 log = logging.getLogger(__name__)
 
-SUBQUERY_TASK = "workers.subquery_execute"
 RunContext = Callable[[str], "str | None"]
 HELLO_TIMEOUT_S = 10.0
 # Seconds a pump waits on the queues before it looks again whether it should stop.
@@ -343,7 +343,7 @@ class WorkerLink:
     def _parse(self, raw: bytes) -> Job | None:
         """The sub-query job in a queue's message, or None for one nobody should run."""
         try:
-            task, job = celery_job(raw)
+            task, job = job_of(raw)
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             log.error("gateway: a message on %s is not a Celery task: %s", self.queues, exc)
             return None

@@ -1,10 +1,11 @@
-"""Every edge of a fanout with Celery and Redis: jobs published to the workers' queues through
-one producer, replies read from the run's result stream, cancelled jobs revoked."""
+"""Every edge of a fanout with Celery and Redis: jobs pushed onto the workers' queues as Celery
+messages (workers.wire), replies read from the run's result stream, cancelled jobs revoked."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import redis
@@ -12,8 +13,8 @@ import redis
 from frlm_web.celery import app
 from runs.engine.fanout.state import Flight
 from runs.engine.policy import Policy
+from workers import wire
 from workers.jobs import Job, Result, cancelled_key, decode_result, results_stream
-from workers.tasks import subquery_execute
 
 # Jobs published per pipelined round trip: the first wave leaves before the batch is built.
 DISPATCH_FLUSH = 8
@@ -34,25 +35,33 @@ class Transport:
         self.policy = policy
         self.stream = results_stream(run_id)
         self.last_id = "0-0"
+        self.reply_to = app.thread_oid  # as Celery's publish names this process's thread
+        self.sender = wire.origin()
 
     def publish(self, ready: list[tuple[Flight, Job]]) -> None:
-        """Send the jobs through one producer, pipelined DISPATCH_FLUSH at a time."""
-        with app.producer_or_acquire() as producer, producer.batch(max_size=DISPATCH_FLUSH):
-            for flight, job in ready:
-                # argsrepr: otherwise Celery builds a repr of the whole prompt for its logs.
-                # declare=[]: a venue queue is a Redis list the message is pushed onto directly
-                # (the anonymous direct exchange); its consumers declare it. Declaring it again
-                # on every send copied and bound the queue object: 30% of a send's CPU.
-                sent = subquery_execute.apply_async(
-                    args=[job],
-                    queue=flight.queue,
-                    expires=self.policy.subquery_timeout_s,
-                    producer=producer,
-                    argsrepr=f"[{self.run_id} sub-query {flight.sq_id}]",
-                    kwargsrepr="{}",
-                    declare=[],
+        """Push the jobs onto their queues as Celery messages (workers.wire), pipelined
+        DISPATCH_FLUSH at a time."""
+        now = datetime.now(UTC)
+        expires_s = self.policy.subquery_timeout_s
+        for start in range(0, len(ready), DISPATCH_FLUSH):
+            pipe = self.client.pipeline(transaction=False)
+            for flight, job in ready[start : start + DISPATCH_FLUSH]:
+                task_id = wire.new_task_id()
+                pipe.lpush(
+                    flight.queue,
+                    wire.job_message(
+                        job,
+                        task_id=task_id,
+                        queue=flight.queue,
+                        expires_s=expires_s,
+                        argsrepr=f"[{self.run_id} sub-query {flight.sq_id}]",
+                        reply_to=self.reply_to,
+                        sender=self.sender,
+                        now=now,
+                    ),
                 )
-                flight.task_id = sent.id
+                flight.task_id = task_id
+            pipe.execute()
 
     def read(self, block_ms: int, *, gather: bool) -> list[Any]:
         """The stream's entries since the last one handled, waiting up to `block_ms` for the
