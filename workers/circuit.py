@@ -16,50 +16,58 @@ from frlm_web.redis_client import LuaScript
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 
-# KEYS[1]: the breaker. ARGV: event (check|probe|success|failure), now, failures to open,
-# cooldown seconds, probes. Returns {state, transition ("open", "close" or ""), probes left}.
+# KEYS[1]: the breaker. ARGV: now, failures to open, cooldown seconds, probes, then the
+# events (check|probe|success|failure), applied in order. Returns {state, probes left,
+# then each event's transition ("open", "close" or "")}.
 _STEP = """
 local key = KEYS[1]
-local event, now = ARGV[1], tonumber(ARGV[2])
-local threshold, cooldown, probes = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local now = tonumber(ARGV[1])
+local threshold, cooldown, probes = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local state = redis.call('HGET', key, 'state') or 'closed'
-local transition = ''
-local function open()
-  redis.call('HSET', key, 'state', 'open', 'opened_at', tostring(now), 'failures', '0',
-             'probes_sent', '0', 'probes_ok', '0')
-  state = 'open'; transition = 'open'
-end
-if state == 'open' then
-  local opened = tonumber(redis.call('HGET', key, 'opened_at') or '0')
-  if now - opened >= cooldown then
-    redis.call('HSET', key, 'state', 'half_open', 'probes_sent', '0', 'probes_ok', '0')
-    state = 'half_open'
-  end
-end
-if event == 'probe' and state == 'half_open' then
-  redis.call('HINCRBY', key, 'probes_sent', 1)
-elseif event == 'success' then
-  if state == 'closed' then
-    redis.call('HSET', key, 'failures', '0')
-  elseif state == 'half_open' then
-    if redis.call('HINCRBY', key, 'probes_ok', 1) >= probes then
-      redis.call('HSET', key, 'state', 'closed', 'failures', '0')
-      state = 'closed'; transition = 'close'
+local transitions = {}
+for at = 5, #ARGV do
+  local event = ARGV[at]
+  local transition = ''
+  if state == 'open' then
+    local opened = tonumber(redis.call('HGET', key, 'opened_at') or '0')
+    if now - opened >= cooldown then
+      redis.call('HSET', key, 'state', 'half_open', 'probes_sent', '0', 'probes_ok', '0')
+      state = 'half_open'
     end
   end
-elseif event == 'failure' then
-  if state == 'closed' then
-    if redis.call('HINCRBY', key, 'failures', 1) >= threshold then open() end
-  elseif state == 'half_open' then
-    open()
+  local function open()
+    redis.call('HSET', key, 'state', 'open', 'opened_at', tostring(now), 'failures', '0',
+               'probes_sent', '0', 'probes_ok', '0')
+    state = 'open'; transition = 'open'
   end
+  if event == 'probe' and state == 'half_open' then
+    redis.call('HINCRBY', key, 'probes_sent', 1)
+  elseif event == 'success' then
+    if state == 'closed' then
+      redis.call('HSET', key, 'failures', '0')
+    elseif state == 'half_open' then
+      if redis.call('HINCRBY', key, 'probes_ok', 1) >= probes then
+        redis.call('HSET', key, 'state', 'closed', 'failures', '0')
+        state = 'closed'; transition = 'close'
+      end
+    end
+  elseif event == 'failure' then
+    if state == 'closed' then
+      if redis.call('HINCRBY', key, 'failures', 1) >= threshold then open() end
+    elseif state == 'half_open' then
+      open()
+    end
+  end
+  transitions[#transitions + 1] = transition
 end
 local left = 0
 if state == 'half_open' then
   left = probes - tonumber(redis.call('HGET', key, 'probes_sent') or '0')
 end
 redis.call('EXPIRE', key, 86400)
-return {state, transition, left}
+local reply = {state, left}
+for _, transition in ipairs(transitions) do reply[#reply + 1] = transition end
+return reply
 """
 _STEP_SCRIPT = LuaScript(_STEP)
 
@@ -117,22 +125,30 @@ class Breakers:
         return self.flush(now)
 
     def flush(self, now: float) -> list[Step]:
-        """Apply what happened since the last flush; returns the transitions it made."""
+        """Apply what happened since the last flush, one script call per breaker with its
+        events in order (every dispatch and reply of a batch was one call each, the
+        script's body sent every time); returns the transitions it made, in the order of
+        the events that made them."""
         if not self._pending:
             return []
         pending, self._pending = self._pending, []
+        by_scope: dict[str, list[int]] = {}
+        for index, (scope, _event) in enumerate(pending):
+            by_scope.setdefault(scope, []).append(index)
         pipe = self.client.pipeline(transaction=False)
-        for scope, event in pending:
+        for scope, indexes in by_scope.items():
             _STEP_SCRIPT(
                 keys=[circuit_key(scope)],
-                args=[event, repr(now), self.failures, self.cooldown_s, self.probes],
+                args=[repr(now), self.failures, self.cooldown_s, self.probes]
+                + [pending[i][1] for i in indexes],
                 client=pipe,
             )
-        transitions = []
-        for (scope, _), reply in zip(pending, pipe.execute(), strict=True):
-            state, transition, left = reply
-            step = Step(scope, state.decode(), transition.decode(), int(left))
-            self.state[scope] = step
-            if step.transition:
-                transitions.append(step)
-        return transitions
+        made: list[tuple[int, Step]] = []
+        for (scope, indexes), reply in zip(by_scope.items(), pipe.execute(), strict=True):
+            state, left, *transitions = (x.decode() if isinstance(x, bytes) else x for x in reply)
+            self.state[scope] = Step(scope, state, "", int(left))
+            for index, transition in zip(indexes, transitions, strict=True):
+                if transition:
+                    after = OPEN if transition == "open" else CLOSED
+                    made.append((index, Step(scope, after, transition, 0)))
+        return [step for _, step in sorted(made, key=lambda pair: pair[0])]

@@ -32,43 +32,46 @@ MIN_EVIDENCE = 0.5
 # earns its way back only slowly (issue 23). A run's policy.lie_penalty sets it.
 LIE_PENALTY = 250.0
 
-# KEYS[1]: the worker's hash. ARGV: decay, alpha, completion, agreement, validation,
-# latency_ms ("" for a signal not observed), the weight of a failed agreement or
-# validation, the time of a latency sample (epoch seconds). Returns the hash after the update.
+# KEYS[1]: the worker's hash. ARGV: decay, alpha, the weight of a failed agreement or
+# validation, then five per observation, applied in order: completion, agreement,
+# validation, latency_ms ("" for a signal not observed) and the time of the latency sample
+# (epoch seconds). Returns the hash after the last.
 _OBSERVE = """
 local key = KEYS[1]
 local decay = tonumber(ARGV[1])
 local alpha = tonumber(ARGV[2])
-local lie = tonumber(ARGV[7] or '1')
+local lie = tonumber(ARGV[3])
 local names = {'completion', 'agreement', 'validation'}
-for i, name in ipairs(names) do
-  local v = ARGV[2 + i]
-  if v ~= '' then
-    v = tonumber(v)
-    local a = tonumber(redis.call('HGET', key, name .. '_a') or '1')
-    local b = tonumber(redis.call('HGET', key, name .. '_b') or '1')
-    local weight = 1
-    if name ~= 'completion' then weight = lie end
-    a = 1 + (a - 1) * decay + v
-    b = 1 + (b - 1) * decay + (1 - v) * weight
-    redis.call('HSET', key, name .. '_a', tostring(a), name .. '_b', tostring(b))
-    if name == 'completion' then
-      if v >= 0.5 then redis.call('HSET', key, 'failures', '0')
-      else redis.call('HINCRBY', key, 'failures', 1) end
-    else
-      if v >= 0.5 then redis.call('HINCRBY', key, 'consecutive_valid', 1)
-      else redis.call('HSET', key, 'consecutive_valid', '0') end
+for at = 4, #ARGV, 5 do
+  for i, name in ipairs(names) do
+    local v = ARGV[at + i - 1]
+    if v ~= '' then
+      v = tonumber(v)
+      local a = tonumber(redis.call('HGET', key, name .. '_a') or '1')
+      local b = tonumber(redis.call('HGET', key, name .. '_b') or '1')
+      local weight = 1
+      if name ~= 'completion' then weight = lie end
+      a = 1 + (a - 1) * decay + v
+      b = 1 + (b - 1) * decay + (1 - v) * weight
+      redis.call('HSET', key, name .. '_a', tostring(a), name .. '_b', tostring(b))
+      if name == 'completion' then
+        if v >= 0.5 then redis.call('HSET', key, 'failures', '0')
+        else redis.call('HINCRBY', key, 'failures', 1) end
+      else
+        if v >= 0.5 then redis.call('HINCRBY', key, 'consecutive_valid', 1)
+        else redis.call('HSET', key, 'consecutive_valid', '0') end
+      end
     end
   end
-end
-local lat = ARGV[6]
-if lat ~= '' then
-  lat = tonumber(lat)
-  local old = redis.call('HGET', key, 'latency_ms')
-  if old then lat = alpha * lat + (1 - alpha) * tonumber(old) end
-  redis.call('HSET', key, 'latency_ms', tostring(lat))
-  if ARGV[8] and ARGV[8] ~= '' then redis.call('HSET', key, 'latency_at', ARGV[8]) end
-  redis.call('HINCRBY', key, 'samples', 1)
+  local lat = ARGV[at + 3]
+  if lat ~= '' then
+    lat = tonumber(lat)
+    local old = redis.call('HGET', key, 'latency_ms')
+    if old then lat = alpha * lat + (1 - alpha) * tonumber(old) end
+    redis.call('HSET', key, 'latency_ms', tostring(lat))
+    if ARGV[at + 4] ~= '' then redis.call('HSET', key, 'latency_at', ARGV[at + 4]) end
+    redis.call('HINCRBY', key, 'samples', 1)
+  end
 end
 return redis.call('HGETALL', key)
 """
@@ -260,31 +263,38 @@ class Reputations:
         self.known.update(load(self.client, worker_ids))
 
     def flush(self) -> list[Reputation]:
+        """Apply the observations since the last flush: one script call per worker, its
+        observations in the order they were made (a worker's reply of a batch of 256 was
+        one call each, the script's body sent every time). Returns each worker's
+        reputation after them."""
         if not self._pending:
             return []
         pending, self._pending = self._pending, []
-        pipe = self.client.pipeline(transaction=False)
+        by_worker: dict[str, list[str]] = {}
+        now = repr(time.time())
         for obs in pending:
-            _OBSERVE_SCRIPT(
-                keys=[rep_key(obs.worker_id)],
-                args=[
-                    DECAY,
-                    LATENCY_ALPHA,
+            latency = "" if obs.latency_ms is None else repr(float(obs.latency_ms))
+            by_worker.setdefault(obs.worker_id, []).extend(
+                [
                     _arg(obs.completion),
                     _arg(obs.agreement),
                     _arg(obs.validation),
-                    "" if obs.latency_ms is None else repr(float(obs.latency_ms)),
-                    repr(float(self.lie_penalty)),
-                    "" if obs.latency_ms is None else repr(time.time()),
-                ],
+                    latency,
+                    now if latency else "",
+                ]
+            )
+        pipe = self.client.pipeline(transaction=False)
+        for worker_id, args in by_worker.items():
+            _OBSERVE_SCRIPT(
+                keys=[rep_key(worker_id)],
+                args=[DECAY, LATENCY_ALPHA, repr(float(self.lie_penalty)), *args],
                 client=pipe,
             )
-        replies = pipe.execute()
         updated = []
-        for obs, flat in zip(pending, replies, strict=True):
-            strikes = self.known[obs.worker_id].strikes if obs.worker_id in self.known else 0.0
-            rep = _parse(obs.worker_id, flat, strikes)
-            self.known[obs.worker_id] = rep
+        for worker_id, flat in zip(by_worker, pipe.execute(), strict=True):
+            strikes = self.known[worker_id].strikes if worker_id in self.known else 0.0
+            rep = _parse(worker_id, flat, strikes)
+            self.known[worker_id] = rep
             updated.append(rep)
         return updated
 

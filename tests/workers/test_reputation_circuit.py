@@ -132,6 +132,47 @@ def test_it_reopens_when_a_probe_fails_and_a_success_resets_the_count(client) ->
     assert other.state[scope].state == OPEN
 
 
+def test_one_flush_applies_each_breakers_events_in_order_and_reports_every_transition(
+    client,
+) -> None:
+    """A batch's dispatches and replies for many breakers go in one flush: each breaker's
+    events are applied in the order they happened, and its transitions come back in the
+    order of the events that made them, across breakers too."""
+    first, second, calm = (f"worker:{fresh()}" for _ in range(3))
+    breakers = Breakers(client, failures=2, cooldown_s=0, probes=1)
+    breakers.record(first, False)
+    breakers.record(calm, True)
+    breakers.record(second, False)
+    breakers.record(second, False)  # second opens here, before first does
+    breakers.record(first, False)  # first opens
+    breakers.record(first, True)  # cooled down at once: half-open, and this probe closes it
+    steps = breakers.flush(50.0)
+    assert [(s.scope, s.transition) for s in steps] == [
+        (second, "open"),
+        (first, "open"),
+        (first, "close"),
+    ]
+    assert breakers.state[first].state == CLOSED
+    assert breakers.state[calm].state == CLOSED
+    # The second is open in Redis; with no cooldown the next look finds it half-open.
+    assert breakers.state[second].state == OPEN
+    breakers.check([second], 51.0)
+    assert breakers.state[second].state == HALF_OPEN and breakers.allows(second)
+
+
+def test_one_flush_applies_a_workers_observations_in_order(client) -> None:
+    wid = fresh()
+    reputations = Reputations(client)
+    for ok in (True, True, False, True):
+        reputations.observe(Observation(wid, completion=True, agreement=ok, latency_ms=100))
+    reputations.observe(Observation(fresh(), completion=False))
+    mine, _other = reputations.flush()
+    assert mine.worker_id == wid
+    assert mine.consecutive_valid == 1  # two, reset by the lie, then one
+    assert mine.samples == 4 and mine.latency_ms == pytest.approx(100.0)
+    assert load(client, [wid])[wid] == mine
+
+
 def test_it_drops_a_long_good_record_below_the_routing_gate_on_one_proven_lie(client) -> None:
     # Slow to earn, fast to lose (issue 23): fifty good results, then one lie.
     wid = fresh()
