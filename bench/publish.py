@@ -45,23 +45,18 @@ def by_celery(batch: list[dict]) -> None:
 
 
 def by_wire(batch: list[dict]) -> None:
-    from datetime import UTC, datetime
-
     from frlm_web.celery import app
     from frlm_web.redis_client import get_redis
     from workers import wire
 
-    client, now, reply_to, sender = get_redis(), datetime.now(UTC), app.thread_oid, wire.origin()
-    for start in range(0, len(batch), FLUSH):
-        pipe = client.pipeline(transaction=False)
-        for job in batch[start : start + FLUSH]:
-            message = wire.job_message(
-                job, task_id=wire.new_task_id(), queue=QUEUE, expires_s=60,
-                argsrepr=f"[r-bench sub-query {job['sq_id']}]", reply_to=reply_to,
-                sender=sender, now=now,
-            )  # fmt: skip
-            pipe.lpush(QUEUE, message)
-        pipe.execute()
+    wire.push(
+        get_redis(),
+        [(QUEUE, job, f"[r-bench sub-query {job['sq_id']}]") for job in batch],
+        expires_s=60,
+        reply_to=app.thread_oid,
+        sender=wire.origin(),
+        per_trip=FLUSH,
+    )
 
 
 def timed(publish, batch: list[dict]) -> float:

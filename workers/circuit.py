@@ -24,6 +24,12 @@ local key = KEYS[1]
 local now = tonumber(ARGV[1])
 local threshold, cooldown, probes = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local state = redis.call('HGET', key, 'state') or 'closed'
+local function open()
+  redis.call('HSET', key, 'state', 'open', 'opened_at', tostring(now), 'failures', '0',
+             'probes_sent', '0', 'probes_ok', '0')
+  state = 'open'
+  return 'open'
+end
 local transitions = {}
 for at = 5, #ARGV do
   local event = ARGV[at]
@@ -34,11 +40,6 @@ for at = 5, #ARGV do
       redis.call('HSET', key, 'state', 'half_open', 'probes_sent', '0', 'probes_ok', '0')
       state = 'half_open'
     end
-  end
-  local function open()
-    redis.call('HSET', key, 'state', 'open', 'opened_at', tostring(now), 'failures', '0',
-               'probes_sent', '0', 'probes_ok', '0')
-    state = 'open'; transition = 'open'
   end
   if event == 'probe' and state == 'half_open' then
     redis.call('HINCRBY', key, 'probes_sent', 1)
@@ -53,9 +54,9 @@ for at = 5, #ARGV do
     end
   elseif event == 'failure' then
     if state == 'closed' then
-      if redis.call('HINCRBY', key, 'failures', 1) >= threshold then open() end
+      if redis.call('HINCRBY', key, 'failures', 1) >= threshold then transition = open() end
     elseif state == 'half_open' then
-      open()
+      transition = open()
     end
   end
   transitions[#transitions + 1] = transition

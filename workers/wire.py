@@ -19,6 +19,8 @@ import socket
 import uuid
 from datetime import UTC, datetime, timedelta
 
+import redis
+
 from workers.jobs import Job
 
 TASK = "workers.subquery_execute"  # workers.tasks.subquery_execute's registered name
@@ -90,8 +92,38 @@ def job_message(
     )
 
 
-def new_task_id() -> str:
-    return str(uuid.uuid4())
+def push(
+    client: redis.Redis,
+    jobs: list[tuple[str, Job, str]],
+    *,
+    expires_s: float,
+    reply_to: str,
+    sender: str,
+    per_trip: int,
+) -> list[str]:
+    """Push each (queue, job, argsrepr) onto its queue's list as a job_message, `per_trip`
+    to a pipelined round trip, so the first of a long list leave before the last are
+    written; returns their task ids, in order."""
+    now = datetime.now(UTC)
+    ids: list[str] = []
+    for start in range(0, len(jobs), per_trip):
+        pipe = client.pipeline(transaction=False)
+        for queue, job, argsrepr in jobs[start : start + per_trip]:
+            task_id = str(uuid.uuid4())
+            message = job_message(
+                job,
+                task_id=task_id,
+                queue=queue,
+                expires_s=expires_s,
+                argsrepr=argsrepr,
+                reply_to=reply_to,
+                sender=sender,
+                now=now,
+            )
+            pipe.lpush(queue, message)
+            ids.append(task_id)
+        pipe.execute()
+    return ids
 
 
 def job_of(raw: bytes | str) -> tuple[str, Job]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from typing import Any
 
 import redis
@@ -41,27 +40,19 @@ class Transport:
     def publish(self, ready: list[tuple[Flight, Job]]) -> None:
         """Push the jobs onto their queues as Celery messages (workers.wire), pipelined
         DISPATCH_FLUSH at a time."""
-        now = datetime.now(UTC)
-        expires_s = self.policy.subquery_timeout_s
-        for start in range(0, len(ready), DISPATCH_FLUSH):
-            pipe = self.client.pipeline(transaction=False)
-            for flight, job in ready[start : start + DISPATCH_FLUSH]:
-                task_id = wire.new_task_id()
-                pipe.lpush(
-                    flight.queue,
-                    wire.job_message(
-                        job,
-                        task_id=task_id,
-                        queue=flight.queue,
-                        expires_s=expires_s,
-                        argsrepr=f"[{self.run_id} sub-query {flight.sq_id}]",
-                        reply_to=self.reply_to,
-                        sender=self.sender,
-                        now=now,
-                    ),
-                )
-                flight.task_id = task_id
-            pipe.execute()
+        ids = wire.push(
+            self.client,
+            [
+                (flight.queue, job, f"[{self.run_id} sub-query {flight.sq_id}]")
+                for flight, job in ready
+            ],
+            expires_s=self.policy.subquery_timeout_s,
+            reply_to=self.reply_to,
+            sender=self.sender,
+            per_trip=DISPATCH_FLUSH,
+        )
+        for (flight, _job), task_id in zip(ready, ids, strict=True):
+            flight.task_id = task_id
 
     def read(self, block_ms: int, *, gather: bool) -> list[Any]:
         """The stream's entries since the last one handled, waiting up to `block_ms` for the
