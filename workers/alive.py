@@ -46,6 +46,11 @@ class AliveLine(threading.Thread):
 
     def __init__(self, client: redis.Redis, worker_id: str) -> None:
         super().__init__(name="frlm-alive-line", daemon=True)
+        # Held for the line's life: a redis-py client that made its own pool closes the
+        # pool's connections, the subscribed one included, when it is collected (seen: a
+        # caller's temporary client dropped the line just after it was confirmed, and
+        # redis-py quietly subscribed again a few milliseconds later).
+        self.client = client
         self.pubsub = client.pubsub()
         self.pubsub.subscribe(channel(worker_id))
         # The confirmation, or the refusal raised (a role without the channel).
