@@ -144,6 +144,8 @@ class Attempts:
                 after_ms=round((flight.sent_at - (twin.started_at or twin.sent_at)) * 1000, 1),
                 queued=not twin.started_at or None,
                 threshold_ms=self.latency.threshold_ms(twin.venue),
+                # What the hedged worker's replies usually take in this run, when known.
+                expected_ms=self.latency.worker_ms(twin.worker_id or ""),
                 quantile=self.scope.policy.hedge,
                 route=how,
                 routing=target.routing,

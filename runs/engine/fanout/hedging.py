@@ -1,7 +1,9 @@
 """Hedging stragglers. When: the latency a venue's sub-queries have taken in this run, and
-the quantile past which one still running counts as straggling (policy.hedge; LatencyWindows).
-How: a straggler gets a twin on another worker once no fresh work waits, whichever answers
-first wins and the other is cancelled (Hedger)."""
+the quantile past which one still running counts as straggling (policy.hedge; LatencyWindows);
+a job on a worker whose own replies in this run take longer than that straggles from its
+start. How: a straggler gets a twin on another worker once no fresh work waits, the one
+expected to end last first (LATE, Zaharia et al., OSDI 2008), whichever answers first wins
+and the other is cancelled (Hedger)."""
 
 from __future__ import annotations
 
@@ -29,19 +31,33 @@ FLOOR_MS = 100.0
 HEDGE_SHARE = 0.1
 # A straggler runs this much past the quantile: latencies with no spread do not hedge on jitter.
 HEDGE_SLACK = 1.1
+# Replies per worker its typical time is taken over (the median), and the fewest that count.
+WORKER_WINDOW = 16
+WORKER_MIN_SAMPLES = 2
 
 
 class LatencyWindows:
-    """The latest WINDOW reply times (dispatch to reply, in ms) per venue."""
+    """The latest WINDOW reply times (start to reply, in ms) per venue, and the latest
+    WORKER_WINDOW per worker."""
 
     def __init__(self, hedge: str) -> None:
         self.quantile = QUANTILES.get(hedge)  # None: hedging is off
         self._samples: dict[str, deque[float]] = {}
         self._cache: dict[str, float | None] = {}
+        self._workers: dict[str, deque[float]] = {}
 
-    def add(self, venue: str, ms: float) -> None:
+    def add(self, venue: str, ms: float, worker: str = "") -> None:
         self._samples.setdefault(venue, deque(maxlen=WINDOW)).append(ms)
         self._cache.pop(venue, None)
+        if worker:
+            self._workers.setdefault(worker, deque(maxlen=WORKER_WINDOW)).append(ms)
+
+    def worker_ms(self, worker: str) -> float | None:
+        """The worker's median reply time in this run, or None while it has few replies."""
+        samples = sorted(self._workers.get(worker, ()))
+        if len(samples) < WORKER_MIN_SAMPLES:
+            return None
+        return round(samples[(len(samples) - 1) // 2], 1)
 
     def threshold_ms(self, venue: str) -> float | None:
         """The venue's latency quantile (at least FLOOR_MS), or None while hedging is off or
@@ -56,6 +72,15 @@ class LatencyWindows:
             rank = max(0, math.ceil(self.quantile * len(samples)) - 1)
             self._cache[venue] = max(samples[rank], FLOOR_MS)
         return self._cache[venue]
+
+
+def time_to_end(ran_ms: float, usual_ms: float | None) -> float:
+    """How much longer a running job is expected to take: what its worker usually takes,
+    less what it has run; once past that (or with nothing known of the worker), as long
+    again as it has run, the longer a job has straggled the longer it is likely to."""
+    if usual_ms is not None and usual_ms > ran_ms:
+        return usual_ms - ran_ms
+    return ran_ms
 
 
 @dataclass(kw_only=True, eq=False)
@@ -77,11 +102,12 @@ class Hedger:
 
     def hedge_stragglers(self, wave: Wave) -> None:
         """Once no fresh work waits (a free slot is better spent on it), a sub-query that
-        has run past its venue's latency quantile gets a twin on another worker: whichever
-        answers first wins, the other is cancelled (drop_twin). Running time counts from
-        the worker's start: a job waiting in a queue is not a straggler by itself, but one
-        queued on a worker whose running job straggles waits on that straggler, and is
-        hedged with it."""
+        has run past its venue's latency quantile, or runs on a worker whose median in this
+        run is past it, gets a twin on another worker: whichever answers first wins, the
+        other is cancelled (drop_twin). Running time counts from the worker's start: a job
+        waiting in a queue is not a straggler by itself, but one queued on a worker whose
+        running job straggles waits on that straggler, and is hedged with it. The batch's
+        few hedges go first to the stragglers expected to end last (time_to_end)."""
         if self.scope.book is not None:
             self.follow_book(wave)
             return
@@ -90,19 +116,20 @@ class Hedger:
         if any(not f.hedge for f in wave.backlog):
             return
         now = time.time()
-        straggling: list[Flight] = []
+        straggling: list[tuple[float, Flight]] = []
         slow_workers: set[str] = set()
         for flight in wave.out.values():
             threshold = self.latency.threshold_ms(flight.venue)
-            if (
-                threshold is not None
-                and flight.started_at
-                and (now - flight.started_at) * 1000 > threshold * HEDGE_SLACK
-            ):
-                straggling.append(flight)
+            if threshold is None or not flight.started_at:
+                continue
+            ran = (now - flight.started_at) * 1000
+            usual = self.latency.worker_ms(flight.worker_id)
+            if max(ran, usual or 0.0) > threshold * HEDGE_SLACK:
+                straggling.append((time_to_end(ran, usual), flight))
                 slow_workers.add(flight.worker_id)
+        straggling.sort(key=lambda pair: -pair[0])
         behind = [f for f in wave.out.values() if not f.started_at and f.assigned in slow_workers]
-        for flight in sorted(straggling, key=lambda f: f.started_at) + behind:
+        for flight in [f for _, f in straggling] + behind:
             if self._hedges >= self._limit:
                 return
             if flight.twin is not None or flight.hedge or flight.outcome.status != "pending":

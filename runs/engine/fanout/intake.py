@@ -81,7 +81,9 @@ class Intake:
         if status == "ok":
             self.router.observe(flight, True, latency_ms=ms)
             if flight.started_at:
-                self.hedger.latency.add(flight.venue, (end - flight.started_at) * 1000)
+                self.hedger.latency.add(
+                    flight.venue, (end - flight.started_at) * 1000, flight.worker_id
+                )
             self.totals.add_tokens(
                 result.get("tokens_in", 0), result.get("tokens_out", 0), result.get("cost")
             )
