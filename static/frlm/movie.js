@@ -82,6 +82,7 @@
       // Names a live run's new workers registered arrive after their events: relabel the views.
       if (FRLM.workers) FRLM.workers.listeners.push(() => { this.viewsDirty = true; this.frame(true); });
       this.turnsTimer = null;
+      this.turnsRetries = 0;  // fetches of a stored trace that lagged the live one
     }
 
     // --- loading ---------------------------------------------------------------------
@@ -513,6 +514,15 @@
       }
       box.replaceChildren(...parts);
       this.markTurns(this.cursorTime());
+      // The stored trace may lag the live one (the recorder writes in batches): while it
+      // holds fewer turns or cells than the page has seen, ask again, for a while.
+      const T = this.trace;
+      const rootTurns = data.turns.filter((t) => !t.depth).length;
+      const cellsHere = data.turns.reduce((n, t) => n + t.cells.length, 0);
+      const cellsSeen = T.rows(T.events.length).filter((s) => s.name === "Repl.Exec").length;
+      if ((rootTurns < T.totals.turns || cellsHere < cellsSeen) && this.turnsRetries++ < 20) {
+        this.loadTurnsSoon();
+      }
     }
 
     markTurns(t) {
