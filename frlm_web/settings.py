@@ -223,6 +223,14 @@ FRLM_OPENAI_BASE_URL = envstr("FRLM_OPENAI_BASE_URL", "https://api.openai.com/v1
 FRLM_ENDPOINTS = envmap("FRLM_ENDPOINTS", {"openai": FRLM_OPENAI_BASE_URL})
 FRLM_MODEL_TIMEOUT_S = envfloat("FRLM_MODEL_TIMEOUT_S", 120.0)
 FRLM_MODEL_RETRIES = envint("FRLM_MODEL_RETRIES", 3)
+# What carries the openai client's requests: kept-alive http.client connections
+# (workers/http_transport.py), or httpx's own transport ("httpx"; proxies are honoured
+# either way, an endpoint behind one always goes through httpx's).
+FRLM_MODEL_TRANSPORT = envstr("FRLM_MODEL_TRANSPORT", "kept-alive")
+if FRLM_MODEL_TRANSPORT not in {"kept-alive", "httpx"}:
+    raise ValueError(
+        f"FRLM_MODEL_TRANSPORT={FRLM_MODEL_TRANSPORT!r}: use kept-alive (the default) or httpx"
+    )
 
 # Celery messages a venue worker holds per slot (its prefetch multiplier).
 FRLM_WORKER_PREFETCH = envint("FRLM_WORKER_PREFETCH", 2)

@@ -1,0 +1,169 @@
+"""workers/http_transport.py under the openai client, against real HTTP/1.1 servers on
+loopback: connections kept alive and reopened, bodies the way servers send them, and each
+failure raised as the error the SDK maps."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import openai
+import pytest
+
+from frlm_web.stack import free_port
+from workers.backends import ModelError, ModelSpec, chat
+from workers.http_transport import KeptAliveTransport, for_url
+
+MESSAGES = [{"role": "user", "content": "What is 2 + 2?"}]
+REPLY = json.dumps(
+    {
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "4"}}],
+        "usage": {"prompt_tokens": 7, "completion_tokens": 1},
+    }
+).encode()
+
+
+@contextmanager
+def server(mode: str = "plain", delay_s: float = 0.0) -> Iterator[tuple[str, dict]]:
+    """An HTTP/1.1 server that keeps connections alive. `mode`: plain, gzip, chunked, or
+    close_idle (it closes each connection right after answering, without saying so)."""
+    seen: dict = {"connections": set(), "requests": 0, "headers": []}
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            seen["connections"].add(self.client_address)
+            seen["requests"] += 1
+            seen["headers"].append({k.lower(): v for k, v in self.headers.items()})
+            time.sleep(delay_s)
+            body = gzip.compress(REPLY) if mode == "gzip" else REPLY
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            if mode == "gzip":
+                self.send_header("Content-Encoding", "gzip")
+            if mode == "chunked":
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for piece in (body[:10], body[10:]):
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                self.wfile.write(b"0\r\n\r\n")
+            else:
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            if mode == "close_idle":
+                self.close_connection = True  # no "Connection: close": the client must cope
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/v1", seen
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def client(url: str, timeout: float = 10.0, retries: int = 0) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=url,
+        api_key="sk-test",
+        timeout=timeout,
+        max_retries=retries,
+        http_client=httpx.Client(transport=KeptAliveTransport(), timeout=timeout),
+    )
+
+
+def post(sdk: openai.OpenAI) -> dict:
+    body = {"model": "m", "messages": MESSAGES}
+    return sdk.post("/chat/completions", body=body, cast_to=httpx.Response).json()
+
+
+def test_it_keeps_one_connection_alive_per_thread_and_sends_the_sdks_headers():
+    with server() as (url, seen):
+        sdk = client(url)
+        replies = [post(sdk) for _ in range(5)]
+    assert all(r["choices"][0]["message"]["content"] == "4" for r in replies)
+    assert seen["requests"] == 5 and len(seen["connections"]) == 1
+    headers = seen["headers"][0]
+    assert headers["authorization"] == "Bearer sk-test"
+    assert headers["content-type"] == "application/json"
+    assert headers["x-stainless-lang"] == "python"  # the SDK's own, passed through as they are
+
+
+def test_a_connection_the_server_closed_while_idle_is_opened_again_not_retried():
+    with server("close_idle") as (url, seen):
+        sdk = client(url, retries=0)  # a retry would fail the test: there are none
+        for _ in range(3):
+            assert post(sdk)["usage"]["prompt_tokens"] == 7
+            time.sleep(0.05)  # the server's close arrives while the connection idles
+    assert seen["requests"] == 3 and len(seen["connections"]) == 3
+    assert all(
+        "x-stainless-retry-count" not in h or h["x-stainless-retry-count"] == "0"
+        for h in seen["headers"]
+    )
+
+
+@pytest.mark.parametrize("mode", ["gzip", "chunked"])
+def test_it_hands_the_body_to_httpx_as_sent_and_httpx_decodes_it(mode: str):
+    with server(mode) as (url, _):
+        assert post(client(url))["choices"][0]["message"]["content"] == "4"
+
+
+def test_a_reply_slower_than_the_timeout_is_the_sdks_timeout_error():
+    with server(delay_s=1.0) as (url, _):
+        with pytest.raises(openai.APITimeoutError):
+            post(client(url, timeout=0.2))
+
+
+def test_a_refused_connection_is_the_sdks_connection_error_and_a_clear_model_error():
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    with pytest.raises(openai.APIConnectionError) as caught:
+        post(client(url))
+    assert not isinstance(caught.value, openai.APITimeoutError)
+    with pytest.raises(ModelError, match="cannot reach the model endpoint"):
+        chat(ModelSpec("openai", "m", url), MESSAGES, retries=0)
+
+
+def test_a_server_that_hangs_up_mid_reply_is_a_connection_error():
+    """Not a kept-alive connection gone stale: a fresh one, cut while the reply is read."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+
+    def cut() -> None:
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        conn.sendall(b'HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"choi')
+        conn.close()
+
+    threading.Thread(target=cut, daemon=True).start()
+    try:
+        with pytest.raises(openai.APIConnectionError):
+            post(client(f"http://127.0.0.1:{listener.getsockname()[1]}/v1"))
+    finally:
+        listener.close()
+
+
+def test_the_default_transport_serves_an_endpoint_the_environment_proxies(monkeypatch):
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    assert isinstance(for_url("http://127.0.0.1:8000/v1"), KeptAliveTransport)
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.internal:3128")
+    assert for_url("https://api.openai.com/v1") is None
+    assert isinstance(for_url("http://127.0.0.1:8000/v1"), KeptAliveTransport)
+    monkeypatch.setenv("NO_PROXY", "api.openai.com")
+    assert isinstance(for_url("https://api.openai.com/v1"), KeptAliveTransport)
+    assert for_url("https://api.openai.com/v1", "httpx") is None  # FRLM_MODEL_TRANSPORT=httpx

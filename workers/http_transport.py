@@ -1,0 +1,144 @@
+"""The bytes under the openai client: an httpx transport over kept-alive `http.client`
+connections, one per thread and endpoint.
+
+Every model call goes through the openai SDK (workers/backends.py), which builds the request,
+sends the key, retries and maps errors. Under it, httpx's own transport (httpcore and h11)
+spent more CPU per call than everything else a venue worker does for a sub-query: a worker
+makes thousands of small calls a second to one endpoint, and its CPU per sub-query is what
+bounds a fanout on a shared machine (bench/modelcall.py measures both, side by side). The SDK
+takes any httpx transport (`http_client=httpx.Client(transport=...)`); this one sends the
+request's own method, target, headers and body as they are, and hands back the status,
+headers and raw body for httpx to decode, so what the SDK sees is unchanged.
+
+What it does not do, and where httpx's own transport is used instead (`for_url`): proxies
+(an endpoint the environment routes through HTTP(S)_PROXY), and streamed replies, which it
+reads whole (the product never streams a model's reply). FRLM_MODEL_TRANSPORT=httpx goes
+back to httpx's transport everywhere."""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import urllib.request
+from urllib.parse import urlsplit
+
+import httpx
+
+
+def _timeouts(request: httpx.Request) -> tuple[float | None, float | None]:
+    """The connect and read timeouts the client set on this request."""
+    asked = request.extensions.get("timeout") or {}
+    return asked.get("connect"), asked.get("read")
+
+
+class KeptAliveTransport(httpx.BaseTransport):
+    """An httpx transport over one `http.client` connection per thread and endpoint, kept
+    alive between requests. A connection the server closed while it was idle is opened
+    again once for the same request (that is not a failure of the endpoint); any other
+    failure is raised as the httpx error the SDK maps (a timeout, a refused or broken
+    connection)."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._all: set[http.client.HTTPConnection] = set()  # open ones, to close at the end
+        self._lock = threading.Lock()
+
+    def _pool(self) -> dict[tuple[str, str, int], http.client.HTTPConnection]:
+        pool = getattr(self._local, "pool", None)
+        if pool is None:
+            pool = self._local.pool = {}
+        return pool
+
+    def _connection(self, url: httpx.URL, connect_s: float | None) -> http.client.HTTPConnection:
+        key = (url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80))
+        pool = self._pool()
+        conn = pool.get(key)
+        if conn is None:
+            kind = (
+                http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
+            )
+            conn = pool[key] = kind(url.host, key[2], timeout=connect_s)
+            with self._lock:
+                self._all.add(conn)
+        return conn
+
+    def _drop(self, url: httpx.URL) -> None:
+        key = (url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80))
+        conn = self._pool().pop(key, None)
+        if conn is not None:
+            conn.close()
+            with self._lock:
+                self._all.discard(conn)
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        connect_s, read_s = _timeouts(request)
+        url = request.url
+        target = url.raw_path.decode("ascii")
+        body = request.read()
+        for fresh in (False, True):
+            conn = self._connection(url, connect_s)
+            reused = not fresh and conn.sock is not None
+            try:
+                if conn.sock is None:
+                    conn.timeout = connect_s
+                    conn.connect()
+                conn.sock.settimeout(read_s)
+                conn.putrequest(request.method, target, skip_host=True, skip_accept_encoding=True)
+                for name, value in request.headers.raw:
+                    conn.putheader(name, value)
+                conn.endheaders(body or None)
+                response = conn.getresponse()
+                content = response.read()
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
+                self._drop(url)
+                if reused:
+                    continue  # the server closed the idle connection: open it again, once
+                raise httpx.RemoteProtocolError(
+                    str(exc) or type(exc).__name__, request=request
+                ) from exc
+            except TimeoutError as exc:
+                connected = conn.sock is not None
+                self._drop(url)
+                kind = httpx.ReadTimeout if connected else httpx.ConnectTimeout
+                raise kind(str(exc) or "timed out", request=request) from exc
+            except (OSError, http.client.HTTPException) as exc:
+                connected = conn.sock is not None
+                self._drop(url)
+                kind = httpx.ReadError if connected else httpx.ConnectError
+                raise kind(str(exc) or type(exc).__name__, request=request) from exc
+            if response.will_close:
+                self._drop(url)
+            return httpx.Response(
+                response.status,
+                headers=response.getheaders(),
+                stream=httpx.ByteStream(content),
+                extensions={"http_version": b"HTTP/1.1"},
+                request=request,
+            )
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    def close(self) -> None:
+        with self._lock:
+            conns, self._all = self._all, set()
+        for conn in conns:
+            conn.close()
+
+
+def _proxied(base_url: str) -> bool:
+    """Whether the environment sends requests to this endpoint through a proxy."""
+    host = urlsplit(base_url).hostname or ""
+    proxies = urllib.request.getproxies_environment()
+    scheme = urlsplit(base_url).scheme
+    return bool(proxies.get(scheme) or proxies.get("all")) and not (
+        urllib.request.proxy_bypass_environment(host, proxies)
+    )
+
+
+def for_url(base_url: str, setting: str = "kept-alive") -> httpx.BaseTransport | None:
+    """The transport for an endpoint: this one, or None (httpx's own) where a proxy is set
+    or the setting (FRLM_MODEL_TRANSPORT) asks for httpx's."""
+    if setting == "httpx" or _proxied(base_url):
+        return None
+    if not base_url.startswith(("http://", "https://")):
+        return None
+    return KeptAliveTransport()
