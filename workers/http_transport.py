@@ -18,6 +18,7 @@ back to httpx's transport everywhere."""
 from __future__ import annotations
 
 import http.client
+import ssl
 import threading
 import urllib.request
 from urllib.parse import urlsplit
@@ -42,6 +43,15 @@ class KeptAliveTransport(httpx.BaseTransport):
         self._local = threading.local()
         self._all: set[http.client.HTTPConnection] = set()  # open ones, to close at the end
         self._lock = threading.Lock()
+        self._context: ssl.SSLContext | None = None
+
+    def _tls(self) -> ssl.SSLContext:
+        """The certificates httpx itself would trust (certifi's bundle, or SSL_CERT_FILE /
+        SSL_CERT_DIR when set), made once: a machine without a system CA store still
+        reaches a public endpoint."""
+        if self._context is None:
+            self._context = httpx.create_ssl_context()
+        return self._context
 
     def _pool(self) -> dict[tuple[str, str, int], http.client.HTTPConnection]:
         pool = getattr(self._local, "pool", None)
@@ -54,10 +64,13 @@ class KeptAliveTransport(httpx.BaseTransport):
         pool = self._pool()
         conn = pool.get(key)
         if conn is None:
-            kind = (
-                http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
-            )
-            conn = pool[key] = kind(url.host, key[2], timeout=connect_s)
+            if url.scheme == "https":
+                conn = http.client.HTTPSConnection(
+                    url.host, key[2], timeout=connect_s, context=self._tls()
+                )
+            else:
+                conn = http.client.HTTPConnection(url.host, key[2], timeout=connect_s)
+            pool[key] = conn
             with self._lock:
                 self._all.add(conn)
         return conn

@@ -167,3 +167,107 @@ def test_the_default_transport_serves_an_endpoint_the_environment_proxies(monkey
     monkeypatch.setenv("NO_PROXY", "api.openai.com")
     assert isinstance(for_url("https://api.openai.com/v1"), KeptAliveTransport)
     assert for_url("https://api.openai.com/v1", "httpx") is None  # FRLM_MODEL_TRANSPORT=httpx
+
+
+def self_signed(tmp_path) -> tuple[str, str]:
+    """A certificate for 127.0.0.1 and its key, as PEM files."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "frlm test endpoint")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return str(cert_file), str(key_file)
+
+
+def test_it_speaks_tls_and_trusts_what_httpx_would(tmp_path, monkeypatch):
+    """An endpoint whose certificate nobody vouches for is refused; named in SSL_CERT_FILE
+    (which httpx honours), it is reached, over one kept connection."""
+    import ssl
+
+    cert_file, key_file = self_signed(tmp_path)
+    with server() as (url, seen):
+        # The same handler behind TLS: wrap the running server's socket.
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.load_cert_chain(cert_file, key_file)
+        front = socket.create_server(("127.0.0.1", 0))
+        stop = threading.Event()
+
+        def relay() -> None:
+            """TLS on the front port, plain HTTP to the server behind it."""
+            while not stop.is_set():
+                try:
+                    raw, _ = front.accept()
+                except OSError:
+                    return
+                threading.Thread(target=pipe_tls, args=(tls, raw, port), daemon=True).start()
+
+        threading.Thread(target=relay, daemon=True).start()
+        https = f"https://127.0.0.1:{front.getsockname()[1]}/v1"
+        try:
+            monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+            with pytest.raises(openai.APIConnectionError):
+                post(client(https))
+            monkeypatch.setenv("SSL_CERT_FILE", cert_file)
+            sdk = client(https)
+            assert [post(sdk)["usage"]["prompt_tokens"] for _ in range(3)] == [7, 7, 7]
+        finally:
+            stop.set()
+            front.close()
+    assert seen["requests"] == 3 and len(seen["connections"]) == 1
+
+
+def pipe_tls(tls, raw: socket.socket, port: int) -> None:
+    """One client connection: TLS with it, bytes relayed both ways to the plain server."""
+    try:
+        conn = tls.wrap_socket(raw, server_side=True)
+    except OSError:
+        raw.close()
+        return
+    back = socket.create_connection(("127.0.0.1", port))
+
+    def copy(src, dst) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    threading.Thread(target=copy, args=(back, conn), daemon=True).start()
+    copy(conn, back)
