@@ -10,10 +10,12 @@ from celery.signals import worker_ready
 from django.utils import timezone
 
 from frlm_web.celery import app
+from frlm_web.redis_client import get_redis
 from runs.engine.conductor import Conductor, conductor_name
 from runs.lease import watch_start
 from runs.models import Run
 from runs.orphans import runs_fail_orphaned
+from workers.services import departed_bindings_sweep
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +27,13 @@ def _fail_orphans(**_: object) -> None:
     if conductor_name():
         runs_fail_orphaned()
         watch_start(conductor_name())
+        try:
+            swept = departed_bindings_sweep(get_redis())
+        except Exception:
+            log.exception("could not sweep departed workers' queue bindings")
+        else:
+            if swept:
+                log.info("dropped the queue bindings of %d departed workers", swept)
 
 
 @app.task(name="runs.conduct", ignore_result=True, acks_late=False)

@@ -400,6 +400,44 @@ def _withdraw(worker: Worker) -> None:
         log.warning("could not withdraw worker %s from presence: Redis is unreachable", worker.id)
 
 
+# Celery's consumer of a broker worker declares its own queue `worker.<id>` with an exchange
+# of the same name, which kombu's Redis transport keeps as a set per exchange. Jobs are put
+# on the queue directly (workers/wire.py), so nothing reads these once the worker is gone,
+# and each worker that ever ran left two keys behind (125 of each in a dev Redis).
+_BINDING_KEYS = ("_kombu.binding.worker.", "_kombu.binding_permanent.worker.")
+
+
+def queue_bindings_forget(client: redis.Redis, worker_ids: list[str]) -> None:
+    """Drop the queue bindings Celery declared for these workers. Best effort: a process
+    whose Redis role may not delete them (a trusted worker deregistering itself) leaves
+    them to the next sweep (departed_bindings_sweep)."""
+    if not worker_ids:
+        return
+    try:
+        client.delete(*[prefix + wid for wid in worker_ids for prefix in _BINDING_KEYS])
+    except redis.RedisError as exc:
+        log.debug("queue bindings of %s left for the next sweep: %s", worker_ids, exc)
+
+
+def departed_bindings_sweep(client: redis.Redis) -> int:
+    """Drop the queue bindings of every worker that is not active: deregistered, lost, or
+    unknown to this database. Returns how many workers' bindings went."""
+    ids = {
+        key.decode().removeprefix(prefix)
+        for prefix in _BINDING_KEYS
+        for key in client.scan_iter(match=f"{prefix}*", count=1000)
+    }
+    if not ids:
+        return 0
+    active = set(
+        Worker.objects.filter(id__in=ids, status=Worker.Status.ACTIVE).values_list("id", flat=True)
+    )
+    departed = sorted(ids - active)
+    for start in range(0, len(departed), 500):
+        queue_bindings_forget(client, departed[start : start + 500])
+    return len(departed)
+
+
 # --- heartbeats --------------------------------------------------------------------------
 def figures_clean(data: Any) -> Figures:
     if not isinstance(data, dict):
@@ -514,6 +552,7 @@ def worker_deregister(worker: Worker) -> bool:
         .update(status=Worker.Status.DEREGISTERED, deregistered=timezone.now())
     )
     _withdraw(worker)
+    queue_bindings_forget(get_redis(), [worker.id])
     if updated:
         worker.status = Worker.Status.DEREGISTERED
         log.info("worker %s (%s) deregistered", worker.id, worker.name)
