@@ -20,6 +20,8 @@ from traces import store
 from workers.backends import ModelSpec, cassette_spec
 from workers.models import Venue
 
+CONDUCT_TASK = "runs.conduct"  # runs.tasks.run_conduct's registered name
+
 
 class RunInputError(ValueError):
     """Bad input for a run; `errors` maps each field to what is wrong with it."""
@@ -202,9 +204,11 @@ def run_replay(
 
 def run_launch(run: Run) -> None:
     """Hand the run to a conductor once the row is committed."""
-    from runs.tasks import run_conduct
+    # By name: importing runs.tasks would load the whole conductor engine (half a second of
+    # a command's start) only to queue one message.
+    from frlm_web.celery import app
 
-    transaction.on_commit(lambda: run_conduct.delay(run.id))
+    transaction.on_commit(lambda: app.send_task(CONDUCT_TASK, args=[run.id]))
 
 
 def run_cancel(run: Run) -> None:

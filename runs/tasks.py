@@ -15,6 +15,7 @@ from runs.engine.conductor import Conductor, conductor_name
 from runs.lease import watch_start
 from runs.models import Run
 from runs.orphans import runs_fail_orphaned
+from runs.services import CONDUCT_TASK
 from workers.services import departed_bindings_sweep
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ def _fail_orphans(**_: object) -> None:
                 log.info("dropped the queue bindings of %d departed workers", swept)
 
 
-@app.task(name="runs.conduct", ignore_result=True, acks_late=False)
+@app.task(name=CONDUCT_TASK, ignore_result=True, acks_late=False)
 def run_conduct(run_id: str) -> None:
     try:
         run = Run.objects.get(id=run_id)
