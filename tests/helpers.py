@@ -155,10 +155,17 @@ def endpoint(
         def log_message(self, *_: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    with http_serving(Handler, port=port) as url:
+        yield url, seen
+
+
+@contextmanager
+def http_serving(handler: type[BaseHTTPRequestHandler], *, port: int = 0) -> Iterator[str]:
+    """`handler` served on 127.0.0.1 from a thread; yields the base URL (…/v1)."""
+    server = ThreadingHTTPServer(("127.0.0.1", port), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1", seen
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
     finally:
         server.shutdown()
         server.server_close()

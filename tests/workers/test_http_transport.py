@@ -11,13 +11,14 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import httpx
 import openai
 import pytest
 
 from frlm_web.stack import free_port
+from tests.helpers import http_serving
 from workers.backends import ModelError, ModelSpec, chat
 from workers.http_transport import KeptAliveTransport, for_url
 
@@ -66,13 +67,8 @@ def server(mode: str = "plain", delay_s: float = 0.0) -> Iterator[tuple[str, dic
         def log_message(self, *_: object) -> None:
             pass
 
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}/v1", seen
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+    with http_serving(Handler) as url:
+        yield url, seen
 
 
 def client(url: str, timeout: float = 10.0, retries: int = 0) -> openai.OpenAI:
