@@ -118,12 +118,15 @@ class Hedger:
         now = time.time()
         straggling: list[tuple[float, Flight]] = []
         slow_workers: set[str] = set()
+        usual_of: dict[str, float | None] = {}  # each worker's median, once per call
         for flight in wave.out.values():
             threshold = self.latency.threshold_ms(flight.venue)
             if threshold is None or not flight.started_at:
                 continue
             ran = (now - flight.started_at) * 1000
-            usual = self.latency.worker_ms(flight.worker_id)
+            if flight.worker_id not in usual_of:
+                usual_of[flight.worker_id] = self.latency.worker_ms(flight.worker_id)
+            usual = usual_of[flight.worker_id]
             if max(ran, usual or 0.0) > threshold * HEDGE_SLACK:
                 straggling.append((time_to_end(ran, usual), flight))
                 slow_workers.add(flight.worker_id)
