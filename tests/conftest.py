@@ -143,6 +143,34 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.django_db(transaction=True))
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """A failed test on the stack says how the stack's processes stood: which had exited,
+    and the end of each worker's log and of any exited process's. (CI keeps no logs: a
+    stack worker once vanished mid-session and nothing said why.)"""
+    report = yield
+    stack = getattr(item, "funcargs", {}).get("stack")
+    if report.when == "call" and report.failed and isinstance(stack, Stack):
+        try:
+            report.sections.append(("stack processes", stack_state(stack)))
+        except Exception as exc:  # a report about the failure must not fail itself
+            report.sections.append(("stack processes", f"(could not read: {exc!r})"))
+    return report
+
+
+def stack_state(stack: Stack) -> str:
+    from tests.helpers import stack_worker_ids
+
+    lines = [f"stack workers in presence: {sorted(stack_worker_ids())}"]
+    for name, proc in stack.procs.items():
+        code = proc.popen.poll() if proc.popen is not None else None
+        lines.append(f"{name}: {'running' if code is None else f'exited with {code}'}")
+        if code is not None or name.startswith("worker-"):
+            tail = stack.log_tail(name, lines=15)
+            lines.extend(f"    {line[:300]}" for line in tail.splitlines())
+    return "\n".join(lines)
+
+
 @pytest.fixture
 def swarm_factory(venues, tmp_path, subprocess_env):
     """Start simulated swarms (tests.swarm.Swarm) for one test; they stop after it."""
