@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from django.conf import settings
@@ -71,6 +72,26 @@ class Swarm:
             text=True,
             start_new_session=True,
         )
+        # What the swarm says, read as it says it: a test can wait for a word (a rejoin)
+        # while the swarm runs, not only read it all once the swarm is stopped.
+        self.said: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.said.append(line)
+
+    def output(self) -> str:
+        return "".join(self.said)
+
+    def wait_said(self, word: str, timeout: float = 60) -> str:
+        return wait_until(
+            lambda: word in self.output() and self.output(),
+            timeout=timeout,
+            what=f"the swarm {self.venue} to say {word!r}",
+        )
 
     def live(self) -> list[dict]:
         return live_workers(get_redis(), self.venue)
@@ -85,5 +106,6 @@ class Swarm:
     def stop(self) -> str:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
-        out, _ = self.proc.communicate(timeout=60)
-        return out
+        self.proc.wait(timeout=60)
+        self._reader.join(timeout=10)
+        return self.output()
