@@ -1,7 +1,8 @@
 """Model-call benchmark: CPU of this process per chat completion, the way a venue worker
 calls its model (the openai client's post, workers/backends.chat), over httpx's own
-transport and over workers/http_transport.KeptAliveTransport, side by side in one run,
-with the floor of the same request sent by `http.client` alone (no SDK, no httpx). The
+transport, over workers/http_transport.KeptAliveTransport with httpx's cookie jar, and as
+the product calls (KeptAliveTransport under ModelHTTPClient, no cookie jar), side by side in
+one run, with the floor of the same request sent by `http.client` alone (no SDK, no httpx). The
 simulated model server answers after 1 ms, in a process of its own; calls run from 1
 thread and from 16 (a worker's slots). Each round runs every way once, alternating order.
 
@@ -40,15 +41,18 @@ def sdk_way(url: str, transport: str):
     import httpx
     import openai
 
-    from workers.http_transport import KeptAliveTransport
+    from workers.http_transport import KeptAliveTransport, ModelHTTPClient
 
-    kept = KeptAliveTransport() if transport == "kept-alive" else None
+    kept = KeptAliveTransport() if transport != "httpx" else None
+    # "product": the client workers/backends.py makes (kept-alive, no cookie jar); the
+    # other two keep httpx's cookie jar, as the product did before.
+    make = ModelHTTPClient if transport == "product" else httpx.Client
     client = openai.OpenAI(
         base_url=url,
         api_key="simulated",
         timeout=30,
         max_retries=1,
-        http_client=httpx.Client(
+        http_client=make(
             limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
             timeout=30,
             transport=kept,
@@ -130,6 +134,7 @@ def main() -> None:
             ways = {
                 "httpx": sdk_way(url, "httpx"),
                 "kept-alive": sdk_way(url, "kept-alive"),
+                "product": sdk_way(url, "product"),
                 "floor": floor_way(url),
             }
             for i in range(args.rounds):
@@ -146,7 +151,7 @@ def main() -> None:
     )
     for threads in (1, 16):
         med = {}
-        for name in ("httpx", "kept-alive", "floor"):
+        for name in ("httpx", "kept-alive", "product", "floor"):
             values = spent[(name, threads)]
             med[name] = statistics.median(values)
             tries = " ".join(f"{v:.0f}" for v in values)
@@ -156,7 +161,8 @@ def main() -> None:
             )
         print(
             f"  {threads:>2} thread(s)  kept-alive / httpx {med['kept-alive'] / med['httpx']:.2f}x,"
-            f" kept-alive / floor {med['kept-alive'] / med['floor']:.2f}x"
+            f" product (no cookie jar) / kept-alive {med['product'] / med['kept-alive']:.2f}x,"
+            f" product / floor {med['product'] / med['floor']:.2f}x"
         )
 
 

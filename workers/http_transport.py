@@ -155,3 +155,29 @@ def for_url(base_url: str, setting: str = "kept-alive") -> httpx.BaseTransport |
     if not base_url.startswith(("http://", "https://")):
         return None
     return KeptAliveTransport()
+
+
+class _NoCookies(httpx.Cookies):
+    """A jar that takes nothing and sends nothing."""
+
+    def extract_cookies(self, response: httpx.Response) -> None:
+        pass
+
+    def set_cookie_header(self, request: httpx.Request) -> None:
+        pass
+
+
+class ModelHTTPClient(httpx.Client):
+    """The httpx client under the openai SDK for model calls: it keeps no cookies. A model
+    API authenticates with its key, not a session, and httpx reads every reply's headers
+    into a cookie jar through urllib's cookie machinery: 12% of the CPU of an SDK call to
+    the simulated model (bench/modelcall.py). A Set-Cookie from the endpoint is ignored and
+    no Cookie header is ever sent."""
+
+    @property
+    def cookies(self) -> httpx.Cookies:
+        return _NoCookies()
+
+    @cookies.setter
+    def cookies(self, _value: object) -> None:
+        pass  # nothing to keep

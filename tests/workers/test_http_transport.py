@@ -20,7 +20,7 @@ import pytest
 from frlm_web.stack import free_port
 from tests.helpers import http_serving
 from workers.backends import ModelError, ModelSpec, chat
-from workers.http_transport import KeptAliveTransport, for_url
+from workers.http_transport import KeptAliveTransport, ModelHTTPClient, for_url
 
 MESSAGES = [{"role": "user", "content": "What is 2 + 2?"}]
 REPLY = json.dumps(
@@ -267,3 +267,44 @@ def pipe_tls(tls, raw: socket.socket, port: int) -> None:
 
     threading.Thread(target=copy, args=(back, conn), daemon=True).start()
     copy(conn, back)
+
+
+@pytest.mark.parametrize("transport", ["kept-alive", "httpx"])
+def test_the_model_client_keeps_no_cookies(transport: str):
+    """A model endpoint that sets a cookie never gets it back: calls carry the key, not a
+    session, and the client's cookie jar is skipped for its CPU (ModelHTTPClient)."""
+    seen: dict = {"cookies": []}
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            seen["cookies"].append(self.headers.get("Cookie"))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Set-Cookie", "session=abc; Path=/")
+            self.send_header("Content-Length", str(len(REPLY)))
+            self.end_headers()
+            self.wfile.write(REPLY)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    with http_serving(Handler) as url:
+        sdk = openai.OpenAI(
+            base_url=url,
+            api_key="sk-test",
+            max_retries=0,
+            http_client=ModelHTTPClient(transport=for_url(url, transport), timeout=10),
+        )
+        replies = [post(sdk) for _ in range(3)]
+    assert [r["choices"][0]["message"]["content"] for r in replies] == ["4"] * 3
+    assert seen["cookies"] == [None, None, None]
+    assert len(sdk._client.cookies) == 0
+    # The same calls through a plain httpx client send the cookie back: the test can tell.
+    with http_serving(Handler) as url:
+        plain = client(url)
+        post(plain)
+        post(plain)
+    assert seen["cookies"][-1] == "session=abc"
