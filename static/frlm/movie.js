@@ -202,8 +202,13 @@
       const attrs = r[F.ATTRS] || {};
       const answer = document.getElementById("run-answer");
       if (answer && attrs.answer) answer.textContent = attrs.answer;
+      // A header the server drew for a finished run is already final: fetching it again
+      // would swap it under a user who has opened its Replay form (and lose what they
+      // typed). Only a header drawn while the run was running is fetched again.
+      const header = document.getElementById("run-header");
+      const stale = !header || header.dataset.done !== "1";
       setTimeout(() => {
-        if (global.htmx) {
+        if (global.htmx && stale) {
           global.htmx.ajax("GET", this.d.headerUrl, { target: "#run-header", swap: "outerHTML" });
         }
         if (this.ws) this.ws.close(1000);

@@ -67,3 +67,35 @@ def test_it_offers_runs_to_compare(page, web):
     assert page.input_value("input[name=a]") == run.id
     assert page.locator(f"a[href='/runs/{run.id}']").count() >= 1
     assert page.goto("/diff?a=rnothere&b=rnothere2").status == 404
+
+
+def test_the_replay_form_keeps_what_was_typed_while_a_finished_runs_page_loads(page, web):
+    """The page of a finished run reads its stored trace after the header is drawn; when it
+    reaches Run.Done it must not draw the header again under a user who has opened the
+    Replay form (a CI run lost the form that way, mid-typing)."""
+    run = finish(launch(question=scripted(BATCH, "FINAL('done')")))
+    assert run.status == "succeeded", run.error
+    trace(run)
+    # The trace is held back until the form is open, as a loaded server does by itself.
+    held: list = []
+    holding = [True]
+
+    def hold(route) -> None:
+        if holding[0]:
+            held.append(route)
+        else:
+            route.continue_()
+
+    page.route("**/api/runs/*/events*", hold)
+    page.goto(f"/runs/{run.id}")
+    page.click("details.replay summary")
+    page.fill("#id_quorum", "0.6")
+    while not held:
+        page.wait_for_timeout(50)
+    holding[0] = False
+    for route in held:
+        route.continue_()
+    page.wait_for_selector("#movie[data-complete='1']")
+    page.wait_for_timeout(1000)  # past the moment Run.Done's follow-up runs (400 ms)
+    assert page.locator("details.replay").evaluate("d => d.open")
+    assert page.input_value("#id_quorum") == "0.6"
