@@ -86,9 +86,9 @@ class Swarm:
     def output(self) -> str:
         return "".join(self.said)
 
-    def wait_said(self, word: str, timeout: float = 60) -> str:
-        return wait_until(
-            lambda: word in self.output() and self.output(),
+    def wait_said(self, word: str, timeout: float = 60) -> None:
+        wait_until(
+            lambda: word in self.output(),
             timeout=timeout,
             what=f"the swarm {self.venue} to say {word!r}",
         )

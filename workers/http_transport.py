@@ -158,13 +158,20 @@ def for_url(base_url: str, setting: str = "kept-alive") -> httpx.BaseTransport |
 
 
 class _NoCookies(httpx.Cookies):
-    """A jar that takes nothing and sends nothing."""
+    """A jar that takes nothing and sends nothing: it stays empty, so one serves every
+    client."""
 
     def extract_cookies(self, response: httpx.Response) -> None:
         pass
 
     def set_cookie_header(self, request: httpx.Request) -> None:
         pass
+
+    def set(self, *_args: object, **_kwargs: object) -> None:
+        pass
+
+
+_NO_COOKIES = _NoCookies()
 
 
 class ModelHTTPClient(httpx.Client):
@@ -176,7 +183,7 @@ class ModelHTTPClient(httpx.Client):
 
     @property
     def cookies(self) -> httpx.Cookies:
-        return _NoCookies()
+        return _NO_COOKIES  # read twice per call: not a new jar each time
 
     @cookies.setter
     def cookies(self, _value: object) -> None:
