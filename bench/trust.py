@@ -13,8 +13,9 @@ other workers; high trust: a trusted validator re-runs a sample and signs what i
 2. a swarm with no liar at all: the overhead (target at most 8%) and each worker's share
    of the sub-queries against its fair share (target: none below half of it);
 3. a turncoat: one worker of 8 starts lying after the swarm's reputations have settled;
-   the sub-queries sent from the moment it turns until its share of the last 100 falls
-   below 5%, and how many of its lies were accepted (targets: at most 100 and 5);
+   the sub-queries sent from the moment it turns (its first lie) until its share of the
+   last 100 falls below 5%, and how many of its lies were accepted (targets: at most 100
+   and 5); also counted from the start of the batch it first lied in;
 4. a swarm where 5% of the workers are ten times slower: the wall time of its first batch
    (nothing knows yet which workers are slow) with hedging against without, as a ratio of
    the same batch on a swarm with no slow worker (target at most 1.2x with hedging).
@@ -328,6 +329,8 @@ def lied(row: dict[str, float], events: list[dict], liar: str) -> bool:
     for e in events:
         if e["name"] == "Verify.Redundant" and liar in (e["attrs"].get("disagreed") or []):
             return True
+        if e["name"] == "Verify.Gate" and liar in (e["attrs"].get("caught") or []):
+            return True
         if e["name"] in ("Verify.Attest", "Verify.Probe") and e["worker_id"] == liar:
             if e["status"] == "rejected":
                 return True
@@ -411,17 +414,16 @@ def report_kind(kind: str, tiers: dict, workers: int) -> None:
 def report_turncoat(tier: str, t: dict, warm_s: float) -> None:
     print(
         f"turncoat, {tier} tier: one worker of 8 turns liar after {warm_s:g} s: "
-        f"{t['passed']:.0f} sub-queries sent before its share of the last {WINDOW} fell "
-        f"below 5% ({t['liar_sent']:.0f} of them to it); its lies accepted: "
-        f"{t['accepted_lies']:.0f} (targets: <= 100 sub-queries, <= 5 lies); "
-        f"{t['warm_rounds']:.0f} honest rounds of 64 before it turned"
-        + ("" if t["warm_rounds"] else " (it lied from the start: raise --warm-s)")
-        + " (counted from the first batch it lied in)",
+        f"{t['passed_from_lie']:.0f} sub-queries sent from its first lie until its share of "
+        f"the last {WINDOW} fell below 5% ({t['liar_sent_from_lie']:.0f} of them to it); "
+        f"its lies accepted: {t['accepted_lies']:.0f} (targets: <= 100 sub-queries, <= 5 "
+        f"lies); {t['warm_rounds']:.0f} honest rounds of 64 before it turned"
+        + ("" if t["warm_rounds"] else " (it lied from the start: raise --warm-s)"),
         flush=True,
     )
     print(
-        f"  counted from its first lie: {t['passed_from_lie']:.0f} sub-queries "
-        f"({t['liar_sent_from_lie']:.0f} of them to it)",
+        f"  counted from the start of the batch it first lied in: {t['passed']:.0f} "
+        f"sub-queries ({t['liar_sent']:.0f} of them to it)",
         flush=True,
     )
     kinds = "  ".join(f"{k} {v}" for k, v in sorted(t["why"].items()))

@@ -27,6 +27,7 @@ NAMES = frozenset(
         "Verify.Attest",
         "Verify.Probe",
         "Verify.Flag",
+        "Verify.Gate",
         "Memory.CacheHit",
         "Memory.CacheMiss",
         "Weights.Fetch",

@@ -48,6 +48,9 @@ class Candidate:
     # How long each of this fanout's jobs known to have started there has run, in ms;
     # the rest of `inflight` waits in its queue. None: unknown (planned as a fluid).
     running_ms: list[float] | None = None
+    # Work jobs (Need.work) it may still be given, whatever its credit: a worker held back
+    # until one of its answers is checked (runs/engine/fanout/vouching.py). None: no limit.
+    work_room: int | None = None
 
     @property
     def free(self) -> int:
@@ -80,6 +83,7 @@ class Need:
     # other) go to distinct workers, within a plan as across plans: a worker answering
     # twice would be one vote twice.
     group: int | None = None
+    work: bool = False  # an answer, not a copy or probe: it counts against work_room
 
 
 class Route(TypedDict, total=False):
@@ -181,11 +185,15 @@ def plan(
     depth = PLAN_ROUNDS * sum(c.credit for c in eligible)
     out: list[Assignment] = []
     taken: dict[int, set[str]] = {}  # group -> workers its jobs went to in this plan
+    room = {c.worker_id: c.work_room for c in eligible if c.work_room is not None}
+    full = frozenset(w for w, left in room.items() if left <= 0)  # no more work there
     for index, need in enumerate(needs[:depth]):
         if len(out) >= credits:
             break
         if need.group is not None and need.group in taken:
             need = dataclasses.replace(need, avoid=need.avoid | taken[need.group])
+        if need.work and full:
+            need = dataclasses.replace(need, avoid=need.avoid | full)
         roll = rng.random() if need.roll is None else need.roll
         if weights.explore and roll < weights.explore:
             # The job's own draw names the worker it explores, among every one it fits,
@@ -200,6 +208,7 @@ def plan(
                 if pick.open:
                     out.append(_assign(index, pick, "explore", None))
                     _take(taken, need, pick.c.worker_id)
+                    full = _room_taken(room, full, need, pick.c.worker_id)
                     pick.add()
                     pick.sending += 1
                     continue
@@ -224,12 +233,23 @@ def plan(
         chosen.sending += 1
         out.append(assignment)
         _take(taken, need, chosen.c.worker_id)
+        full = _room_taken(room, full, need, chosen.c.worker_id)
     return out
 
 
 def _take(taken: dict[int, set[str]], need: Need, worker_id: str) -> None:
     if need.group is not None:
         taken.setdefault(need.group, set()).add(worker_id)
+
+
+def _room_taken(
+    room: dict[str, int], full: frozenset[str], need: Need, worker: str
+) -> frozenset[str]:
+    """One work job fewer for `worker` where its work is limited; the workers full now."""
+    if not need.work or worker not in room:
+        return full
+    room[worker] -= 1
+    return full | {worker} if room[worker] <= 0 else full
 
 
 def _fits(c: Candidate, need: Need) -> bool:

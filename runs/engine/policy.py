@@ -79,11 +79,16 @@ class Policy:
     # known-answer probes mixed into each batch; a new worker gets one per batch as well.
     check_floor: float = 0.06
     check_warmup: int = 10
+    # "first" (redundant and high-trust tiers): the first answer each untrusted worker
+    # gives in a batch is checked as soon as it arrives (copied to another worker; a
+    # dispute goes to a third worker, or to a validator on the high-trust tier), and until
+    # the verdict the worker gets at most its slots less one of the batch's work, so a
+    # turncoat is caught within its first few answers (runs/engine/fanout/vouching.py).
     # "batch": on the redundant tier every untrusted worker that answers in a batch takes
-    # part in at least one check of it (its answer copied, or a copy sent to it), so a
-    # turncoat is caught in the batch it turns in (runs.trust.verify.cover); "off": the
-    # floor alone.
-    check_cover: str = "batch"
+    # part in at least one check of it once the batch is in (its answer copied, or a copy
+    # sent to it), so a turncoat is caught in the batch it turns in, after its share of it
+    # (runs.trust.verify.cover); "off": the floor alone.
+    check_cover: str = "first"
     probe_rate: float = 0.01
     lie_penalty: float = 250.0
     # Hedging: a sub-query still running past this quantile of its venue's latency (in this
@@ -170,7 +175,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "hedge": ("off", "p90", "p95", "p99"),
     "agree_mode": ("exact", "numeric", "similar"),
     "premium_steps": ("single", "retries", "both"),
-    "check_cover": ("batch", "off"),
+    "check_cover": ("first", "batch", "off"),
 }
 
 RANGES: dict[str, tuple[float, float]] = {

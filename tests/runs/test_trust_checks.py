@@ -59,7 +59,9 @@ def test_it_probes_each_new_worker_before_trusting_it_and_catches_a_liar(swarm_f
     (liar,) = ids(swarm, liars=True)
     honest = set(ids(swarm, liars=False))
     assert len(honest) == 2
-    policy = {"tier": "redundant", "probe_rate": 0.0}  # only the new workers' probes
+    # Only the new workers' probes; no gate, which would catch the liar while the batch
+    # is out, before the probes are judged (test_a_turncoat_gets_no_more_than_...).
+    policy = {"tier": "redundant", "probe_rate": 0.0, "check_cover": "batch"}
     run = finish(launch(question=program(8), venues=["probenew"], policy=policy))
     assert run.status == "succeeded", run.error
     events = trace(run)
@@ -86,7 +88,7 @@ def test_it_catches_a_turncoat_with_a_good_record_and_corrects_its_answers(swarm
     # Every worker has a long good record, so the floor alone would check few answers; the
     # liar is caught by a probe, and then every answer of it in the batch is re-checked.
     swarm = swarm_factory("turncoat", 3, latency=20, lie_share=0.34)
-    liar, events = corrected_run(swarm, 20, check_floor=0.0, probe_rate=1.0)
+    liar, events = corrected_run(swarm, 20, check_floor=0.0, probe_rate=1.0, check_cover="batch")
     assert any(e["status"] == "rejected" for e in named(events, "Verify.Probe"))
     # Caught, it is a suspect: each of its answers was checked, and outvoted.
     outvoted = [v for v in named(events, "Verify.Redundant") if liar in v["attrs"]["disagreed"]]
@@ -100,7 +102,7 @@ def test_a_turncoat_the_sampler_passes_over_is_caught_by_the_batch_cover(swarm_f
     # (seen failing before runs.trust.verify.cover). Now its answer is copied, or another
     # worker's answer goes to it, and either way it is outvoted and its answers corrected.
     swarm = swarm_factory("covered", 4, latency=20, lie_share=0.25)
-    liar, events = corrected_run(swarm, 24, check_floor=0.0, probe_rate=0.0)
+    liar, events = corrected_run(swarm, 24, check_floor=0.0, probe_rate=0.0, check_cover="batch")
     judged = named(events, "Verify.Redundant")
     assert any(v["attrs"]["why"].startswith("cover") for v in judged), judged
     assert liar in {f["worker_id"] for f in named(events, "Verify.Flag")}
@@ -120,11 +122,14 @@ def test_it_leaves_honest_workers_with_a_good_record_mostly_unchecked(swarm_fact
     run = finish(launch(question=program(60), venues=["honestfloor"], policy=policy))
     assert run.status == "succeeded", run.error
     events = trace(run)
-    # At the floor of 10%: 60 answers, each worker checked every tenth answer or so.
+    # At the floor of 10%: 60 answers, each worker checked every tenth answer or so, and
+    # the gate's check of each worker's first answer, which vouches for two at a time.
     checked = named(events, "Verify.Redundant")
-    assert 3 <= len(checked) <= 12
-    # The floor's, and the batch cover's for a worker the floor passed over.
-    assert all(v["attrs"]["why"].startswith(("sampled", "cover")) for v in checked)
+    assert 3 <= len(checked) <= 14
+    assert all(v["attrs"]["why"].startswith(("sampled", "gate")) for v in checked)
+    gates = named(events, "Verify.Gate")
+    assert 1 <= len(gates) <= 2 and all(g["status"] == "ok" for g in gates), gates
+    assert {w for g in gates for w in g["attrs"]["vouched"]} == ids(swarm, liars=False)
     assert not named(events, "Verify.Flag")
 
 
@@ -150,3 +155,69 @@ def test_a_liar_asked_twice_never_outvotes_the_only_honest_worker(swarm_factory)
         # No worker is two votes: an accepted answer has two different workers behind it.
         agreed = verdict["attrs"]["agreed"]
         assert len(agreed) == len(set(agreed)), verdict["attrs"]
+
+
+def work_sent(events, worker: str) -> int:
+    """The answers a worker was asked for in a run: its Submit spans that are no copy."""
+    return sum(
+        1
+        for e in named(events, "SubQuery.Submit", "start")
+        if e["worker_id"] == worker and not e["attrs"].get("copy")
+    )
+
+
+def test_a_turncoat_gets_no_more_than_its_slots_less_one_before_the_gate_catches_it(
+    swarm_factory,
+):
+    # A liar with a long good record, no floor, no probe: checked at the end of the batch
+    # (check_cover=batch), it took its share of the batch first, 12 of 40 answers here
+    # (this test fails so). The gate checks each worker's first answer as it arrives and
+    # gives it at most 3 of its 4 slots until the verdict.
+    swarm = swarm_factory("gated", 4, latency=40, lie_share=0.25, concurrency=4)
+    liar, events = corrected_run(swarm, 40, check_floor=0.0, probe_rate=0.0)
+    assert work_sent(events, liar) <= 3
+    gates = named(events, "Verify.Gate")
+    (caught,) = [g for g in gates if g["status"] == "rejected"]
+    assert caught["attrs"]["caught"] == [liar] and caught["attrs"]["why"].startswith("gate")
+    (flag,) = [f for f in named(events, "Verify.Flag") if f["worker_id"] == liar][:1]
+    assert flag["attrs"]["caught_by"].startswith("outvoted at the gate")
+    honest = ids(swarm, liars=False)
+    assert {w for g in gates for w in g["attrs"]["vouched"]} == honest
+    # Its answers of the batch were checked again with it (corrected_run: all are right).
+    rechecked = [v for v in named(events, "Verify.Redundant") if liar in v["attrs"]["disagreed"]]
+    assert len(rechecked) == work_sent(events, liar)
+
+
+def test_the_high_trust_gate_settles_a_dispute_with_a_validator(swarm_factory, venues):
+    # Settled workers (one a turncoat), no floor, no probe: the gate pairs first answers of
+    # untrusted workers; the liar's dispute goes to the trusted validator, whose signed
+    # verdict catches it; its other answers are then validated and replaced.
+    swarm = swarm_factory("htgate", 3, latency=40, lie_share=0.34, concurrency=4)
+    (liar,) = ids(swarm, liars=True)
+    vouch(ids(swarm, liars=False) | {liar}, results=200)
+    reputations = Reputations(get_redis())
+    for wid in ids(swarm, liars=False) | {liar}:
+        for _ in range(40):
+            reputations.observe(Observation(wid, validation=True))
+    reputations.flush()
+    policy = {
+        "tier": "high_trust",
+        "verify_venues": "local",
+        "check_floor": 0.0,
+        "probe_rate": 0.0,
+        "validate_trusted_rate": 0.0,
+        "explore": 0,
+        "min_reputation": 0.0,
+    }
+    run = finish(launch(question=program(30), venues=["htgate"], policy=policy))
+    assert run.status == "succeeded", run.error
+    assert eval(run.answer) == [f"Station {i} is north of the river." for i in range(30)]
+    events = trace(run)
+    assert work_sent(events, liar) <= 3
+    gates = named(events, "Verify.Gate")
+    assert liar in {w for g in gates for w in g["attrs"]["caught"]}, gates
+    attests = [e for e in named(events, "Verify.Attest") if e["worker_id"] == liar]
+    assert attests and all(e["status"] == "rejected" for e in attests)
+    assert any(e["attrs"]["why"].startswith("gate") for e in attests)
+    # No honest worker was caught, nor validated: their pair agreed.
+    assert not {w for g in gates for w in g["attrs"]["caught"]} - {liar}

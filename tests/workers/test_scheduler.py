@@ -97,6 +97,23 @@ def test_copies_of_one_sub_query_go_to_distinct_workers_in_one_plan() -> None:
     assert len(out) == 1
 
 
+def test_a_worker_held_back_gets_no_more_work_than_its_room_but_still_its_copies() -> None:
+    # Issue 23's gate (runs/engine/fanout/vouching.py): a worker not yet vouched for in a
+    # batch takes at most its room of work, explored or not, whatever its credit; copies
+    # and probes (not work) still reach it.
+    for weights in (NO_EXPLORE, Weights(explore=1.0)):
+        workers = fleet(fast=3, slow=0, concurrency=4)
+        workers[0].work_room = 2
+        workers[1].work_room = 0
+        out = plan(workers, [Need(work=True)] * 40, weights, random.Random(3))
+        got = shares(out)
+        assert got[workers[0].worker_id] == 2 and got[workers[1].worker_id] == 0
+        assert got[workers[2].worker_id] == workers[2].credit
+        copies = [Need(group=9)] * 3
+        out = plan(workers, copies, NO_EXPLORE, random.Random(3))
+        assert {a["worker_id"] for a in out} == {w.worker_id for w in workers}
+
+
 def test_it_explores_about_the_share_the_policy_asks() -> None:
     workers = fleet(fast=8, slow=0, concurrency=64)
     out = plan(workers, [Need()] * 400, Weights(explore=0.25), random.Random(3))

@@ -191,8 +191,9 @@ def test_it_serves_64_slow_requests_at_once(client: OpenAI) -> None:
     started = time.perf_counter()
     with ThreadPoolExecutor(max_workers=64) as pool:
         replies = list(pool.map(one, range(64)))
-    # One after another this would take 12.8 s.
-    assert time.perf_counter() - started < 1.5
+    # One after another this would take 12.8 s; at once, 0.2 s and the clients' own CPU,
+    # which a loaded 2-core machine stretched past 2 s (CI, with another suite running).
+    assert time.perf_counter() - started < 6.4
     assert len(replies) == 64
 
 

@@ -15,7 +15,9 @@ then judged and paid for. The package, one responsibility a module:
 - book: a full replay's recorded decisions (hedges, retries, timeouts, quorum and deadline
   cut-offs, venues) and what its workers did, followed instead of timers and counts;
 - spending: reserve, settle or release, and pay, against the run's accounts;
-- judging: the objective, redundant and high-trust rounds, given a send callback.
+- judging: the objective, redundant and high-trust rounds, given a send callback;
+- vouching: the check gate, which checks each untrusted worker's first answer of a batch
+  while the batch is out and holds its work back until the verdict.
 
 Other modules import the public names from here."""
 

@@ -45,6 +45,7 @@ from runs.engine.fanout.state import (
     Wave,
 )
 from runs.engine.fanout.transport import Transport
+from runs.engine.fanout.vouching import Vouching
 from runs.engine.policy import Policy
 from runs.trust import accounts, verify
 from runs.trust.budget import BudgetRefused
@@ -151,6 +152,14 @@ class Fanout:
             public_key=self.intake.public_key,
             send=self._dispatch,
         )
+        self.vouching = Vouching(
+            scope=self.scope,
+            roster=self.roster,
+            emitter=emitter,
+            judge=self.judge,
+            tally=self.tally,
+            enqueue=self._enqueue,
+        )
 
     @property
     def hedged(self) -> int:
@@ -216,7 +225,11 @@ class Fanout:
             state.flights[0].venues = self.scope.premium_venues
         # Known-answer probes go out in the same dispatch as the work they hide among.
         probes = self.judge.probes_for(state)
-        self._dispatch(state.flights + probes)
+        self.vouching.begin(state)
+        try:
+            self._dispatch(state.flights + probes)
+        finally:
+            self.vouching.end(state)
         self.tally.add_primary(len(state.flights))
         self.judge.probe_round(state, probes)
         if check is not None:
@@ -292,6 +305,15 @@ class Fanout:
         self._pump(wave)
         self.on_progress()
         self._collect(batch, wave)
+
+    def _enqueue(self, flights: list[Flight], wave: Wave) -> None:
+        """Copies made while a batch is out (vouching.Vouching's checks) join its dispatch,
+        ahead of the work still waiting."""
+        for flight in flights:
+            self.counter += 1
+            flight.outcome.index = self.counter
+        self.totals.subqueries += len(flights)
+        wave.backlog.extendleft(reversed(flights))
 
     def _pump(self, wave: Wave) -> None:
         """Plan and send the backlog jobs that should go now (a full replay keeps back those
@@ -383,7 +405,7 @@ class Fanout:
             reply = self.transport.read(block_ms, gather=bool(wave.backlog))
             with self.emitter.batch():
                 for result in self.transport.results(reply):
-                    self.intake.on_result(result, wave)
+                    self._take(result, wave)
                 self.liveness.check_deadlines(wave)
                 self.liveness.check_lost_workers(wave)
                 self.hedger.hedge_stragglers(wave)
@@ -391,12 +413,18 @@ class Fanout:
             self._pump(wave)
             with self.emitter.batch():
                 for result in self.hedger.unpark(wave):
-                    self.intake.on_result(result, wave)
+                    self._take(result, wave)
                 self.router.flush()
             if time.monotonic() - last_progress > 0.2:
                 self.on_progress()
                 last_progress = time.monotonic()
         self.on_progress()
+
+    def _take(self, result: Any, wave: Wave) -> None:
+        """One reply in; an attempt it ended may move the batch's check gate on."""
+        ended = self.intake.on_result(result, wave)
+        if ended is not None:
+            self.vouching.on_settled(ended, wave)
 
     def _settle_rest(
         self, batch: list[Flight], wave: Wave, need: int, batch_deadline: float
@@ -408,6 +436,8 @@ class Fanout:
             cut = self._recorded_cut(batch, wave)  # a full replay cuts off where it was cut
         elif sum(1 for f in batch if f.outcome.status != "pending") >= need:
             cut = f"quorum of {need}/{len(batch)} reached"
+            if all(f.outcome.status != "pending" for f in batch):
+                cut = None  # only the gate's checks are left (vouching.Vouching): they finish
         else:
             cut = None
         if busy and cut is not None:

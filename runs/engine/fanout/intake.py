@@ -29,7 +29,9 @@ class Intake:
     attempts: Attempts
     hedger: Hedger
 
-    def on_result(self, result: Result, wave: Wave) -> None:
+    def on_result(self, result: Result, wave: Wave) -> Flight | None:
+        """Take one reply; returns the attempt it ended, if it ended one (settled, or sent
+        to be tried again)."""
         status = result.get("status")
         wid = result.get("worker_id", "")
         if status in ("ok", "error", "cancelled"):
@@ -37,14 +39,14 @@ class Intake:
             self.roster.executing.get(wid, {}).pop(result.get("sq_id", ""), None)
         flight = wave.out.get(result.get("sq_id", ""))
         if flight is None:
-            return  # a late reply to an attempt that was already settled or replaced
+            return None  # a late reply to an attempt that was already settled or replaced
         if self.scope.book is not None and self._held_by_book(result, flight, wave):
-            return
+            return None
         if status == "lost":
             # Only a hint (the gateway's, that the holder's connection dropped): presence is
             # read again now, and liveness re-dispatches what a departed worker held.
             self.router.look_again()
-            return
+            return None
         problem = self._check_sender(flight, wid)
         if status == "refused":
             # The gateway refused its holder's result (workers/gateway/relay.py): that
@@ -54,13 +56,14 @@ class Intake:
                 self.router.observe(flight, False)
                 reason = f"the gateway refused worker {wid}'s result: {result.get('error', '')}"
                 self.attempts.retry_or_settle(flight, "error", reason, wave)
-            return
+                return flight
+            return None
         if problem is None and status in ("ok", "error"):
             problem = self._check_signature(result, wid)
         if problem is not None:
             # Not counted, and not the job's end: the assignee may still answer.
             self._reject(flight, wid, problem)
-            return
+            return None
         if status == "started":
             flight.worker_id = wid
             flight.started_at = result.get("at") or time.time()
@@ -73,7 +76,7 @@ class Intake:
                 )
             if result.get("alive") == "1":
                 self.roster.watched.add(wid)
-            return
+            return None
         self.attempts.release(flight, wave, spent=result if status == "ok" else None)
         # How long it ran, not how long it queued: the scheduler adds the queue itself.
         end = result.get("at") or time.time()
@@ -96,6 +99,7 @@ class Intake:
             self.attempts.retry_or_settle(
                 flight, "error", "the worker dropped the job as expired or cancelled", wave
             )
+        return flight
 
     def _held_by_book(self, result: Result, flight: Flight, wave: Wave) -> bool:
         """Whether a full replay's reply waits or goes unheard, as the recording's did

@@ -137,12 +137,22 @@ class Judge:
         sent: dict[int, int] = {}  # copies sent, answered or not: the limit counts them all
         why: dict[int, str] = {}  # why each checked answer was checked, for its span
         self._load_credit(state)
+        gate = state.vouches
         for pos, flight in enumerate(state.flights):
             if flight.outcome.status != "ok":
                 continue
             holder = state.holder(pos)
             replies[pos] = [(self._reply(holder), holder)]
             sent[pos] = 1
+            early = gate.early.get(pos) if gate is not None else None
+            if early and policy.agree > 1:
+                # Checked at the gate as it came in (vouching.Vouching): its copies are the
+                # first replicas, and more go out here only if they did not settle it.
+                answered = [c for c in early if c.outcome.status == "ok"]
+                replies[pos] += [(self._reply(c), c) for c in answered]
+                sent[pos] += len(answered)
+                why[pos] = gate.why.get(pos, "gate") if gate is not None else "gate"
+                continue
             if policy.agree > 1:
                 reason = self._sample(
                     holder.outcome.worker_id,
@@ -308,13 +318,24 @@ class Judge:
         )
         why: dict[int, str] = {}
         answered: list[int] = []
+        attested: set[int] = set()  # attested already, at the gate
         self._load_credit(state)
+        gate = state.vouches
         for pos, flight in enumerate(state.flights):
             holder = state.holder(pos)
             if flight.outcome.status != "ok" or holder.outcome.status != "ok":
                 continue
             answered.append(pos)
             worker = holder.outcome.worker_id
+            early = gate.early.get(pos, []) if gate is not None else []
+            validator = next((c for c in early if c.kind == "validator" and c.judged), None)
+            if gate is not None and validator is not None:
+                # A dispute at the gate (vouching.Vouching) went to a validator: its signed
+                # verdict is this answer's check.
+                why[pos] = gate.why.get(pos, "gate")
+                attested.add(pos)
+                self._attest(flight, validator, why[pos])
+                continue
             if self.roster.workers.get(worker, {}).get("trusted"):
                 if self.rng.random() < policy.validate_trusted_rate:
                     why[pos] = f"trusted venue, sampled at {100 * policy.validate_trusted_rate:g}%"
@@ -323,7 +344,7 @@ class Judge:
             if reason:
                 why[pos] = reason
         self._save_credit()
-        self._validate(state, sorted(why), venues_, why)
+        self._validate(state, sorted(set(why) - attested), venues_, why)
         again = [
             p for p in answered if p not in why and state.holder(p).outcome.worker_id in self.caught
         ]
@@ -360,6 +381,20 @@ class Judge:
         if self.sampler.take(worker, rule.rate(record.consecutive_valid, suspect=suspect)):
             return rule.why(record.consecutive_valid, suspect=suspect)
         return ""
+
+    def checks_all(self, worker: str, tier: str) -> bool:
+        """Whether every answer of `worker` is checked on `tier` (a new worker's, a
+        suspect's): the rate _sample would take it at is 1."""
+        policy = self.scope.policy
+        rule = verify.CheckRule(
+            floor=policy.check_floor,
+            warmup=policy.check_warmup,
+            new_rate=policy.validate_rate if tier == "high_trust" else 1.0,
+        )
+        record = self.reputations.get(worker)
+        means = [record.mean("validation"), record.mean("agreement")]
+        suspect = worker in self.caught or any(m is not None and m < SUSPECT_BELOW for m in means)
+        return rule.rate(record.consecutive_valid, suspect=suspect) >= 1.0
 
     def _load_credit(self, state: Batch) -> None:
         """The sampler's credit of the batch's workers, as earlier runs left it."""

@@ -142,6 +142,9 @@ class Router:
         """The attempt leaves on `flight.slot`'s credit."""
         inflight = self.roster.inflight
         inflight[flight.slot] = inflight.get(flight.slot, 0) + 1
+        gate = self.scope.batch.vouches if self.scope.batch is not None else None
+        if gate is not None and gate.open and not flight.kind and target.worker_id:
+            gate.sent[target.worker_id] = gate.sent.get(target.worker_id, 0) + 1
         if target.worker_id:
             self.breakers.dispatched(f"worker:{target.worker_id}")
         self.breakers.dispatched(f"venue:{target.venue}")
@@ -227,6 +230,7 @@ class Router:
                     roll=flight.roll,
                     # Copies made to be judged together share one `tried` set (Judge).
                     group=id(flight.tried) if flight.replica_of is not None else None,
+                    work=not flight.kind,
                 )
             )
         return [
@@ -243,6 +247,27 @@ class Router:
             for a in scheduler.plan(candidates, needs, self.weights, self.rng)
         ]
 
+    def work_room(self) -> dict[str, int]:
+        """How much more of the batch's work each held-back worker may be given now
+        (state.Vouches): none for a worker caught lying in the run; for an untrusted one
+        not yet vouched for in the batch, its cap less what it was given, and none past the
+        cap while the check of its first answer is out or its work still runs. Checks and
+        probes still go to them. The shared and round-robin routings pick no worker, so
+        they hold none back."""
+        gate = self.scope.batch.vouches if self.scope.batch is not None else None
+        if gate is None or not gate.open:
+            return {}
+        room = dict.fromkeys(gate.barred, 0)
+        for wid, w in self.roster.workers.items():
+            if wid in room or w.get("trusted") or wid in gate.vouched or wid in gate.released:
+                continue
+            left = gate.cap(int(w.get("concurrency", 1))) - gate.sent.get(wid, 0)
+            if left > 0:
+                room[wid] = left
+            elif wid in gate.pending or self.roster.inflight.get(wid, 0) > 0:
+                room[wid] = 0
+        return room
+
     def _candidates(self, wave: Wave) -> list[scheduler.Candidate]:
         """Every live worker as the scheduler sees it, told which of this run's jobs already
         run there and for how long."""
@@ -254,6 +279,7 @@ class Router:
                 running[f.assigned].append((now - f.started_at) * 1000)
         candidates = []
         price_in, price_out = TYPICAL_TOKENS
+        room = self.work_room()
         for wid, w in workers.items():
             rep = self.reputations.get(wid)
             concurrency = int(w.get("concurrency", 1))
@@ -277,6 +303,7 @@ class Router:
                     context_tokens=int(w.get("context_tokens") or 1 << 30),
                     allowed=self._allowed(w) and not self._capped(w),
                     running_ms=running[wid],
+                    work_room=room.get(wid),
                 )
             )
         return candidates

@@ -115,6 +115,32 @@ class Executing:
 
 
 @dataclass
+class Vouches:
+    """The check gate of one batch on a checking tier (runs/engine/fanout/vouching.py): the
+    first answer each untrusted worker gives in the batch is checked as soon as it arrives,
+    and until that check's verdict the worker is given at most `cap` work attempts of the
+    batch (runs/engine/fanout/routing.py). A turncoat is so caught within its first few
+    answers, not after its share of the whole batch."""
+
+    barred: dict[str, str]  # the run's workers caught lying (judging.Judge.caught): no work
+    positions: dict[int, int]  # id() of each of the batch's flights -> its position
+    open: bool = True  # while the batch's own dispatch runs; the judge's rounds are not gated
+    sent: dict[str, int] = field(default_factory=dict)  # work attempts per worker
+    vouched: set[str] = field(default_factory=set)  # an answer of it passed a check
+    released: set[str] = field(default_factory=set)  # no check could settle: not held back
+    pending: dict[str, int] = field(default_factory=dict)  # worker -> position under check
+    checking: dict[str, int] = field(default_factory=dict)  # worker -> position it checks
+    copies: dict[int, int] = field(default_factory=dict)  # id() of a check's copy -> position
+    early: dict[int, list[Flight]] = field(default_factory=dict)  # position -> its copies
+    why: dict[int, str] = field(default_factory=dict)  # position -> why it was checked
+
+    def cap(self, concurrency: int) -> int:
+        """Work attempts an unvouched worker of `concurrency` slots gets before its check's
+        verdict: one slot is kept for the check of another worker's answer it may be given."""
+        return max(1, concurrency - 1)
+
+
+@dataclass
 class Batch:
     """One REPL call's sub-queries while they are judged: who holds each position's reply
     now (the answer, or the recheck that replaced it), which workers failed its check, and
@@ -128,6 +154,7 @@ class Batch:
     holders: dict[int, Flight] = field(default_factory=dict)
     failed: dict[int, set[str]] = field(default_factory=dict)
     replied: list[Flight] = field(default_factory=list)
+    vouches: Vouches | None = None  # its check gate, on a checking tier (vouching.Vouching)
 
     def holder(self, pos: int) -> Flight:
         return self.holders.get(pos, self.flights[pos])

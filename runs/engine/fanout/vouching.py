@@ -1,0 +1,267 @@
+"""The check gate of a batch on a checking tier (policy.check_cover "first", issue 23): each
+untrusted worker's first answer of the batch is checked the moment it arrives, and the worker
+is given no more of the batch's work than its slots less one until the check's verdict.
+
+A check copies the answer to another worker, preferably another untrusted one that has not
+been vouched for yet: its answer to the copy checks both of them, so an honest swarm pays one
+copy per two workers, and the slot each keeps free runs the copy at once. Agreement vouches
+for both, and they get work again. A disagreement is settled as the tier settles one: on the
+redundant tier by a third worker's vote, on the high-trust tier by a trusted validator; the
+worker found lying is caught (judging.Judge.caught: it gets no more work in the run, its
+answers of the batch are checked again when the batch is judged, its earlier ones flagged).
+
+A worker that turns liar is so caught within its first few answers of a batch, where
+checking at the end of the batch let it take its whole share first (bench/trust.py's
+turncoat). The copies made here are judged again with the batch (judging.Judge takes them
+as the first replicas of their sub-query), so the trace's Verify.Redundant or Verify.Attest
+is the verdict of record; Verify.Gate says what the gate decided and when."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from runs.engine.fanout.judging import Judge
+from runs.engine.fanout.state import Batch, Flight, Roster, Scope, Vouches, Wave
+from runs.trust import verify
+from traces.emitter import Emitter
+from workers.agreement import AgreementRule, agree
+from workers.reputation import Observation
+
+GATED_TIERS = ("redundant", "high_trust")
+
+
+@dataclass(kw_only=True, eq=False)
+class Vouching:
+    scope: Scope
+    roster: Roster
+    emitter: Emitter
+    judge: Judge
+    tally: verify.VerificationTally
+    enqueue: Callable[[list[Flight], Wave], None]  # sends copies with the batch's own work
+
+    def begin(self, state: Batch) -> None:
+        """Gate the batch's dispatch when its tier checks untrusted workers."""
+        if state.tier in GATED_TIERS and self.scope.policy.check_cover == "first":
+            state.vouches = Vouches(
+                barred=self.judge.caught,
+                positions={id(f): pos for pos, f in enumerate(state.flights)},
+            )
+
+    def end(self, state: Batch) -> None:
+        """The batch's own dispatch is over: the judge's rounds are not gated."""
+        if state.vouches is not None:
+            state.vouches.open = False
+
+    def on_settled(self, flight: Flight, wave: Wave) -> None:
+        """An attempt of the batch has ended: a first answer starts its worker's check, a
+        check's copy moves it on."""
+        state = self.scope.batch
+        gate = state.vouches if state is not None else None
+        if state is None or gate is None or not gate.open:
+            return
+        owner = flight.twin if flight.hedge and flight.twin is not None else flight
+        if id(owner) in gate.copies:
+            self._advance(state, gate, gate.copies[id(owner)], wave)
+        elif id(owner) in gate.positions and owner.outcome.status == "ok":
+            self._start(state, gate, gate.positions[id(owner)], wave)
+
+    # --- a check's life ----------------------------------------------------------------
+    def _start(self, state: Batch, gate: Vouches, pos: int, wave: Wave) -> None:
+        worker = state.holder(pos).outcome.worker_id
+        if not self._unvouched(gate, worker) or worker in gate.checking or worker in gate.pending:
+            return  # trusted, settled or under check already, or its answer to one will say
+        partner = self._partner(gate, worker)
+        gate.pending[worker] = pos
+        if partner is None:
+            self._release(state, gate, pos, "no other live worker to check it with")
+            return
+        if self._unvouched(gate, partner) and partner not in gate.pending:
+            gate.checking[partner] = pos
+        gate.why[pos] = (
+            f"gate: the first answer of worker {worker[:12]} in this batch; it gets no more "
+            "work of the batch until this check's verdict"
+        )
+        if state.tier == "high_trust" and self.judge.checks_all(worker, state.tier):
+            # Every answer of it goes to a validator anyway: this one goes now.
+            gate.checking.pop(partner, None)
+            self._validate(state, gate, pos, wave)
+            return
+        self._send(state, gate, pos, "replica", self.judge._only(partner), wave)
+
+    def _advance(self, state: Batch, gate: Vouches, pos: int, wave: Wave) -> None:
+        copies = gate.early[pos]
+        if any(c.outcome.status == "pending" for c in copies):
+            return  # a retry or another copy is still out
+        holder = state.holder(pos)
+        answered = [c for c in copies if c.outcome.status == "ok"]
+        validator = next((c for c in answered if c.kind == "validator"), None)
+        if validator is not None:
+            self._arbitrate(state, gate, pos, validator, [holder, *answered])
+            return
+        if len(answered) < len(copies):
+            self._release(state, gate, pos, "a check's copy got no reply")
+            return
+        agree_n = max(2, self.scope.policy.agree)
+        policy = verify.RedundancyPolicy(
+            replicas=agree_n,
+            agree=agree_n,
+            max_replicas=max(agree_n, self.scope.policy.max_replicas),
+            rule=AgreementRule(mode=self.scope.policy.agree_mode),
+        )
+        replies = [self.judge._reply(f) for f in [holder, *answered]]
+        decision = verify.redundant_decide(replies, policy, barred=gate.barred)
+        if decision.outcome == "accept":
+            right = verify.judgements(decision)
+            self._settle(
+                state,
+                gate,
+                pos,
+                vouched=[w for w, ok in right.items() if ok],
+                caught=[w for w, ok in right.items() if not ok],
+                how="outvoted",
+            )
+            return
+        involved = {r.worker_id for r in replies}
+        for worker in involved:  # held until the dispute is settled, checkers too
+            if self._unvouched(gate, worker):
+                gate.checking.pop(worker, None)
+                gate.pending[worker] = pos
+        if decision.outcome == "more" and state.tier == "high_trust":
+            self._validate(state, gate, pos, wave)
+            return
+        asked = len(replies) + len(copies) - len(answered)
+        askable = self.judge._askable() - involved
+        if decision.outcome == "more" and askable and asked < policy.max_replicas:
+            self._send(state, gate, pos, "replica", involved | set(gate.barred), wave)
+            return
+        self._release(state, gate, pos, decision.reason or "the check did not settle")
+
+    def _arbitrate(
+        self, state: Batch, gate: Vouches, pos: int, validator: Flight, replies: list[Flight]
+    ) -> None:
+        """The high-trust tier's dispute: each disputed reply against the validator's."""
+        rule = AgreementRule(mode=self.scope.policy.agree_mode)
+        vouched, caught = [], []
+        for reply in replies:
+            if reply is validator or reply.outcome.status != "ok":
+                continue
+            worker = reply.outcome.worker_id
+            if agree(reply.outcome.text, validator.outcome.text, rule):
+                vouched.append(worker)
+            else:
+                caught.append(worker)
+                if reply is not state.holder(pos):
+                    # The answer judged with the batch is the holder's (Verify.Attest); a
+                    # checker's wrong copy counts against it here.
+                    self.judge.reputations.observe(Observation(worker, validation=False))
+        self._settle(
+            state, gate, pos, vouched=vouched, caught=caught, how="diverged from a validator"
+        )
+
+    def _settle(
+        self,
+        state: Batch,
+        gate: Vouches,
+        pos: int,
+        *,
+        vouched: list[str],
+        caught: list[str],
+        how: str,
+    ) -> None:
+        number = state.flights[pos].outcome.index
+        for worker in caught:
+            self.judge._caught(worker, f"{how} at the gate on sub-query {number}")
+        gate.vouched.update(w for w in vouched if w not in gate.barred)
+        self._close(gate, pos)
+        self._record(state, pos, "rejected" if caught else "ok", vouched, caught, "")
+
+    def _release(self, state: Batch, gate: Vouches, pos: int, reason: str) -> None:
+        """The check cannot settle: its workers are not held back any longer, unvouched (the
+        batch's judging still checks them as the tier asks)."""
+        involved = self._close(gate, pos)
+        gate.released.update(involved)
+        self._record(state, pos, "error", [], [], reason)
+
+    def _close(self, gate: Vouches, pos: int) -> set[str]:
+        involved = {w for w, p in gate.pending.items() if p == pos}
+        involved |= {w for w, p in gate.checking.items() if p == pos}
+        for worker in involved:
+            gate.pending.pop(worker, None)
+            gate.checking.pop(worker, None)
+        return involved
+
+    def _record(
+        self,
+        state: Batch,
+        pos: int,
+        status: str,
+        vouched: list[str],
+        caught: list[str],
+        reason: str,
+    ) -> None:
+        flight = state.flights[pos]
+        gate = state.vouches
+        assert gate is not None
+        copies = gate.early.get(pos, [])
+        self.emitter.instant(
+            "Verify.Gate",
+            parent=flight.span.span_id if flight.span else self.scope.parent,
+            depth=self.scope.depth,
+            status=status,
+            links=[f.span.span_id for f in [state.holder(pos), *copies] if f.span],
+            worker_id=state.holder(pos).outcome.worker_id or None,
+            sq=flight.outcome.index,
+            tier="gate",
+            checkers=[c.outcome.worker_id for c in copies if c.outcome.worker_id],
+            vouched=sorted(vouched),
+            caught=sorted(caught),
+            why=gate.why.get(pos, ""),
+            reason=reason
+            or (
+                f"caught lying: {', '.join(w[:12] for w in sorted(caught))}"
+                if caught
+                else "the answers agreed: their workers get work again"
+            ),
+        )
+
+    # --- helpers -----------------------------------------------------------------------
+    def _send(
+        self, state: Batch, gate: Vouches, pos: int, kind: str, tried: set[str], wave: Wave
+    ) -> Flight:
+        copy = self.judge._copy(state, pos, kind, tried)
+        gate.early.setdefault(pos, []).append(copy)
+        gate.copies[id(copy)] = pos
+        self.tally.add_extra(kind)
+        self.enqueue([copy], wave)
+        return copy
+
+    def _validate(self, state: Batch, gate: Vouches, pos: int, wave: Wave) -> None:
+        """A trusted validator re-runs the sub-query; its signed verdict on the answer is
+        checked with the batch (judging.Judge.high_trust)."""
+        holder = state.holder(pos)
+        copy = self._send(state, gate, pos, "validator", {holder.outcome.worker_id}, wave)
+        copy.venues, copy.judged = self.judge.validator_venues(), holder
+
+    def _unvouched(self, gate: Vouches, worker: str) -> bool:
+        w = self.roster.workers.get(worker)
+        return bool(
+            worker
+            and w is not None
+            and not w.get("trusted")
+            and worker not in gate.vouched
+            and worker not in gate.released
+            and worker not in gate.barred
+        )
+
+    def _partner(self, gate: Vouches, worker: str) -> str | None:
+        """Who checks `worker`'s answer: an untrusted worker not vouched for yet and not in
+        a check already (its answer checks it too), else any other worker a copy may go to."""
+        askable = sorted(self.judge._askable() - {worker})
+        fresh = [
+            w
+            for w in askable
+            if self._unvouched(gate, w) and w not in gate.pending and w not in gate.checking
+        ]
+        pool = fresh or askable
+        return self.judge.rng.choice(pool) if pool else None
