@@ -473,7 +473,7 @@ class Sampler:
                 credit = float(raw) if raw is not None else None
             except ValueError:
                 credit = None
-            if credit is not None and 0.0 <= credit < 1.0:
+            if credit is not None and -1.0 <= credit < 1.0:
                 self._credit[wid] = credit
 
     def save(self) -> None:
@@ -486,6 +486,16 @@ class Sampler:
         for wid, credit in self._credit.items():
             pipe.hset(rep_key(wid), self.FIELD, repr(credit))
         pipe.execute()
+
+    def spend(self, worker_id: str) -> None:
+        """A check of the worker made outside the sample (the check gate's,
+        runs/engine/fanout/vouching.py) counts toward its rate: its credit falls by one,
+        to no less than -1, so the sample passes over it that much longer. A worker with a
+        few answers per batch is then checked once per batch, not once more at the floor."""
+        credit = self._credit.get(worker_id)
+        if credit is None:
+            credit = self._rng.random()
+        self._credit[worker_id] = max(-1.0, credit - 1.0)
 
     def take(self, worker_id: str, rate: float) -> bool:
         if rate >= 1.0:

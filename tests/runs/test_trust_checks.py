@@ -188,10 +188,10 @@ def test_a_turncoat_gets_no_more_than_its_slots_less_one_before_the_gate_catches
     assert len(rechecked) == work_sent(events, liar)
 
 
-def test_the_high_trust_gate_settles_a_dispute_with_a_validator(swarm_factory, venues):
-    # Settled workers (one a turncoat), no floor, no probe: the gate pairs first answers of
-    # untrusted workers; the liar's dispute goes to the trusted validator, whose signed
-    # verdict catches it; its other answers are then validated and replaced.
+def test_the_high_trust_gate_has_a_validator_check_each_workers_first_answer(swarm_factory, venues):
+    # Settled workers (one a turncoat), no floor, no probe: the gate sends each untrusted
+    # worker's first answer to the trusted validator, whose signed verdict catches the
+    # liar; its other answers are then validated and replaced.
     swarm = swarm_factory("htgate", 3, latency=40, lie_share=0.34, concurrency=4)
     (liar,) = ids(swarm, liars=True)
     vouch(ids(swarm, liars=False) | {liar}, results=200)
@@ -216,8 +216,17 @@ def test_the_high_trust_gate_settles_a_dispute_with_a_validator(swarm_factory, v
     assert work_sent(events, liar) <= 3
     gates = named(events, "Verify.Gate")
     assert liar in {w for g in gates for w in g["attrs"]["caught"]}, gates
-    attests = [e for e in named(events, "Verify.Attest") if e["worker_id"] == liar]
-    assert attests and all(e["status"] == "rejected" for e in attests)
-    assert any(e["attrs"]["why"].startswith("gate") for e in attests)
-    # No honest worker was caught, nor validated: their pair agreed.
+    attests = named(events, "Verify.Attest")
+    lies = [e for e in attests if e["worker_id"] == liar]
+    assert lies and all(e["status"] == "rejected" for e in lies)
+    assert any(e["attrs"]["why"].startswith("gate") for e in lies)
+    # Each honest worker: its first answer validated at the gate, and nothing more (no
+    # floor), vouched for; none caught.
+    honest = ids(swarm, liars=False)
+    for worker in honest:
+        own = [e for e in attests if e["worker_id"] == worker]
+        assert (
+            len(own) == 1 and own[0]["status"] == "ok" and own[0]["attrs"]["why"].startswith("gate")
+        )
+    assert {w for g in gates for w in g["attrs"]["vouched"]} == honest
     assert not {w for g in gates for w in g["attrs"]["caught"]} - {liar}

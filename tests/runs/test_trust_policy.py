@@ -46,6 +46,25 @@ def test_it_never_leaves_a_worker_more_than_one_over_its_rate_answers_unchecked(
     assert max(gaps) <= 17 and checked[0] <= 17
 
 
+def test_a_check_the_gate_made_counts_toward_the_workers_rate():
+    # Batches of 10 answers per worker, each with one gate check: at a 6% floor the
+    # sample adds none (the gate's check is the worker's check for the batch); with 100
+    # answers per batch it adds the rest of the floor, so the rate never falls under it.
+    for answers, (least, most) in ((10, (0, 2)), (100, (100, 101))):
+        sampler = Sampler(random.Random(3))
+        sampled = 0
+        for _ in range(20):  # batches
+            sampler.spend("w")
+            sampled += sum(sampler.take("w", 0.06) for _ in range(answers))
+        assert least <= sampled <= most
+        assert 20 + sampled >= 0.06 * answers * 20  # checks in all: never under the floor
+    # Credit kept across runs may be as low as -1, no lower.
+    sampler = Sampler(random.Random(3))
+    for _ in range(5):
+        sampler.spend("w")
+    assert sampler._credit["w"] == -1.0
+
+
 def test_it_starts_each_worker_at_a_phase_it_cannot_know():
     firsts = set()
     for seed in range(20):

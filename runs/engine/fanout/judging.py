@@ -382,29 +382,27 @@ class Judge:
             return rule.why(record.consecutive_valid, suspect=suspect)
         return ""
 
-    def checks_all(self, worker: str, tier: str) -> bool:
-        """Whether every answer of `worker` is checked on `tier` (a new worker's, a
-        suspect's): the rate _sample would take it at is 1."""
-        policy = self.scope.policy
-        rule = verify.CheckRule(
-            floor=policy.check_floor,
-            warmup=policy.check_warmup,
-            new_rate=policy.validate_rate if tier == "high_trust" else 1.0,
-        )
-        record = self.reputations.get(worker)
-        means = [record.mean("validation"), record.mean("agreement")]
-        suspect = worker in self.caught or any(m is not None and m < SUSPECT_BELOW for m in means)
-        return rule.rate(record.consecutive_valid, suspect=suspect) >= 1.0
-
     def _load_credit(self, state: Batch) -> None:
-        """The sampler's credit of the batch's workers, as earlier runs left it."""
+        """The sampler's credit of the batch's workers, as earlier runs left it, less the
+        checks the gate made of them in this batch (vouching.Vouching): an untrusted
+        worker's answer or a copy it answered for the gate."""
         assert self.sampler is not None
+        gate = state.vouches
+        checked = [
+            f.outcome.worker_id
+            for pos, copies in (gate.early.items() if gate is not None else ())
+            for f in [state.holder(pos), *copies]
+            if f.outcome.status == "ok"
+            and not self.roster.workers.get(f.outcome.worker_id, {}).get("trusted")
+        ]
         try:
             self.sampler.load(
-                [state.holder(p).outcome.worker_id for p in range(len(state.flights))]
+                [state.holder(p).outcome.worker_id for p in range(len(state.flights))] + checked
             )
         except redis.RedisError:
             pass  # a fresh phase for this batch: the checks still run at their rate
+        for worker in checked:
+            self.sampler.spend(worker)
 
     def _save_credit(self) -> None:
         assert self.sampler is not None

@@ -2,13 +2,15 @@
 untrusted worker's first answer of the batch is checked the moment it arrives, and the worker
 is given no more of the batch's work than its slots less one until the check's verdict.
 
-A check copies the answer to another worker, preferably another untrusted one that has not
-been vouched for yet: its answer to the copy checks both of them, so an honest swarm pays one
-copy per two workers, and the slot each keeps free runs the copy at once. Agreement vouches
-for both, and they get work again. A disagreement is settled as the tier settles one: on the
-redundant tier by a third worker's vote, on the high-trust tier by a trusted validator; the
-worker found lying is caught (judging.Judge.caught: it gets no more work in the run, its
-answers of the batch are checked again when the batch is judged, its earlier ones flagged).
+On the redundant tier a check copies the answer to another worker, preferably another
+untrusted one that has not been vouched for yet: its answer to the copy checks both of them,
+so an honest swarm pays one copy per two workers, and the slot each keeps free runs the copy
+at once. Agreement vouches for both, and they get work again; a disagreement goes to a third
+worker's vote. On the high-trust tier the check is a trusted validator's (two untrusted
+workers agreeing proves nothing against colluders). Either way the check counts as the
+worker's sampled one (judging.Judge._load_credit), and the worker found lying is caught
+(judging.Judge.caught: it gets no more work in the run, its answers of the batch are checked
+again when the batch is judged, its earlier ones flagged).
 
 A worker that turns liar is so caught within its first few answers of a batch, where
 checking at the end of the batch let it take its whole share first (bench/trust.py's
@@ -26,7 +28,6 @@ from runs.engine.fanout.state import Batch, Flight, Roster, Scope, Vouches, Wave
 from runs.trust import verify
 from traces.emitter import Emitter
 from workers.agreement import AgreementRule, agree
-from workers.reputation import Observation
 
 GATED_TIERS = ("redundant", "high_trust")
 
@@ -71,22 +72,23 @@ class Vouching:
         worker = state.holder(pos).outcome.worker_id
         if not self._unvouched(gate, worker) or worker in gate.checking or worker in gate.pending:
             return  # trusted, settled or under check already, or its answer to one will say
-        partner = self._partner(gate, worker)
         gate.pending[worker] = pos
+        gate.why[pos] = (
+            f"gate: the first answer of worker {worker[:12]} in this batch; it gets no more "
+            "work of the batch until this check's verdict"
+        )
+        if state.tier == "high_trust":
+            # A validator's verdict: another untrusted worker's agreement would not stand
+            # against colluders, what this tier is for. It is the worker's sampled check
+            # for the batch too (judging.Judge._load_credit).
+            self._validate(state, gate, pos, wave)
+            return
+        partner = self._partner(gate, worker)
         if partner is None:
             self._release(state, gate, pos, "no other live worker to check it with")
             return
         if self._unvouched(gate, partner) and partner not in gate.pending:
             gate.checking[partner] = pos
-        gate.why[pos] = (
-            f"gate: the first answer of worker {worker[:12]} in this batch; it gets no more "
-            "work of the batch until this check's verdict"
-        )
-        if state.tier == "high_trust" and self.judge.checks_all(worker, state.tier):
-            # Every answer of it goes to a validator anyway: this one goes now.
-            gate.checking.pop(partner, None)
-            self._validate(state, gate, pos, wave)
-            return
         self._send(state, gate, pos, "replica", self.judge._only(partner), wave)
 
     def _advance(self, state: Batch, gate: Vouches, pos: int, wave: Wave) -> None:
@@ -97,7 +99,7 @@ class Vouching:
         answered = [c for c in copies if c.outcome.status == "ok"]
         validator = next((c for c in answered if c.kind == "validator"), None)
         if validator is not None:
-            self._arbitrate(state, gate, pos, validator, [holder, *answered])
+            self._arbitrate(state, gate, pos, validator)
             return
         if len(answered) < len(copies):
             self._release(state, gate, pos, "a check's copy got no reply")
@@ -127,9 +129,6 @@ class Vouching:
             if self._unvouched(gate, worker):
                 gate.checking.pop(worker, None)
                 gate.pending[worker] = pos
-        if decision.outcome == "more" and state.tier == "high_trust":
-            self._validate(state, gate, pos, wave)
-            return
         asked = len(replies) + len(copies) - len(answered)
         askable = self.judge._askable() - involved
         if decision.outcome == "more" and askable and asked < policy.max_replicas:
@@ -137,26 +136,20 @@ class Vouching:
             return
         self._release(state, gate, pos, decision.reason or "the check did not settle")
 
-    def _arbitrate(
-        self, state: Batch, gate: Vouches, pos: int, validator: Flight, replies: list[Flight]
-    ) -> None:
-        """The high-trust tier's dispute: each disputed reply against the validator's."""
+    def _arbitrate(self, state: Batch, gate: Vouches, pos: int, validator: Flight) -> None:
+        """The high-trust tier's check: the answer against the validator's (its signed
+        verdict is checked when the batch is judged, judging.Judge.high_trust)."""
+        holder = state.holder(pos)
         rule = AgreementRule(mode=self.scope.policy.agree_mode)
-        vouched, caught = [], []
-        for reply in replies:
-            if reply is validator or reply.outcome.status != "ok":
-                continue
-            worker = reply.outcome.worker_id
-            if agree(reply.outcome.text, validator.outcome.text, rule):
-                vouched.append(worker)
-            else:
-                caught.append(worker)
-                if reply is not state.holder(pos):
-                    # The answer judged with the batch is the holder's (Verify.Attest); a
-                    # checker's wrong copy counts against it here.
-                    self.judge.reputations.observe(Observation(worker, validation=False))
+        worker = holder.outcome.worker_id
+        ok = agree(holder.outcome.text, validator.outcome.text, rule)
         self._settle(
-            state, gate, pos, vouched=vouched, caught=caught, how="diverged from a validator"
+            state,
+            gate,
+            pos,
+            vouched=[worker] if ok else [],
+            caught=[] if ok else [worker],
+            how="diverged from a validator",
         )
 
     def _settle(
