@@ -82,6 +82,11 @@ def rep_key(worker_id: str) -> str:
     return f"frlm:rep:{worker_id}"
 
 
+# A worker whose agreement or validation record (its mean) is below this has been caught
+# lying lately: the checking tiers check all of its answers until the record mends.
+SUSPECT_BELOW = 0.5
+
+
 @dataclass(frozen=True)
 class Reputation:
     worker_id: str
@@ -109,6 +114,14 @@ class Reputation:
         if a + b - 2 < MIN_EVIDENCE:
             return None
         return a / (a + b - 1)
+
+    @property
+    def suspect(self) -> bool:
+        """Caught lying lately: its agreement or validation record is under SUSPECT_BELOW
+        (one proven lie weighs lie_penalty good results). Every answer of it is checked,
+        and it is not explored (runs/engine/fanout/routing.py)."""
+        means = (self.mean("validation"), self.mean("agreement"))
+        return any(m is not None and m < SUSPECT_BELOW for m in means)
 
     @property
     def score(self) -> float:

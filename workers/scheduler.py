@@ -51,6 +51,7 @@ class Candidate:
     # Work jobs (Need.work) it may still be given, whatever its credit: a worker held back
     # until one of its answers is checked (runs/engine/fanout/vouching.py). None: no limit.
     work_room: int | None = None
+    explorable: bool = True  # exploration may pick it (not a worker caught lying lately)
 
     @property
     def free(self) -> int:
@@ -200,7 +201,10 @@ def plan(
             # busy or not: each gets explore/N of the work. Choosing among the open ones
             # only gave nearly all exploration to the one worker the others leave idle, a
             # liar kept off by its reputation (5% of the traffic, its share never fell).
-            fits = sorted((c for c in eligible if _fits(c, need)), key=lambda c: c.worker_id)
+            fits = sorted(
+                (c for c in eligible if c.explorable and _fits(c, need)),
+                key=lambda c: c.worker_id,
+            )
             if fits:
                 pick = queues[
                     fits[min(len(fits) - 1, int(roll / weights.explore * len(fits)))].worker_id

@@ -183,9 +183,10 @@ def test_a_turncoat_gets_no_more_than_its_slots_less_one_before_the_gate_catches
     assert flag["attrs"]["caught_by"].startswith("outvoted at the gate")
     honest = ids(swarm, liars=False)
     assert {w for g in gates for w in g["attrs"]["vouched"]} == honest
-    # Its answers of the batch were checked again with it (corrected_run: all are right).
+    # Its answers of the batch were checked again with it (corrected_run: all are right),
+    # and so was a copy it answered for another worker's check, if it was given one.
     rechecked = [v for v in named(events, "Verify.Redundant") if liar in v["attrs"]["disagreed"]]
-    assert len(rechecked) == work_sent(events, liar)
+    assert work_sent(events, liar) <= len(rechecked) <= work_sent(events, liar) + 1
 
 
 def test_the_high_trust_gate_has_a_validator_check_each_workers_first_answer(swarm_factory, venues):

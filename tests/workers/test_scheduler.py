@@ -114,6 +114,17 @@ def test_a_worker_held_back_gets_no_more_work_than_its_room_but_still_its_copies
         assert {a["worker_id"] for a in out} == {w.worker_id for w in workers}
 
 
+def test_it_never_explores_a_worker_caught_lying_lately() -> None:
+    # Issue 23: a turncoat caught in one run got explored work in the next ones, its share
+    # of the sub-queries after its turn held at 5%. Such a worker answers probes instead.
+    workers = fleet(fast=4, slow=0)
+    workers[0].explorable = False
+    workers[0].reputation = 0.001
+    out = plan(workers, [Need(work=True)] * 16, Weights(explore=1.0), random.Random(5))
+    assert workers[0].worker_id not in shares(out)
+    assert len(out) == 15  # every credit of the other three
+
+
 def test_it_explores_about_the_share_the_policy_asks() -> None:
     workers = fleet(fast=8, slow=0, concurrency=64)
     out = plan(workers, [Need()] * 400, Weights(explore=0.25), random.Random(3))

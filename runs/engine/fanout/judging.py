@@ -24,9 +24,6 @@ from workers.agreement import AgreementRule
 from workers.reputation import Observation, Reputations
 from workers.services import worker_strike
 
-# A worker whose validation record (its Beta mean) is below this has been caught recently:
-# the high-trust tier re-runs all of its answers until the record mends.
-SUSPECT_BELOW = 0.5
 # How much of an accepted answer a Verify.Redundant event quotes (the payload has it all).
 QUOTE_CHARS = 200
 
@@ -375,8 +372,7 @@ class Judge:
         """Why this answer of `worker` is checked, or "" when it is not (verify.Sampler at
         the rate the rule gives its record)."""
         record = self.reputations.get(worker)
-        means = [record.mean("validation"), record.mean("agreement")]
-        suspect = worker in self.caught or any(m is not None and m < SUSPECT_BELOW for m in means)
+        suspect = worker in self.caught or record.suspect
         assert self.sampler is not None
         if self.sampler.take(worker, rule.rate(record.consecutive_valid, suspect=suspect)):
             return rule.why(record.consecutive_valid, suspect=suspect)

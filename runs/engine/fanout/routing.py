@@ -304,6 +304,9 @@ class Router:
                     allowed=self._allowed(w) and not self._capped(w),
                     running_ms=running[wid],
                     work_room=room.get(wid),
+                    # A worker caught lying lately answers probes, not explored work: it
+                    # earns its way back on them, not on the run's answers.
+                    explorable=not rep.suspect,
                 )
             )
         return candidates

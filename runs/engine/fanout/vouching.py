@@ -249,12 +249,12 @@ class Vouching:
 
     def _partner(self, gate: Vouches, worker: str) -> str | None:
         """Who checks `worker`'s answer: an untrusted worker not vouched for yet and not in
-        a check already (its answer checks it too), else any other worker a copy may go to."""
+        a check already (its answer checks it too), else another worker not in a check,
+        else any other worker a copy may go to."""
         askable = sorted(self.judge._askable() - {worker})
-        fresh = [
-            w
-            for w in askable
-            if self._unvouched(gate, w) and w not in gate.pending and w not in gate.checking
-        ]
-        pool = fresh or askable
+        # One check at a time each: a liar picked for several at once answered each of
+        # them before its first lie was found (bench/trust.py's turncoat: 4 copies).
+        free = [w for w in askable if w not in gate.pending and w not in gate.checking]
+        fresh = [w for w in free if self._unvouched(gate, w)]
+        pool = fresh or free or askable
         return self.judge.rng.choice(pool) if pool else None
