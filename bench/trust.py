@@ -253,6 +253,7 @@ lie_after_s = {args.warm_s}
         round_ = warm_rounds = 0
         sent: list[str] = []
         why: Counter = Counter()  # the liar's sub-queries by kind and route, for the record
+        by_round: list[int] = []  # the liar's sub-queries in each round from the lying one
         lies = 0
         passed = None
         turned = False
@@ -277,6 +278,7 @@ lie_after_s = {args.warm_s}
                         )
                     continue
             lies += int(row["wrong"])
+            by_round.append(0)
             ends = {
                 e["span_id"]: e
                 for e in events
@@ -297,6 +299,7 @@ lie_after_s = {args.warm_s}
                             first_lie = len(sent) - 1
                     if e["worker_id"] == liar:
                         why[f"{e['attrs'].get('copy') or 'answer'}/{e['attrs'].get('route')}"] += 1
+                        by_round[-1] += 1
                     window = sent[-WINDOW:]
                     if len(window) == WINDOW and window.count(liar) / WINDOW < 0.05:
                         passed = len(sent)
@@ -311,6 +314,7 @@ lie_after_s = {args.warm_s}
         "accepted_lies": float(lies),
         "warm_rounds": float(warm_rounds),
         "why": dict(why),
+        "by_round": by_round,
         "record": record,
     }
 
@@ -433,6 +437,10 @@ def report_turncoat(tier: str, t: dict, warm_s: float) -> None:
     )
     kinds = "  ".join(f"{k} {v}" for k, v in sorted(t["why"].items()))
     print(f"  its sub-queries by kind/route: {kinds}; its record at the end: {t['record']}")
+    print(
+        "  its sub-queries in each round of 64, from the one it first lied in: "
+        + " ".join(str(n) for n in t["by_round"])
+    )
 
 
 def report_hedging(walls: dict[str, list[float]], hedge_workers: int) -> None:

@@ -193,6 +193,7 @@ def plan(
             break
         if need.group is not None and need.group in taken:
             need = dataclasses.replace(need, avoid=need.avoid | taken[need.group])
+        unheld = need
         if need.work and full:
             need = dataclasses.replace(need, avoid=need.avoid | full)
         roll = rng.random() if need.roll is None else need.roll
@@ -218,6 +219,8 @@ def plan(
                     continue
         at, runner_up = _pop_best(heap, good, need)
         if at is None:
+            if unheld is not need and any(_fits(c, unheld) for c in good):
+                continue  # a good worker held back for now takes it once it is vouched for
             # Only workers below the reputation gate (or that failed it) can take it.
             fits = sorted((c for c in eligible if _fits(c, need)), key=lambda c: factor(c))
             if not fits:

@@ -231,3 +231,27 @@ def test_the_high_trust_gate_has_a_validator_check_each_workers_first_answer(swa
         )
     assert {w for g in gates for w in g["attrs"]["vouched"]} == honest
     assert not {w for g in gates for w in g["attrs"]["caught"]} - {liar}
+
+
+def test_a_turncoat_caught_once_gets_only_probes_in_the_next_runs(swarm_factory):
+    # After its catch its record is a suspect's: it is neither explored for work nor
+    # asked to check another worker's answer (it vouches for no one), so the runs after
+    # it send it known-answer probes only. Before, it took explored work or a check in
+    # most runs after its turn (bench/trust.py's turncoat: 3 more sends).
+    swarm = swarm_factory("aftercatch", 4, latency=30, lie_share=0.25, concurrency=4)
+    (liar,) = ids(swarm, liars=True)
+    vouch(ids(swarm, liars=False) | {liar})
+    policy = {"tier": "redundant", "explore": 0.2, "check_floor": 0.0}
+    first = finish(launch(question=program(24), venues=["aftercatch"], policy=policy))
+    assert first.status == "succeeded", first.error
+    assert liar in {f["worker_id"] for f in named(trace(first), "Verify.Flag")}
+    for _ in range(3):
+        run = finish(launch(question=program(24), venues=["aftercatch"], policy=policy))
+        assert run.status == "succeeded", run.error
+        assert eval(run.answer) == [f"Station {i} is north of the river." for i in range(24)]
+        sent = [
+            e["attrs"].get("copy")
+            for e in named(trace(run), "SubQuery.Submit", "start")
+            if e["worker_id"] == liar
+        ]
+        assert set(sent) <= {"probe"}, sent

@@ -125,6 +125,19 @@ def test_it_never_explores_a_worker_caught_lying_lately() -> None:
     assert len(out) == 15  # every credit of the other three
 
 
+def test_work_waits_for_a_held_back_good_worker_rather_than_go_to_a_bad_one() -> None:
+    # The gate held every good worker at its room at a batch's start, and the rest of the
+    # work went to the one worker below the reputation gate, a liar caught in the run
+    # before (bench/trust.py's turncoat on the high-trust tier: 3 more answers).
+    workers = fleet(fast=3, slow=0, concurrency=4)
+    for good in workers:
+        good.work_room = 3
+    liar = Candidate(worker_id="liar", venue="edge", queue="q", concurrency=4, credit=8)
+    liar.reputation = 0.001
+    out = plan([*workers, liar], [Need(work=True)] * 40, NO_EXPLORE, random.Random(2))
+    assert shares(out) == {w.worker_id: 3 for w in workers}
+
+
 def test_it_explores_about_the_share_the_policy_asks() -> None:
     workers = fleet(fast=8, slow=0, concurrency=64)
     out = plan(workers, [Need()] * 400, Weights(explore=0.25), random.Random(3))

@@ -251,7 +251,11 @@ class Vouching:
         """Who checks `worker`'s answer: an untrusted worker not vouched for yet and not in
         a check already (its answer checks it too), else another worker not in a check,
         else any other worker a copy may go to."""
-        askable = sorted(self.judge._askable() - {worker})
+        everyone = sorted(self.judge._askable() - {worker})
+        # Not a worker caught lying lately (in an earlier run): its answer vouches for no
+        # one, and a turncoat kept off work took a check in most runs after its turn.
+        reputations = self.judge.reputations
+        askable = [w for w in everyone if not reputations.get(w).suspect] or everyone
         # One check at a time each: a liar picked for several at once answered each of
         # them before its first lie was found (bench/trust.py's turncoat: 4 copies).
         free = [w for w in askable if w not in gate.pending and w not in gate.checking]
