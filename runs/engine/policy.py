@@ -66,7 +66,8 @@ class Policy:
     premium_venues: str = ""
     premium_steps: str = "single"
     # The high-trust tier's sample: the share of answers a validator re-runs when only
-    # workers that have not passed the trust gate vouch for them, and when one that has does.
+    # workers that have not passed the trust gate vouch for them; and on both checking
+    # tiers, the share of a trusted venue's workers' answers that are checked.
     # validate_rate applies to a worker that has not yet passed check_warmup checks (all
     # of a new worker's answers, so a cold swarm's first round is as safe as its tenth).
     validate_rate: float = 1.0

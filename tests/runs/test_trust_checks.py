@@ -255,3 +255,17 @@ def test_a_turncoat_caught_once_gets_only_probes_in_the_next_runs(swarm_factory)
             if e["worker_id"] == liar
         ]
         assert set(sent) <= {"probe"}, sent
+
+
+def test_a_trusted_venues_answers_are_checked_at_the_trusted_rate_only(venues):
+    # A trusted venue's workers are vouched for by the operator: on the redundant tier
+    # they were checked like strangers (all answers in their warm-up, then the floor),
+    # 3-5 copies of every honest batch of 100 in bench/trust.py. Now at
+    # validate_trusted_rate, as on the high-trust tier; the gate leaves them alone.
+    policy = {"tier": "redundant", "validate_trusted_rate": 0.0, "probe_rate": 0.0}
+    run = finish(launch(question=program(12), venues=["local"], policy=policy))
+    assert run.status == "succeeded", run.error
+    assert eval(run.answer) == [f"Station {i} is north of the river." for i in range(12)]
+    assert run.accounts["verification"]["extra"] == 0
+    events = trace(run)
+    assert not named(events, "Verify.Redundant") and not named(events, "Verify.Gate")

@@ -151,13 +151,15 @@ class Judge:
                 why[pos] = gate.why.get(pos, "gate") if gate is not None else "gate"
                 continue
             if policy.agree > 1:
-                reason = self._sample(
-                    holder.outcome.worker_id,
-                    verify.CheckRule(
-                        floor=self.scope.policy.check_floor,
-                        warmup=self.scope.policy.check_warmup,
-                    ),
-                )
+                reason = self._trusted_sample(holder.outcome.worker_id)
+                if reason is None:
+                    reason = self._sample(
+                        holder.outcome.worker_id,
+                        verify.CheckRule(
+                            floor=self.scope.policy.check_floor,
+                            warmup=self.scope.policy.check_warmup,
+                        ),
+                    )
                 if reason:
                     why[pos] = reason
         self._save_credit()
@@ -333,9 +335,10 @@ class Judge:
                 attested.add(pos)
                 self._attest(flight, validator, why[pos])
                 continue
-            if self.roster.workers.get(worker, {}).get("trusted"):
-                if self.rng.random() < policy.validate_trusted_rate:
-                    why[pos] = f"trusted venue, sampled at {100 * policy.validate_trusted_rate:g}%"
+            trusted = self._trusted_sample(worker)
+            if trusted is not None:
+                if trusted:
+                    why[pos] = trusted
                 continue
             reason = self._sample(worker, rule)
             if reason:
@@ -367,6 +370,17 @@ class Judge:
             self._attest(state.flights[copy.replica_of], copy, why.get(copy.replica_of, ""))
 
     # --- how often a worker is checked, and what happens when one is caught ----------
+
+    def _trusted_sample(self, worker: str) -> str | None:
+        """For a trusted venue's worker, why this answer of it is checked ("" when it is
+        not: policy.validate_trusted_rate of them are, on either checking tier); None for a
+        worker nobody vouches for, which the floor and the gate are for. Sampled at the
+        floor on the redundant tier, a trusted venue's answers cost an honest swarm 3-5
+        copies per batch of 100 (bench/trust.py), more than the gate's."""
+        if not self.roster.workers.get(worker, {}).get("trusted"):
+            return None
+        rate = self.scope.policy.validate_trusted_rate
+        return f"trusted venue, sampled at {100 * rate:g}%" if self.rng.random() < rate else ""
 
     def _sample(self, worker: str, rule: verify.CheckRule) -> str:
         """Why this answer of `worker` is checked, or "" when it is not (verify.Sampler at
