@@ -156,5 +156,7 @@ def test_it_takes_the_verification_tier_hedging_and_a_budget(page, web):
     assert run.policy["tier"] == "redundant" and run.policy["hedge"] == "off"
     assert run.policy["budget_usd"] == 0.5
     assert run.status == "succeeded", run.error
-    assert run.accounts["verification"]["by_kind"].get("replica", 0) > 0
+    # The tier checked: the edge worker, new, got a known-answer probe, and any answer of
+    # it was copied; the trusted local venue's answers are sampled at 2% only.
+    assert sum(run.accounts["verification"]["by_kind"].values()) > 0
     assert run.accounts["budget"]["run"]["cap"] == "0.5"  # exact: a decimal string
