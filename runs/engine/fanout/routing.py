@@ -249,17 +249,17 @@ class Router:
 
     def work_room(self) -> dict[str, int]:
         """How much more of the batch's work each held-back worker may be given now
-        (state.Vouches): none for a worker caught lying in the run; for an untrusted one
-        not yet vouched for in the batch, its cap less what it was given, and none past the
-        cap while the check of its first answer is out or its work still runs. Checks and
-        probes still go to them. The shared and round-robin routings pick no worker, so
-        they hold none back."""
+        (state.Vouches): none for a worker caught lying in the run; for one the gate holds
+        (Vouches.holds), its cap less what it was given, and none past the cap while the
+        check of its first answer is out, it is the partner of a check, or its work still
+        runs. Checks and probes still go to them. The shared and round-robin routings pick
+        no worker, so they hold none back."""
         gate = self.scope.batch.vouches if self.scope.batch is not None else None
         if gate is None or not gate.open:
             return {}
         room = dict.fromkeys(gate.barred, 0)
         for wid, w in self.roster.workers.items():
-            if wid in room or w.get("trusted") or wid in gate.vouched or wid in gate.released:
+            if wid in room or not gate.holds(wid, bool(w.get("trusted"))):
                 continue
             left = gate.cap(int(w.get("concurrency", 1))) - gate.sent.get(wid, 0)
             if left > 0:

@@ -139,6 +139,13 @@ class Vouches:
         verdict: one slot is kept for the check of another worker's answer it may be given."""
         return max(1, concurrency - 1)
 
+    def holds(self, worker: str, trusted: bool) -> bool:
+        """Whether the gate still holds `worker` back: an untrusted worker not yet vouched
+        for in the batch, not released by a check that could not settle, not caught."""
+        return not (
+            trusted or worker in self.vouched or worker in self.released or worker in self.barred
+        )
+
 
 @dataclass
 class Batch:

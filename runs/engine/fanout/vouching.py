@@ -238,14 +238,7 @@ class Vouching:
 
     def _unvouched(self, gate: Vouches, worker: str) -> bool:
         w = self.roster.workers.get(worker)
-        return bool(
-            worker
-            and w is not None
-            and not w.get("trusted")
-            and worker not in gate.vouched
-            and worker not in gate.released
-            and worker not in gate.barred
-        )
+        return bool(worker and w is not None and gate.holds(worker, bool(w.get("trusted"))))
 
     def _partner(self, gate: Vouches, worker: str) -> str | None:
         """Who checks `worker`'s answer: an untrusted worker not vouched for yet and not in
