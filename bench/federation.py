@@ -363,7 +363,9 @@ def where_time_goes(run_id: str, slots: int) -> str:
     if not model:
         return "no trace"
     # A slot's refill: a worker of W slots starts its (k+W)-th job in the slot its k-th
-    # finished job freed; the gap is time the slot stood idle.
+    # finished job freed; the gap is time the slot stood idle. A gateway worker's job from
+    # its buffer starts when the server hears it did (workers/gateway/protocol.py), so
+    # there the gap is at most that: the slot itself was idle for less.
     refill = []
     by_worker: dict[str, tuple[list[int], list[int]]] = {}
     for e in events:

@@ -332,6 +332,103 @@ def test_a_worker_of_version_2_gets_jobs_together_and_an_older_one_one_a_message
             assert len(messages) < 4  # popped and sent together, not one by one
 
 
+def _claims(run_id: str) -> list[tuple[str, str]]:
+    """(status, sq_id) of what the run's results stream says, in order."""
+    return [
+        (f[b"status"].decode(), f[b"sq_id"].decode())
+        for _, f in get_redis().xrange(results_stream(run_id), "-", "+")
+    ]
+
+
+def _execute_events(run_id: str, count: int) -> list[dict]:
+    """The run's Execute span events, once the recorder has stored `count` of them."""
+
+    def stored() -> list[dict] | None:
+        events = [e for e in store.read_events(run_id) if e["name"] == "SubQuery.Execute"]
+        return events if len(events) >= count else None
+
+    return wait_until(stored, timeout=20, what=f"{count} Execute events")
+
+
+def test_a_worker_of_version_3_holds_a_buffer_and_its_queued_jobs_start_when_it_says(
+    web, venues
+) -> None:
+    """A worker of 4 slots gets 2 jobs more than its slots, marked queued: the conductor is
+    told it holds them (`queued`), not that they started, and no Execute span opens for
+    them until the worker says it started one. A start said of a job that is not queued or
+    not its own changes nothing; a queued job answered without its start said gets its
+    span opened then; a lost worker's queued jobs are handed back with no span ended."""
+    wid, key = _registered("buffered", concurrency=4)
+    run_id = "rbuffer" + os.urandom(4).hex()
+    for i in range(1, 9):
+        _queue_job(worker_queue(wid), run_id, f"{i}.1")
+    with connect(ws_url(web), open_timeout=10) as ws:
+        welcome = _hello(ws, wid, key, 3)
+        assert welcome["buffer"] == 2
+        jobs = {j["sq_id"]: j for j in _jobs(_next(ws, {"jobs"}))}
+        assert len(jobs) == 6
+        queued = sorted(sq for sq, j in jobs.items() if j.get("queued"))
+        running = sorted(set(jobs) - set(queued))
+        assert len(queued) == 2
+        wait_until(lambda: len(_claims(run_id)) >= 6, timeout=10, what="the claims")
+        assert sorted(_claims(run_id)) == sorted(
+            [("started", sq) for sq in running] + [("queued", sq) for sq in queued]
+        )
+        # Starts said of a running job and of a job never given: nothing.
+        ws.send(
+            json.dumps(
+                {
+                    "type": "results",
+                    "results": [
+                        {"sq_id": running[0], "run_id": run_id, "started": True},
+                        {"sq_id": "9.1", "run_id": run_id, "started": True},
+                    ],
+                }
+            )
+        )
+        # A slot frees: its result goes with the start of the first queued job.
+        first, second = queued
+        ws.send(
+            json.dumps(
+                {
+                    "type": "results",
+                    "results": [
+                        _answer(jobs[running[0]], wid, key),
+                        {"sq_id": first, "run_id": run_id, "started": True},
+                    ],
+                }
+            )
+        )
+        (refill,) = _jobs(_next(ws, {"jobs"}))
+        assert refill["queued"] is True  # 4 running again, 1 queued: the buffer has room
+        # The second queued job answered without its start said.
+        ws.send(json.dumps({"type": "results", "results": [_answer(jobs[second], wid, key)]}))
+        (last,) = _jobs(_next(ws, {"jobs"}))
+        assert last["queued"] is True
+        wait_until(
+            lambda: ("ok", second) in _claims(run_id), timeout=10, what="the second's answer"
+        )
+    after = _claims(run_id)[6:]
+    assert ("started", running[0]) not in after and ("started", "9.1") not in after
+    assert ("started", first) in after and ("ok", running[0]) in after
+    assert ("started", second) not in after  # answered: its start is moot
+    # Lost: every job it held is handed back, the queued ones too.
+    held = {*running[1:], first, refill["sq_id"], last["sq_id"]}
+    wait_until(
+        lambda: {sq for st, sq in _claims(run_id) if st == "lost"} == held,
+        timeout=10,
+        what="the lost hints",
+    )
+    # Starts: the 4 running, the first queued, the second; ends: 2 answers, 4 abandoned.
+    time.sleep(1)  # nothing more is due: anything else would be stored by then
+    events = _execute_events(run_id, 12)
+    assert len(events) == 12
+    starts = {e["attrs"]["sq_id"] for e in events if e["phase"] == "start"}
+    assert starts == {*running, first, second}  # never the last two, which never started
+    abandoned = {e["attrs"]["sq_id"] for e in events if e["status"] == "abandoned"}
+    assert abandoned == {*running[1:], first}
+
+
 def test_a_result_that_breaks_the_protocol_is_refused_alone_and_the_rest_relayed(
     web, venues
 ) -> None:

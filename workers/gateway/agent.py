@@ -2,7 +2,8 @@
 its enrolment token and its own key.
 
 register (HTTP, workers/client.py) -> open the gateway's WebSocket and sign the server's
-challenge -> run each job it is sent in a pool of `slots` threads, reporting its span
+challenge -> run each job it is sent in a pool of `slots` threads (up to the welcome's
+`buffer` more wait their turn, each said when it starts), reporting its span
 events and signed result (results that finish together go in one message, `Outbox`) ->
 heartbeat with its figures -> on a dropped connection, connect again -> on SIGTERM or
 SIGINT: say it is draining (the server sends nothing new), finish what it holds, send its
@@ -310,6 +311,12 @@ class GatewayAgent:
 
     # --- one job ------------------------------------------------------------------------
     def _execute(self, job: Job) -> None:
+        sent: dict[str, Any] = job  # type: ignore[assignment]  (the gateway's fields too)
+        if sent.get("queued") and self._outbox is not None:
+            # It waited in this worker's buffer (protocol.py, version 3): the server opens
+            # its Execute span and tells the conductor it started when it hears this,
+            # most often in the message with the result of the job before it in this slot.
+            self._outbox.put({"sq_id": job["sq_id"], "run_id": job["run_id"], "started": True})
         done = None
         try:
             done = self._work(job)

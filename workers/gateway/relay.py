@@ -25,6 +25,7 @@ class Held:
     execute_span: str
     depth: int
     model: str  # the model the job asks for
+    queued: bool = False  # in its work buffer, not started yet: its Execute span not open
 
     @property
     def key(self) -> tuple[str, str]:
@@ -53,6 +54,16 @@ def named(item: Any, held: dict[tuple[str, str], Held]) -> Held | None:
     if not isinstance(run_id, str) or not isinstance(sq_id, str):
         return None
     return held.get((run_id, sq_id))
+
+
+def started(item: Any, held: dict[tuple[str, str], Held]) -> Held | None:
+    """The queued job a worker's `started` item {sq_id, run_id, started: true} names, if
+    the worker holds it queued; None for anything else (a job not queued, not its own or
+    started already), which changes nothing."""
+    if not isinstance(item, dict) or item.get("started") is not True:
+        return None
+    job = held.get((item.get("run_id"), item.get("sq_id")))  # type: ignore[arg-type]
+    return job if job is not None and job.queued else None
 
 
 def checked(

@@ -47,12 +47,14 @@ from workers.gateway.protocol import (
     VERSION,
     ProtocolError,
     batches,
+    buffer_for,
     decode,
     encode,
     hello_claim,
     speaks_batches,
+    speaks_buffer,
 )
-from workers.gateway.relay import Held, NotHeld, Relayed, checked, named
+from workers.gateway.relay import Held, NotHeld, Relayed, checked, named, started
 from workers.jobs import Job, cancelled_key, encode_result, results_stream
 from workers.models import Worker
 from workers.venues import Link, presence_group
@@ -225,6 +227,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             worker,
             min(slots, worker.concurrency),
             batched=speaks_batches(message.get("version")),
+            buffered=speaks_buffer(message.get("version")),
         )
         await self.link.start()
 
@@ -237,12 +240,20 @@ class WorkerLink:
     """An authenticated worker's session: its pump, its watch, the jobs it holds."""
 
     def __init__(
-        self, consumer: GatewayConsumer, worker: Worker, slots: int, *, batched: bool = False
+        self,
+        consumer: GatewayConsumer,
+        worker: Worker,
+        slots: int,
+        *,
+        batched: bool = False,
+        buffered: bool = False,
     ) -> None:
         self.consumer = consumer
         self.worker = worker
         self.slots = slots
         self.batched = batched  # it speaks protocol version 2: `jobs`, `results`, `refused`
+        # Version 3: jobs it may hold beyond its slots, queued on it (protocol.py).
+        self.buffer = buffer_for(slots) if buffered else 0
         self.venue = worker.venue.name
         self.queues = [worker.queue, worker.venue.queue]
         # Keyed by run and sub-query: two runs' sub-queries may share an sq_id.
@@ -267,6 +278,7 @@ class WorkerLink:
                     "venue": self.venue,
                     "heartbeat_s": self.heartbeat_s,
                     "slots": self.slots,
+                    "buffer": self.buffer,
                 }
             )
         )
@@ -284,7 +296,7 @@ class WorkerLink:
     async def lost(self, why: str) -> None:
         """Out of presence now; every run it held work of told to look; and the Execute
         spans the server opened for that work ended as `abandoned`, so the trace has no
-        span left open by a worker that is gone."""
+        span left open by a worker that is gone (a queued job's span was never opened)."""
         if self.closed:
             return
         self.closed = True
@@ -297,10 +309,12 @@ class WorkerLink:
             for held in self.held.values():
                 hint = {"run_id": held.run_id, "sq_id": held.sq_id, "status": "lost"}
                 pipe.xadd(results_stream(held.run_id), {**hint, "worker_id": self.worker.id})
-                ends.append(
-                    self._execute_event(held, "end", "abandoned", error=f"worker lost: {why}")
-                )
-            pipe.eval(APPEND_LUA, 0, *append_args(ends))  # type: ignore[arg-type]
+                if not held.queued:
+                    ends.append(
+                        self._execute_event(held, "end", "abandoned", error=f"worker lost: {why}")
+                    )
+            if ends:
+                pipe.eval(APPEND_LUA, 0, *append_args(ends))  # type: ignore[arg-type]
             await pipe.execute()
         log.warning(
             "gateway: worker %s left: %s; it held %d job(s)", self.worker.id, why, len(self.held)
@@ -308,7 +322,7 @@ class WorkerLink:
 
     # --- jobs out -----------------------------------------------------------------------
     def _free(self) -> int:
-        return 0 if self.draining else max(0, self.slots - len(self.held))
+        return 0 if self.draining else max(0, self.slots + self.buffer - len(self.held))
 
     def _update_room(self) -> None:
         if self._free():
@@ -361,6 +375,8 @@ class WorkerLink:
             return
         ids = _ids(2 * len(jobs))  # an Execute span and its start event's id for each
         helds = []
+        # Those beyond its free slots wait in its work buffer (protocol.py, version 3).
+        running = sum(not h.queued for h in self.held.values())
         for i, job in enumerate(jobs):
             held = Held(
                 job["run_id"],
@@ -369,6 +385,7 @@ class WorkerLink:
                 ids[2 * i],
                 job["depth"],
                 str(job["model"].get("model", "")),
+                queued=running + i >= self.slots,
             )
             self.held[held.key] = held
             helds.append(held)
@@ -376,28 +393,26 @@ class WorkerLink:
         # In one round trip: who holds each, before anything else can go wrong (if this
         # worker vanishes now, the conductor knows which job to send elsewhere); the start
         # of its Execute span, which the server opens as it hands the job over (the worker
-        # ends it: one message a job from the worker, not two); and whether it was
-        # cancelled meanwhile (then the claim is a late reply the conductor ignores).
+        # ends it: one message a job from the worker, not two), or for a queued one when
+        # the worker says it started (_results); and whether it was cancelled meanwhile
+        # (then the claim is a late reply the conductor ignores).
         pipe = self.redis.pipeline(transaction=False)
         starts = []
         for i, held in enumerate(helds):
-            claim = {
-                "run_id": held.run_id,
-                "sq_id": held.sq_id,
-                "venue": self.venue,
-                "worker_id": self.worker.id,
-                "status": "started",
-            }
             pipe.sismember(cancelled_key(held.run_id), held.sq_id)
-            pipe.xadd(results_stream(held.run_id), encode_result(claim))  # type: ignore[arg-type]
-            starts.append(self._execute_event(held, "start", "ok", event_id=ids[2 * i + 1]))
-        pipe.eval(APPEND_LUA, 0, *append_args(starts))  # type: ignore[arg-type]
+            claim = self._claim(held, "queued" if held.queued else "started")
+            pipe.xadd(results_stream(held.run_id), claim)  # type: ignore[arg-type]
+            if not held.queued:
+                starts.append(self._execute_event(held, "start", "ok", event_id=ids[2 * i + 1]))
+        if starts:
+            pipe.eval(APPEND_LUA, 0, *append_args(starts))  # type: ignore[arg-type]
         replies = await pipe.execute()
         ends, going = [], []
-        for job, held, cancelled in zip(jobs, helds, replies[0:-1:2], strict=True):
+        for job, held, cancelled in zip(jobs, helds, replies[0 : 2 * len(helds) : 2], strict=True):
             if cancelled:
                 del self.held[held.key]
-                ends.append(self._execute_event(held, "end", "cancelled", ms=0.0))
+                if not held.queued:
+                    ends.append(self._execute_event(held, "end", "cancelled", ms=0.0))
             else:
                 going.append((job, held))
         if ends:
@@ -418,12 +433,26 @@ class WorkerLink:
             outgoing = [dict(job) for job, _ in going]
         for job, (_, held) in zip(outgoing, going, strict=True):
             job["execute_span"] = held.execute_span
+            if held.queued:
+                job["queued"] = True
         if not self.batched:
             for job in outgoing:
                 await self.consumer.send(encode({"type": "job", "job": job}))
             return
         for text in batches([encode(job) for job in outgoing], '"type":"jobs","jobs":'):
             await self.consumer.send(text)
+
+    def _claim(self, held: Held, status: str) -> dict[str, Any]:
+        """What the conductor is told of a job this worker holds: `queued` in its buffer,
+        or `started`."""
+        claim = {
+            "run_id": held.run_id,
+            "sq_id": held.sq_id,
+            "venue": self.venue,
+            "worker_id": self.worker.id,
+            "status": status,
+        }
+        return encode_result(claim)  # type: ignore[arg-type]
 
     def _execute_event(
         self, held: Held, phase: str, status: str, *, event_id: str = "", **fields: Any
@@ -481,7 +510,7 @@ class WorkerLink:
         except NotHeld as exc:
             log.warning("gateway: worker %s: %s; dropped", self.worker.id, exc)
             return
-        await self._relay([relayed], [])
+        await self._relay([relayed], [], [])
 
     async def _results(self, message: dict[str, Any]) -> None:
         """Several results (version 2), each checked alone: one that cannot be relayed
@@ -494,7 +523,14 @@ class WorkerLink:
         refused: list[dict[str, str]] = []
         dropped: list[tuple[Held, str]] = []  # held jobs whose result was refused
         seen: set[tuple[str, str]] = set()
+        begun: list[Held] = []  # queued jobs the worker says it has started
         for item in items:
+            if isinstance(item, dict) and "started" in item:
+                held = started(item, self.held)
+                if held is not None:
+                    held.queued = False
+                    begun.append(held)
+                continue
             try:
                 one = checked(item, self.held, self.venue, self.worker.id, seen=seen)
             except ProtocolError as exc:
@@ -507,7 +543,7 @@ class WorkerLink:
                 continue
             seen.add(one.held.key)
             relayed.append(one)
-        await self._relay(relayed, dropped)
+        await self._relay(relayed, dropped, begun)
         if refused:
             log.warning(
                 "gateway: worker %s: %d result(s) refused: %s",
@@ -519,22 +555,33 @@ class WorkerLink:
                 encode({"type": "refused", "results": refused, "fix": REFUSED_FIX})
             )
 
-    async def _relay(self, relayed: list[Relayed], dropped: list[tuple[Held, str]]) -> None:
+    async def _relay(
+        self, relayed: list[Relayed], dropped: list[tuple[Held, str]], begun: list[Held]
+    ) -> None:
         """The results and their events on the runs' streams, with the ends of the Execute
-        spans of jobs whose result was refused, and the next jobs for the slots they free:
-        one round trip. The conductor is told of each refused one (status `refused`, the
-        worker stamped here, the reason), so it sends that job elsewhere at once instead of
-        waiting for its sub-query timeout."""
+        spans of jobs whose result was refused, the starts of queued jobs the worker began
+        (`begun`), and the next jobs for the slots they free: one round trip. The conductor
+        is told of each refused one (status `refused`, the worker stamped here, the
+        reason), so it sends that job elsewhere at once instead of waiting for its
+        sub-query timeout."""
+        # A queued job answered (or refused) without its start said opens its span now:
+        # no span of the trace is left without its start.
+        unsaid = [h for h in [*(one.held for one in relayed), *(h for h, _ in dropped)] if h.queued]
+        for held in unsaid:
+            held.queued = False
+        opened = [self._execute_event(held, "start", "ok") for held in [*begun, *unsaid]]
         ends = [
             self._execute_event(held, "end", "error", error=f"refused: {why}")
             for held, why in dropped
         ]
-        events = [*ends, *(event for one in relayed for event in one.events)]
+        events = [*opened, *ends, *(event for one in relayed for event in one.events)]
         if not events and not relayed:
             return
         pipe = self.redis.pipeline(transaction=False)
         if events:
             pipe.eval(APPEND_LUA, 0, *append_args(events))  # type: ignore[arg-type]
+        for held in begun:
+            pipe.xadd(results_stream(held.run_id), self._claim(held, "started"))  # type: ignore[arg-type]
         for one in relayed:
             stream = results_stream(one.held.run_id)
             pipe.xadd(stream, encode_result(one.result))  # type: ignore[arg-type]

@@ -64,6 +64,11 @@ class Intake:
             # Not counted, and not the job's end: the assignee may still answer.
             self._reject(flight, wid, problem)
             return None
+        if status == "queued":
+            # A gateway worker holds it in its buffer, not started yet (workers/gateway/
+            # protocol.py): liveness knows whom to watch; hedging sees it waiting.
+            flight.worker_id = wid
+            return None
         if status == "started":
             flight.worker_id = wid
             flight.started_at = result.get("at") or time.time()
