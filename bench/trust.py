@@ -116,12 +116,14 @@ def batch_figures(
         "unresolved": float(sum(r.startswith("[frlm:unresolved]") for r in replies)),
         "primary": float(figures["primary"]),
         "extra": float(figures["extra"]),
+        **{f"extra:{k}": float(v) for k, v in (figures.get("by_kind") or {}).items()},
     }, run
 
 
 def totals(rows: list[dict[str, float]]) -> dict[str, float]:
-    keys = ("accepted", "wrong", "unresolved", "primary", "extra")
-    return {k: sum(r[k] for r in rows) for k in keys}
+    keys = {"accepted", "wrong", "unresolved", "primary", "extra"}
+    keys |= {k for r in rows for k in r if k.startswith("extra:")}
+    return {k: sum(r.get(k, 0.0) for r in rows) for k in sorted(keys)}
 
 
 def reset_reputations() -> None:
@@ -375,10 +377,12 @@ def hedging(args: argparse.Namespace, directory: Path) -> dict[str, list[float]]
 def rates(t: dict[str, float]) -> str:
     error = t["wrong"] / t["accepted"] if t["accepted"] else 0.0
     overhead = t["extra"] / t["primary"] if t["primary"] else 0.0
+    kinds = ", ".join(f"{k[6:]} {v:.0f}" for k, v in t.items() if k.startswith("extra:") and v)
     return (
         f"error {100 * error:6.2f}% ({t['wrong']:.0f} of {t['accepted']:.0f} accepted)  "
-        f"overhead {100 * overhead:6.1f}% ({t['extra']:.0f} extra / {t['primary']:.0f})  "
-        f"unresolved {t['unresolved']:.0f}"
+        f"overhead {100 * overhead:6.1f}% ({t['extra']:.0f} extra / {t['primary']:.0f}"
+        + (f": {kinds}" if kinds else "")
+        + f")  unresolved {t['unresolved']:.0f}"
     )
 
 
