@@ -234,6 +234,13 @@ if FRLM_MODEL_TRANSPORT not in {"kept-alive", "httpx"}:
 
 # Celery messages a venue worker holds per slot (its prefetch multiplier).
 FRLM_WORKER_PREFETCH = envint("FRLM_WORKER_PREFETCH", 2)
+# A gateway worker's work buffer: jobs it holds beyond its slots, as a share of them (at
+# least one when above 0; 0: it holds one job per slot). workers/gateway/protocol.py.
+FRLM_GATEWAY_BUFFER = envfloat("FRLM_GATEWAY_BUFFER", 0.5)
+if not 0.0 <= FRLM_GATEWAY_BUFFER <= 4.0:
+    raise ValueError(
+        f"FRLM_GATEWAY_BUFFER={FRLM_GATEWAY_BUFFER}: a share of a worker's slots from 0 to 4"
+    )
 # How long a venue worker's liveness key lives without a refresh.
 FRLM_VENUE_HEARTBEAT_TTL_S = envfloat("FRLM_VENUE_HEARTBEAT_TTL_S", 6.0)
 # A conductor's lease on each run it conducts (runs/lease.py): renewed every RENEW_S by a

@@ -301,7 +301,12 @@ def schema(server_url: str = "") -> dict[str, Any]:
                         },
                         "trusted": {
                             "type": "boolean",
-                            "description": "Untrusted venues' workers prefetch one job per slot.",
+                            "description": (
+                                "Only a trusted venue's workers may consume the broker "
+                                "(prefetching FRLM_WORKER_PREFETCH jobs per slot); the others "
+                                "join through the gateway, which gives each a buffer of "
+                                "FRLM_GATEWAY_BUFFER of its slots beyond them."
+                            ),
                         },
                     },
                 },

@@ -24,7 +24,7 @@ from workers import keys, signing
 from workers.backends import ModelError, ModelSpec
 from workers.execution import served
 from workers.gateway.agent import ws_url
-from workers.gateway.protocol import batches, hello_claim
+from workers.gateway.protocol import batches, buffer_for, hello_claim
 from workers.jobs import results_stream
 from workers.models import Venue, worker_queue
 from workers.reputation import strikes_key
@@ -572,6 +572,12 @@ def test_a_refused_result_sends_its_job_elsewhere_at_once_not_at_its_timeout(web
     assert retries, "the refused job was not tried again"
     assert "status must be ok, error or cancelled" in retries[0]["attrs"]["reason"]
     assert retries[0]["ts"] / 1e9 - sent_at < 10
+
+
+def test_a_workers_buffer_is_its_share_of_its_slots_at_least_one_or_none() -> None:
+    assert [buffer_for(slots, 0.5) for slots in (1, 2, 8, 9)] == [1, 1, 4, 4]
+    assert buffer_for(8, 0.0) == 0  # FRLM_GATEWAY_BUFFER=0: one job per slot
+    assert buffer_for(4, 2.0) == 8
 
 
 def test_batches_keep_each_message_within_the_size_limit() -> None:

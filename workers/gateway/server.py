@@ -253,7 +253,7 @@ class WorkerLink:
         self.slots = slots
         self.batched = batched  # it speaks protocol version 2: `jobs`, `results`, `refused`
         # Version 3: jobs it may hold beyond its slots, queued on it (protocol.py).
-        self.buffer = buffer_for(slots) if buffered else 0
+        self.buffer = buffer_for(slots, settings.FRLM_GATEWAY_BUFFER) if buffered else 0
         self.venue = worker.venue.name
         self.queues = [worker.queue, worker.venue.queue]
         # Keyed by run and sub-query: two runs' sub-queries may share an sq_id.
