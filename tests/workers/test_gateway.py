@@ -27,6 +27,7 @@ from workers.gateway.agent import ws_url
 from workers.gateway.protocol import batches, buffer_for, hello_claim
 from workers.jobs import results_stream
 from workers.models import Venue, worker_queue
+from workers.reputation import load as load_reputations
 from workers.reputation import strikes_key
 from workers.services import worker_register
 from workers.tasks import subquery_execute
@@ -109,6 +110,62 @@ def test_a_dropped_worker_loses_its_jobs_to_another_at_once(far) -> None:
     dropped = [e for e in executes if e["worker_id"] == slow.worker_id]
     assert dropped and all(e["status"] == "abandoned" for e in dropped)
     assert all(e["attrs"]["error"].startswith("worker lost: ") for e in dropped)
+
+
+def _batch_program(n: int) -> str:
+    prompts = [f"Where is station {i}?" for i in range(n)]
+    return (
+        "Run this program.\n```repl\n"
+        f"rs = llm_query_batched({prompts!r})\n"
+        "FINAL(str(sum(not r.startswith('[frlm:') for r in rs)))\n```"
+    )
+
+
+def test_a_job_waiting_in_a_workers_buffer_counts_as_waiting_not_running(far) -> None:
+    """A worker of 4 slots holds 2 more jobs queued (protocol version 3). Their wait is not
+    their run: the worker's measured latency stays near its model's 300 ms (counted from
+    each job's start said, a third of its jobs would have counted a wait of up to 300 ms
+    more), and the batch is not slowed by it."""
+    steady = far("far-steady", "--sim-latency-ms", "300")
+    run = finish(launch(question=_batch_program(24), venues=["far"], policy={"hedge": "off"}))
+
+    assert run.status == "succeeded", run.error
+    assert run.answer == "24"
+    (rep,) = load_reputations(get_redis(), [steady.worker_id]).values()
+    assert rep.latency_ms is not None and rep.latency_ms < 300 * 1.25, rep.as_dict()
+    executes = named(trace(run), "SubQuery.Execute")
+    assert {e["worker_id"] for e in executes} == {steady.worker_id}
+    # Every span has its start, and those of the jobs that waited in the buffer opened
+    # when they started, not when they were handed over: each ran about 300 ms.
+    queued = {sq for status, sq in _claims(run.id) if status == "queued"}
+    assert len(queued) >= 8, queued
+    starts = {e["span_id"]: e for e in executes if e["phase"] == "start"}
+    ran = {
+        starts[e["span_id"]]["attrs"]["sq_id"]: (e["ts"] - starts[e["span_id"]]["ts"]) / 1e6
+        for e in executes
+        if e["phase"] == "end"
+    }
+    assert len(ran) == len(starts) == 24
+    assert max(ran[sq] for sq in queued) < 300 * 1.5, ran
+
+
+def test_jobs_waiting_in_a_slow_workers_buffer_are_hedged_not_waited_for(far) -> None:
+    """On a worker 200 times slower than the other, the jobs in its buffer are seen waiting:
+    they are hedged to the fast worker with its stragglers, and the batch does not wait
+    the two rounds of 4 s they would take there."""
+    fast = far("far-fast", "--sim-latency-ms", "20")
+    slow = far("far-laggard", "--sim-latency-ms", "4000")
+    run = finish(launch(question=_batch_program(80), venues=["far"]), timeout=120)
+
+    assert run.status == "succeeded", run.error
+    assert run.answer == "80"
+    events = trace(run)
+    hedges = [e for e in named(events, "SubQuery.Hedge") if e["attrs"].get("queued")]
+    assert any(e["attrs"]["hedged_worker"] == slow.worker_id for e in hedges), hedges
+    assert fast.worker_id in {e["worker_id"] for e in named(events, "SubQuery.Execute", "end")}
+    first = min(e["ts"] for e in named(events, "SubQuery.Submit", "start"))
+    last = max(e["ts"] for e in named(events, "SubQuery.Return"))
+    assert (last - first) / 1e9 < 7.0, (last - first) / 1e9
 
 
 # --- what a hostile worker can send ---------------------------------------------------------

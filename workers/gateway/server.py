@@ -376,7 +376,10 @@ class WorkerLink:
         ids = _ids(2 * len(jobs))  # an Execute span and its start event's id for each
         helds = []
         # Those beyond its free slots wait in its work buffer (protocol.py, version 3).
-        running = sum(not h.queued for h in self.held.values())
+        # The worker runs what it holds in the order it got it, so a job waits when as
+        # many as its slots came before it: jobs queued earlier take the slots that free
+        # first, whether or not the worker's word that it started them has come yet.
+        ahead = len(self.held)
         for i, job in enumerate(jobs):
             held = Held(
                 job["run_id"],
@@ -385,7 +388,7 @@ class WorkerLink:
                 ids[2 * i],
                 job["depth"],
                 str(job["model"].get("model", "")),
-                queued=running + i >= self.slots,
+                queued=ahead + i >= self.slots,
             )
             self.held[held.key] = held
             helds.append(held)
