@@ -44,10 +44,12 @@ from pathlib import Path
 from typing import NamedTuple
 
 from _stack import run_to_end, stop_on_signals
+from django.conf import settings
 from fanout import harness_floor, timed_program
 
 from frlm_web import netlab, redis_acl
 from frlm_web.stack import Stack, free_port
+from workers.gateway.protocol import buffer_for
 
 SUBQUERY_TIMEOUT_S = 60
 
@@ -497,7 +499,9 @@ def main() -> None:
     print(
         f"federation benchmark: sub-queries of {args.latency_ms:.0f} ms over "
         f"{args.workers} workers x {args.slots} slots, each worker on a host of its own "
-        f"(network + mount namespace), one-way delay {args.wan_ms:g} ms",
+        f"(network + mount namespace), one-way delay {args.wan_ms:g} ms; a gateway worker "
+        f"holds {buffer_for(args.slots, settings.FRLM_GATEWAY_BUFFER)} jobs beyond its slots "
+        f"(FRLM_GATEWAY_BUFFER={settings.FRLM_GATEWAY_BUFFER:g})",
         flush=True,
     )
     with ExitStack() as exits:
