@@ -25,7 +25,7 @@ from workers.backends import ModelError, ModelSpec
 from workers.execution import served
 from workers.gateway.agent import ws_url
 from workers.gateway.protocol import batches, buffer_for, hello_claim
-from workers.jobs import results_stream
+from workers.jobs import cancelled_key, results_stream
 from workers.models import Venue, worker_queue
 from workers.reputation import load as load_reputations
 from workers.reputation import strikes_key
@@ -150,11 +150,14 @@ def test_a_job_waiting_in_a_workers_buffer_counts_as_waiting_not_running(far) ->
 
 
 def test_jobs_waiting_in_a_slow_workers_buffer_are_hedged_not_waited_for(far) -> None:
-    """On a worker 200 times slower than the other, the jobs in its buffer are seen waiting:
+    """On a worker 300 times slower than the other, the jobs in its buffer are seen waiting:
     they are hedged to the fast worker with its stragglers, and the batch does not wait
-    the two rounds of 4 s they would take there."""
+    the two rounds of 6 s they would take there. Once their twins have answered, the server
+    takes them back from its buffer: the slow worker does not run them after its first
+    round (it would hold them until 12 s)."""
     fast = far("far-fast", "--sim-latency-ms", "20")
-    slow = far("far-laggard", "--sim-latency-ms", "4000")
+    slow = far("far-laggard", "--sim-latency-ms", "6000")
+    started = time.monotonic()
     run = finish(launch(question=_batch_program(80), venues=["far"]), timeout=120)
 
     assert run.status == "succeeded", run.error
@@ -166,6 +169,41 @@ def test_jobs_waiting_in_a_slow_workers_buffer_are_hedged_not_waited_for(far) ->
     first = min(e["ts"] for e in named(events, "SubQuery.Submit", "start"))
     last = max(e["ts"] for e in named(events, "SubQuery.Return"))
     assert (last - first) / 1e9 < 7.0, (last - first) / 1e9
+    # Its first round ends at about 6 s; the buffer it held was taken back, so it is idle
+    # a heartbeat or two later (it ran them until 12 s before the server took them back).
+    assert (slow.entry() or {}).get("inflight", 0) > 0  # still in its first round
+    wait_until(
+        lambda: (slow.entry() or {}).get("inflight") == 0,
+        timeout=max(1.0, started + 9.5 - time.monotonic()),
+        what="the slow worker to be idle after its first round",
+    )
+
+
+def test_a_queued_job_the_conductor_cancels_is_taken_back_from_the_buffer(web, venues) -> None:
+    """A worker of 2 slots holds 1 job queued. Once the conductor cancels it (its hedge's
+    twin answered), the server takes it back (`cancel`, within a heartbeat), fills its
+    place, and holds it no more: when the worker is lost, it is not among the jobs handed
+    back."""
+    wid, key = _registered("taken-back", concurrency=2)
+    run_id = "rtakeback" + os.urandom(4).hex()
+    for i in range(1, 6):
+        _queue_job(worker_queue(wid), run_id, f"{i}.1")
+    with connect(ws_url(web), open_timeout=10) as ws:
+        assert _hello(ws, wid, key, 3)["buffer"] == 1
+        jobs = {j["sq_id"]: j for j in _jobs(_next(ws, {"jobs"}))}
+        (queued,) = [sq for sq, j in jobs.items() if j.get("queued")]
+        get_redis().sadd(cancelled_key(run_id), queued)
+        got = _next(ws, {"cancel", "jobs"}, wait_s=5)
+        refill = _jobs([m for m in got if m["type"] == "jobs"])
+        held = set(jobs) - {queued} | {j["sq_id"] for j in refill}
+    cancels = [m for m in got if m["type"] == "cancel"]
+    assert [m["jobs"] for m in cancels] == [[{"run_id": run_id, "sq_id": queued}]]
+    assert len(refill) == 1 and refill[0]["queued"] is True  # its place, filled
+    wait_until(
+        lambda: {sq for st, sq in _claims(run_id) if st == "lost"} == held,
+        timeout=10,
+        what="the lost hints, without the job taken back",
+    )
 
 
 # --- what a hostile worker can send ---------------------------------------------------------

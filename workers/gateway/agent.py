@@ -146,6 +146,8 @@ class GatewayAgent:
     _send_lock: threading.Lock = field(default_factory=threading.Lock)
     _batched: bool = False  # the server speaks protocol version 2 (`results`)
     _outbox: Outbox | None = None
+    # Jobs in its buffer the server took back (`cancel`): skipped when their turn comes.
+    _cancelled: set[tuple[str, str]] = field(default_factory=set)
 
     @property
     def worker_id(self) -> str:
@@ -250,6 +252,10 @@ class GatewayAgent:
                     for job in message["jobs"] if kind == "jobs" else [message["job"]]:
                         self.tally.begin(_tally_key(job))
                         pool.submit(self._execute, job)
+                elif kind == "cancel":
+                    for item in message.get("jobs") or []:
+                        if isinstance(item, dict):
+                            self._cancelled.add((str(item.get("run_id")), str(item.get("sq_id"))))
                 elif kind == "refused":
                     for item in message.get("results") or []:
                         log.warning(
@@ -311,6 +317,12 @@ class GatewayAgent:
 
     # --- one job ------------------------------------------------------------------------
     def _execute(self, job: Job) -> None:
+        key = (job["run_id"], job["sq_id"])
+        if key in self._cancelled:
+            # Taken back while it waited in the buffer: nobody wants it; not a word of it.
+            self._cancelled.discard(key)
+            self.tally.end(_tally_key(job))
+            return
         sent: dict[str, Any] = job  # type: ignore[assignment]  (the gateway's fields too)
         if sent.get("queued") and self._outbox is not None:
             # It waited in this worker's buffer (protocol.py, version 3): the server opens
@@ -324,6 +336,7 @@ class GatewayAgent:
             log.exception("sub-query %s failed in this worker", job.get("sq_id"))
         finally:
             self.tally.end(_tally_key(job))
+            self._cancelled.discard(key)  # a cancel that came once it had started
         if done is not None:
             result, events = done
             item = {"sq_id": job["sq_id"], "result": result, "events": events}

@@ -3,7 +3,8 @@
 server -> worker: challenge {nonce, version}, welcome {worker_id, venue, heartbeat_s, slots,
     buffer (version 3)}, job {job, with the fragments' text and the id of the Execute span
     the server opened}, jobs {jobs: [job, ...]} (version 2), refused {results: [{sq_id,
-    error}], fix} (version 2), ping {t}, error {error, fix} (then the server closes).
+    error}], fix} (version 2), cancel {jobs: [{run_id, sq_id}]} (version 3), ping {t},
+    error {error, fix} (then the server closes).
 worker -> server: hello {worker_id, nonce, sig, slots, version}, done {sq_id, result,
     events: the Execute span's end and Env.LoadFragment instants}, results {results:
     [{sq_id, result, events} or {sq_id, run_id, started: true} (version 3), ...]}
@@ -26,7 +27,10 @@ and tells the conductor so (status `queued`: the worker holds it, it has not sta
 the worker says when it starts one (a `started` item, in the `results` message that
 carries the result of the job before it in that slot), and only then does the server
 open its Execute span and tell the conductor it started, so hedging and the trace count
-its run time, not its wait. A worker of version 2 gets no buffer.
+its run time, not its wait. A queued job the conductor cancels meanwhile (its hedge's twin
+answered first, or the batch was cut) is taken back: the server drops it and says so
+(`cancel`), and the worker skips it when its turn comes. A worker of version 2 gets no
+buffer.
 
 WebSocket rather than HTTP long-poll: jobs reach a worker the moment they are queued, its
 results and heartbeats ride the same connection, and the server knows the instant the

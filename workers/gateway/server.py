@@ -595,15 +595,55 @@ class WorkerLink:
         # Only the slots these results free: the pump fills the others, so the two never
         # take more than the worker's slots between them.
         freed = 0 if self.draining else len(relayed) + len(dropped)
+        # Whether the jobs still waiting in its buffer were cancelled meanwhile (_take_back).
+        waiting = self._waiting()
+        for held in waiting:
+            pipe.sismember(cancelled_key(held.run_id), held.sq_id)
         if freed:
             pipe.eval(POP_LUA, len(self.queues), *self.queues, freed)
         replies = await pipe.execute()
         for held in [*(one.held for one in relayed), *(held for held, _ in dropped)]:
             self.held.pop(held.key, None)
+        end = len(replies) - (1 if freed else 0)
+        gone = self._take_back(waiting, replies[end - len(waiting) : end])
         # No await between freeing the slots and filling them (_take holds its jobs
         # before its first await): the pump never sees them free.
         if freed and replies[-1]:
             await self._take(replies[-1])
+        await self._cancel(gone)
+        self._update_room()
+
+    def _waiting(self) -> list[Held]:
+        return [held for held in self.held.values() if held.queued]
+
+    def _take_back(self, waiting: list[Held], cancelled: list[Any]) -> list[Held]:
+        """The queued jobs among `waiting` that were cancelled (`cancelled`: SISMEMBER's
+        answers), no longer held: the worker is told to skip them (_cancel), so a hedge's
+        loser or a job the batch cut off is not run from the buffer, and the pump fills
+        their places. A broker worker skips such a job as it starts it."""
+        gone = [
+            held
+            for held, flag in zip(waiting, cancelled, strict=True)
+            if flag and held.queued and self.held.get(held.key) is held
+        ]
+        for held in gone:
+            del self.held[held.key]
+        return gone
+
+    async def _cancel(self, gone: list[Held]) -> None:
+        if gone:
+            jobs = [{"run_id": held.run_id, "sq_id": held.sq_id} for held in gone]
+            await self.consumer.send(encode({"type": "cancel", "jobs": jobs}))
+
+    async def _check_waiting(self) -> None:
+        """Each heartbeat: whether any job waiting in its buffer was cancelled."""
+        waiting = self._waiting()
+        if not waiting:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for held in waiting:
+            pipe.sismember(cancelled_key(held.run_id), held.sq_id)
+        await self._cancel(self._take_back(waiting, await pipe.execute()))
         self._update_room()
 
     async def _append(self, events: list[dict[str, Any]]) -> None:
@@ -641,6 +681,7 @@ class WorkerLink:
                 await self.consumer.close(code=4408)
                 return
             await self.consumer.send(encode({"type": "ping", "t": time.monotonic()}))
+            await self._check_waiting()
 
 
 def _withdraw(venue: str, worker_id: str) -> None:
