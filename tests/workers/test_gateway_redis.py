@@ -9,7 +9,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from workers.gateway.server import PackedConnection, async_redis
+from workers.gateway.aredis import PackedConnection, async_redis
 
 COMMANDS = [
     ("SET", "k", "v"),
