@@ -560,10 +560,7 @@ class WorkerLink:
         # Only the slots these results free: the pump fills the others, so the two never
         # take more than the worker's slots between them.
         freed = 0 if self.draining else len(relayed) + len(dropped)
-        # Whether the jobs still waiting in its buffer were cancelled meanwhile (_take_back).
-        waiting = self._waiting()
-        for held in waiting:
-            pipe.sismember(cancelled_key(held.run_id), held.sq_id)
+        waiting = self._ask_cancelled(pipe)
         if freed:
             pipe.eval(POP_LUA, len(self.queues), *self.queues, freed)
         replies = await pipe.execute()
@@ -578,8 +575,13 @@ class WorkerLink:
         await self._cancel(gone)
         self._update_room()
 
-    def _waiting(self) -> list[Held]:
-        return [held for held in self.held.values() if held.queued]
+    def _ask_cancelled(self, pipe: Any) -> list[Held]:
+        """Ask on `pipe` whether each job still waiting in its buffer was cancelled
+        meanwhile (_take_back reads the answers); the jobs asked about, in order."""
+        waiting = [held for held in self.held.values() if held.queued]
+        for held in waiting:
+            pipe.sismember(cancelled_key(held.run_id), held.sq_id)
+        return waiting
 
     def _take_back(self, waiting: list[Held], cancelled: list[Any]) -> list[Held]:
         """The queued jobs among `waiting` that were cancelled (`cancelled`: SISMEMBER's
@@ -602,12 +604,10 @@ class WorkerLink:
 
     async def _check_waiting(self) -> None:
         """Each heartbeat: whether any job waiting in its buffer was cancelled."""
-        waiting = self._waiting()
+        pipe = self.redis.pipeline(transaction=False)
+        waiting = self._ask_cancelled(pipe)
         if not waiting:
             return
-        pipe = self.redis.pipeline(transaction=False)
-        for held in waiting:
-            pipe.sismember(cancelled_key(held.run_id), held.sq_id)
         await self._cancel(self._take_back(waiting, await pipe.execute()))
         self._update_room()
 
