@@ -6,8 +6,9 @@ run page         from navigation to the run page of a 10,000-span run: the heade
                  the first render of the views after the trace is in); cold (a new browser
                  context each load: an empty profile, no cache) and warm (reloads in one
                  context). Two deliveries of Plotly side by side, the page's code the same
-                 in both: "now" (the 1.5 MB cartesian bundle, gzipped, preloaded, run and the
-                 views drawn once the waterfall is on screen) and "before" (the full
+                 in both: "now" (FRLM's 1.18 MB bundle of the three trace types the views
+                 draw, static/vendor/README.md, gzipped, preloaded, run and the views drawn
+                 once the waterfall is on screen) and "before" (the full
                  4.8 MB bundle, plain, loaded with defer so the page waited for it), the
                  latter put in place by the browser's request routing (which turns the
                  browser's HTTP cache off: a cold load either way; the routed page costs
