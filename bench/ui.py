@@ -325,7 +325,9 @@ def main() -> None:
     parser.add_argument("--spans", type=int, default=10_000)
     parser.add_argument("--rate", type=int, default=2000, help="live events per second")
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--loads", type=int, default=3, help="page loads to time")
+    parser.add_argument(
+        "--loads", type=int, default=5, help="page loads to time (cold ones vary by ±70 ms here)"
+    )
     parser.add_argument(
         "--quick", action="store_true", help="2,000 spans, 3 s live, 2 loads: a few minutes"
     )
