@@ -150,7 +150,11 @@ def test_a_full_replay_follows_the_recorded_retries_and_quorum_cut_and_diffs_cle
     its quorum cut off the slow worker's sub-queries. The replay's workers answer every job
     from the recording at once: deciding again it would retry nothing and cut off others.
     It follows the recording's attempts and cut instead."""
-    swarm_factory("refail", 6, latency=60, failure_rate=0.3, slow_share=0.17, slow_factor=25)
+    # A failed call is tried again once by the worker's model client, an independent draw:
+    # a sub-query fails back to the conductor with failure_rate squared. At 0.3 (9%), none
+    # of the ~33 the fast workers answer failed in about one run in twenty (seen in CI: no
+    # retry to follow); at 0.5 (25%), about one in ten thousand.
+    swarm_factory("refail", 6, latency=60, failure_rate=0.5, slow_share=0.17, slow_factor=25)
     batch = "rs = llm_query_batched(['f %d' % i for i in range(40)])\nprint(len(rs))"
     policy = {
         "explore": 0,
