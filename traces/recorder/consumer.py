@@ -31,7 +31,7 @@ log = logging.getLogger("traces.recorder")  # the name its log lines had before 
 # A trickle of events (a read of fewer than GATHER_BELOW) is gathered this long before it
 # is stored (see Recorder._gather); a backlog is stored at once. At 0.1 s the recorder was
 # the largest part of tracing's cost in a fast fanout (bench/traces.py, 2,000 sub-queries
-# of a 1 ms model: +0.16-0.21 ms of its CPU per sub-query); at 0.3 s, +0.09-0.10. Stored
+# of a 1 ms model: +0.16-0.21 ms of its CPU per sub-query); at 0.3 s, +0.09-0.13. Stored
 # events lag the stream by as much more; pages see a run live from the forwarder.
 GATHER_S = 0.3
 GATHER_BELOW = 1000
