@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable
 
 import pytest
 from django.conf import settings
@@ -396,18 +397,26 @@ def _answer(job: dict, worker_id: str, key, **changes) -> dict:
     return {"sq_id": job["sq_id"], "result": {**result, **changes}, "events": [end]}
 
 
+def _execute_events(run_id: str, enough: Callable[[list[dict]], bool], what: str) -> list[dict]:
+    """The run's Execute span events, once the recorder has stored `enough` of them."""
+
+    def stored() -> list[dict] | None:
+        events = [e for e in store.read_events(run_id) if e["name"] == "SubQuery.Execute"]
+        return events if enough(events) else None
+
+    return wait_until(stored, timeout=20, what=what)
+
+
 def _execute_ends(run_id: str, sq_ids: set[str]) -> dict[str, dict]:
     """The Execute spans' ends of these sub-queries, once the recorder has stored them."""
 
-    def stored() -> dict[str, dict] | None:
-        ends = {
-            e["attrs"]["sq_id"]: e
-            for e in store.read_events(run_id)
-            if e["name"] == "SubQuery.Execute" and e["phase"] == "end"
-        }
-        return ends if sq_ids <= set(ends) else None
+    def ends(events: list[dict]) -> dict[str, dict]:
+        return {e["attrs"]["sq_id"]: e for e in events if e["phase"] == "end"}
 
-    return wait_until(stored, timeout=20, what=f"the Execute ends of {sorted(sq_ids)}")
+    events = _execute_events(
+        run_id, lambda got: sq_ids <= set(ends(got)), f"the Execute ends of {sorted(sq_ids)}"
+    )
+    return ends(events)
 
 
 def test_a_worker_of_version_2_gets_jobs_together_and_an_older_one_one_a_message(
@@ -433,16 +442,6 @@ def _claims(run_id: str) -> list[tuple[str, str]]:
         (f[b"status"].decode(), f[b"sq_id"].decode())
         for _, f in get_redis().xrange(results_stream(run_id), "-", "+")
     ]
-
-
-def _execute_events(run_id: str, count: int) -> list[dict]:
-    """The run's Execute span events, once the recorder has stored `count` of them."""
-
-    def stored() -> list[dict] | None:
-        events = [e for e in store.read_events(run_id) if e["name"] == "SubQuery.Execute"]
-        return events if len(events) >= count else None
-
-    return wait_until(stored, timeout=20, what=f"{count} Execute events")
 
 
 def test_a_worker_of_version_3_holds_a_buffer_and_its_queued_jobs_start_when_it_says(
@@ -516,7 +515,7 @@ def test_a_worker_of_version_3_holds_a_buffer_and_its_queued_jobs_start_when_it_
     )
     # Starts: the 4 running, the first queued, the second; ends: 2 answers, 4 abandoned.
     time.sleep(1)  # nothing more is due: anything else would be stored by then
-    events = _execute_events(run_id, 12)
+    events = _execute_events(run_id, lambda got: len(got) >= 12, "12 Execute events")
     assert len(events) == 12
     starts = {e["attrs"]["sq_id"] for e in events if e["phase"] == "start"}
     assert starts == {*running, first, second}  # never the last two, which never started

@@ -534,7 +534,8 @@ class WorkerLink:
         sub-query timeout."""
         # A queued job answered (or refused) without its start said opens its span now:
         # no span of the trace is left without its start.
-        unsaid = [h for h in [*(one.held for one in relayed), *(h for h, _ in dropped)] if h.queued]
+        answered = [*(one.held for one in relayed), *(held for held, _ in dropped)]
+        unsaid = [held for held in answered if held.queued]
         for held in unsaid:
             held.queued = False
         opened = [self._execute_event(held, "start", "ok") for held in [*begun, *unsaid]]
@@ -559,12 +560,12 @@ class WorkerLink:
             pipe.xadd(results_stream(held.run_id), refusal)  # type: ignore[arg-type]
         # Only the slots these results free: the pump fills the others, so the two never
         # take more than the worker's slots between them.
-        freed = 0 if self.draining else len(relayed) + len(dropped)
+        freed = 0 if self.draining else len(answered)
         waiting = self._ask_cancelled(pipe)
         if freed:
             pipe.eval(POP_LUA, len(self.queues), *self.queues, freed)
         replies = await pipe.execute()
-        for held in [*(one.held for one in relayed), *(held for held, _ in dropped)]:
+        for held in answered:
             self.held.pop(held.key, None)
         end = len(replies) - (1 if freed else 0)
         gone = self._take_back(waiting, replies[end - len(waiting) : end])
