@@ -14,6 +14,7 @@ from typing import Any, TypedDict
 
 from django.db import transaction
 
+from frlm_web import jsontext
 from frlm_web.money import ZERO, money
 from frlm_web.redis_client import get_redis
 from runs.models import Run, new_run_id
@@ -121,7 +122,7 @@ def _from_lines(records: list[tuple[int, Any]]) -> ParsedTrace:
 
 def _is_json(text: str) -> bool:
     try:
-        json.loads(text)
+        jsontext.loads(text)
     except ValueError:
         return False
     return True

@@ -31,7 +31,7 @@ from typing import BinaryIO
 from django.conf import settings
 
 RECORD = struct.Struct("<32sQI")  # sha256, offset, length
-REF = re.compile(r"^[0-9a-f]{64}$")
+REF = re.compile(r"^[0-9a-f]{64}\Z")
 ROTATE_BYTES = 256 * 1024 * 1024  # a new pack past this, so prune can compact old ones
 
 

@@ -24,6 +24,7 @@ from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from frlm_web import jsontext
 from frlm_web.redis_client import get_redis
 from traces import live
 
@@ -81,6 +82,16 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
                 task.cancel()
         if self.group is not None:
             await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    @classmethod
+    async def decode_json(cls, text_data: str) -> Any:
+        """What the page sent, or None when it cannot be read (not JSON, or nested too
+        deeply): the page sends only {"after_seq": N}, and nothing else may take the socket
+        down."""
+        try:
+            return jsontext.loads(text_data)
+        except ValueError:
+            return None
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         if self.group is not None and isinstance(content, dict) and "after_seq" in content:

@@ -14,7 +14,6 @@ forwarder is not running or far behind: see Recorder.trim).
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -22,6 +21,7 @@ from typing import Any
 
 import redis
 
+from frlm_web import jsontext
 from frlm_web.redis_client import OUTAGE_ERRORS, Outage
 from traces import live
 from traces.emitter import EVENTS_STREAM
@@ -152,7 +152,7 @@ def _run_of(raw: Any) -> bytes | None:
 def _event(fields: dict[bytes, Any]) -> dict[str, Any] | None:
     raw = fields.get(b"e")
     try:
-        event = json.loads(raw) if raw is not None else None
+        event = jsontext.loads(raw) if raw is not None else None
         if isinstance(event, dict):
             event["seq"] = int(fields.get(b"seq", b""))
     except (ValueError, UnicodeDecodeError):

@@ -49,8 +49,8 @@ STATUS_CODE_OK = 1
 STATUS_CODE_ERROR = 2
 SCOPE = {"name": "frlm.traces", "version": "1"}
 
-HEX16 = re.compile(r"^[0-9a-fA-F]{16}$")
-HEX32 = re.compile(r"^[0-9a-fA-F]{32}$")
+HEX16 = re.compile(r"^[0-9a-fA-F]{16}\Z")
+HEX32 = re.compile(r"^[0-9a-fA-F]{32}\Z")
 FRLM_ATTRS = "frlm.attrs."
 _SIM_SUFFIX = " (simulated model)"
 

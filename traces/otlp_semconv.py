@@ -27,6 +27,8 @@ from __future__ import annotations
 import json
 from typing import Any, TypedDict
 
+from frlm_web import jsontext
+
 MODEL_SPANS = frozenset({"Run.Decode", "SubQuery.Execute"})
 
 # OpenInference span kind, and the Langfuse observation type that says the same.
@@ -70,7 +72,7 @@ def chat_messages(text: str | None) -> list[Message] | None:
     if not text:
         return None
     try:
-        value = json.loads(text)
+        value = jsontext.loads(text)
     except ValueError:
         return None
     if not isinstance(value, list) or not value:

@@ -9,7 +9,6 @@ the rest of the window after FRLM_API_FAIL_LIMIT failures."""
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from frlm_web import jsontext
 from frlm_web.redis_client import get_redis
 from workers import keys, services
 from workers.models import Worker
@@ -96,7 +96,7 @@ def _json_body(request: HttpRequest) -> Any:
     if not request.body:
         return {}
     try:
-        return json.loads(request.body)
+        return jsontext.loads(request.body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise services.Invalid(
             f"the body is not valid JSON: {exc}",

@@ -8,10 +8,11 @@ sha256, and puts the text where the marker was; the conductor never holds it.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import time
 from typing import Any, TypedDict
+
+from frlm_web import jsontext
 
 MARKER = re.compile(r"<<frlm:fragment (\{[^\n]*?\})>>")
 MARKER_TEXT = "<<frlm:fragment {}>>"
@@ -67,7 +68,7 @@ def prompt_tokens(prompt: str) -> int:
 
 def parse_ref(raw: str) -> FragmentRef:
     try:
-        data: Any = json.loads(raw)
+        data: Any = jsontext.loads(raw)
     except ValueError as exc:
         raise FragmentError(f"a fragment marker is not valid JSON: {raw[:80]!r}") from exc
     if not isinstance(data, dict):

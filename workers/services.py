@@ -31,8 +31,10 @@ from workers.venues import Link, LiveWorker, presence_group
 log = logging.getLogger(__name__)
 
 TOKEN_PREFIX = "frlmt_"  # noqa: S105 (a marker that makes tokens recognisable, not a secret)
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-MODEL_RE = re.compile(r"^[\x21-\x7e]{1,128}$")  # printable ASCII, no spaces
+# \Z, not $: $ also matches before a final newline, and "gpu-1\n" passed as a second
+# worker named gpu-1.
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+MODEL_RE = re.compile(r"^[\x21-\x7e]{1,128}\Z")  # printable ASCII, no spaces
 MAX_MODELS = 64
 MAX_CONCURRENCY = 1024
 MAX_CONTEXT_TOKENS = 100_000_000
@@ -49,7 +51,7 @@ REGISTRATION_FIELDS = (
 )
 # A worker taking back its name (a restart) answers the server's challenge with these.
 PROOF_FIELDS = ("challenge", "challenge_sig")
-CHALLENGE_RE = re.compile(r"^[A-Za-z0-9_-]{43}$")  # secrets.token_urlsafe(32)
+CHALLENGE_RE = re.compile(r"^[A-Za-z0-9_-]{43}\Z")  # secrets.token_urlsafe(32)
 HEARTBEAT_FIELDS = ("inflight", "memory_mb", "latency_ms", "pid", "draining")
 
 

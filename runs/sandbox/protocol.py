@@ -7,6 +7,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from frlm_web import jsontext
+
 REPL_CALLS = frozenset(
     {"llm_query", "llm_query_batched", "rlm_query", "select_fragments", "objective_verdicts"}
 )
@@ -37,7 +39,7 @@ def encode(message: dict[str, Any]) -> bytes:
 def decode(line: bytes) -> dict[str, Any]:
     """One line from the REPL as a message; ProtocolError if it is not a JSON object."""
     try:
-        message = json.loads(line.decode("utf-8", "surrogatepass"))
+        message = jsontext.loads(line.decode("utf-8", "surrogatepass"))
     except ValueError as exc:
         raise ProtocolError(f"not JSON: {line[:80]!r}") from exc
     if not isinstance(message, dict):

@@ -16,7 +16,6 @@ or touches Redis. What is here:
 
 from __future__ import annotations
 
-import json
 import random
 import re
 import threading
@@ -28,6 +27,7 @@ from typing import Any, Literal, TypedDict
 import jsonschema
 from jsonschema.exceptions import SchemaError
 
+from frlm_web import jsontext
 from frlm_web.money import ZERO, money_str
 
 # Agreement lives with the workers (a validator worker judges with it too, and workers do
@@ -344,8 +344,8 @@ class SchemaCheck:
 
     def __call__(self, text: str) -> CheckVerdict:
         try:
-            value = json.loads(text)
-        except (json.JSONDecodeError, TypeError) as exc:
+            value = jsontext.loads(text)
+        except (ValueError, TypeError) as exc:
             return CheckVerdict(False, "schema", f"not JSON: {exc}")
         error = jsonschema.exceptions.best_match(self._validator.iter_errors(value))
         if error is None:

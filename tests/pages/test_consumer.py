@@ -161,6 +161,32 @@ def test_it_fills_a_gap_in_the_live_batches_from_the_store(stack, transactional_
     run_async(go)
 
 
+def test_it_ignores_what_it_cannot_read_from_the_page_and_stays_open(stack, transactional_db):
+    """A signed-in user's socket that sends text that is not JSON, or JSON nested deeper than
+    the parser recurses, is not taken down by it (RecursionError and JSONDecodeError were
+    raised out of the consumer, found by a review); its next asking is answered."""
+    user = get_user_model().objects.create_user("sender")
+    run = empty_run(user)
+    emitter = Emitter(get_redis(), run.id)
+    first = emitter.build("Budget.Alert", "instant", attrs={"n": 1})
+    first["seq"] = 1
+    _write_segment(run.id, [first], first_id="1-0")
+    cookie = cookie_for(user)
+
+    async def go():
+        ws = socket(run.id, cookie)
+        connected, _ = await ws.connect()
+        assert connected
+        for text in ("{not json", "[" * 5000 + "]" * 5000, json.dumps([1, 2])):
+            await ws.send_to(text_data=text)
+        await ws.send_json_to({"after_seq": 0})
+        events, _ = await receive_events(ws, 1)
+        assert [e[0] for e in events] == [1]
+        await ws.disconnect()
+
+    run_async(go)
+
+
 def test_it_forwards_what_is_emitted_and_the_recorder_stores_it(stack, transactional_db):
     """The whole path: an emitter's event, read by the forwarder process, published by
     traces.live in that process, through the channel layer to the socket; and stored."""

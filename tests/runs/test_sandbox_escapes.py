@@ -442,6 +442,19 @@ PROGRAMS = [
         printed("started"),
     ),
     Program(
+        # Its decoder raised RecursionError out of the host, not the protocol error that
+        # replaces the REPL (found by a review).
+        "a protocol message nested deeper than the decoder recurses",
+        "import os\n"
+        "for fd in range(3, 40):\n"
+        "    try:\n"
+        "        os.write(fd, b'[' * 5000 + b']' * 5000 + b'\\n')\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "print('sent')",
+        ended("crashed"),
+    ),
+    Program(
         "replace the REPL with a shell",
         "import os\nos.execv('/bin/sh', ['sh', '-c', 'echo shell; sleep 30'])",
         ended("crashed", "timeout"),

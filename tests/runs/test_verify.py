@@ -273,6 +273,10 @@ def test_it_checks_replies_against_a_json_schema():
     assert not bad.ok and bad.check == "schema"
     assert "/count" in bad.reason and "minimum" in bad.reason
     assert "not JSON" in check("three").reason
+    # A worker's answer nested deeper than the decoder recurses is a failed check, not a
+    # RecursionError out of the judge (found by a review).
+    deep = check("[" * 5000 + "]" * 5000)
+    assert not deep.ok and "nested too deeply" in deep.reason
     assert "'count' is a required property" in check("{}").reason
 
 

@@ -55,6 +55,14 @@ def test_it_removes_unused_blob_files_of_the_layout_before_packs(venues, setting
     assert all(blobs.blob_get(ref) is not None for ref in refs(trace(used)))
 
 
+def test_it_refuses_an_age_longer_than_a_century_with_a_reason(venues):
+    """99999999999d and 1000000d ended in OverflowError tracebacks (found by a review)."""
+    for age in ("99999999999d", "1000000d", "876001h", "52560001m"):
+        with pytest.raises(CommandError, match="at most 36500d"):
+            call_command("frlm_prune", older_than=age, dry_run=True)
+    call_command("frlm_prune", older_than="36500d", dry_run=True)
+
+
 def test_it_says_what_an_age_looks_like(venues):
     with pytest.raises(CommandError, match="like 30d, 12h or 90m"):
         call_command("frlm_prune", older_than="a month")

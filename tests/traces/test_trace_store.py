@@ -131,13 +131,15 @@ def test_it_dead_letters_bad_events_and_goes_on(client):
     recorder.ensure_group()
     client.xadd(EVENTS_STREAM, {"seq": 1, "e": "{not json"})
     client.xadd(EVENTS_STREAM, {"seq": 2, "e": json.dumps({"run_id": "rB", "name": "Nope"})})
+    client.xadd(EVENTS_STREAM, {"seq": 3, "e": "[" * 5000 + "]" * 5000})  # too deep to decode
     Emitter(client, "rB").instant("Run.Done")
     assert recorder.step() == 1
 
     dead = client.xrange(DEAD_LETTER_STREAM)
-    assert len(dead) == 2
+    assert len(dead) == 3
     assert b"not JSON" in dead[0][1][b"reason"]
     assert b"'Nope' is not in the taxonomy" in dead[1][1][b"reason"]
+    assert b"nested too deeply" in dead[2][1][b"reason"]
     assert [e["name"] for e in store.read_events("rB")] == ["Run.Done"]
 
 

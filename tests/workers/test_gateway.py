@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 
 import pytest
+import websockets
 from django.conf import settings
 from websockets.sync.client import connect
 
@@ -252,6 +253,19 @@ def test_a_worker_must_sign_the_challenge_and_a_failure_is_no_strike(web, venues
         ws.send(json.dumps({"type": "beat", "figures": {}}))  # skipping the hello
         answer = json.loads(ws.recv(timeout=10))
     assert challenge["type"] == "challenge" and answer["type"] == "error"
+
+
+def test_json_nested_too_deeply_is_refused_as_a_protocol_error(web, venues) -> None:
+    """2 KB of brackets before the hello closed the socket with 1011, an internal error
+    (RecursionError in the decoder, found by a review); it is a 4400 with the reason."""
+    with connect(ws_url(web), open_timeout=10) as ws:
+        assert json.loads(ws.recv(timeout=10))["type"] == "challenge"
+        ws.send("[" * 1100 + "]" * 1100)
+        answer = json.loads(ws.recv(timeout=10))
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            ws.recv(timeout=10)
+    assert answer["type"] == "error" and "nested too deeply" in answer["error"]
+    assert closed.value.rcvd.code == 4400
 
 
 def test_a_worker_sees_no_prompt_but_those_of_its_own_queues(web, venues) -> None:

@@ -153,6 +153,40 @@ def test_it_lists_the_errors_of_every_malformed_field(client, token):
     assert not Worker.objects.filter(venue__name="apitest").exists()
 
 
+def test_it_refuses_json_nested_too_deeply_with_a_400_not_a_crash(client, token):
+    """2 KB of brackets nest deeper than the JSON parser recurses: found by a review, a 500
+    (RecursionError) for anyone, before any token was checked."""
+    deep = b"[" * 1100 + b"]" * 1100
+    for sent_with in (token, "not-a-token"):
+        response = register(client, sent_with, deep)
+        assert response.status_code == 400, response.content[:200]
+        assert "nested too deeply" in response.json()["error"]
+        assert response.json()["fix"]
+    key = keys.generate()
+    worker = joined(token, key)
+    path = f"/api/workers/{worker.id}/heartbeat"
+    stamp = str(int(time.time()))
+    sig = keys.sign(key, request_claim("POST", path, stamp, deep))
+    beat = client.post(
+        path,
+        deep,
+        content_type="application/json",
+        headers={"X-FRLM-Timestamp": stamp, "X-FRLM-Signature": sig},
+    )
+    assert beat.status_code == 400 and "nested too deeply" in beat.json()["error"]
+
+
+def test_it_refuses_a_name_or_model_that_ends_in_a_newline(client, token):
+    """`$` matches before a final newline: "gpu-1\\n" passed as a name beside "gpu-1" and
+    showed as the same worker on every page (found by a review)."""
+    joined(token, keys.generate())
+    for over in ({"name": "gpu-1\n"}, {"name": "gpu-2\n"}, {"models": ["frlm-sim-worker\n"]}):
+        response = register(client, token, registration(keys.generate(), **over))
+        assert response.status_code == 400, (over, response.json())
+        assert set(response.json()["fields"]) == set(over)
+    assert Worker.objects.filter(venue__name="apitest").count() == 1
+
+
 def test_it_refuses_an_oversized_body(client, token):
     body = registration(keys.generate(), models=["m" * 100] * 700)
     response = register(client, token, body)

@@ -10,6 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from frlm_web import jsontext
 from traces.schema import ARROW_SCHEMA, Event, problems
 
 # A batch parsed as one table: the store's columns, then the payload texts (for the blob
@@ -56,8 +57,8 @@ def _decode(fields: dict) -> tuple[Event | None, str]:
     if raw is None:
         return None, "entry has no event field 'e'"
     try:
-        event = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+        event = jsontext.loads(raw)
+    except ValueError as exc:
         return None, f"event is not JSON: {exc}"
     if isinstance(event, dict):
         try:

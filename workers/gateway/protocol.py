@@ -42,6 +42,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from frlm_web import jsontext
+
 VERSION = 3
 BATCH_VERSION = 2  # the first version with `jobs`, `results` and `refused`
 BUFFER_VERSION = 3  # the first with a work buffer: `queued` jobs, `started` items
@@ -116,7 +118,7 @@ def decode(text: str | bytes | None) -> dict[str, Any]:
     if len(text) > MAX_MESSAGE_BYTES:
         raise ProtocolError(f"a message may hold at most {MAX_MESSAGE_BYTES:,} bytes")
     try:
-        message = json.loads(text)
+        message = jsontext.loads(text)
     except ValueError as exc:
         raise ProtocolError(f"a message is not valid JSON: {exc}") from exc
     if not isinstance(message, dict) or not isinstance(message.get("type"), str):

@@ -24,6 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TypedDict
 from urllib.parse import urlsplit
 
+from frlm_web import jsontext
 from workers.sim import OWNER, ROOT_MODEL, WORKER_MODEL, ChatMessage
 from workers.sim.profile import Decision, Profile, ProfileError, decide, parse_profile
 from workers.sim.reader import worker_reply
@@ -355,8 +356,8 @@ class _Handler(BaseHTTPRequestHandler):
             raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "bad or too large body")
         raw = self.rfile.read(length)
         try:
-            return json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            return jsontext.loads(raw)
+        except ValueError as exc:
             raise RequestError(
                 HTTPStatus.BAD_REQUEST, f"the request body is not valid JSON: {exc}"
             ) from exc

@@ -10,8 +10,11 @@ from frlm_web.commands import FrlmCommand
 from runs.models import Run
 from traces.prune import prune
 
-_AGE = re.compile(r"^(\d+)([dhm])$")
+_AGE = re.compile(r"^(\d+)([dhm])\Z")
 _UNITS = {"d": "days", "h": "hours", "m": "minutes"}
+# The longest age taken: a run older than a century cannot exist, and much longer ages
+# overflow Python's dates.
+_MAX_AGE = timedelta(days=36500)
 
 
 class Command(FrlmCommand):
@@ -36,7 +39,13 @@ class Command(FrlmCommand):
             raise CommandError(
                 f"--older-than takes an age like 30d, 12h or 90m, not {older_than!r}"
             )
-        age = timedelta(**{_UNITS[match.group(2)]: int(match.group(1))})
+        count, unit = int(match.group(1)), match.group(2)
+        if count > _MAX_AGE / timedelta(**{_UNITS[unit]: 1}):
+            raise CommandError(
+                f"--older-than may be at most 36500d (a century, 876000h, 52560000m), "
+                f"not {older_than!r}"
+            )
+        age = timedelta(**{_UNITS[unit]: count})
         cutoff = timezone.now() - age
         old = Run.objects.filter(finished__lt=cutoff).values_list("id", flat=True)
         result = prune(list(old), dry_run=dry_run)
