@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
+import sys
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
@@ -33,6 +36,16 @@ class FrlmCommand(BaseCommand):
         parser = super().create_parser(prog_name, subcommand, **kwargs)
         _one_line(parser)
         return parser
+
+    def execute(self, *args: Any, **options: Any) -> Any:
+        try:
+            return super().execute(*args, **options)
+        except BrokenPipeError:
+            # The reader closed the pipe (`| head`): it has what it wanted. Nothing more is
+            # said, not even by the interpreter's last flush, and the command ends as a tool
+            # killed by SIGPIPE does, so a shell's pipefail still tells the two apart.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(128 + signal.SIGPIPE)
 
     def print_json(self, data: Any) -> None:
         """`data` as one JSON document on stdout (money as decimal strings, frlm_web.money)."""

@@ -53,7 +53,7 @@ def wait_for(run: Run, timeout: float, *, show: bool) -> Run:
                 return run
         if time.monotonic() > deadline:
             run_cancel(run)
-            raise CommandError(f"run {run.id} gave no answer within {timeout:.0f} s; cancelled it")
+            raise CommandError(f"run {run.id} gave no answer within {timeout:g} s; cancelled it")
         # Often at first, when a short run (a replay) is likely to end; then 5 a second.
         time.sleep(0.05 if time.monotonic() - started < 10 else 0.2)
 

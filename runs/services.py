@@ -77,6 +77,10 @@ def run_create(
         except ValueError as exc:
             errors["task"] = str(exc)
         else:
+            # A question of the user's own over a task's context has no known answer: the
+            # task's expected answer is for the task's question (a review found a run
+            # scored 0 against a question it was never asked).
+            asks_own = bool(run.question.strip()) and run.question.strip() != task.question
             run.question = run.question or task.question
     elif context.path is not None:
         try:
@@ -103,7 +107,7 @@ def run_create(
         task.write_context(path)
         run.context_source = Run.Source.TASK
         run.task = {"name": task.name, "tokens": context.tokens, "seed": context.seed}
-        run.expected_answer = task.expected_answer
+        run.expected_answer = "" if asks_own else task.expected_answer
         run.context_chars = task.context_chars
     elif context.path is not None:
         run.context_source = Run.Source.PATH

@@ -222,13 +222,14 @@ def provider_caps(text: str) -> dict[str, Decimal]:
     return {name: money(value, what=f"provider {name}'s budget") for name, _, value in pairs}
 
 
-def parse_assignments(items: list[str]) -> dict[str, str]:
-    """`key=value` strings (from the command line) as a dict; PolicyError on a bad one."""
+def parse_assignments(items: list[str], option: str = "--policy") -> dict[str, str]:
+    """`key=value` strings (from the command line's `option`) as a dict; PolicyError on a
+    bad one, naming the option it came with."""
     out: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
         key = key.strip().removeprefix("policy.")
         if not sep or not key:
-            raise PolicyError(f"--policy takes KEY=VALUE, got {item!r}")
+            raise PolicyError(f"{option} takes KEY=VALUE, got {item!r}")
         out[key] = value.strip()
     return out

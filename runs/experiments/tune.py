@@ -43,7 +43,7 @@ class TuneStep(TypedDict):
 def parse_tune(items: list[str]) -> dict[str, list[str]]:
     """`KEY=v1,v2` strings as {key: [values]}; ValueError names a bad key or value."""
     out: dict[str, list[str]] = {}
-    for key, values in parse_assignments(items).items():
+    for key, values in parse_assignments(items, "--tune").items():
         options = [v.strip() for v in values.split(",") if v.strip()]
         if not options:
             raise ValueError(f"--tune {key}= names no values; give KEY=v1,v2,...")

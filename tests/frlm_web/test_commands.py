@@ -120,6 +120,56 @@ def test_it_does_not_call_the_question_empty_when_the_task_failed(settings):
     assert "tokens must be between 100" in refused.value.errors["task"]
 
 
+@pytest.mark.django_db
+def test_a_task_asked_another_question_has_no_expected_answer(settings):
+    """A run over a task's context asking the user's own question was scored against the
+    task's answer, to a question it was never asked (found by a review)."""
+    settings.FRLM_SANDBOX_ISOLATION = "none"
+    Venue.objects.get_or_create(name="local", defaults={"kind": "local"})
+
+    def made(question: str):
+        return run_create(
+            question=question,
+            context=ContextSpec(task="sniah", tokens=1000, seed=0),
+            root_model=model_spec("sim", role="root"),
+            worker_model=model_spec("sim", role="worker"),
+            venues=["local"],
+        )
+
+    own = made("hi")
+    assert own.question == "hi" and own.expected_answer == "" and own.task["name"] == "sniah"
+    task = made("")
+    assert task.expected_answer and made(task.question).expected_answer == task.expected_answer
+
+
+def test_a_command_piped_into_head_stops_quietly(stack, transactional_db, subprocess_env):
+    """`frlm_trace RUN --events | head -1` ended in a BrokenPipeError traceback (found by a
+    review): a reader that has read enough is no error to report."""
+    from tests.helpers import bare_run
+    from traces.emitter import Emitter
+    from traces.recorder import _write_segment
+
+    run = bare_run(question="q")
+    emitter = Emitter(None, run.id)  # type: ignore[arg-type]
+    events = [emitter.build("Run.Init", "start", span_id="a" * 16)]
+    for seq in range(2, 3001):
+        events.append(emitter.build("Budget.Alert", "instant", parent="a" * 16, attrs={"n": seq}))
+    for seq, event in enumerate(events, 1):
+        event["seq"] = seq
+    _write_segment(run.id, events, first_id="1-0")
+    reader = subprocess.Popen(
+        [sys.executable, "manage.py", "frlm_trace", run.id, "--events"],
+        env=subprocess_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert json.loads(reader.stdout.readline())["name"] == "Run.Init"
+    reader.stdout.close()  # as head does once it has its line
+    _out, err = reader.communicate(timeout=60)
+    assert b"Traceback" not in err and b"BrokenPipe" not in err, err.decode()[-800:]
+    assert reader.returncode == 141  # as a tool killed by SIGPIPE, for a shell's pipefail
+
+
 def out_of(*args: str) -> str:
     out = io.StringIO()
     call_command(*args, stdout=out, stderr=io.StringIO())

@@ -291,6 +291,9 @@ def test_it_parses_tune_items_and_names_a_bad_one():
         parse_tune(["hedge=p90,p42"])
     with pytest.raises(ValueError, match="names no values"):
         parse_tune(["hedge="])
+    # It named --policy, which frlm_experiment does not have (found by a review).
+    with pytest.raises(ValueError, match="^--tune takes KEY=VALUE, got 'hedge'"):
+        parse_tune(["hedge"])
 
 
 def _records(walls: list[float], correct: bool = True) -> list[dict]:

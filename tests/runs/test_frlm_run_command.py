@@ -102,6 +102,9 @@ def test_it_prints_a_summary_and_progress(venues, subprocess_env, context_root):
         (["--question", "q"], "give a context"),
         (["--task", "nope"], "invalid choice"),
         (["--task", "sniah", "--tokens", "5"], "tokens"),
+        # Taken and ignored before (found by a review).
+        (["--question", "q", "--context", "NOTES", "--tokens", "5000"], "drop them"),
+        (["--question", "q", "--context", "NOTES", "--seed", "3"], "drop them"),
         (
             ["--question", "q", "--context", "NOTES", "--root-model", "gpt"],
             "unknown root model",

@@ -69,7 +69,7 @@ class Command(FrlmCommand):
                 f"no run {run_id!r}; `python manage.py frlm_runs` lists them"
             ) from None
         try:
-            changes = parse_assignments(o["set"])
+            changes = parse_assignments(o["set"], "--set")
             root = worker = None
             if o["root_model"]:
                 root = model_spec(

@@ -29,10 +29,12 @@ class Command(FrlmCommand):
         parser.add_argument(
             "--tokens",
             type=whole(MIN_TOKENS, MAX_TOKENS),
-            default=100_000,
-            help="size of the generated task in tokens",
+            default=None,
+            help="size of the generated task in tokens (default 100000)",
         )
-        parser.add_argument("--seed", type=whole(0), default=0, help="seed of the generated task")
+        parser.add_argument(
+            "--seed", type=whole(0), default=None, help="seed of the generated task (default 0)"
+        )
         parser.add_argument("--question", default="", help="your question")
         parser.add_argument("--context", default=None, help="a text file or a folder of them")
         parser.add_argument("--venues", default="local", help="comma-separated venue names")
@@ -108,6 +110,11 @@ class Command(FrlmCommand):
                 "give a context: --context PATH (a file or folder) or --task "
                 + "|".join(sorted(TASKS))
             )
+        if o["context"] and (o["tokens"] is not None or o["seed"] is not None):
+            raise CommandError(
+                "--tokens and --seed shape a generated --task; a --context is read as it is: "
+                "drop them"
+            )
         try:
             root = model_spec(
                 o["root_model"], role="root", base_url=o["base_url"], model=o["model"]
@@ -119,7 +126,8 @@ class Command(FrlmCommand):
         except (ValueError, PolicyError) as exc:
             raise CommandError(str(exc)) from exc
         if o["task"]:
-            context = ContextSpec(task=o["task"], tokens=o["tokens"], seed=o["seed"])
+            tokens = 100_000 if o["tokens"] is None else o["tokens"]
+            context = ContextSpec(task=o["task"], tokens=tokens, seed=o["seed"] or 0)
         else:
             context = ContextSpec(path=o["context"])
         venues = [v.strip() for v in o["venues"].split(",") if v.strip()]
