@@ -50,7 +50,7 @@ class ControlError(Exception):
         if fields:
             text += " (" + "; ".join(k + ": " + ", ".join(v) for k, v in fields.items()) + ")"
         if fix:
-            text += f". What to do: {fix}"
+            text = text.rstrip(".") + f". What to do: {fix}"
         super().__init__(text)
         self.status = status
         self.message = message

@@ -39,6 +39,7 @@ MAX_MODELS = 64
 MAX_CONCURRENCY = 1024
 MAX_CONTEXT_TOKENS = 100_000_000
 MAX_PRICE = 1_000_000.0  # dollars per 1,000 tokens: anything above is a typo
+PRICE_STEP = Decimal("1e-12")  # the price columns' decimal_places (workers.models.Worker)
 REGISTRATION_FIELDS = (
     "name",
     "venue",
@@ -189,7 +190,15 @@ def _price_field(data: dict, key: str, errors: dict[str, list[str]]) -> Decimal:
     if not 0 <= value <= MAX_PRICE:
         errors.setdefault(key, []).append(f"must be from 0 to {MAX_PRICE:g}; got {value}")
         return ZERO
-    return money(value)  # a JSON number, taken by its shortest spelling: exact as sent
+    price = money(value)  # a JSON number, taken by its shortest spelling: exact as sent
+    if price != price.quantize(PRICE_STEP):
+        # Stored to 12 places, it would be rounded: 1e-15 to 0, which means "the model's
+        # list price" (found by a review).
+        errors.setdefault(key, []).append(
+            f"may have at most 12 decimal places (a price is kept to {PRICE_STEP}); got {value}"
+        )
+        return ZERO
+    return price
 
 
 def registration_clean(data: Any, venue: Venue) -> Registration:
@@ -462,7 +471,7 @@ def figures_clean(data: Any) -> Figures:
         if isinstance(value, bool) or not isinstance(value, int | float):
             errors.setdefault(key, []).append("must be a number >= 0")
         elif not math.isfinite(value) or not 0 <= value <= 1e12:
-            errors.setdefault(key, []).append("must be a finite number >= 0")
+            errors.setdefault(key, []).append("must be a number from 0 to 1e12")
         else:
             figures[key] = float(value)  # type: ignore[literal-required]
     if "pid" in data:

@@ -96,7 +96,7 @@ def profile_load(name: str) -> SwarmProfile:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ProfileFileError(f"{path} is not valid TOML: {exc}") from exc
     values: dict[str, Any] = {}
-    problems = []
+    problems = _unknown_keys(data)
     for key, (section, low, high) in _LAYOUT.items():
         table = data if section is None else data.get(section, {})
         if not isinstance(table, dict) or key not in table:
@@ -112,6 +112,34 @@ def profile_load(name: str) -> SwarmProfile:
     if problems:
         raise ProfileFileError(f"{path}: " + "; ".join(problems))
     return SwarmProfile(name=path.stem, description=str(data.get("description", "")), **values)
+
+
+def _unknown_keys(data: dict[str, Any]) -> list[str]:
+    """What a profile holds that no key of _LAYOUT is: a typo, or a key in the wrong table,
+    which was ignored and left the default in force (found by a review)."""
+    sections = {section for section, _low, _high in _LAYOUT.values() if section is not None}
+    known = {(section, key) for key, (section, _low, _high) in _LAYOUT.items()}
+    problems = []
+    for name, value in data.items():
+        if name == "description" or (None, name) in known:
+            continue
+        if name in sections and isinstance(value, dict):
+            problems += [
+                f"[{name}] {key} is not a profile key" + _belongs(key)
+                for key in value
+                if (name, key) not in known
+            ]
+        else:
+            problems.append(f"{name} is not a profile key" + _belongs(name))
+    return problems
+
+
+def _belongs(key: str) -> str:
+    """Where a known key goes, for one found elsewhere."""
+    if key not in _LAYOUT:
+        return f" (known: {', '.join(sorted(_LAYOUT))})"
+    section = _LAYOUT[key][0]
+    return " (it goes at the top)" if section is None else f" (it goes under [{section}])"
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,16 @@ def test_it_reads_profiles_and_says_what_is_wrong_with_a_bad_one(tmp_path) -> No
         profile_load(str(bad))
     assert "[latency] slow_share must be between 0 and 1, got 2" in str(caught.value)
     assert "[faults] failure_rate must be a number" in str(caught.value)
+    # Typos and keys in the wrong table were ignored, the default left in force (found by a
+    # review).
+    typo = tmp_path / "typo.toml"
+    typo.write_text("median_ms = 900\n[latency]\nmedian_m = 900\n[faults]\nfailure_rte = 0.5\n")
+    with pytest.raises(ProfileFileError) as caught:
+        profile_load(str(typo))
+    said = str(caught.value)
+    assert "median_ms is not a profile key (it goes under [latency])" in said
+    assert "[latency] median_m is not a profile key (known: " in said
+    assert "[faults] failure_rte is not a profile key" in said
 
 
 def test_it_draws_the_same_devices_for_the_same_seed() -> None:

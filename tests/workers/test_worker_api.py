@@ -144,6 +144,10 @@ def test_it_lists_the_errors_of_every_malformed_field(client, token):
     assert "1 to 1024" in fields["concurrency"][0]
     assert "32 bytes" in fields["public_key"][0]
     assert register(client, token, registration(keys.generate(), concurrency=0)).status_code == 400
+    # Finer than the 12 places a price is kept to: 1e-15 was stored as 0, "the list price".
+    fine = register(client, token, registration(keys.generate(), price_in=1e-15, price_out=2e-12))
+    assert fine.status_code == 400 and set(fine.json()["fields"]) == {"price_in"}
+    assert "at most 12 decimal places" in fine.json()["fields"]["price_in"][0]
     assert register(client, token, registration(keys.generate(), concurrency=True)).json()[
         "fields"
     ] == {"concurrency": ["must be a whole number from 1 to 1024"]}

@@ -218,6 +218,11 @@ def test_it_refuses_to_start_with_a_bad_token(stack, server, subprocess_env):
     assert out.returncode != 0
     assert "could not register: this enrolment token is not known" in out.stderr
     assert "frlm_token" in out.stderr
+    # Not a URL: said before anything starts, once (a review saw the simulated model start
+    # first, and "protocol.." from the joined message).
+    bad = frlm_worker(subprocess_env, "--venue", "rtremote", "--server", "notaurl", "--token", "x")
+    assert bad.returncode != 0 and "is not an http:// or https:// URL" in bad.stderr
+    assert "simulated model" not in bad.stdout + bad.stderr and ".." not in bad.stderr
 
 
 def test_a_worker_of_an_untrusted_venue_may_not_consume_the_broker(

@@ -4,6 +4,7 @@ import json
 import os
 import socket
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -160,6 +161,13 @@ class Command(FrlmCommand):
             raise CommandError(
                 f"--name {name!r}: 1 to 64 letters, digits, '.', '-' or '_', starting with a "
                 "letter or digit"
+            )
+        server = options["server"]
+        if server is not None and urlsplit(server).scheme not in ("http", "https"):
+            # Checked before anything starts (the simulated model did, before a review).
+            raise CommandError(
+                f"--server {server[:200]!r} is not an http:// or https:// URL; give the web "
+                "server's URL, e.g. http://10.0.0.5:8000"
             )
         models = self._backend(options)
         self._sim_profile(options)
