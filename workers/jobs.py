@@ -4,6 +4,7 @@ the run; the conductor reads it and never waits on Celery's result backend."""
 
 from __future__ import annotations
 
+import math
 from decimal import Decimal
 from typing import Any, NotRequired, TypedDict
 
@@ -48,10 +49,18 @@ class Result(TypedDict, total=False):
     span: str  # a "started": the Execute span the worker opened
     alive: str  # a "started": "1" when the worker holds an alive line (workers/alive.py)
     at: float  # the conductor's: when it reached the stream (runs/engine/fanout/transport.py)
+    malformed: str  # the conductor's: which figures were out of type or range (decode_result)
 
 
 RESULT_FIELDS_INT = ("tokens_in", "tokens_out")
 RESULT_FIELDS_FLOAT = ("ms",)
+# What a worker's figures may be: beyond these a result is malformed (a review sent 1.5,
+# 10**30 and -1000000 tokens, "abc" ms and a cost of 1e400; each broke a batch, a run's
+# row or every page that sums costs).
+MAX_TOKENS = 10**9
+MAX_MS = 1e9
+MAX_COST = Decimal(1_000_000)  # dollars for one reply
+MAX_ERROR_CHARS = 2000
 
 
 def results_stream(run_id: str) -> str:
@@ -67,18 +76,40 @@ def encode_result(result: Result) -> dict[str, str]:
 
 
 def decode_result(fields: dict[bytes, bytes]) -> Result:
-    data = {k.decode(): v.decode("utf-8", "replace") for k, v in fields.items()}
+    """A result as read from its stream; never raises. A figure out of its type or range is
+    read as 0 and named in `malformed`, for the conductor to refuse the reply (intake)."""
+    data = {k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, v in fields.items()}
     out: dict[str, Any] = dict(data)
+    problems = []
     for key in RESULT_FIELDS_INT:
         if key in out:
-            out[key] = int(out[key])
+            text = out[key].strip()
+            whole = int(text) if text.isdigit() and len(text) <= 10 else -1
+            if not 0 <= whole <= MAX_TOKENS:
+                problems.append(f"{key} must be a whole number from 0 to {MAX_TOKENS:,}")
+            out[key] = max(whole, 0) if whole <= MAX_TOKENS else 0
     for key in RESULT_FIELDS_FLOAT:
         if key in out:
-            out[key] = float(out[key])
+            try:
+                value = float(out[key])
+            except ValueError:
+                value = math.nan
+            if not 0 <= value <= MAX_MS:  # NaN too
+                problems.append(f"{key} must be a number from 0 to {MAX_MS:g}")
+                value = 0.0
+            out[key] = value
     if "cost" in out:
         try:
-            out["cost"] = money(out["cost"])
-        except ValueError:
+            cost = money(out["cost"])
+        except (ValueError, ArithmeticError):
             # A worker's claim, not the books' figure: a malformed one counts as nothing.
-            out["cost"] = ZERO
+            cost = ZERO
+        if cost > MAX_COST:
+            problems.append(f"cost must be at most {MAX_COST} dollars")
+            cost = ZERO
+        out["cost"] = cost
+    if "error" in out:
+        out["error"] = out["error"][:MAX_ERROR_CHARS]
+    if problems:
+        out["malformed"] = "; ".join(problems)
     return out  # type: ignore[return-value]

@@ -23,7 +23,14 @@ from runs.engine import prompts
 from runs.engine.context import PreparedContext
 from runs.engine.fanout import Fanout, Totals
 from runs.engine.fanout.book import load_book
-from runs.engine.finish import RunAbort, partial_reason, run_done, run_record
+from runs.engine.finish import (
+    RunAbort,
+    partial_reason,
+    run_done,
+    run_record,
+    run_record_failed,
+    storable,
+)
 from runs.engine.parsing import FinalInText, code_blocks, final_in_text
 from runs.engine.policy import Policy
 from runs.engine.progress import cancel_requested, write_progress
@@ -186,15 +193,22 @@ class Conductor:
             log.error("run %s was failed as abandoned while it ran; its outcome is dropped",
                       self.run.id)  # fmt: skip
             return
-        correct, figures = run_record(
-            self.run,
-            status=status,
-            answer=answer,
-            error=error,
-            wall_ms=wall_ms,
-            fanout=self.fanout,
-            totals=self.totals,
-        )
+        answer, error = storable(answer), storable(error)
+        try:
+            correct, figures = run_record(
+                self.run,
+                status=status,
+                answer=answer,
+                error=error,
+                wall_ms=wall_ms,
+                fanout=self.fanout,
+                totals=self.totals,
+            )
+        except Exception as exc:  # a run whose row cannot be written must still end
+            log.exception("run %s: its outcome could not be stored", self.run.id)
+            status = Run.Status.FAILED
+            error = f"internal error: the run's outcome could not be stored: {exc}"[:2000]
+            correct, figures = None, run_record_failed(self.run, error, wall_ms, self.fanout)
         self.phase = status
         self.report()
         run_done(

@@ -70,6 +70,22 @@ def run_record(
     return correct, figures
 
 
+def storable(text: str) -> str:
+    """`text` as the database can hold it: a lone surrogate (REPL code can FINAL one) is
+    replaced, where it failed the row's write and left the run running (a review)."""
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def run_record_failed(run: Run, error: str, wall_ms: float, fanout: Fanout) -> RunAccountsFigures:
+    """The run's row failed with `error`, when writing its outcome raised: a run never stays
+    "running" (its lease is gone by then, so no watcher would fail it)."""
+    figures = fanout.accounts.figures(dict(fanout.tally.figures()), fanout.hedged)
+    Run.objects.filter(id=run.id, status=Run.Status.RUNNING).update(
+        status=Run.Status.FAILED, error=error, finished=timezone.now(), wall_ms=wall_ms
+    )
+    return figures
+
+
 def run_done(
     emitter: Emitter,
     run_span: Span,

@@ -68,3 +68,11 @@ def test_a_huge_final_answer_is_cut_and_flagged(venues: list[str]) -> None:
     assert f"[frlm: cut: {HUGE:,} characters, the first {limit:,} kept" in run.answer
     (done,) = named(trace(run), "Run.Done")
     assert "payload_cut_from" not in done["attrs"]  # the answer was cut once, before it
+
+
+def test_a_final_answer_the_database_cannot_hold_still_ends_the_run(venues: list[str]) -> None:
+    """FINAL of a lone surrogate failed the row's write and left the run "running" for good,
+    its lease already gone (found by a review): the character is replaced and the run ends."""
+    run = finish(launch(question=scripted('FINAL("half \\ud800 a pair")')), timeout=60)
+    assert run.status == "succeeded", run.error
+    assert run.answer == "half ? a pair"

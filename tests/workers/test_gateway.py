@@ -11,6 +11,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from decimal import Decimal
 
 import pytest
 import websockets
@@ -25,6 +26,7 @@ from traces.emitter import EVENTS_STREAM
 from workers import keys, signing
 from workers.backends import ModelError, ModelSpec
 from workers.execution import served
+from workers.gateway import relay
 from workers.gateway.agent import ws_url
 from workers.gateway.protocol import batches, buffer_for, hello_claim
 from workers.jobs import cancelled_key, results_stream
@@ -680,6 +682,52 @@ def test_a_refused_result_sends_its_job_elsewhere_at_once_not_at_its_timeout(web
     assert retries, "the refused job was not tried again"
     assert "status must be ok, error or cancelled" in retries[0]["attrs"]["reason"]
     assert retries[0]["ts"] / 1e9 - sent_at < 10
+
+
+def test_a_result_with_impossible_figures_is_refused_alone_and_a_claim_is_paid_at_price(
+    web, venues
+) -> None:
+    """Found by a review, each from one hostile worker: tokens of 1.5 failed the whole batch
+    (ValueError out of decode_result, "internal error in llm_query_batched" as the answer of
+    a run that "succeeded"); a claimed cost of 1e400 dollars (not signed: the worker's
+    report) was paid, and stored as Inf, which broke every page that sums costs. The bad
+    reply is refused and struck and its job tried again at once; a claim is paid at most
+    what the worker's price makes of its signed token counts."""
+    wid, key = _registered("malformed", venue="malformed", concurrency=8)
+    with connect(ws_url(web), open_timeout=10) as ws:
+        run, first = _first_batch(ws, wid, key, "malformed", seed=6, timeout_s=60)
+        assert len(first) >= 4, first
+        bad = {
+            first[0]["sq_id"]: {"tokens_in": 1.5},
+            first[1]["sq_id"]: {"ms": "abc"},
+            first[2]["sq_id"]: {"cost": "1e400"},
+        }
+        items = [_answer(job, wid, key, **bad.get(job["sq_id"], {})) for job in first]
+        items[3]["result"]["cost"] = "123456"  # within bounds, far above its price
+        sent_at = time.time()
+        ws.send(json.dumps({"type": "results", "results": items}))
+        _serve(ws, run, wid, key, forge=set())
+        took = time.time() - sent_at
+
+    run.refresh_from_db()
+    assert run.status == "succeeded" and "internal error" not in run.answer, run.answer[:300]
+    assert took < 30, f"the run waited {took:.0f} s: the refused jobs sat out their timeout"
+    assert run.cost < 1, run.cost  # the 123456 claim paid at the worker's price
+    events = trace(run)
+    rejected = [e for e in named(events, "SubQuery.Return") if e["status"] == "rejected"]
+    assert sorted(e["attrs"]["sq_id"] for e in rejected) == sorted(bad)
+    assert all("sent a malformed result" in e["attrs"]["reason"] for e in rejected)
+    assert get_redis().get(strikes_key(wid)) is not None
+    receipts = [e for e in events if e["name"] == "Receipt.Emit"]
+    assert receipts and all(
+        Decimal(e["attrs"]["receipt"]["paid"]) < Decimal("0.01") for e in receipts
+    )
+
+
+def test_a_started_item_naming_no_string_ids_changes_nothing() -> None:
+    """A list for an id was unhashable and took the worker's socket down (a review)."""
+    assert relay.started({"started": True, "run_id": 5, "sq_id": []}, {}) is None
+    assert relay.started({"started": True, "run_id": "r", "sq_id": {"a": 1}}, {}) is None
 
 
 def test_a_workers_buffer_is_its_share_of_its_slots_at_least_one_or_none() -> None:

@@ -82,3 +82,34 @@ def test_its_expiry_is_the_policys_timeout() -> None:
     assert message["headers"]["expires"] == "2026-01-01T00:00:02.500000+00:00"
     assert message["properties"]["expiration"] == "2500"
     assert message["properties"]["delivery_info"] == {"exchange": "", "routing_key": QUEUE}
+
+
+def test_a_result_with_impossible_figures_is_read_not_raised_and_named_malformed() -> None:
+    """decode_result raised on tokens of 1.5 and ms of "abc", failing a whole batch, and
+    took 10**30 tokens and a 1e400 cost as they were (found by a review)."""
+    from decimal import Decimal
+
+    from workers.jobs import MAX_ERROR_CHARS, decode_result
+
+    def read(**fields: str) -> dict:
+        return dict(decode_result({k.encode(): v.encode() for k, v in fields.items()}))
+
+    sound = read(status="ok", tokens_in="12", tokens_out="3", ms="4.5", cost="0.25")
+    assert (sound["tokens_in"], sound["ms"], sound["cost"]) == (12, 4.5, Decimal("0.25"))
+    assert "malformed" not in sound
+    for bad in (
+        {"tokens_in": "1.5"},
+        {"tokens_out": "-5"},
+        {"tokens_in": str(10**30)},
+        {"tokens_in": "True"},
+        {"ms": "abc"},
+        {"ms": "-1"},
+        {"ms": "nan"},
+        {"cost": "1e400"},
+    ):
+        got = read(status="ok", **bad)
+        (key,) = bad
+        assert key in got["malformed"], (bad, got)
+        assert got[key] in (0, 0.0, Decimal(0)), (bad, got)
+    assert read(cost="1e1000000")["cost"] == 0  # past Decimal's range: nothing, as before
+    assert len(read(status="error", error="E" * 10**6)["error"]) == MAX_ERROR_CHARS

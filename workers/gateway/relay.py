@@ -62,7 +62,10 @@ def started(item: Any, held: dict[tuple[str, str], Held]) -> Held | None:
     started already), which changes nothing."""
     if not isinstance(item, dict) or item.get("started") is not True:
         return None
-    job = held.get((item.get("run_id"), item.get("sq_id")))  # type: ignore[arg-type]
+    run_id, sq_id = item.get("run_id"), item.get("sq_id")
+    if not isinstance(run_id, str) or not isinstance(sq_id, str):
+        return None  # a list here was unhashable and took the socket down (a review)
+    job = held.get((run_id, sq_id))
     return job if job is not None and job.queued else None
 
 

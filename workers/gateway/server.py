@@ -61,6 +61,7 @@ log = logging.getLogger(__name__)
 
 RunContext = Callable[[str], "str | None"]
 HELLO_TIMEOUT_S = 10.0
+PONG_WITHIN_S = 600.0  # a pong echoes a ping of this server: no older, never from the future
 # Seconds a pump waits on the queues before it looks again whether it should stop.
 POP_WAIT_S = 1
 # Up to ARGV[1] messages off the lists in KEYS, the first list drained first (the worker's
@@ -466,7 +467,10 @@ class WorkerLink:
         elif kind == "pong":
             sent = message.get("t")
             if isinstance(sent, int | float) and not isinstance(sent, bool):
-                self.rtt_ms = round(max(0.0, time.monotonic() - float(sent)) * 1000, 2)
+                rtt_s = time.monotonic() - float(sent)
+                # Only the echo of a ping of ours: -1e308 made the round trip infinite.
+                if 0 <= rtt_s <= PONG_WITHIN_S:
+                    self.rtt_ms = round(rtt_s * 1000, 2)
         else:
             raise ProtocolError(f"unknown message type {kind[:40]!r}")
 
