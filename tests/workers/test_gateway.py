@@ -724,6 +724,26 @@ def test_a_result_with_impossible_figures_is_refused_alone_and_a_claim_is_paid_a
     )
 
 
+def test_an_event_the_recorder_would_refuse_is_refused_with_its_result() -> None:
+    """Relayed as they were, events of ts 10**30 or ms "abc" were dead-lettered by the
+    recorder and left the job's Execute span open in the trace (found by a review)."""
+    job = relay.Held("r1", "1.1", "a" * 16, "b" * 16, 0, "frlm-sim-worker")
+    end = {
+        "name": "SubQuery.Execute",
+        "phase": "end",
+        "span_id": "b" * 16,
+        "parent_id": "a" * 16,
+        "ts": time.time_ns(),
+        "status": "ok",
+        "depth": 0,
+        "ms": 1.0,
+    }
+    assert relay.worker_events([end], job, "edge", "w1")[0]["ms"] == 1.0
+    for bad in ({"ts": 10**30}, {"depth": 10**30}, {"ms": "abc"}, {"bytes": "zz"}):
+        with pytest.raises(relay.ProtocolError, match="does not fit the trace"):
+            relay.worker_events([{**end, **bad}], job, "edge", "w1")
+
+
 def test_a_started_item_naming_no_string_ids_changes_nothing() -> None:
     """A list for an id was unhashable and took the worker's socket down (a review)."""
     assert relay.started({"started": True, "run_id": 5, "sq_id": []}, {}) is None

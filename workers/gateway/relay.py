@@ -9,6 +9,7 @@ import secrets
 import time
 from typing import Any
 
+from traces.schema import problems
 from workers.gateway.protocol import MAX_EVENTS, WORKER_EVENTS, ProtocolError
 
 EVENT_KEYS = ("ms", "bytes", "tokens_in", "tokens_out", "cost", "payload_ref")
@@ -145,4 +146,9 @@ def _event(item: Any, job: Held, venue: str, worker_id: str) -> dict[str, Any]:
     for key in EVENT_KEYS:
         if isinstance(item.get(key), int | float | str) and not isinstance(item[key], bool):
             event[key] = item[key]
+    wrong = problems({**event, "seq": 1})  # its seq is given as it is appended
+    if wrong:
+        # Relayed, the recorder would dead-letter it and leave the span open in the trace
+        # (a review sent ts 10**30 and ms "abc"): refused here, the job tried elsewhere.
+        raise ProtocolError(f"its {item['name']} event does not fit the trace: {wrong[0]}")
     return event
