@@ -165,14 +165,22 @@ def test_a_full_replay_follows_the_recorded_retries_and_quorum_cut_and_diffs_cle
         "max_retries": 1,
         "subquery_timeout_s": 30,
     }
-    original = finish(
-        launch(question=scripted(batch, "FINAL('done')"), venues=["refail"], policy=policy)
-    )
-    assert original.status == "succeeded", original.error
-    before = settled(original)  # the replay reads its book from the whole recording
-    retries, cancels = named(before, "SubQuery.Retry"), named(before, "SubQuery.Cancel")
-    assert retries, "the original's failing workers should have made it retry"
-    assert cancels and all("quorum of 32/40" in e["attrs"]["reason"] for e in cancels)
+    # Whether a run retries and whether its quorum cuts anything off are draws of the
+    # simulated failures (a batch with more given-up sub-queries waits for the slow worker
+    # and cuts nothing: seen in CI). The replay is what is tested: an original that has
+    # both to follow is run until one does.
+    for _ in range(5):
+        original = finish(
+            launch(question=scripted(batch, "FINAL('done')"), venues=["refail"], policy=policy)
+        )
+        assert original.status == "succeeded", original.error
+        before = settled(original)  # the replay reads its book from the whole recording
+        retries, cancels = named(before, "SubQuery.Retry"), named(before, "SubQuery.Cancel")
+        if retries and cancels:
+            break
+    else:
+        pytest.fail("five originals in a row had no retry or no quorum cut for a replay to follow")
+    assert all("quorum of 32/40" in e["attrs"]["reason"] for e in cancels)
 
     done = replay(subprocess_env, original.id, "--json")
     assert done.returncode == 0, done.stderr
