@@ -443,7 +443,9 @@ PROGRAMS = [
     ),
     Program(
         # Its decoder raised RecursionError out of the host, not the protocol error that
-        # replaces the REPL (found by a review).
+        # replaces the REPL (found by a review). Where the write reaches the control pipe
+        # the REPL is replaced ("crashed"); where it does not (the pipe's descriptor is
+        # not among them in every layout, seen in CI) the cell ends as it would.
         "a protocol message nested deeper than the decoder recurses",
         "import os\n"
         "for fd in range(3, 40):\n"
@@ -452,7 +454,7 @@ PROGRAMS = [
         "    except OSError:\n"
         "        pass\n"
         "print('sent')",
-        ended("crashed"),
+        ended("crashed", None),
     ),
     Program(
         "replace the REPL with a shell",
