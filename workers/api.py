@@ -97,7 +97,7 @@ def _json_body(request: HttpRequest) -> Any:
         return {}
     try:
         return jsontext.loads(request.body)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except ValueError as exc:
         raise services.Invalid(
             f"the body is not valid JSON: {exc}",
             "send a JSON object with Content-Type: application/json; " + SCHEMA_HINT,

@@ -87,7 +87,8 @@ def decode_result(fields: dict[bytes, bytes]) -> Result:
             whole = int(text) if text.isdigit() and len(text) <= 10 else -1
             if not 0 <= whole <= MAX_TOKENS:
                 problems.append(f"{key} must be a whole number from 0 to {MAX_TOKENS:,}")
-            out[key] = max(whole, 0) if whole <= MAX_TOKENS else 0
+                whole = 0
+            out[key] = whole
     for key in RESULT_FIELDS_FLOAT:
         if key in out:
             try:

@@ -7,14 +7,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from decimal import Decimal
 
-from frlm_web.money import ZERO, cost_at
 from runs.engine.fanout.attempts import Attempts
 from runs.engine.fanout.hedging import Hedger
 from runs.engine.fanout.routing import Router
 from runs.engine.fanout.state import Executing, Flight, Roster, Scope, Totals, Wave
-from runs.trust import accounts
 from traces.emitter import Emitter
 from workers.jobs import Result
 from workers.models import Worker
@@ -55,21 +52,15 @@ class Intake:
             # The gateway refused its holder's result (workers/gateway/relay.py): that
             # worker will not answer it, so it is tried again now, not at its timeout.
             if problem is None:
-                self.attempts.abandon(flight, wave)
-                self.router.observe(flight, False)
                 reason = f"the gateway refused worker {wid}'s result: {result.get('error', '')}"
-                self.attempts.retry_or_settle(flight, "error", reason, wave)
-                return flight
+                return self._again_now(flight, wave, reason)
             return None
         if problem is None and status in ("ok", "error") and result.get("malformed"):
             # Its assignee's reply with figures no reply can have: refused and struck, and
             # the job tried again now, not at its timeout (workers.jobs.decode_result).
             reason = f"worker {wid} sent a malformed result: {result['malformed']}"
             self._reject(flight, wid, reason)
-            self.attempts.abandon(flight, wave)
-            self.router.observe(flight, False)
-            self.attempts.retry_or_settle(flight, "error", reason, wave)
-            return flight
+            return self._again_now(flight, wave, reason)
         if problem is None and status in ("ok", "error"):
             problem = self._check_signature(result, wid)
         if problem is not None:
@@ -95,7 +86,7 @@ class Intake:
                 self.roster.watched.add(wid)
             return None
         if status == "ok":
-            result["cost"] = self._cost(result, wid)
+            result["cost"] = self.attempts.spending.fair_cost(result)
         self.attempts.release(flight, wave, spent=result if status == "ok" else None)
         # How long it ran, not how long it queued: the scheduler adds the queue itself.
         end = result.get("at") or time.time()
@@ -174,24 +165,13 @@ class Intake:
             return f"the result's signature is not worker {wid}'s"
         return None
 
-    def _cost(self, result: Result, wid: str) -> Decimal:
-        """What the reply costs the run: the worker's claim (its report, not its signed
-        word), never more than its announced price, or its model's list price, makes of its
-        signed token counts. A review had a claim of 1e400 dollars paid."""
-        claimed = result.get("cost") or ZERO
-        worker = self.roster.workers.get(wid, {})
-        price = accounts.price_of(
-            worker, accounts.provider_of(worker, self.scope.worker_model.model or "")
-        )
-        if not price.per_1k_in and not price.per_1k_out:
-            return claimed  # no price known: the claim, within decode_result's bound
-        most = cost_at(
-            price.per_1k_in,
-            price.per_1k_out,
-            int(result.get("tokens_in", 0)),
-            int(result.get("tokens_out", 0)),
-        )
-        return min(Decimal(claimed), most)
+    def _again_now(self, flight: Flight, wave: Wave, reason: str) -> Flight:
+        """Its holder will not answer it: the attempt is given up and the job tried again
+        now, not at its timeout."""
+        self.attempts.abandon(flight, wave)
+        self.router.observe(flight, False)
+        self.attempts.retry_or_settle(flight, "error", reason, wave)
+        return flight
 
     def _reject(self, flight: Flight, wid: str, problem: str) -> None:
         self.emitter.instant(

@@ -6,8 +6,9 @@ countersigned receipt, only when it was not judged wrong."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from decimal import Decimal
 
-from frlm_web.money import ZERO
+from frlm_web.money import ZERO, cost_at
 from runs.engine.fanout.state import Flight, Roster, Scope, Target
 from runs.trust import accounts
 from runs.trust.budget import Reservation
@@ -61,6 +62,30 @@ class Spending:
                 **where,
             )
 
+    def worker_price(self, wid: str) -> accounts.Price:
+        """The price a worker's reply is paid at: its own announced one, else its model's
+        list price (accounts.price_of)."""
+        worker = self.roster.workers.get(wid, {})
+        return accounts.price_of(
+            worker, accounts.provider_of(worker, self.scope.worker_model.model or "")
+        )
+
+    def fair_cost(self, result: Result) -> Decimal:
+        """What a reply costs the run: the worker's claim (its report, not its signed word),
+        never more than its price makes of its signed token counts. A review had a claim
+        of 1e400 dollars paid."""
+        claimed = result.get("cost") or ZERO
+        price = self.worker_price(str(result.get("worker_id", "")))
+        if not price.per_1k_in and not price.per_1k_out:
+            return claimed  # no price known: the claim, within decode_result's bound
+        most = cost_at(
+            price.per_1k_in,
+            price.per_1k_out,
+            int(result.get("tokens_in", 0)),
+            int(result.get("tokens_out", 0)),
+        )
+        return min(claimed, most)
+
     def pay(self, flight: Flight) -> None:
         """The receipt of a reply by its verdict (runs.trust.accounts.RunAccounts.receipt)."""
         result = flight.result
@@ -71,8 +96,6 @@ class Spending:
         key = self.roster.keys.get(wid)
         if key is None:
             return
-        worker = self.roster.workers.get(wid, {})
-        model = self.scope.worker_model.model or ""
         self.accounts.receipt(
             accounts.Payee(
                 span=flight.span.span_id,
@@ -84,7 +107,7 @@ class Spending:
                 tokens_in=int(result.get("tokens_in", 0)),
                 tokens_out=int(result.get("tokens_out", 0)),
                 cost=result.get("cost") or ZERO,
-                price=accounts.price_of(worker, accounts.provider_of(worker, model)),
+                price=self.worker_price(wid),
                 sig=str(result.get("sig", "")),
             ),
             flight.verdict,
