@@ -257,6 +257,10 @@ FRLM_LEASE_WATCH = envbool("FRLM_LEASE_WATCH", True)
 # Circuit breakers per worker and per venue: open after this many consecutive failures,
 # half-open after the cooldown, closed again after that many successful probes.
 FRLM_CIRCUIT_FAILURES = envint("FRLM_CIRCUIT_FAILURES", 5)
+# A venue's breaker: that many consecutive failures, from at least that many distinct
+# workers (one worker failing all it holds has its own breaker; it cannot shut the venue).
+FRLM_CIRCUIT_VENUE_FAILURES = envint("FRLM_CIRCUIT_VENUE_FAILURES", 10)
+FRLM_CIRCUIT_VENUE_WORKERS = envint("FRLM_CIRCUIT_VENUE_WORKERS", 2)
 FRLM_CIRCUIT_COOLDOWN_S = envfloat("FRLM_CIRCUIT_COOLDOWN_S", 60.0)
 FRLM_CIRCUIT_PROBES = envint("FRLM_CIRCUIT_PROBES", 3)
 

@@ -2,6 +2,14 @@
 opens and nothing is sent there; after COOLDOWN_S it is half-open and PROBES sub-queries
 are let through; if they all succeed it closes, if one fails it opens again.
 
+A venue's breaker is for a venue that is down (its endpoint, its network), not for one of
+its workers: that worker has its own breaker. So it opens after VENUE_FAILURES consecutive
+failures (twice a worker's by default: a venue of many workers that each fail now and then
+would otherwise close itself by chance) and only when they came from at least
+VENUE_WORKERS distinct workers, so one hostile or broken worker failing the sixteen jobs it
+holds at once cannot shut the venue for everyone. A failure nobody started (a job that
+timed out in the venue's queue) counts as a distinct worker of its own.
+
 State lives in Redis so that every conductor sees the same breaker, and transitions are
 made by a Lua script, so exactly one caller sees each transition and emits its event."""
 
@@ -16,23 +24,27 @@ from frlm_web.redis_client import LuaScript
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 
-# KEYS[1]: the breaker. ARGV: now, failures to open, cooldown seconds, probes, then the
-# events (check|probe|success|failure), applied in order. Returns {state, probes left,
-# then each event's transition ("open", "close" or "")}.
+# KEYS[1]: the breaker, KEYS[2]: the workers whose failures are in its current run.
+# ARGV: now, failures to open, cooldown seconds, probes, distinct workers to open, then the
+# events (check|probe|success|failure, a failure as "failure|<worker id>" when known),
+# applied in order. Returns {state, probes left, then each event's transition ("open",
+# "close" or "")}.
 _STEP = """
-local key = KEYS[1]
+local key, by = KEYS[1], KEYS[2]
 local now = tonumber(ARGV[1])
 local threshold, cooldown, probes = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local distinct = tonumber(ARGV[5])
 local state = redis.call('HGET', key, 'state') or 'closed'
 local function open()
   redis.call('HSET', key, 'state', 'open', 'opened_at', tostring(now), 'failures', '0',
              'probes_sent', '0', 'probes_ok', '0')
+  redis.call('DEL', by)
   state = 'open'
   return 'open'
 end
 local transitions = {}
-for at = 5, #ARGV do
-  local event = ARGV[at]
+for at = 6, #ARGV do
+  local event, who = string.match(ARGV[at], '^(%a+)|?(.*)$')
   local transition = ''
   if state == 'open' then
     local opened = tonumber(redis.call('HGET', key, 'opened_at') or '0')
@@ -54,7 +66,15 @@ for at = 5, #ARGV do
     end
   elseif event == 'failure' then
     if state == 'closed' then
-      if redis.call('HINCRBY', key, 'failures', 1) >= threshold then transition = open() end
+      local failures = redis.call('HINCRBY', key, 'failures', 1)
+      if distinct > 1 then
+        if who == '' then who = '?' .. failures end
+        redis.call('SADD', by, who)
+        redis.call('EXPIRE', by, 86400)
+      end
+      if failures >= threshold and (distinct <= 1 or redis.call('SCARD', by) >= distinct) then
+        transition = open()
+      end
     elseif state == 'half_open' then
       transition = open()
     end
@@ -78,6 +98,11 @@ def circuit_key(scope: str) -> str:
     return f"frlm:circuit:{scope}"
 
 
+def failers_key(scope: str) -> str:
+    """The workers whose failures are in the breaker's current run of them."""
+    return f"frlm:circuit:{scope}:by"
+
+
 @dataclass(frozen=True)
 class Step:
     scope: str
@@ -96,9 +121,13 @@ class Breakers:
         failures: int | None = None,
         cooldown_s: float | None = None,
         probes: int | None = None,
+        venue_failures: int | None = None,
+        venue_workers: int | None = None,
     ) -> None:
         self.client = client
         self.failures = failures or settings.FRLM_CIRCUIT_FAILURES
+        self.venue_failures = venue_failures or settings.FRLM_CIRCUIT_VENUE_FAILURES
+        self.venue_workers = venue_workers or settings.FRLM_CIRCUIT_VENUE_WORKERS
         self.cooldown_s = cooldown_s if cooldown_s is not None else settings.FRLM_CIRCUIT_COOLDOWN_S
         self.probes = probes or settings.FRLM_CIRCUIT_PROBES
         self.state: dict[str, Step] = {}
@@ -117,8 +146,14 @@ class Breakers:
             self.state[scope] = Step(scope, HALF_OPEN, "", step.probes_left - 1)
             self._pending.append((scope, "probe"))
 
-    def record(self, scope: str, ok: bool) -> None:
-        self._pending.append((scope, "success" if ok else "failure"))
+    def threshold(self, scope: str) -> int:
+        """Consecutive failures that open this breaker."""
+        return self.venue_failures if scope.startswith("venue:") else self.failures
+
+    def record(self, scope: str, ok: bool, *, by: str = "") -> None:
+        """An attempt through this breaker ended; `by` is the worker that failed it, when
+        known (a venue's breaker opens only on failures of several)."""
+        self._pending.append((scope, "success" if ok else f"failure|{by}" if by else "failure"))
 
     def check(self, scopes: list[str], now: float) -> list[Step]:
         for scope in scopes:
@@ -138,9 +173,16 @@ class Breakers:
             by_scope.setdefault(scope, []).append(index)
         pipe = self.client.pipeline(transaction=False)
         for scope, indexes in by_scope.items():
+            venue = scope.startswith("venue:")
             _STEP_SCRIPT(
-                keys=[circuit_key(scope)],
-                args=[repr(now), self.failures, self.cooldown_s, self.probes]
+                keys=[circuit_key(scope), failers_key(scope)],
+                args=[
+                    repr(now),
+                    self.threshold(scope),
+                    self.cooldown_s,
+                    self.probes,
+                    self.venue_workers if venue else 1,
+                ]
                 + [pending[i][1] for i in indexes],
                 client=pipe,
             )

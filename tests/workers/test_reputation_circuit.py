@@ -115,7 +115,7 @@ def test_it_opens_after_five_failures_and_closes_after_three_good_probes(client)
 
 def test_it_reopens_when_a_probe_fails_and_a_success_resets_the_count(client) -> None:
     scope = f"venue:{fresh()}"
-    breakers = Breakers(client, failures=2, cooldown_s=10, probes=3)
+    breakers = Breakers(client, venue_failures=2, cooldown_s=10, probes=3)
     breakers.record(scope, False)
     breakers.record(scope, True)
     breakers.record(scope, False)
@@ -127,9 +127,45 @@ def test_it_reopens_when_a_probe_fails_and_a_success_resets_the_count(client) ->
     (again,) = breakers.flush(12.5)
     assert (again.state, again.transition) == (OPEN, "open")
     # Another conductor's view agrees: the state is in Redis.
-    other = Breakers(client, failures=2, cooldown_s=10, probes=3)
+    other = Breakers(client, venue_failures=2, cooldown_s=10, probes=3)
     other.check([scope], 13.0)
     assert other.state[scope].state == OPEN
+
+
+def test_one_worker_failing_all_it_holds_does_not_shut_its_venue(client) -> None:
+    """A worker's breaker opens on its own failures; its venue's opens only when the venue
+    is down: ten failures in a row, from two workers or more. Before, one hostile worker
+    failing the sixteen jobs it held at once shut its whole venue for a minute, and a venue
+    of six workers each failing a quarter of their calls shut itself by chance (seen in CI)."""
+    venue, liar, other = f"venue:{fresh()}", fresh(), fresh()
+    breakers = Breakers(client, failures=5, cooldown_s=60, probes=3)
+    for _ in range(16):
+        breakers.record(f"worker:{liar}", False)
+        breakers.record(venue, False, by=liar)
+    assert [(s.scope, s.transition) for s in breakers.flush(10.0)] == [(f"worker:{liar}", "open")]
+    assert breakers.allows(venue)
+    # Another worker's failures make it the venue's failing, not one worker's.
+    for _ in range(2):
+        breakers.record(venue, False, by=other)
+    (opened,) = breakers.flush(11.0)
+    assert (opened.scope, opened.transition) == (venue, "open")
+    assert breakers.threshold(venue) == 10 and breakers.threshold(f"worker:{liar}") == 5
+
+
+def test_a_venues_breaker_opens_on_ten_failures_of_several_workers_and_a_success_resets(
+    client,
+) -> None:
+    venue, workers = f"venue:{fresh()}", [fresh() for _ in range(3)]
+    breakers = Breakers(client, failures=5, cooldown_s=60, probes=3)
+    for i in range(9):
+        breakers.record(venue, False, by=workers[i % 3])
+    breakers.record(venue, True)  # a success resets the run, and who was in it
+    for _ in range(9):
+        breakers.record(venue, False, by=workers[0])
+    breakers.record(venue, False)  # timed out in the queue: nobody's, so a second failer
+    (opened,) = breakers.flush(5.0)
+    assert (opened.scope, opened.transition) == (venue, "open")
+    assert client.exists(f"frlm:circuit:{venue}:by") == 0
 
 
 def test_one_flush_applies_each_breakers_events_in_order_and_reports_every_transition(

@@ -160,7 +160,7 @@ class Router:
         if wid:
             self.reputations.observe(Observation(wid, completion=ok, latency_ms=latency_ms))
             self.breakers.record(f"worker:{wid}", ok)
-        self.breakers.record(f"venue:{flight.venue}", ok)
+        self.breakers.record(f"venue:{flight.venue}", ok, by=wid or "")
 
     def flush(self) -> None:
         """Write what was observed, in batched round trips, and trace the breakers that moved."""
@@ -185,7 +185,9 @@ class Router:
             return (
                 f"every eligible worker is behind an open circuit breaker ({', '.join(shut[:5])}"
                 f"{' ...' if len(shut) > 5 else ''}): they failed "
-                f"{self.breakers.failures} times in a row; they are tried again "
+                f"{self.breakers.failures} times in a row (a venue: "
+                f"{self.breakers.venue_failures}, by {self.breakers.venue_workers} workers or "
+                f"more); they are tried again "
                 f"{self.breakers.cooldown_s:g} s after opening"
             )
         model = self.scope.worker_model.model or "the worker model"
@@ -371,7 +373,7 @@ class Router:
                 scope=kind,
                 venue=who if kind == "venue" else self.roster.workers.get(who, {}).get("venue"),
                 worker_id=who if kind == "worker" else None,
-                failures=self.breakers.failures if step.transition == "open" else None,
+                failures=self.breakers.threshold(step.scope) if step.transition == "open" else None,
                 probes=self.breakers.probes if step.transition == "close" else None,
                 cooldown_s=self.breakers.cooldown_s,
             )
