@@ -111,6 +111,7 @@ class Conductor:
             policy=self.policy,
             totals=self.totals,
             rlm=self.rlm,
+            root_model=lambda: self.root.model.model,
         )
         self.root = RootTurns(
             model=root_model,

@@ -38,6 +38,9 @@ class ReplCalls:
     policy: Policy
     totals: Totals
     rlm: RunsRlm
+    # The name of the model a child RLM's turns go to (the root model can be swapped for a
+    # live one on resume, so it is asked each time).
+    root_model: Callable[[], str]
     # Files a fragment marker may name: the run's context and its children's.
     fragment_paths: set[str] = field(default_factory=set, init=False)
     # Why the run cannot go on, found while serving a call; the conductor raises it once
@@ -50,6 +53,7 @@ class ReplCalls:
         """Serve a REPL function. Limit breaches become errors in the REPL code; a run that
         cannot go on (no workers, cancelled) is aborted after the cell returns."""
         try:
+            self.check_model(name, kwargs.get("model"))
             tier = kwargs.get("tier")
             check = objective_check(kwargs.get("validate"))
             if name == "llm_query":
@@ -84,6 +88,25 @@ class ReplCalls:
             self.abort = exc
             raise SandboxCallError(str(exc)) from exc
         raise SandboxCallError(f"{name} is not a REPL function")
+
+    def check_model(self, name: str, model: Any) -> None:
+        """model= (code written for the original RLM names one) is taken when it names the
+        model the call goes to: sub-queries go to the run's worker model, a child RLM's turns
+        to its root model, both chosen at launch."""
+        if model is None:
+            return
+        which, wanted = (
+            ("root", self.root_model()) if name == "rlm_query" else ("worker", self.worker_model())
+        )
+        if model != wanted:
+            raise SandboxCallError(
+                f"{name}(model={str(model)[:80]!r}): this run's {which} model is {wanted!r}, "
+                f"chosen at launch; drop model= or launch the run with --{which}-model "
+                f"(the launcher's {which} model) set to the one you want"
+            )
+
+    def worker_model(self) -> str:
+        return self.fanout.worker_model.model
 
     def checked_prompt(self, value: Any) -> str:
         """A prompt whose fragment markers name only this run's context files: REPL code

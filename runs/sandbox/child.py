@@ -37,6 +37,9 @@ from typing import Any
 
 # Mirrors protocol.MAX_MESSAGE_BYTES: the host refuses anything longer, so say so here first.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# The largest answer FINAL takes, in UTF-8: its cell's "done" message stays under the limit
+# above however its characters are escaped in JSON (six bytes each at worst).
+FINAL_MAX_BYTES = MAX_MESSAGE_BYTES // 8
 THIS_FILE = os.path.abspath(__file__)
 # -I keeps the script's directory off sys.path; the two modules beside it are wanted.
 sys.path.insert(0, os.path.dirname(THIS_FILE))
@@ -123,13 +126,31 @@ class Repl:
 
     # -- functions the cell calls ------------------------------------------------------------
 
-    def llm_query(self, prompt: str | lazytext.Fragment, **kw: Any) -> Any:
+    def llm_query(
+        self,
+        prompt: str | lazytext.Fragment,
+        *,
+        tier: str | None = None,
+        validate: Any = None,
+        model: str | None = None,
+    ) -> Any:
+        """Unknown keywords are a TypeError here, where they were ignored (model= from code
+        written for the original RLM ran on another model than it asked for, silently)."""
+        kw = given(tier=tier, validate=validate, model=model)
         prompt = as_prompt("llm_query(prompt)", prompt)
         if callable(kw.get("validate")):
             return self.checked_batch([prompt], kw)[0]
         return self.call_host("llm_query", {"prompt": prompt, **kw})
 
-    def llm_query_batched(self, prompts: list[str | lazytext.Fragment], **kw: Any) -> Any:
+    def llm_query_batched(
+        self,
+        prompts: list[str | lazytext.Fragment],
+        *,
+        tier: str | None = None,
+        validate: Any = None,
+        model: str | None = None,
+    ) -> Any:
+        kw = given(tier=tier, validate=validate, model=model)
         if not isinstance(prompts, list | tuple):
             raise TypeError(
                 f"llm_query_batched(prompts) needs a list of str, got {type(prompts).__name__}"
@@ -155,7 +176,10 @@ class Repl:
             replies, todo = answer["replies"], answer["recheck"]
         return replies
 
-    def rlm_query(self, prompt: str | lazytext.Fragment, context: Any = None, **kw: Any) -> Any:
+    def rlm_query(
+        self, prompt: str | lazytext.Fragment, context: Any = None, *, model: str | None = None
+    ) -> Any:
+        kw = given(model=model)
         prompt = as_prompt("rlm_query(prompt)", prompt)
         if isinstance(context, lazytext.Fragment):
             context = {"fragment": context.ref()}
@@ -181,19 +205,19 @@ class Repl:
         return fragments
 
     def FINAL(self, answer: Any) -> None:
-        self.final = str(answer)
+        self.final = final_text("FINAL(answer)", answer)
 
     def FINAL_VAR(self, name: Any) -> None:
         if not isinstance(name, str):
             # The model passed the value itself instead of its name; that is what it meant.
-            self.final = str(name)
+            self.final = final_text("FINAL_VAR(name)", name)
             return
         if name not in self.namespace:
             raise NameError(
                 f"FINAL_VAR({name!r}): there is no variable named {name!r}; "
                 f"assign it first or call FINAL(value)"
             )
-        self.final = str(self.namespace[name])
+        self.final = final_text(f"FINAL_VAR({name!r})", self.namespace[name])
 
     def SHOW_VARS(self) -> None:
         lines = [describe(name, value) for name, value in self.user_variables()]
@@ -260,6 +284,24 @@ class Repl:
             "final": self.final,
             "cpu_s": cpu_seconds(),
         }
+
+
+def given(**keywords: Any) -> dict[str, Any]:
+    """The keywords a REPL function was given, to send to the host."""
+    return {name: value for name, value in keywords.items() if value is not None}
+
+
+def final_text(where: str, answer: Any) -> str:
+    """The run's answer as text; refused here, in the cell, when it is too long to send back
+    (it broke the protocol and the REPL was wiped, its variables lost)."""
+    text = str(answer)
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > FINAL_MAX_BYTES:
+        raise ValueError(
+            f"{where}: the answer is {size / 2**20:.1f} MB; the limit is "
+            f"{FINAL_MAX_BYTES // 2**20} MB. Answer with a summary, or a part of it"
+        )
+    return text
 
 
 def run_check(check: Any, reply: str) -> tuple[bool, str]:

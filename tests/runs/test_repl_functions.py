@@ -85,6 +85,36 @@ def test_it_answers_rlm_query_past_the_depth_limit_as_a_plain_sub_query(venues):
     assert "exceeds policy.max_depth=0" in rejected[0]["attrs"]["reason"]
 
 
+def test_it_takes_model_only_when_it_names_the_runs_model_and_refuses_unknown_keywords(venues):
+    """Code written for the original RLM passes model=: it was ignored, and the sub-query
+    ran on another model than it asked for. A keyword FRLM does not know was ignored too."""
+    prompt = needle_prompt("teal-otter", NEEDLE_TEXT)
+    code = (
+        "said = []\n"
+        f"said.append(llm_query({prompt!r}, model='frlm-sim-worker'))\n"
+        "for call in (lambda: llm_query('p', model='gpt-5-mini'),\n"
+        "             lambda: llm_query_batched(['p'], model='gpt-5-mini'),\n"
+        "             lambda: rlm_query('p', model='frlm-sim-worker'),\n"
+        "             lambda: llm_query('p', temperature=0)):\n"
+        "    try:\n"
+        "        call()\n"
+        "    except Exception as e:\n"
+        "        said.append(type(e).__name__ + ': ' + str(e))\n"
+        "FINAL('\\n'.join(said))"
+    )
+    run = finish(launch(question=scripted(code), policy={"max_depth": 1}))
+    assert run.status == "succeeded", run.error
+    ok, worker, batched, child, unknown = run.answer.split("\n")
+    assert ok == "4417001"
+    assert worker.startswith("RuntimeError: llm_query(model='gpt-5-mini'): this run's worker ")
+    assert "model is 'frlm-sim-worker', chosen at launch; drop model=" in worker
+    assert batched.startswith("RuntimeError: llm_query_batched(model='gpt-5-mini')")
+    assert child.startswith("RuntimeError: rlm_query(model='frlm-sim-worker'): this run's root")
+    assert unknown.startswith("TypeError: ")
+    assert unknown.endswith("llm_query() got an unexpected keyword argument 'temperature'")
+    assert run.subqueries == 1
+
+
 def test_it_enforces_the_batch_limit_outside_the_repl(venues):
     code = (
         "try:\n    llm_query_batched(['a', 'b', 'c'])\nexcept RuntimeError as e:\n    FINAL(str(e))"

@@ -96,6 +96,24 @@ def test_it_records_final_and_final_var(make_sandbox: MakeSandbox) -> None:
     assert none.final is None
 
 
+def test_an_answer_too_long_to_send_back_is_refused_in_its_cell(make_sandbox: MakeSandbox) -> None:
+    """A 65 MB FINAL broke the protocol: the REPL was wiped, its variables lost, and the
+    model told the REPL had misbehaved. It is now an error in the cell that says the limit;
+    an answer at the limit, in the characters JSON escapes longest, still goes through."""
+    sandbox = make_sandbox()
+    sandbox.execute("kept = 'still here'")
+    refused = sandbox.execute("FINAL('x' * (65 * 2**20))")
+    assert refused.error == "exception", refused.error_message
+    assert refused.final is None and refused.restarted is False
+    assert "the answer is 65.0 MB; the limit is 8 MB" in refused.stderr
+    by_name = sandbox.execute("big = 'y' * (9 * 2**20)\nFINAL_VAR('big')")
+    assert "FINAL_VAR('big'): the answer is 9.0 MB" in by_name.stderr
+    assert sandbox.execute("print(kept)").stdout == "still here\n"
+    limit = sandbox.execute("FINAL('\\x01' * (8 * 2**20))")
+    assert limit.error is None, limit.stderr
+    assert limit.final == "\x01" * (8 * 2**20)
+
+
 def test_it_shows_user_variables(make_sandbox: MakeSandbox) -> None:
     sandbox = make_sandbox()
     sandbox.execute("import json\nitems = [1, 2, 3]\nlimit = 10\nname = 'abcd'")
@@ -119,7 +137,7 @@ def test_it_routes_queries_to_the_handler(make_sandbox: MakeSandbox) -> None:
     sandbox = make_sandbox(handler)
     result = sandbox.execute(
         "a = llm_query('What?', model='small')\n"
-        "b = llm_query_batched(['one', 'two'], temperature=0)\n"
+        "b = llm_query_batched(['one', 'two'], tier='redundant')\n"
         "c = rlm_query('Dig in', context='part of it')\n"
         "d = rlm_query('No context')\n"
         "print(a, b, c, d, sep='|')"
@@ -131,7 +149,7 @@ def test_it_routes_queries_to_the_handler(make_sandbox: MakeSandbox) -> None:
     )
     assert calls == [
         ("llm_query", {"prompt": "What?", "model": "small"}),
-        ("llm_query_batched", {"prompts": ["one", "two"], "temperature": 0}),
+        ("llm_query_batched", {"prompts": ["one", "two"], "tier": "redundant"}),
         ("rlm_query", {"prompt": "Dig in", "context": "part of it"}),
         ("rlm_query", {"prompt": "No context", "context": None}),
     ]
