@@ -256,6 +256,9 @@ FRLM_WORKER_ALIVE_LINE = envbool("FRLM_WORKER_ALIVE_LINE", True)
 FRLM_LEASE_WATCH = envbool("FRLM_LEASE_WATCH", True)
 # Circuit breakers per worker and per venue: open after this many consecutive failures,
 # half-open after the cooldown, closed again after that many successful probes.
+# Jobs for one broker worker sent in one Celery message (workers/wire.py), at most; 1 sends
+# each alone.
+FRLM_BUNDLE_MAX = envint("FRLM_BUNDLE_MAX", 16)
 FRLM_CIRCUIT_FAILURES = envint("FRLM_CIRCUIT_FAILURES", 5)
 # A venue's breaker: that many consecutive failures, from at least that many distinct
 # workers (one worker failing all it holds has its own breaker; it cannot shut the venue).

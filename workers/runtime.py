@@ -7,22 +7,16 @@ re-dispatches whatever it had prefetched but not started)."""
 
 from __future__ import annotations
 
-import collections
 import logging
 import os
-import resource
 import signal
-import statistics
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import redis
 from celery.signals import (
-    task_postrun,
-    task_prerun,
     worker_ready,
     worker_shutdown,
     worker_shutting_down,
@@ -32,63 +26,17 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from frlm_web.redis_client import get_redis
-from workers import keys, signing
+from workers import keys, signing, slots
 from workers.alive import ALIVE_ENV, AliveLine
 from workers.client import Control, ControlError, Registered
-from workers.services import Figures, Registration
-from workers.wire import TASK as SUBQUERY_TASK
+from workers.services import Registration
+from workers.slots import Tally
 
 log = logging.getLogger(__name__)
-
-LATENCY_WINDOW = 50  # sub-queries the reported latency is the median of
 
 
 def default_key_file(venue: str, name: str) -> Path:
     return Path(settings.DATA_DIR) / "workers" / venue / f"{name}.key"
-
-
-def rss_mb() -> float:
-    """This process's resident memory now (peak where /proc is missing)."""
-    try:
-        pages = int(Path("/proc/self/statm").read_text().split()[1])
-        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except (OSError, ValueError, IndexError):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-class Tally:
-    """Sub-queries running now and how long the recent ones took, fed by Celery's task
-    signals (sent in the pool's threads)."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.inflight = 0
-        self.started: dict[str, float] = {}
-        self.recent: collections.deque[float] = collections.deque(maxlen=LATENCY_WINDOW)
-
-    def begin(self, task_id: str) -> None:
-        with self.lock:
-            self.inflight += 1
-            self.started[task_id] = time.monotonic()
-
-    def end(self, task_id: str) -> None:
-        with self.lock:
-            began = self.started.pop(task_id, None)
-            if began is None:
-                return
-            self.inflight = max(0, self.inflight - 1)
-            self.recent.append((time.monotonic() - began) * 1000)
-
-    def figures(self, *, draining: bool) -> Figures:
-        with self.lock:
-            latency = statistics.median(self.recent) if self.recent else None
-            return {
-                "inflight": self.inflight,
-                "memory_mb": round(rss_mb(), 1),
-                "latency_ms": round(latency, 1) if latency is not None else None,
-                "pid": os.getpid(),
-                "draining": draining,
-            }
 
 
 @dataclass
@@ -133,6 +81,8 @@ class WorkerRuntime:
             reg["venue_queue"],
         )
         signing.use_process_key(self.key)
+        # Its jobs hold these slots however they came (one per message or in bundles).
+        self.tally = slots.configure(self.registration["concurrency"]).tally
         os.environ["FRLM_VENUE"] = reg["venue"]
         os.environ["FRLM_WORKER_ID"] = reg["worker_id"]
         # Up before it takes any job: its jobs' "started" say it can be watched this way.
@@ -169,19 +119,9 @@ class WorkerRuntime:
 
     # --- Celery's signals ---------------------------------------------------------------
     def _connect(self) -> None:
-        task_prerun.connect(self._task_started, weak=False)
-        task_postrun.connect(self._task_ended, weak=False)
         worker_ready.connect(self._ready, weak=False)
         worker_shutting_down.connect(self._shutting_down, weak=False)
         worker_shutdown.connect(self._shutdown, weak=False)
-
-    def _task_started(self, task_id: str = "", task: Any = None, **_: Any) -> None:
-        if getattr(task, "name", "") == SUBQUERY_TASK:
-            self.tally.begin(task_id)
-
-    def _task_ended(self, task_id: str = "", task: Any = None, **_: Any) -> None:
-        if getattr(task, "name", "") == SUBQUERY_TASK:
-            self.tally.end(task_id)
 
     def _ready(self, **_: Any) -> None:
         self.beat()  # in presence the moment it consumes, not a beat later

@@ -9,7 +9,7 @@ import time
 from frlm_web.celery import app
 from frlm_web.redis_client import get_redis
 from traces.emitter import Emitter, Span
-from workers import fragments, venues, wire
+from workers import fragments, slots, venues, wire
 from workers.alive import ALIVE_ENV
 from workers.backends import ModelError, ModelSpec, chat
 from workers.execution import ok_result, reply_fields, served, signed
@@ -21,6 +21,34 @@ log = logging.getLogger(__name__)
 
 @app.task(name=wire.TASK, ignore_result=True, acks_late=False)
 def subquery_execute(job: Job) -> None:
+    """One job: run in a slot of this worker (workers/slots.py)."""
+    run_in_slot(job)
+
+
+@app.task(name=wire.BUNDLE_TASK, ignore_result=True, acks_late=False)
+def subquery_bundle(jobs: list[Job]) -> None:
+    """Several jobs for this worker in one message: each runs as if it had come alone, the
+    first in this thread, the others on the slots' threads, all at once as slots free."""
+    if not isinstance(jobs, list) or not jobs:
+        log.error("a bundle that is not a list of jobs: dropped")
+        return
+    pool = slots.current().pool()
+    rest = [pool.submit(run_in_slot, job) for job in jobs[1:]]
+    try:
+        run_in_slot(jobs[0])
+    finally:
+        for future in rest:
+            error = future.exception()
+            if error is not None:
+                log.error("a job of a bundle failed: %r", error)
+
+
+def run_in_slot(job: Job) -> None:
+    with slots.current().hold(f"{job.get('run_id')}/{job.get('sq_id')}"):
+        execute(job)
+
+
+def execute(job: Job) -> None:
     """1. skip work nobody wants any more, 2. call the model inside an Execute span,
     3. push the result to the run's result stream. Two Redis round trips in all: the
     span's start travels with the cancel check, its end with the result."""

@@ -24,6 +24,10 @@ import redis
 from workers.jobs import Job
 
 TASK = "workers.subquery_execute"  # workers.tasks.subquery_execute's registered name
+# workers.tasks.subquery_bundle: several jobs for one broker worker in one message, so its
+# Celery consumer pays a message's cost (the read, the request, the task's tracing: a third
+# of a worker's CPU per job, issue 18's profile) once for all of them.
+BUNDLE_TASK = "workers.subquery_bundle"
 # Celery's "embed" part of a body: no callbacks, errbacks, chain or chord.
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 _ENCODE = json.JSONEncoder(ensure_ascii=True, separators=(", ", ": ")).encode
@@ -35,7 +39,7 @@ def origin() -> str:
 
 
 def job_message(
-    job: Job,
+    job: Job | list[Job],
     *,
     task_id: str,
     queue: str,
@@ -45,10 +49,11 @@ def job_message(
     sender: str,
     now: datetime | None = None,
 ) -> str:
-    """The message that runs `subquery_execute(job)` on a worker of `queue`, dropped by the
-    worker once `expires_s` have passed (the `expires` header, as apply_async(expires=)
-    writes it)."""
+    """The message that runs `subquery_execute(job)` on a worker of `queue` (given a list of
+    jobs, `subquery_bundle(jobs)`), dropped by the worker once `expires_s` have passed (the
+    `expires` header, as apply_async(expires=) writes it)."""
     expires = (now or datetime.now(UTC)) + timedelta(seconds=expires_s)
+    task = BUNDLE_TASK if isinstance(job, list) else TASK
     body = _ENCODE([[job], {}, _EMBED])
     return _ENCODE(
         {
@@ -57,7 +62,7 @@ def job_message(
             "content-type": "application/json",
             "headers": {
                 "lang": "py",
-                "task": TASK,
+                "task": task,
                 "id": task_id,
                 "shadow": None,
                 "eta": None,
@@ -94,16 +99,16 @@ def job_message(
 
 def push(
     client: redis.Redis,
-    jobs: list[tuple[str, Job, str]],
+    jobs: list[tuple[str, Job | list[Job], str]],
     *,
     expires_s: float,
     reply_to: str,
     sender: str,
     per_trip: int,
 ) -> list[str]:
-    """Push each (queue, job, argsrepr) onto its queue's list as a job_message, `per_trip`
-    to a pipelined round trip, so the first of a long list leave before the last are
-    written; returns their task ids, in order."""
+    """Push each (queue, job or bundle of jobs, argsrepr) onto its queue's list as a
+    job_message, `per_trip` to a pipelined round trip, so the first of a long list leave
+    before the last are written; returns their task ids, in order."""
     now = datetime.now(UTC)
     ids: list[str] = []
     for start in range(0, len(jobs), per_trip):

@@ -113,3 +113,45 @@ def test_a_result_with_impossible_figures_is_read_not_raised_and_named_malformed
         assert got[key] in (0, 0.0, Decimal(0)), (bad, got)
     assert read(cost="1e1000000")["cost"] == 0  # past Decimal's range: nothing, as before
     assert len(read(status="error", error="E" * 10**6)["error"]) == MAX_ERROR_CHARS
+
+
+def test_a_trusted_broker_workers_jobs_travel_in_bundles_and_any_others_alone() -> None:
+    from runs.engine.fanout.state import Flight, Outcome
+    from runs.engine.fanout.transport import bundles
+
+    def flight(i: int, queue: str, bundle: bool) -> tuple[Flight, dict]:
+        return Flight(Outcome(i), "p", sq_id=f"{i}.1", queue=queue, may_bundle=bundle), {"i": i}
+
+    ready = [
+        flight(0, "worker.a", True),
+        flight(1, "worker.g", False),  # a gateway worker's, or an untrusted worker's
+        flight(2, "worker.a", True),
+        flight(3, "worker.b", True),
+        flight(4, "venue.edge", False),  # a venue's shared queue
+        flight(5, "worker.a", True),
+        flight(6, "worker.g", False),
+        flight(7, "worker.a", True),
+    ]
+    got = [[job["i"] for _f, job in group] for group in bundles(ready, 3)]
+    assert got == [[0, 2, 5], [1], [3], [4], [6], [7]]
+    alone = [[job["i"] for _f, job in group] for group in bundles(ready, 1)]
+    assert alone == [[i] for i in range(8)]
+
+
+@pytest.mark.usefixtures("stack")
+def test_a_cancelled_job_of_a_bundle_is_not_revoked_through_celery(monkeypatch) -> None:
+    """Revoking a bundle's task id would drop its other jobs too, while queued: a cancelled
+    job of a bundle is left to its worker, which finds it in the run's cancelled set."""
+    from runs.engine.fanout.state import Flight, Outcome
+    from runs.engine.fanout.transport import Transport
+    from runs.engine.policy import Policy
+    from workers.jobs import cancelled_key
+
+    revoked: list[list[str]] = []
+    monkeypatch.setattr(app.control, "revoke", lambda ids: revoked.append(list(ids)))
+    transport = Transport(run_id="r-revoke", client=get_redis(), policy=Policy())
+    alone = Flight(Outcome(0), "p", sq_id="0.1", task_id="t-alone")
+    bundled = Flight(Outcome(1), "p", sq_id="1.1", task_id="t-bundle", bundled=True)
+    transport.revoke([alone, bundled])
+    assert revoked == [["t-alone"]]
+    assert get_redis().smembers(cancelled_key("r-revoke")) == {b"0.1", b"1.1"}

@@ -249,3 +249,48 @@ def test_it_registers_the_stacks_workers_under_their_ids(stack):
         entry = live(venue.name, venue.member)
         assert entry is not None and entry["worker_id"].startswith("w")
         assert entry["name"] == entry["worker_id"] and entry["venue"] == venue.name
+
+
+def test_a_bundle_runs_in_the_workers_slots_and_skips_only_its_cancelled_job(
+    stack, transactional_db
+):
+    """Several jobs in one message (workers/wire.py): each runs as if it had come alone, never
+    more at once than the worker's slots, and one cancelled before it starts is skipped
+    while the others run (a bundle's task id is not revoked: it is theirs too)."""
+    from workers import wire
+    from workers.jobs import cancelled_key
+
+    proc = worker_proc(stack, "rtbundle", "rt-bundle-1", "--concurrency", "2")
+    stack.launch(proc)
+    try:
+        stack.wait_ready(proc, 60)
+        worker_id = live("rtbundle", "rt-bundle-1")["worker_id"]
+        run_id = "rt" + uuid.uuid4().hex[:10]
+        client = get_redis()
+        client.sadd(cancelled_key(run_id), "3.1")
+        jobs = [job(run_id, f"{i}.1", QUESTION, latency_ms=300) for i in range(1, 6)]
+        wire.push(
+            client,
+            [(f"worker.{worker_id}", jobs, f"[{run_id} sub-queries 1.1 ... 5.1]")],
+            expires_s=60,
+            reply_to="test",
+            sender=wire.origin(),
+            per_trip=8,
+        )
+        done = finals(run_id, 5)
+        assert {r["sq_id"]: r["status"] for r in done} == {
+            "1.1": "ok",
+            "2.1": "ok",
+            "3.1": "cancelled",
+            "4.1": "ok",
+            "5.1": "ok",
+        }
+        public_key = Worker.objects.get(id=worker_id).public_key
+        assert all(result_verify(r, public_key) for r in done)
+        running = most = 0
+        for result in results(run_id):
+            running += 1 if result["status"] == "started" else -1
+            most = max(most, running)
+        assert most == 2, "a bundle's jobs ran beyond the worker's two slots, or one at a time"
+    finally:
+        stack.kill(proc.name)

@@ -45,9 +45,9 @@ from workers.gateway.protocol import (
     speaks_batches,
 )
 from workers.jobs import Job, Result
-from workers.runtime import Tally
 from workers.services import Registration
 from workers.sim.device import on_device
+from workers.slots import Tally
 
 log = logging.getLogger(__name__)
 

@@ -46,6 +46,12 @@ class Attempts:
         flight.slot = target.worker_id or f"venue:{target.venue}"
         flight.tried.update({target.venue, target.worker_id} - {""})
         flight.task_id = ""
+        worker = self.router.roster.workers.get(target.worker_id) if target.worker_id else None
+        flight.may_bundle = (
+            worker is not None
+            and worker.get("connection") == "broker"
+            and bool(worker.get("trusted"))
+        )
         flight.sq_id = f"{flight.outcome.index}.{flight.outcome.attempts}"
         flight.sent_at = time.time()
         flight.deadline = flight.sent_at + self.scope.policy.subquery_timeout_s

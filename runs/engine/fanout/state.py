@@ -82,6 +82,11 @@ class Flight:
     sq_id: str = ""
     venue: str = ""
     task_id: str = ""
+    # Its worker is of a trusted venue and consumes the broker itself (not through the
+    # gateway): its job may travel in a bundle with others for that worker (workers/wire.py),
+    # and then shares a task id. An untrusted worker holds no more jobs than it runs.
+    may_bundle: bool = False
+    bundled: bool = False
     deadline: float = 0.0
     sent_at: float = 0.0
     started_at: float = 0.0  # when its worker said it started (0: still queued)

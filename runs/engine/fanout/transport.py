@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import redis
+from django.conf import settings
 
 from frlm_web.celery import app
 from runs.engine.fanout.state import Flight
@@ -39,20 +40,28 @@ class Transport:
 
     def publish(self, ready: list[tuple[Flight, Job]]) -> None:
         """Push the jobs onto their queues as Celery messages (workers.wire), pipelined
-        DISPATCH_FLUSH at a time."""
+        DISPATCH_FLUSH at a time; those for one trusted broker worker go in bundles of up to
+        FRLM_BUNDLE_MAX, one message each."""
+        messages = bundles(ready, settings.FRLM_BUNDLE_MAX)
         ids = wire.push(
             self.client,
             [
-                (flight.queue, job, f"[{self.run_id} sub-query {flight.sq_id}]")
-                for flight, job in ready
+                (
+                    group[0][0].queue,
+                    group[0][1] if len(group) == 1 else [job for _f, job in group],
+                    f"[{self.run_id} sub-queries {' '.join(f.sq_id for f, _j in group)}]",
+                )
+                for group in messages
             ],
             expires_s=self.policy.subquery_timeout_s,
             reply_to=self.reply_to,
             sender=self.sender,
             per_trip=DISPATCH_FLUSH,
         )
-        for (flight, _job), task_id in zip(ready, ids, strict=True):
-            flight.task_id = task_id
+        for group, task_id in zip(messages, ids, strict=True):
+            for flight, _job in group:
+                flight.task_id = task_id
+                flight.bundled = len(group) > 1
 
     def read(self, block_ms: int, *, gather: bool) -> list[Any]:
         """The stream's entries since the last one handled, waiting up to `block_ms` for the
@@ -88,7 +97,27 @@ class Transport:
             return
         self.client.sadd(cancelled_key(self.run_id), *[f.sq_id for f in gone])
         self.client.expire(cancelled_key(self.run_id), 86_400)
-        app.control.revoke([f.task_id for f in gone if f.task_id])
+        # A bundle's task id is its other jobs' too: its worker finds this one in the set.
+        app.control.revoke([f.task_id for f in gone if f.task_id and not f.bundled])
+
+
+def bundles(ready: list[tuple[Flight, Job]], most: int) -> list[list[tuple[Flight, Job]]]:
+    """The jobs as messages, in the order of each message's first job: a trusted broker
+    worker's go together, up to `most` a message; any other (a venue's shared queue, a
+    gateway worker's, whose gateway reads one job a message, an untrusted worker's, which
+    holds no more than it runs) alone."""
+    messages: list[list[tuple[Flight, Job]]] = []
+    open_: dict[str, list[tuple[Flight, Job]]] = {}
+    for flight, job in ready:
+        group = open_.get(flight.queue) if flight.may_bundle and most > 1 else None
+        if group is None or len(group) >= most:
+            group = [(flight, job)]
+            messages.append(group)
+            if flight.may_bundle:
+                open_[flight.queue] = group
+        else:
+            group.append((flight, job))
+    return messages
 
 
 def _stream_ms(entry_id: bytes | str) -> int:
