@@ -58,6 +58,7 @@ for at = 6, #ARGV do
   elseif event == 'success' then
     if state == 'closed' then
       redis.call('HSET', key, 'failures', '0')
+      redis.call('DEL', by)
     elseif state == 'half_open' then
       if redis.call('HINCRBY', key, 'probes_ok', 1) >= probes then
         redis.call('HSET', key, 'state', 'closed', 'failures', '0')

@@ -160,8 +160,9 @@ def test_a_venues_breaker_opens_on_ten_failures_of_several_workers_and_a_success
     for i in range(9):
         breakers.record(venue, False, by=workers[i % 3])
     breakers.record(venue, True)  # a success resets the run, and who was in it
-    for _ in range(9):
+    for _ in range(10):
         breakers.record(venue, False, by=workers[0])
+    assert breakers.flush(4.0) == []  # one worker's run: the others' failures were before
     breakers.record(venue, False)  # timed out in the queue: nobody's, so a second failer
     (opened,) = breakers.flush(5.0)
     assert (opened.scope, opened.transition) == (venue, "open")
