@@ -129,8 +129,10 @@ class WorkerRuntime:
         self._thread.start()
 
     def _shutting_down(self, **_: Any) -> None:
-        # Runs in the signal handler: only flags; the heartbeat thread says it.
+        # Runs in the signal handler: only flags; the heartbeat thread says it. Jobs that
+        # have no slot yet (a bundle's) are left, as Celery leaves what it prefetched.
         self.draining = True
+        slots.current().draining = True
 
     def _shutdown(self, **_: Any) -> None:
         """The pool has finished its work: stop beating, then leave."""

@@ -2,23 +2,24 @@
 
 A broker worker runs at most its registered concurrency of jobs at once, whether they came
 one per Celery message or several in one (a bundle, workers/wire.py): each job holds a slot
-while it runs (`Slots.hold`), and a bundle's jobs beyond the first run on the slots' own
-threads. The tally (also the gateway agent's) is what each heartbeat reports: jobs running,
-the median of the recent ones' times, memory."""
+while it runs (`Slots.enter` .. `Slots.leave`); a bundle's jobs take their slots in the
+bundle's order and run on the slots' own threads. The tally (also the gateway agent's) is
+what each heartbeat reports: jobs running, the median of the recent ones' times, memory."""
 
 from __future__ import annotations
 
 import collections
+import itertools
 import os
 import resource
 import statistics
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 
+from workers.jobs import Job
 from workers.services import Figures
 
 LATENCY_WINDOW = 50  # sub-queries the reported latency is the median of
@@ -50,13 +51,14 @@ class Tally:
             self.inflight += 1
             self.started[key] = time.monotonic()
 
-    def end(self, key: str) -> None:
+    def end(self, key: str, *, record: bool = True) -> None:
         with self.lock:
             began = self.started.pop(key, None)
             if began is None:
                 return
             self.inflight = max(0, self.inflight - 1)
-            self.recent.append((time.monotonic() - began) * 1000)
+            if record:
+                self.recent.append((time.monotonic() - began) * 1000)
 
     def figures(self, *, draining: bool) -> Figures:
         with self.lock:
@@ -71,26 +73,46 @@ class Tally:
 
 
 class Slots:
+    """At most `size` jobs run at once in this process. A job enters (waiting for a slot),
+    runs on the slots' threads or in its own, and leaves; once the worker drains (SIGTERM),
+    a job that has no slot yet is not run: like one Celery prefetched and never started,
+    the conductor sends it elsewhere when the worker deregisters."""
+
     def __init__(self, size: int) -> None:
         self.size = size
         self.free = threading.BoundedSemaphore(size)
         self.tally = Tally()
+        self.draining = False
+        self._tokens = itertools.count()
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
-    @contextmanager
-    def hold(self, key: str) -> Iterator[None]:
-        """Run one job in a slot, waiting for one to free, and count it while it runs."""
-        with self.free:
-            self.tally.begin(key)
-            try:
-                yield
-            finally:
-                self.tally.end(key)
+    def enter(self) -> str | None:
+        """Wait for a slot; its token, or None when the worker drains."""
+        self.free.acquire()
+        if self.draining:
+            self.free.release()
+            return None
+        token = str(next(self._tokens))
+        self.tally.begin(token)
+        return token
+
+    def leave(self, token: str, *, ran: bool) -> None:
+        """The job is done; only one that called its model counts in the recent latency
+        (one found cancelled as it started took no time worth reporting)."""
+        self.tally.end(token, record=ran)
+        self.free.release()
+
+    def run(self, token: str, job: Job, execute: Callable[[Job], bool]) -> None:
+        """Run `job` in the slot `token` holds, then free it."""
+        ran = False
+        try:
+            ran = execute(job)
+        finally:
+            self.leave(token, ran=ran)
 
     def pool(self) -> ThreadPoolExecutor:
-        """Threads for a bundle's jobs beyond the first (the first runs in the Celery pool's
-        thread that took the bundle)."""
+        """Threads for a bundle's jobs, each of which already holds its slot."""
         with self._lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.size, thread_name_prefix="frlm-slot")

@@ -21,37 +21,39 @@ log = logging.getLogger(__name__)
 
 @app.task(name=wire.TASK, ignore_result=True, acks_late=False)
 def subquery_execute(job: Job) -> None:
-    """One job: run in a slot of this worker (workers/slots.py)."""
-    run_in_slot(job)
+    """One job, in a slot of this worker (workers/slots.py)."""
+    current = slots.current()
+    token = current.enter()
+    if token is not None:
+        current.run(token, job, execute)
 
 
 @app.task(name=wire.BUNDLE_TASK, ignore_result=True, acks_late=False)
 def subquery_bundle(jobs: list[Job]) -> None:
-    """Several jobs for this worker in one message: each runs as if it had come alone, the
-    first in this thread, the others on the slots' threads, all at once as slots free."""
+    """Several jobs for this worker in one message: each takes a slot in the bundle's order
+    and runs on the slots' threads as if it had come alone; the task ends with the last."""
     if not isinstance(jobs, list) or not jobs:
         log.error("a bundle that is not a list of jobs: dropped")
         return
-    pool = slots.current().pool()
-    rest = [pool.submit(run_in_slot, job) for job in jobs[1:]]
-    try:
-        run_in_slot(jobs[0])
-    finally:
-        for future in rest:
-            error = future.exception()
-            if error is not None:
-                log.error("a job of a bundle failed: %r", error)
+    current = slots.current()
+    pool = current.pool()
+    running = []
+    for job in jobs:
+        token = current.enter()
+        if token is None:
+            break  # draining: the rest go elsewhere once this worker has deregistered
+        running.append(pool.submit(current.run, token, job, execute))
+    for future in running:
+        error = future.exception()
+        if error is not None:
+            log.error("a job of a bundle failed: %r", error)
 
 
-def run_in_slot(job: Job) -> None:
-    with slots.current().hold(f"{job.get('run_id')}/{job.get('sq_id')}"):
-        execute(job)
-
-
-def execute(job: Job) -> None:
+def execute(job: Job) -> bool:
     """1. skip work nobody wants any more, 2. call the model inside an Execute span,
     3. push the result to the run's result stream. Two Redis round trips in all: the
-    span's start travels with the cancel check, its end with the result."""
+    span's start travels with the cancel check, its end with the result. Whether it
+    called the model."""
     client = get_redis()
     venue, worker_id = venues.this_worker() or ("unknown", None)
     base: Result = {
@@ -63,14 +65,14 @@ def execute(job: Job) -> None:
     stream = results_stream(job["run_id"])
     if time.time() > job["deadline"]:
         client.xadd(stream, encode_result(signed({**base, "status": "cancelled"})))
-        return
+        return False
 
     emitter = Emitter(client, job["run_id"], venue=venue, worker_id=worker_id)
     try:
         spec = on_device(served(ModelSpec.from_dict(job["model"])), attempt=job.get("attempt", 1))
     except ModelError as exc:
         client.xadd(stream, encode_result(signed({**base, "status": "error", "error": str(exc)})))
-        return
+        return False
     pipe = client.pipeline(transaction=False)
     pipe.sismember(cancelled_key(job["run_id"]), job["sq_id"])
     with emitter.batch(pipe):
@@ -90,7 +92,7 @@ def execute(job: Job) -> None:
     pipe.xadd(stream, encode_result(started))  # type: ignore[arg-type]
     if pipe.execute()[0]:
         _finish(emitter, span, stream, {**base, "status": "cancelled"}, "cancelled")
-        return
+        return False
     try:
         prompt = _load_fragments(emitter, span, job)
         reply = chat(
@@ -102,13 +104,14 @@ def execute(job: Job) -> None:
         )
     except (fragments.FragmentError, ModelError) as exc:
         _fail(emitter, span, stream, base, str(exc))
-        return
+        return True
     try:
         result = ok_result(job, base, worker_id or "", reply)
     except ValueError as exc:
         _fail(emitter, span, stream, base, f"cannot attest: {exc}")
-        return
+        return True
     _finish(emitter, span, stream, result, "ok", **reply_fields(reply))
+    return True
 
 
 def _load_fragments(emitter: Emitter, span: Span, job: Job) -> str:

@@ -294,3 +294,43 @@ def test_a_bundle_runs_in_the_workers_slots_and_skips_only_its_cancelled_job(
         assert most == 2, "a bundle's jobs ran beyond the worker's two slots, or one at a time"
     finally:
         stack.kill(proc.name)
+
+
+def test_on_sigterm_it_finishes_a_bundles_running_jobs_and_leaves_the_rest(stack, transactional_db):
+    """A bundle's jobs without a slot yet are like jobs Celery prefetched and never started:
+    a draining worker leaves them (the conductor sends them elsewhere once it has
+    deregistered) instead of running the whole bundle before it exits."""
+    from workers import wire
+
+    proc = worker_proc(stack, "rtbdrain", "rt-bdrain-1", "--concurrency", "2")
+    stack.launch(proc)
+    try:
+        stack.wait_ready(proc, 60)
+        worker_id = live("rtbdrain", "rt-bdrain-1")["worker_id"]
+        run_id = "rt" + uuid.uuid4().hex[:10]
+        jobs = [job(run_id, f"{i}.1", QUESTION, latency_ms=2500) for i in range(1, 5)]
+        wire.push(
+            get_redis(),
+            [(f"worker.{worker_id}", jobs, f"[{run_id} sub-queries 1.1 ... 4.1]")],
+            expires_s=60,
+            reply_to="test",
+            sender=wire.origin(),
+            per_trip=8,
+        )
+        wait_until(
+            lambda: len([r for r in results(run_id) if r["status"] == "started"]) == 2,
+            timeout=30,
+            what="the bundle's first two jobs to start",
+        )
+        proc.popen.send_signal(signal.SIGTERM)
+        assert proc.popen.wait(timeout=60) == 0, stack.log_tail(proc.name)
+        said = [(r["sq_id"], r["status"]) for r in results(run_id)]
+        assert sorted(said) == [
+            ("1.1", "ok"),
+            ("1.1", "started"),
+            ("2.1", "ok"),
+            ("2.1", "started"),
+        ]
+        assert Worker.objects.get(id=worker_id).status == "deregistered"
+    finally:
+        stack.kill(proc.name)
