@@ -141,3 +141,16 @@ def job_of(raw: bytes | str) -> tuple[str, Job]:
         body = base64.b64decode(body)
     args, _kwargs, _embed = json.loads(body)
     return str(envelope.get("headers", {}).get("task", "")), args[0]
+
+
+def jobs_of(raw: bytes | str) -> list[Job]:
+    """The sub-query jobs in a message on a queue's list: one for `subquery_execute`, several
+    for a bundle. ValueError for a message that is not a sub-query task."""
+    try:
+        task, arg = job_of(raw)
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise ValueError(f"not a Celery task: {exc}") from exc
+    jobs = arg if task == BUNDLE_TASK else [arg] if task == TASK else None
+    if not isinstance(jobs, list) or not all(isinstance(job, dict) for job in jobs):
+        raise ValueError(f"{task[:80]} is not a sub-query task")
+    return jobs

@@ -452,6 +452,42 @@ def test_a_worker_of_version_2_gets_jobs_together_and_an_older_one_one_a_message
             assert len(messages) < 4  # popped and sent together, not one by one
 
 
+def test_a_bundle_that_reaches_a_gateway_workers_queue_is_sent_as_its_jobs(web, venues) -> None:
+    """The conductor bundles only a broker worker's jobs, by what presence said last; a
+    bundle that reaches a gateway worker all the same (a heartbeat of the other kind in
+    between) was dropped as "not a sub-query task", its jobs left to time out."""
+    from workers import wire
+
+    wid, key = _registered("bundled", concurrency=4)
+    run_id = "rbundle" + os.urandom(4).hex()
+    jobs = [
+        {
+            "run_id": run_id,
+            "sq_id": f"{i}.1",
+            "submit_span": "s" * 16,
+            "prompt": f"question {i}.1",
+            "model": ModelSpec("sim", "frlm-sim-worker", "").to_dict(),
+            "deadline": time.time() + 120,
+            "depth": 1,
+            "timeout_s": 60,
+            "attempt": 1,
+        }
+        for i in (1, 2, 3)
+    ]
+    wire.push(
+        get_redis(),
+        [(worker_queue(wid), jobs, f"[{run_id} sub-queries 1.1 2.1 3.1]")],
+        expires_s=60,
+        reply_to="test",
+        sender=wire.origin(),
+        per_trip=8,
+    )
+    with connect(ws_url(web), open_timeout=10) as ws:
+        assert _hello(ws, wid, key, 3)["type"] == "welcome"
+        messages = _next(ws, {"job", "jobs"})
+    assert sorted(j["sq_id"] for j in _jobs(messages)) == ["1.1", "2.1", "3.1"]
+
+
 def _claims(run_id: str) -> list[tuple[str, str]]:
     """(status, sq_id) of what the run's results stream says, in order."""
     return [

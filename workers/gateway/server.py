@@ -54,8 +54,7 @@ from workers.gateway.relay import Held, NotHeld, Relayed, checked, named, starte
 from workers.jobs import Job, cancelled_key, encode_result, results_stream
 from workers.models import Worker
 from workers.venues import Link, presence_group
-from workers.wire import TASK as SUBQUERY_TASK
-from workers.wire import job_of
+from workers.wire import jobs_of
 
 log = logging.getLogger(__name__)
 
@@ -320,23 +319,19 @@ class WorkerLink:
             return []
         return await self.redis.eval(POP_LUA, len(self.queues), *self.queues, count)  # type: ignore[misc]
 
-    def _parse(self, raw: bytes) -> Job | None:
-        """The sub-query job in a queue's message, or None for one nobody should run."""
+    def _parse(self, raw: bytes) -> list[Job]:
+        """The sub-query jobs in a queue's message (a bundle has several, should one come
+        here) that someone still wants (the conductor moves on from one past its deadline)."""
         try:
-            task, job = job_of(raw)
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
-            log.error("gateway: a message on %s is not a Celery task: %s", self.queues, exc)
-            return None
-        if task != SUBQUERY_TASK:
-            log.error("gateway: %s is not a sub-query task; dropped", task[:80])
-            return None
-        if job["deadline"] < time.time():
-            return None  # nobody wants it any more (the conductor has moved on)
-        return job
+            jobs = jobs_of(raw)
+        except ValueError as exc:
+            log.error("gateway: a message on %s dropped: %s", self.queues, exc)
+            return []
+        return [job for job in jobs if job.get("deadline", 0) >= time.time()]
 
     async def _take(self, raws: list[bytes]) -> None:
         """Messages off a queue: claimed for this worker, filled, sent."""
-        jobs = [job for job in map(self._parse, raws) if job is not None]
+        jobs = [job for raw in raws for job in self._parse(raw)]
         if not jobs:
             return
         ids = _ids(2 * len(jobs))  # an Execute span and its start event's id for each
