@@ -93,7 +93,7 @@ class ReplCalls:
         """model= (code written for the original RLM names one) is taken when it names the
         model the call goes to: sub-queries go to the run's worker model, a child RLM's turns
         to its root model, both chosen at launch."""
-        if model is None:
+        if model is None or name not in ("llm_query", "llm_query_batched", "rlm_query"):
             return
         which, wanted = (
             ("root", self.root_model()) if name == "rlm_query" else ("worker", self.worker_model())
@@ -101,8 +101,9 @@ class ReplCalls:
         if model != wanted:
             raise SandboxCallError(
                 f"{name}(model={str(model)[:80]!r}): this run's {which} model is {wanted!r}, "
-                f"chosen at launch; drop model= or launch the run with --{which}-model "
-                f"(the launcher's {which} model) set to the one you want"
+                f"chosen at launch; drop model=, or launch the run with the {which} model "
+                f"you want (the launcher's {which} model, or frlm_run --{which}-model "
+                "openai:NAME)"
             )
 
     def worker_model(self) -> str:

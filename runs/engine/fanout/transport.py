@@ -98,7 +98,9 @@ class Transport:
         self.client.sadd(cancelled_key(self.run_id), *[f.sq_id for f in gone])
         self.client.expire(cancelled_key(self.run_id), 86_400)
         # A bundle's task id is its other jobs' too: its worker finds this one in the set.
-        app.control.revoke([f.task_id for f in gone if f.task_id and not f.bundled])
+        ids = [f.task_id for f in gone if f.task_id and not f.bundled]
+        if ids:
+            app.control.revoke(ids)  # a broadcast to every worker: not for nothing
 
 
 def bundles(ready: list[tuple[Flight, Job]], most: int) -> list[list[tuple[Flight, Job]]]:
