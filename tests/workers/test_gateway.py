@@ -343,9 +343,8 @@ def test_a_worker_answers_and_reports_only_for_jobs_it_holds(web, venues) -> Non
 
 
 # --- batches (protocol version 2) -------------------------------------------------------
-def _queue_job(queue: str, run_id: str, sq_id: str) -> None:
-    """A sub-query job pushed onto `queue` as the conductor pushes one."""
-    job = {
+def _job(run_id: str, sq_id: str) -> dict:
+    return {
         "run_id": run_id,
         "sq_id": sq_id,
         "submit_span": "s" * 16,
@@ -356,7 +355,11 @@ def _queue_job(queue: str, run_id: str, sq_id: str) -> None:
         "timeout_s": 60,
         "attempt": 1,
     }
-    subquery_execute.apply_async(args=[job], queue=queue, declare=[])
+
+
+def _queue_job(queue: str, run_id: str, sq_id: str) -> None:
+    """A sub-query job pushed onto `queue` as the conductor pushes one."""
+    subquery_execute.apply_async(args=[_job(run_id, sq_id)], queue=queue, declare=[])
 
 
 def _next(ws, kinds: set[str], *, wait_s: float = 20) -> list[dict]:
@@ -460,20 +463,7 @@ def test_a_bundle_that_reaches_a_gateway_workers_queue_is_sent_as_its_jobs(web, 
 
     wid, key = _registered("bundled", concurrency=4)
     run_id = "rbundle" + os.urandom(4).hex()
-    jobs = [
-        {
-            "run_id": run_id,
-            "sq_id": f"{i}.1",
-            "submit_span": "s" * 16,
-            "prompt": f"question {i}.1",
-            "model": ModelSpec("sim", "frlm-sim-worker", "").to_dict(),
-            "deadline": time.time() + 120,
-            "depth": 1,
-            "timeout_s": 60,
-            "attempt": 1,
-        }
-        for i in (1, 2, 3)
-    ]
+    jobs = [_job(run_id, f"{i}.1") for i in (1, 2, 3)]
     wire.push(
         get_redis(),
         [(worker_queue(wid), jobs, f"[{run_id} sub-queries 1.1 2.1 3.1]")],

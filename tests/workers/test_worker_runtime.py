@@ -10,6 +10,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,33 @@ def send(queue: str, work: Job) -> None:
     from workers.tasks import subquery_execute
 
     subquery_execute.apply_async(args=[work], queue=queue)
+
+
+@contextmanager
+def two_slot_worker(stack: Stack, venue: str, name: str) -> Iterator[tuple[Proc, str, str]]:
+    """A worker of two slots, its id, and a run id for the jobs the test gives it."""
+    proc = worker_proc(stack, venue, name, "--concurrency", "2")
+    stack.launch(proc)
+    try:
+        stack.wait_ready(proc, 60)
+        yield proc, live(venue, name)["worker_id"], "rt" + uuid.uuid4().hex[:10]
+    finally:
+        stack.kill(proc.name)
+
+
+def push_bundle(worker_id: str, jobs: list[Job]) -> None:
+    """The jobs onto the worker's own queue in one message, as the conductor bundles them."""
+    from workers import wire
+
+    argsrepr = f"[{jobs[0]['run_id']} sub-queries {' '.join(j['sq_id'] for j in jobs)}]"
+    wire.push(
+        get_redis(),
+        [(f"worker.{worker_id}", jobs, argsrepr)],
+        expires_s=60,
+        reply_to="test",
+        sender=wire.origin(),
+        per_trip=8,
+    )
 
 
 def results(run_id: str) -> list[dict[str, Any]]:
@@ -257,26 +285,12 @@ def test_a_bundle_runs_in_the_workers_slots_and_skips_only_its_cancelled_job(
     """Several jobs in one message (workers/wire.py): each runs as if it had come alone, never
     more at once than the worker's slots, and one cancelled before it starts is skipped
     while the others run (a bundle's task id is not revoked: it is theirs too)."""
-    from workers import wire
     from workers.jobs import cancelled_key
 
-    proc = worker_proc(stack, "rtbundle", "rt-bundle-1", "--concurrency", "2")
-    stack.launch(proc)
-    try:
-        stack.wait_ready(proc, 60)
-        worker_id = live("rtbundle", "rt-bundle-1")["worker_id"]
-        run_id = "rt" + uuid.uuid4().hex[:10]
-        client = get_redis()
-        client.sadd(cancelled_key(run_id), "3.1")
+    with two_slot_worker(stack, "rtbundle", "rt-bundle-1") as (_proc, worker_id, run_id):
+        get_redis().sadd(cancelled_key(run_id), "3.1")
         jobs = [job(run_id, f"{i}.1", QUESTION, latency_ms=300) for i in range(1, 6)]
-        wire.push(
-            client,
-            [(f"worker.{worker_id}", jobs, f"[{run_id} sub-queries 1.1 ... 5.1]")],
-            expires_s=60,
-            reply_to="test",
-            sender=wire.origin(),
-            per_trip=8,
-        )
+        push_bundle(worker_id, jobs)
         done = finals(run_id, 5)
         assert {r["sq_id"]: r["status"] for r in done} == {
             "1.1": "ok",
@@ -292,31 +306,15 @@ def test_a_bundle_runs_in_the_workers_slots_and_skips_only_its_cancelled_job(
             running += 1 if result["status"] == "started" else -1
             most = max(most, running)
         assert most == 2, "a bundle's jobs ran beyond the worker's two slots, or one at a time"
-    finally:
-        stack.kill(proc.name)
 
 
 def test_on_sigterm_it_finishes_a_bundles_running_jobs_and_leaves_the_rest(stack, transactional_db):
     """A bundle's jobs without a slot yet are like jobs Celery prefetched and never started:
     a draining worker leaves them (the conductor sends them elsewhere once it has
     deregistered) instead of running the whole bundle before it exits."""
-    from workers import wire
-
-    proc = worker_proc(stack, "rtbdrain", "rt-bdrain-1", "--concurrency", "2")
-    stack.launch(proc)
-    try:
-        stack.wait_ready(proc, 60)
-        worker_id = live("rtbdrain", "rt-bdrain-1")["worker_id"]
-        run_id = "rt" + uuid.uuid4().hex[:10]
+    with two_slot_worker(stack, "rtbdrain", "rt-bdrain-1") as (proc, worker_id, run_id):
         jobs = [job(run_id, f"{i}.1", QUESTION, latency_ms=2500) for i in range(1, 5)]
-        wire.push(
-            get_redis(),
-            [(f"worker.{worker_id}", jobs, f"[{run_id} sub-queries 1.1 ... 4.1]")],
-            expires_s=60,
-            reply_to="test",
-            sender=wire.origin(),
-            per_trip=8,
-        )
+        push_bundle(worker_id, jobs)
         wait_until(
             lambda: len([r for r in results(run_id) if r["status"] == "started"]) == 2,
             timeout=30,
@@ -332,5 +330,3 @@ def test_on_sigterm_it_finishes_a_bundles_running_jobs_and_leaves_the_rest(stack
             ("2.1", "started"),
         ]
         assert Worker.objects.get(id=worker_id).status == "deregistered"
-    finally:
-        stack.kill(proc.name)
