@@ -8,6 +8,10 @@ model server from W threads, with no FRLM, Celery or tracing at all.
 
     .venv/bin/python bench/fanout.py [--n 256] [--latency-ms 200] [--slots 32]
                                      [--trusted local|local,edge|none] [--quick]
+                                     [--bundle-max 1,16]
+
+`--bundle-max 1,16` runs each try once with each value of policy.bundle_max, in turn, so
+sending every job alone and bundling a trusted worker's jobs are measured side by side.
 
 Each try prints sub-queries/s beside the harness floor's, and the stack's CPU per
 sub-query by process (the simulated model left out of the total).
@@ -45,17 +49,18 @@ def timed_program(n: int, *, sequential: bool) -> str:
     )
 
 
-def measure(n: int, venues: list[str], *, sequential: bool) -> tuple[float, int, str]:
-    run = run_to_end(
-        timed_program(n, sequential=sequential),
-        venues=venues,
-        policy={
-            "max_batch": max(n, 1),
-            "max_subqueries": 2 * n,
-            "cell_timeout_s": 3600,
-            "subquery_timeout_s": 120,
-        },
-    )
+def measure(
+    n: int, venues: list[str], *, sequential: bool, bundle_max: int | None = None
+) -> tuple[float, int, str]:
+    policy = {
+        "max_batch": max(n, 1),
+        "max_subqueries": 2 * n,
+        "cell_timeout_s": 3600,
+        "subquery_timeout_s": 120,
+    }
+    if bundle_max is not None:
+        policy["bundle_max"] = bundle_max
+    run = run_to_end(timed_program(n, sequential=sequential), venues=venues, policy=policy)
     if run.status != "succeeded":
         raise SystemExit(f"benchmark run failed: {run.error}")
     elapsed, failed = run.answer.split()
@@ -131,6 +136,12 @@ def main() -> None:
     parser.add_argument("--skip-sequential", action="store_true")
     parser.add_argument("--quick", action="store_true", help="64 sub-queries, 2 tries")
     parser.add_argument(
+        "--bundle-max",
+        default="",
+        help="comma-separated policy.bundle_max values, e.g. 1,16: each try runs them in turn, "
+        "side by side (1 sends each job alone); default: the server's FRLM_BUNDLE_MAX",
+    )
+    parser.add_argument(
         "--trusted",
         default="local",
         help="comma-separated venues to trust (default: local, the product's default); none",
@@ -142,6 +153,12 @@ def main() -> None:
     if args.quick:
         args.n, args.repeat, args.skip_sequential = 64, 2, True
     trusted = {v for v in args.trusted.split(",") if v and v != "none"}
+    try:
+        bundles = [int(v) for v in args.bundle_max.split(",") if v] or [None]
+    except ValueError:
+        parser.error("--bundle-max takes whole numbers separated by commas, e.g. 1,16")
+    if any(b is not None and not 0 <= b <= 64 for b in bundles):
+        parser.error("--bundle-max values are 0 to 64 (0: the server's FRLM_BUNDLE_MAX)")
 
     sim = {"latency_ms": args.latency_ms, "spread": 0}
     half = args.slots // 2
@@ -158,13 +175,15 @@ def main() -> None:
         measure(args.slots, names, sequential=False)  # warm connections and workers
         batches = []
         for _ in range(args.repeat):
-            before = stack_cpu_s(stack)
-            t, failed, run_id = measure(args.n, names, sequential=False)
-            cpu = cpu_spent(before, stack_cpu_s(stack))
-            batches.append((t, failed, cpu, split(run_id, args.n)))
+            for bundle in bundles:
+                before = stack_cpu_s(stack)
+                t, failed, run_id = measure(args.n, names, sequential=False, bundle_max=bundle)
+                cpu = cpu_spent(before, stack_cpu_s(stack))
+                batches.append((t, failed, cpu, split(run_id, args.n), bundle))
         sequential = None if args.skip_sequential else measure(args.n, names, sequential=True)
 
     best = min(t for t, *_ in batches)
+    labels = {b: "" if b is None else f"bundle_max {b:>2} " for b in bundles}
     print(
         f"fanout benchmark: {args.n} sub-queries, {args.latency_ms:g} ms simulated latency, "
         f"{args.slots} worker slots over 2 venues"
@@ -184,10 +203,10 @@ def main() -> None:
         f"  harness floor (no FRLM)    {floor:8.3f} s   {ratio(floor, ideal)}   "
         f"{args.n / floor:8,.0f} sub-queries/s"
     )
-    for i, (t, failed, cpu, shares) in enumerate(batches, 1):
+    for i, (t, failed, cpu, shares, bundle) in enumerate(batches, 1):
         stack_ms = sum(v for k, v in cpu.items() if k != "simserver") * 1000 / args.n
         print(
-            f"  FRLM fanout, try {i}        {t:8.3f} s   {ratio(t, ideal)}   "
+            f"  FRLM fanout, try {i:<2} {labels[bundle]:<13}{t:8.3f} s   {ratio(t, ideal)}   "
             f"{args.n / t:8,.0f} sub-queries/s ({floor / t:4.2f} of floor)   failed {failed}"
             f"   per worker {'/'.join(str(c) for c, _ in shares)} sub-queries, "
             f"exec p50 {'/'.join(f'{ms:.0f}' for _, ms in shares)} ms"
@@ -200,10 +219,18 @@ def main() -> None:
                 if seconds > 0
             )
         )
-    print(
-        f"  FRLM fanout, best          {best:8.3f} s   {ratio(best, ideal)}   "
-        f"{args.n / best:8,.0f} sub-queries/s   {floor / best:5.3f} of the floor's throughput"
-    )
+    for bundle in bundles:
+        mine = [b for b in batches if b[4] == bundle]
+        best = min(t for t, *_ in mine)
+        cpu_ms = sorted(
+            sum(v for k, v in b[2].items() if k != "simserver") * 1000 / args.n for b in mine
+        )
+        print(
+            f"  FRLM fanout, best {labels[bundle]:<13}{best:8.3f} s   {ratio(best, ideal)}   "
+            f"{args.n / best:8,.0f} sub-queries/s   {floor / best:5.3f} of the floor's "
+            f"throughput   stack CPU {cpu_ms[len(cpu_ms) // 2]:.2f} ms per sub-query (median)"
+        )
+    best = min(t for t, *_ in batches)
     if sequential is not None:
         t, failed, _ = sequential
         print(

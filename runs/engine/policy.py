@@ -24,6 +24,9 @@ class Policy:
     # Sub-queries of one batch out at once (0: as many as the workers have credit for);
     # 1 runs them one after another, as the original RLM's sequential sub-calls do.
     max_inflight: int = 0
+    # Jobs for one trusted broker worker sent together in one Celery message (a bundle,
+    # workers/wire.py); 0: the server's FRLM_BUNDLE_MAX; 1: each alone.
+    bundle_max: int = 0
     subquery_timeout_s: float = 60.0  # one attempt of one sub-query
     max_retries: int = 1  # attempts after the first, on another venue where possible
     quorum: float = 1.0  # a batch proceeds once this fraction has returned
@@ -185,6 +188,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "max_subqueries": (1, 100_000),
     "max_batch": (1, 4096),
     "max_inflight": (0, 4096),
+    "bundle_max": (0, 64),
     "subquery_timeout_s": (0.1, 3600),
     "max_retries": (0, 5),
     "quorum": (0.05, 1.0),

@@ -41,8 +41,8 @@ class Transport:
     def publish(self, ready: list[tuple[Flight, Job]]) -> None:
         """Push the jobs onto their queues as Celery messages (workers.wire), pipelined
         DISPATCH_FLUSH at a time; those for one trusted broker worker go in bundles of up to
-        FRLM_BUNDLE_MAX, one message each."""
-        messages = bundles(ready, settings.FRLM_BUNDLE_MAX)
+        policy.bundle_max (by default FRLM_BUNDLE_MAX), one message each."""
+        messages = bundles(ready, self.policy.bundle_max or settings.FRLM_BUNDLE_MAX)
         ids = wire.push(
             self.client,
             [
