@@ -212,6 +212,10 @@ class Router:
         """The scheduler's plan for the backlog (workers.scheduler.plan)."""
         workers = self.roster.workers
         candidates = self._candidates(wave)
+        if not any(c.allowed and c.free > 0 for c in candidates):
+            # No worker has a free credit: the plan would place nothing (most pumps, while
+            # every credit is out), so the backlog is not read into needs for it.
+            return []
         live = set(workers)
         model = self.scope.worker_model.model or ""
         needs = []
