@@ -11,7 +11,7 @@ import logging
 import math
 import re
 import secrets
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, TypedDict
 
@@ -529,28 +529,40 @@ def worker_heartbeat(worker: Worker, figures: Figures, link: Link | None = None)
         or (now - worker.last_heartbeat).total_seconds() >= settings.FRLM_HEARTBEAT_WRITE_S
     )
     if due:
-        updated = (
-            Worker.objects.filter(id=worker.id)
-            .exclude(status=Worker.Status.DEREGISTERED)
-            .update(status=Worker.Status.ACTIVE, last_heartbeat=now, health=dict(figures))
-        )
-        if not updated:
-            status = Worker.objects.filter(id=worker.id).values_list("status", flat=True).first()
-            if status is None:
-                raise WorkerUnknown(
-                    f"no worker {worker.id}",
-                    "register again with an enrolment token",
-                )
-            raise WorkerGone(
-                f"worker {worker.id} was deregistered",
-                "stop this worker, or register again with an enrolment token",
-            )
+        _note_heartbeat(worker, now, figures)
         if worker.status == Worker.Status.LOST:
             log.info("worker %s (%s) is back after being lost", worker.id, worker.name)
         worker.status, worker.last_heartbeat, worker.health = Worker.Status.ACTIVE, now, figures
     entry = live_entry(worker, figures, link)
     presence.announce(get_redis(), presence_group(worker.venue.name), worker.id, dict(entry))
     return entry
+
+
+def _note_heartbeat(worker: Worker, now: datetime, figures: Figures) -> None:
+    """Write the beat to the worker's row. A row that is not there when the write looks, and
+    is when the status is read after it, was put back in between (by the worker restoring
+    it, or a test's fixture after emptying the tables): it is written again, not taken for
+    a deregistration. One such race told a live worker it was deregistered, and it stopped
+    (a stack worker vanished mid-session in CI)."""
+    for _ in range(3):
+        updated = (
+            Worker.objects.filter(id=worker.id)
+            .exclude(status=Worker.Status.DEREGISTERED)
+            .update(status=Worker.Status.ACTIVE, last_heartbeat=now, health=dict(figures))
+        )
+        if updated:
+            return
+        status = Worker.objects.filter(id=worker.id).values_list("status", flat=True).first()
+        if status is None:
+            raise WorkerUnknown(f"no worker {worker.id}", "register again with an enrolment token")
+        if status == Worker.Status.DEREGISTERED:
+            raise WorkerGone(
+                f"worker {worker.id} was deregistered",
+                "stop this worker, or register again with an enrolment token",
+            )
+    log.warning(
+        "worker %s: its row kept changing under its heartbeat; the next one writes it", worker.id
+    )
 
 
 # --- leaving -----------------------------------------------------------------------------

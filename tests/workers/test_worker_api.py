@@ -216,6 +216,30 @@ def test_it_refuses_a_second_worker_of_the_same_name_in_a_venue(client, venue, t
     assert register(client, token, registration(keys.generate())).status_code == 201
 
 
+def test_a_row_put_back_between_a_beats_write_and_its_read_is_no_deregistration(token, monkeypatch):
+    """The beat's write found no row (a test's fixture had emptied the tables) and its read
+    found one (the fixture had put it back): the live worker was told it was deregistered
+    and stopped; a stack worker vanished mid-session in CI so. The row is written again."""
+    from django.db.models.query import QuerySet
+
+    from workers.services import figures_clean, worker_heartbeat
+
+    worker = joined(token, keys.generate())
+    worker.last_heartbeat = None
+    real_update, missed = QuerySet.update, []
+
+    def update(self, **fields):
+        if self.model is Worker and "last_heartbeat" in fields and not missed:
+            missed.append(True)
+            return 0  # the row was not there at that instant
+        return real_update(self, **fields)
+
+    monkeypatch.setattr(QuerySet, "update", update)
+    worker_heartbeat(worker, figures_clean({"inflight": 1}))
+    worker.refresh_from_db()
+    assert missed and worker.status == "active" and worker.last_heartbeat is not None
+
+
 def test_it_gives_a_restarted_worker_a_new_id_and_retires_the_old(client, token):
     key = keys.generate()
     first = joined(token, key)
