@@ -154,6 +154,11 @@ class _Queue:
         return self.c.free - self.sending > 0
 
 
+def free_credit(candidates: list[Candidate]) -> int:
+    """Jobs the workers allowed work may still be sent now: a plan places no more."""
+    return sum(max(0, c.free) for c in candidates if c.allowed)
+
+
 def plan(
     candidates: list[Candidate],
     needs: list[Need],
@@ -164,7 +169,7 @@ def plan(
     eligible = [c for c in candidates if c.allowed]
     # Every reply frees a credit and asks for a plan: most plans have one or two jobs to
     # place, so planning stops as soon as no credit is left.
-    credits = sum(max(0, c.free) for c in eligible)
+    credits = free_credit(candidates)
     if not credits or not needs:
         return []
     known = sorted(c.latency_ms for c in eligible if c.latency_ms)

@@ -212,7 +212,7 @@ class Router:
         """The scheduler's plan for the backlog (workers.scheduler.plan)."""
         workers = self.roster.workers
         candidates = self._candidates(wave)
-        if not any(c.allowed and c.free > 0 for c in candidates):
+        if not scheduler.free_credit(candidates):
             # No worker has a free credit: the plan would place nothing (most pumps, while
             # every credit is out), so the backlog is not read into needs for it.
             return []
