@@ -112,6 +112,7 @@ def summarise(run: Run) -> dict[str, Any]:
         "turns": run.turns,
         "subqueries": run.subqueries,
         "subqueries_failed": run.subqueries_failed,
+        "subqueries_cut": run.subqueries_cut,
         "tokens_in": run.tokens_in,
         "tokens_out": run.tokens_out,
         "cost_usd": money_str(run.cost),  # exact dollars as a decimal string
@@ -139,7 +140,9 @@ def format_summary(s: dict[str, Any]) -> str:
             lines.append(f"score      {s['score']:.4f}")
     lines.append(
         f"wall       {s['wall_s']:.2f} s   turns {s['turns']}   sub-queries {s['subqueries']} "
-        f"({s['subqueries_failed']} failed)"
+        f"({s['subqueries_failed']} failed"
+        + (f", {s['subqueries_cut']} cut off at the quorum" if s.get("subqueries_cut") else "")
+        + ")"
     )
     lines.append(
         f"tokens     {s['tokens_in']} in / {s['tokens_out']} out   "

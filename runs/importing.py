@@ -266,7 +266,10 @@ def _totals(events: list[Event], said: dict[str, Any]) -> dict[str, Any]:
             if e["name"] == "Run.Decode" and e["phase"] == "start" and not e.get("depth")
         ),
         "subqueries": len(submits),
-        "subqueries_failed": sum(1 for e in submits if e["status"] != "ok"),
+        "subqueries_failed": sum(
+            1 for e in submits if e["status"] != "ok" and e.get("cut") != "quorum"
+        ),
+        "subqueries_cut": sum(1 for e in submits if e.get("cut") == "quorum"),
         "tokens_in": sum(e.get("tokens_in") or 0 for e in model_ends),
         "tokens_out": sum(e.get("tokens_out") or 0 for e in model_ends),
         "cost": sum((money(e.get("cost") or 0) for e in model_ends), ZERO),

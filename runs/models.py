@@ -73,6 +73,8 @@ class Run(models.Model):
     turns = models.IntegerField(default=0)
     subqueries = models.IntegerField(default=0)
     subqueries_failed = models.IntegerField(default=0)
+    # Cancelled once their batch's quorum was met (policy.quorum): by design, not failures.
+    subqueries_cut = models.IntegerField(default=0)
     tokens_in = models.BigIntegerField(default=0)
     tokens_out = models.BigIntegerField(default=0)
     # Exact dollars (frlm_web.money); 12 places reach a pico-dollar, finer than any price.

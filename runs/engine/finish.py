@@ -23,7 +23,8 @@ def partial_reason(totals: Totals, accounts: RunAccounts, *, answered: bool) -> 
     t = totals
     refused = accounts.budget.fill(top=0)["refused"]
     rests = (
-        f"the answer rests on the {t.subqueries - t.subqueries_failed} sub-queries that returned"
+        f"the answer rests on the {t.subqueries - t.subqueries_failed - t.subqueries_cut} "
+        "sub-queries that returned"
         if answered
         else "the program gave no answer before it"
     )
@@ -62,6 +63,7 @@ def run_record(
         turns=t.turns,
         subqueries=t.subqueries,
         subqueries_failed=t.subqueries_failed,
+        subqueries_cut=t.subqueries_cut,
         tokens_in=t.tokens_in,
         tokens_out=t.tokens_out,
         cost=t.cost,
@@ -114,6 +116,8 @@ def run_done(
         correct=correct,
         wall_ms=wall_ms,
         subqueries=t.subqueries,
+        subqueries_failed=t.subqueries_failed,
+        subqueries_cut=t.subqueries_cut,
         tokens_in=t.tokens_in,
         tokens_out=t.tokens_out,
         cost=t.cost,

@@ -29,6 +29,7 @@ def write_progress(client: redis.Redis, run_id: str, *, phase: str, totals: Any)
             "subqueries": totals.subqueries,
             "settled": totals.settled,
             "failed": totals.subqueries_failed,
+            "cut": totals.subqueries_cut,
             "tokens": totals.tokens_in + totals.tokens_out,
             "cost": money_str(totals.cost),
         },

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from frlm_web.stack import VenueSpec
+from runs.cli import format_summary, summarise
 from tests.helpers import finish, launch, named, scripted, trace, wait_until
 from workers.models import Venue
 
@@ -62,6 +63,14 @@ def test_it_proceeds_at_quorum_and_cancels_stragglers(venues):
     cancels = named(events, "SubQuery.Cancel")
     assert len(cancels) == len(cancelled)
     assert all("quorum of 12/20 reached" in e["attrs"]["reason"] for e in cancels)
+    # Cut off by design, not failed: the run's row, its Run.Done and the command's summary.
+    assert (run.subqueries_failed, run.subqueries_cut) == (0, len(cancelled))
+    (done,) = named(events, "Run.Done")
+    assert (done["attrs"]["subqueries_failed"], done["attrs"]["subqueries_cut"]) == (
+        0,
+        len(cancelled),
+    )
+    assert f"(0 failed, {len(cancelled)} cut off at the quorum)" in format_summary(summarise(run))
 
 
 def test_it_times_out_retries_elsewhere_and_marks_the_failure(venues):

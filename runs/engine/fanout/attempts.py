@@ -245,7 +245,9 @@ class Attempts:
             return
         self.settle(flight, status, error=reason)
 
-    def cancel_rest(self, wave: Wave, reason: str) -> None:
+    def cancel_rest(self, wave: Wave, reason: str, *, quorum: bool = False) -> None:
+        """Cancel what is out and settle what waits: a quorum's cut (`quorum`) is counted as
+        cut off, not failed; a deadline's or the run's cancel as failed."""
         gone = list(wave.out.values())
         for flight in gone:
             self.emitter.instant(
@@ -258,21 +260,31 @@ class Attempts:
                 venue=flight.venue,
             )
             if flight.outcome.status == "pending":  # a hedge's twin settles it only once
-                self.settle(flight, "cancelled", error=f"cancelled: {reason}")
+                self.settle(flight, "cancelled", error=f"cancelled: {reason}", cut=quorum)
         self.transport.revoke(gone)
         for flight in gone:
             self.release(flight, wave)
-        self.settle_backlog(wave, "cancelled", f"cancelled before it was sent: {reason}")
+        self.settle_backlog(
+            wave, "cancelled", f"cancelled before it was sent: {reason}", cut=quorum
+        )
 
-    def settle_backlog(self, wave: Wave, status: str, reason: str) -> None:
+    def settle_backlog(self, wave: Wave, status: str, reason: str, *, cut: bool = False) -> None:
         while wave.backlog:
             flight = wave.backlog.popleft()
             if flight.outcome.status == "pending":  # a queued hedge's twin may have settled it
-                self.settle(flight, status, error=reason)
+                self.settle(flight, status, error=reason, cut=cut)
 
     def settle(
-        self, flight: Flight, status: str, *, error: str = "", result: Result | None = None
+        self,
+        flight: Flight,
+        status: str,
+        *,
+        error: str = "",
+        result: Result | None = None,
+        cut: bool = False,
     ) -> None:
+        """The sub-query's outcome, its Return and the end of its Submit span. `cut`: the
+        batch's quorum was met without it, so it counts as cut off, not as failed."""
         outcome = flight.outcome
         outcome.status = status
         outcome.error = error
@@ -285,7 +297,9 @@ class Attempts:
             outcome.cost = result.get("cost") or ZERO
             outcome.ms = result.get("ms", 0.0)
         self.totals.settled += 1
-        if status != "ok":
+        if status != "ok" and cut:
+            self.totals.subqueries_cut += 1
+        elif status != "ok":
             self.totals.subqueries_failed += 1
         elif result is not None:
             # The reply is paid for through the attempt it answers for: a winning hedge's
@@ -318,4 +332,5 @@ class Attempts:
             worker_id=outcome.worker_id or None,
             attempts=outcome.attempts,
             error=error or None,
+            cut="quorum" if cut else None,
         )

@@ -53,6 +53,9 @@ from traces.emitter import Emitter
 from workers.backends import ModelSpec
 from workers.jobs import Job
 
+# How a batch's cut at its quorum begins its reason (a replay reads it back from the book).
+QUORUM_CUT = "quorum of"
+
 
 class Fanout:
     # One place builds every part and gives each only what it uses: read together, the
@@ -449,13 +452,14 @@ class Fanout:
             # conductor's CPU went on counting).
             cut = None
         elif sum(1 for f in batch if f.outcome.status != "pending") >= need:
-            cut = f"quorum of {need}/{len(batch)} reached"
+            cut = f"{QUORUM_CUT} {need}/{len(batch)} reached"
             if all(f.outcome.status != "pending" for f in batch):
                 cut = None  # only the gate's checks are left (vouching.Vouching): they finish
         else:
             cut = None
         if busy and cut is not None:
-            self.attempts.cancel_rest(wave, cut)
+            # A replay's recorded cut may be a deadline's: only a quorum's is not a failure.
+            self.attempts.cancel_rest(wave, cut, quorum=cut.startswith(QUORUM_CUT))
         elif busy and time.time() > batch_deadline:
             self.attempts.cancel_rest(
                 wave, f"batch deadline of {self.policy.batch_deadline_s} s passed"

@@ -62,6 +62,7 @@ class Totals:
     turns: int = 0
     subqueries: int = 0
     subqueries_failed: int = 0
+    subqueries_cut: int = 0  # cancelled once the batch's quorum was met: by design, not failed
     settled: int = 0
     calls: int = 0  # sub-queries and child RLMs, counted against policy.max_subqueries
     tokens_in: int = 0
