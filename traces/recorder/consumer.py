@@ -68,7 +68,7 @@ class Recorder:
         # Called with each batch once it is durable, before it is acknowledged (the OTLP
         # stream, traces.otlp_stream); it must return at once and never raise.
         self.on_stored: Callable[[pa.Table], None] | None = None
-        # Runs to fold into their cached span tree, with when (store._tree_columns): the
+        # Runs to fold into their cached span tree, with when (store.fold_tree): the
         # first `frlm_diff` of a run then reads one file instead of its segments.
         self.fold_due: dict[str, float] = {}
         self.fold_quiet_s = FOLD_QUIET_S
@@ -260,7 +260,7 @@ class Recorder:
         run_id = min(due, key=self.fold_due.__getitem__)
         del self.fold_due[run_id]
         try:
-            store.span_tree(run_id)  # writes the cache once every span has ended
+            store.fold_tree(run_id)  # writes the cache once every span has ended
         except Exception:  # a cache is only a shortcut: readers fold the tree themselves
             log.exception("recorder: could not fold the span tree of run %s", run_id)
 
