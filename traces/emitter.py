@@ -222,7 +222,11 @@ class Emitter:
         return event
 
     def emit(self, name: str, phase: str, **kwargs: Any) -> Event:
-        event = self.build(name, phase, **kwargs)
+        return self.emit_built(self.build(name, phase, **kwargs))
+
+    def emit_built(self, event: Event) -> Event:
+        """Send an event built earlier (its timestamp stays when it was built), or hold it
+        in the open batch."""
         if self._held is not None:
             self._held.append(event)
         else:

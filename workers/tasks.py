@@ -9,6 +9,7 @@ import time
 from frlm_web.celery import app
 from frlm_web.redis_client import get_redis
 from traces.emitter import Emitter, Span
+from traces.schema import Event
 from workers import fragments, slots, venues, wire
 from workers.alive import ALIVE_ENV
 from workers.backends import ModelError, ModelSpec, chat
@@ -52,8 +53,8 @@ def subquery_bundle(jobs: list[Job]) -> None:
 def execute(job: Job) -> bool:
     """1. skip work nobody wants any more, 2. call the model inside an Execute span,
     3. push the result to the run's result stream. Two Redis round trips in all: the
-    span's start travels with the cancel check, its end with the result. Whether it
-    called the model."""
+    span's start travels with the cancel check, its end (and the fragments it loaded)
+    with the result. Whether it called the model."""
     client = get_redis()
     venue, worker_id = venues.this_worker() or ("unknown", None)
     base: Result = {
@@ -93,8 +94,9 @@ def execute(job: Job) -> bool:
     if pipe.execute()[0]:
         _finish(emitter, span, stream, {**base, "status": "cancelled"}, "cancelled")
         return False
+    loaded: list[Event] = []
     try:
-        prompt = _load_fragments(emitter, span, job)
+        prompt = _load_fragments(emitter, span, job, loaded)
         reply = chat(
             spec,
             [{"role": "user", "content": prompt}],
@@ -103,40 +105,61 @@ def execute(job: Job) -> bool:
             recorded=job.get("recorded"),
         )
     except (fragments.FragmentError, ModelError) as exc:
-        _fail(emitter, span, stream, base, str(exc))
+        _fail(emitter, span, stream, base, str(exc), loaded)
         return True
     try:
         result = ok_result(job, base, worker_id or "", reply)
     except ValueError as exc:
-        _fail(emitter, span, stream, base, f"cannot attest: {exc}")
+        _fail(emitter, span, stream, base, f"cannot attest: {exc}", loaded)
         return True
-    _finish(emitter, span, stream, result, "ok", **reply_fields(reply))
+    _finish(emitter, span, stream, result, "ok", loaded, **reply_fields(reply))
     return True
 
 
-def _load_fragments(emitter: Emitter, span: Span, job: Job) -> str:
-    """The prompt with the context fragments it refers to read in, one Env.LoadFragment
-    event per fragment (workers/fragments.py)."""
-    prompt, loaded = fragments.fill(job["prompt"])
-    with emitter.batch():
-        for item in loaded:
-            emitter.instant("Env.LoadFragment", parent=span.span_id, depth=job["depth"], **item)
+def _load_fragments(emitter: Emitter, span: Span, job: Job, loaded: list[Event]) -> str:
+    """The prompt with the context fragments it refers to read in (workers/fragments.py);
+    one Env.LoadFragment event per fragment is added to `loaded`, stamped now and sent
+    with the span's end."""
+    prompt, items = fragments.fill(job["prompt"])
+    for item in items:
+        loaded.append(
+            emitter.build(
+                "Env.LoadFragment", "instant", parent=span.span_id, depth=job["depth"], **item
+            )
+        )
     return prompt
 
 
-def _fail(emitter: Emitter, span: Span, stream: str, base: Result, error: str) -> None:
+def _fail(
+    emitter: Emitter, span: Span, stream: str, base: Result, error: str, loaded: list[Event]
+) -> None:
     """End the Execute span as an error and deliver the error result."""
     _finish(
-        emitter, span, stream, {**base, "status": "error", "error": error}, "error", error=error
+        emitter,
+        span,
+        stream,
+        {**base, "status": "error", "error": error},
+        "error",
+        loaded,
+        error=error,
     )
 
 
 def _finish(
-    emitter: Emitter, span: Span, stream: str, result: Result, status: str, **fields: object
+    emitter: Emitter,
+    span: Span,
+    stream: str,
+    result: Result,
+    status: str,
+    loaded: list[Event] | None = None,
+    **fields: object,
 ) -> None:
-    """End the Execute span and deliver the signed result in one round trip."""
+    """End the Execute span and deliver the signed result in one round trip, with the
+    events held for it (`loaded`) ahead of the end."""
     pipe = emitter.client.pipeline(transaction=False)
     with emitter.batch(pipe):
+        for event in loaded or ():
+            emitter.emit_built(event)
         span.end(status, **fields)
     pipe.xadd(stream, encode_result(signed(result)))
     pipe.execute()

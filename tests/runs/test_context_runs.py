@@ -42,6 +42,14 @@ def test_it_solves_a_generated_task_with_workers_reading_fragments(
     # Every sub-query carried a reference, and its worker read just those bytes.
     assert len(loads) == run.subqueries
     assert sum(e["bytes"] for e in loads) >= run.context_chars
+    # Each load sits inside its Execute span, stamped when it was read though sent with
+    # the span's end (one round trip fewer per job), and before the end in the stream.
+    executes = {e["span_id"]: e for e in named(events, "SubQuery.Execute", "start")}
+    ends = {e["span_id"]: e for e in named(events, "SubQuery.Execute", "end")}
+    for load in loads:
+        start, end = executes[load["parent_id"]], ends[load["parent_id"]]
+        assert start["ts"] <= load["ts"] <= end["ts"]
+        assert start["seq"] < load["seq"] < end["seq"]
     prompts = named(events, "SubQuery.Submit", "start")
     assert all(e["bytes"] < 2_000 for e in prompts)
 
