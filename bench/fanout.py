@@ -8,10 +8,14 @@ model server from W threads, with no FRLM, Celery or tracing at all.
 
     .venv/bin/python bench/fanout.py [--n 256] [--latency-ms 200] [--slots 32]
                                      [--trusted local|local,edge|none] [--quick]
-                                     [--bundle-max 1,16]
+                                     [--bundle-max 1,16] [--consumer celery,frlm]
 
 `--bundle-max 1,16` runs each try once with each value of policy.bundle_max, in turn, so
 sending every job alone and bundling a trusted worker's jobs are measured side by side.
+`--consumer celery,frlm` does the same for the venue workers' consumer (frlm_worker
+--consumer): the stack then holds a local and an edge venue per consumer (`local-celery`,
+`edge-frlm`...), and each try runs the batch on each pair in turn; the stack's CPU then
+includes the idle pair's, which is small and falls on both.
 
 Each try prints sub-queries/s beside the harness floor's, and the stack's CPU per
 sub-query by process (the simulated model left out of the total).
@@ -142,6 +146,12 @@ def main() -> None:
         "side by side (1 sends each job alone); default: the server's FRLM_BUNDLE_MAX",
     )
     parser.add_argument(
+        "--consumer",
+        default="",
+        help="comma-separated consumers of the venue workers, e.g. celery,frlm: each try runs "
+        "on each in turn, side by side; default: FRLM_WORKER_CONSUMER",
+    )
+    parser.add_argument(
         "--trusted",
         default="local",
         help="comma-separated venues to trust (default: local, the product's default); none",
@@ -160,30 +170,48 @@ def main() -> None:
     if any(b is not None and not 0 <= b <= 64 for b in bundles):
         parser.error("--bundle-max values are 0 to 64 (0: the server's FRLM_BUNDLE_MAX)")
 
+    consumers = [c for c in args.consumer.split(",") if c] or [""]
+    if any(c not in ("celery", "frlm") for c in consumers):
+        parser.error("--consumer takes celery and/or frlm, e.g. celery,frlm")
+
     sim = {"latency_ms": args.latency_ms, "spread": 0}
     half = args.slots // 2
-    venues = [
-        VenueSpec("local", half, sim, "bench-local"),
-        VenueSpec("edge", args.slots - half, sim, "bench-edge"),
-    ]
+    pairs: dict[str, list[VenueSpec]] = {}
+    for consumer in consumers:
+        tail = f"-{consumer}" if consumer else ""
+        pairs[consumer] = [
+            VenueSpec(f"local{tail}", half, sim, f"bench-local{tail}", consumer=consumer),
+            VenueSpec(
+                f"edge{tail}", args.slots - half, sim, f"bench-edge{tail}", consumer=consumer
+            ),
+        ]
+    venues = [v for pair in pairs.values() for v in pair]
+    trusted = {v.name for v in venues if v.name.split("-")[0] in trusted}
+    # (consumer, bundle_max) in the order each try runs them, and how the output names them.
+    variants = [(c, b) for c in consumers for b in bundles]
+    labels = {
+        (c, b): (f"{c} " if c else "") + ("" if b is None else f"bundle_max {b:>2} ")
+        for c, b in variants
+    }
     ideal = math.ceil(args.n / args.slots) * args.latency_ms / 1000
     with private_stack(venues, trusted=trusted) as stack:
-        names = [v.name for v in venues]
         # As the stack's slots are: over two worker processes.
         harness_floor(args.slots * 2, args.slots, args.latency_ms, procs=2)
         floor = min(harness_floor(args.n, args.slots, args.latency_ms, procs=2) for _ in range(2))
-        measure(args.slots, names, sequential=False)  # warm connections and workers
+        for pair in pairs.values():  # warm connections and workers
+            measure(args.slots, [v.name for v in pair], sequential=False)
         batches = []
         for _ in range(args.repeat):
-            for bundle in bundles:
+            for consumer, bundle in variants:
+                names = [v.name for v in pairs[consumer]]
                 before = stack_cpu_s(stack)
                 t, failed, run_id = measure(args.n, names, sequential=False, bundle_max=bundle)
                 cpu = cpu_spent(before, stack_cpu_s(stack))
-                batches.append((t, failed, cpu, split(run_id, args.n), bundle))
-        sequential = None if args.skip_sequential else measure(args.n, names, sequential=True)
+                batches.append((t, failed, cpu, split(run_id, args.n), (consumer, bundle)))
+        first = [v.name for v in pairs[consumers[0]]]
+        sequential = None if args.skip_sequential else measure(args.n, first, sequential=True)
 
     best = min(t for t, *_ in batches)
-    labels = {b: "" if b is None else f"bundle_max {b:>2} " for b in bundles}
     print(
         f"fanout benchmark: {args.n} sub-queries, {args.latency_ms:g} ms simulated latency, "
         f"{args.slots} worker slots over 2 venues"
@@ -192,21 +220,26 @@ def main() -> None:
 
     for venue in venues:
         prefetch = settings.FRLM_WORKER_PREFETCH if venue.name in trusted else 1
+        consumer = venue.consumer or settings.FRLM_WORKER_CONSUMER
+        holds = (
+            "takes jobs only for free slots"
+            if consumer == "frlm"
+            else f"prefetches {prefetch} job(s) per slot"
+        )
         print(
             f"  venue {venue.name:<6} {venue.concurrency} slots, "
-            f"{'trusted' if venue.name in trusted else 'untrusted'}: its worker prefetches "
-            f"{prefetch} job(s) per slot"
-            + ("" if args.trusted == "local" else "   (set-up changed by --trusted)")
+            f"{'trusted' if venue.name in trusted else 'untrusted'}: its worker ({consumer}) "
+            f"{holds}" + ("" if args.trusted == "local" else "   (set-up changed by --trusted)")
         )
     print(f"  ideal ceil(N/W)*L          {ideal:8.3f} s")
     print(
         f"  harness floor (no FRLM)    {floor:8.3f} s   {ratio(floor, ideal)}   "
         f"{args.n / floor:8,.0f} sub-queries/s"
     )
-    for i, (t, failed, cpu, shares, bundle) in enumerate(batches, 1):
+    for i, (t, failed, cpu, shares, variant) in enumerate(batches, 1):
         stack_ms = sum(v for k, v in cpu.items() if k != "simserver") * 1000 / args.n
         print(
-            f"  FRLM fanout, try {i:<2} {labels[bundle]:<13}{t:8.3f} s   {ratio(t, ideal)}   "
+            f"  FRLM fanout, try {i:<2} {labels[variant]:<13}{t:8.3f} s   {ratio(t, ideal)}   "
             f"{args.n / t:8,.0f} sub-queries/s ({floor / t:4.2f} of floor)   failed {failed}"
             f"   per worker {'/'.join(str(c) for c, _ in shares)} sub-queries, "
             f"exec p50 {'/'.join(f'{ms:.0f}' for _, ms in shares)} ms"
@@ -219,14 +252,14 @@ def main() -> None:
                 if seconds > 0
             )
         )
-    for bundle in bundles:
-        mine = [b for b in batches if b[4] == bundle]
+    for variant in variants:
+        mine = [b for b in batches if b[4] == variant]
         best = min(t for t, *_ in mine)
         cpu_ms = sorted(
             sum(v for k, v in b[2].items() if k != "simserver") * 1000 / args.n for b in mine
         )
         print(
-            f"  FRLM fanout, best {labels[bundle]:<13}{best:8.3f} s   {ratio(best, ideal)}   "
+            f"  FRLM fanout, best {labels[variant]:<13}{best:8.3f} s   {ratio(best, ideal)}   "
             f"{args.n / best:8,.0f} sub-queries/s   {floor / best:5.3f} of the floor's "
             f"throughput   stack CPU {cpu_ms[len(cpu_ms) // 2]:.2f} ms per sub-query (median)"
         )

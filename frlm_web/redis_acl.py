@@ -115,8 +115,9 @@ ROLES: dict[str, str] = {
             _CONNECT,
             # Its Celery consumer: take jobs from the queues (BRPOP), put back the ones it
             # prefetched but did not start when it stops (LPUSH), declare its queues
-            # (SADD/SMEMBERS on the bindings); pipelines and MULTI around these.
-            "+brpop +lpush +rpush +llen +sadd +smembers +multi +exec +discard",
+            # (SADD/SMEMBERS on the bindings); pipelines and MULTI around these. FRLM's own
+            # consumer (workers/consumer.py) takes several at once: RPOP in wire.POP_LUA.
+            "+brpop +rpop +lpush +rpush +llen +sadd +smembers +multi +exec +discard",
             "~worker.* ~venue.* ~_kombu.binding*",
             # Its pidbox queue expires unless refreshed: kombu's binding script (EVALSHA,
             # SCRIPT EXISTS and LOAD first; TIME and ZADD on _kombu.binding_deadlines in it)

@@ -234,6 +234,13 @@ if FRLM_MODEL_TRANSPORT not in {"kept-alive", "httpx"}:
 
 # Celery messages a venue worker holds per slot (its prefetch multiplier).
 FRLM_WORKER_PREFETCH = envint("FRLM_WORKER_PREFETCH", 2)
+# Whose loop takes a broker worker's jobs (frlm_worker --consumer): celery or frlm
+# (workers/consumer.py).
+FRLM_WORKER_CONSUMER = os.environ.get("FRLM_WORKER_CONSUMER", "celery")
+if FRLM_WORKER_CONSUMER not in {"celery", "frlm"}:
+    raise ValueError(
+        f"FRLM_WORKER_CONSUMER={FRLM_WORKER_CONSUMER!r}: use celery (the default) or frlm"
+    )
 # A gateway worker's work buffer: jobs it holds beyond its slots, as a share of them (at
 # least one when above 0; 0: it holds one job per slot). workers/gateway/protocol.py.
 FRLM_GATEWAY_BUFFER = envfloat("FRLM_GATEWAY_BUFFER", 0.5)

@@ -40,6 +40,7 @@ class VenueSpec:
     worker_name: str = ""
     swarm: str = ""  # a swarm profile (workers/profiles): run `workers` devices of it instead
     workers: int = 1
+    consumer: str = ""  # frlm_worker --consumer (celery, frlm); "" for its default
 
     @property
     def member(self) -> str:
@@ -272,6 +273,8 @@ class Stack:
             "--concurrency",
             str(venue.concurrency),
         ]
+        if venue.consumer:
+            argv += ["--consumer", venue.consumer]
         for key, value in venue.sim.items():
             argv += [f"--sim-{key.replace('_', '-')}", str(value)]
         return Proc(

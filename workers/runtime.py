@@ -1,4 +1,5 @@
-"""The worker runtime: a registered worker's life around its Celery consumer.
+"""The worker runtime: a registered worker's life around its consumer (Celery's, or FRLM's
+own with `--consumer frlm`, workers/consumer.py).
 
 register -> consume `worker.<id>` and `venue.<name>` -> heartbeat every heartbeat_s with
 load, memory, in-flight and recent latency -> on SIGTERM announce draining, finish what
@@ -50,6 +51,9 @@ class WorkerRuntime:
     # A worker on another machine may consume the broker only for a trusted venue; one of
     # an untrusted venue joins through the gateway (workers/gateway).
     require_trusted: bool = False
+    # Whose loop takes its jobs: "celery" (Celery's worker, its pool and remote control) or
+    # "frlm" (workers/consumer.py: only for free slots, several at once, no prefetch).
+    consumer: str = "celery"
     registered: Registered | None = None
     tally: Tally = field(default_factory=Tally)
     draining: bool = False
@@ -88,12 +92,16 @@ class WorkerRuntime:
         # Up before it takes any job: its jobs' "started" say it can be watched this way.
         if settings.FRLM_WORKER_ALIVE_LINE:
             self._open_alive_line(reg["worker_id"])
-        self._connect()
-
-        from frlm_web.celery import run_worker
         from workers.backends import preload
 
         preload()  # the model client, before the first job
+        if self.consumer == "frlm":
+            self._consume(reg)
+            return
+        self._connect()
+
+        from frlm_web.celery import run_worker
+
         run_worker(
             queue=f"{reg['queue']},{reg['venue_queue']}",
             concurrency=self.registration["concurrency"],
@@ -105,6 +113,30 @@ class WorkerRuntime:
             # conductor must wait on and re-dispatch if the worker vanishes.
             prefetch=self.trusted_prefetch if reg["trusted"] else 1,
         )
+
+    def _consume(self, reg: Registered) -> None:
+        """FRLM's own consumer on the worker's queues (workers/consumer.py) until SIGTERM or
+        SIGINT, which drain it as Celery's warm shutdown does: nothing more is taken, what
+        runs finishes, then the worker leaves."""
+        from workers.consumer import QueueConsumer
+        from workers.tasks import execute
+
+        stop = threading.Event()
+
+        def on_signal(signum: int, _frame: Any) -> None:
+            log.warning("worker: %s, draining", signal.Signals(signum).name)
+            self._shutting_down()
+            stop.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        self._ready()
+        try:
+            QueueConsumer(
+                get_redis(), [reg["queue"], reg["venue_queue"]], slots.current(), execute
+            ).run(stop)
+        finally:
+            self._shutdown()
 
     def _open_alive_line(self, worker_id: str) -> None:
         """Subscribe this process's alive line; where Redis refuses it (a role without the

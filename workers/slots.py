@@ -1,7 +1,8 @@
 """A worker process's sub-query slots and their tally.
 
 A broker worker runs at most its registered concurrency of jobs at once, whether they came
-one per Celery message or several in one (a bundle, workers/wire.py): each job holds a slot
+one per Celery message, several in one (a bundle, workers/wire.py) or off its queues through
+FRLM's own consumer (workers/consumer.py): each job holds a slot
 while it runs (`Slots.enter` .. `Slots.leave`); a bundle's jobs take their slots in the
 bundle's order and run on the slots' own threads. The tally (also the gateway agent's) is
 what each heartbeat reports: jobs running, the median of the recent ones' times, memory."""
@@ -93,6 +94,29 @@ class Slots:
         if self.draining:
             self.free.release()
             return None
+        return self.begin()
+
+    def take(self, most: int, timeout: float) -> int:
+        """Hold up to `most` free slots, waiting at most `timeout` for the first; how many
+        are held (0 when none freed or the worker drains). Each then starts a job
+        (`begin`) or is given back (`give_back`): FRLM's own consumer takes off its queues
+        only as many jobs as it holds slots for (workers/consumer.py)."""
+        if most < 1 or not self.free.acquire(timeout=timeout):
+            return 0
+        held = 1
+        while held < most and self.free.acquire(blocking=False):
+            held += 1
+        if self.draining:
+            self.give_back(held)
+            return 0
+        return held
+
+    def give_back(self, count: int) -> None:
+        for _ in range(count):
+            self.free.release()
+
+    def begin(self) -> str:
+        """A job starts in a slot already held (`take`): its token."""
         token = str(next(self._tokens))
         self.tally.begin(token)
         return token

@@ -31,6 +31,22 @@ BUNDLE_TASK = "workers.subquery_bundle"
 # Celery's "embed" part of a body: no callbacks, errbacks, chain or chord.
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 _ENCODE = json.JSONEncoder(ensure_ascii=True, separators=(", ", ": ")).encode
+# Up to ARGV[1] messages off the lists in KEYS, the first list drained first (the worker's
+# own queue before its venue's, as BRPOP orders them), in one round trip: the jobs for a
+# worker's free slots, popped by the gateway for its workers and by FRLM's own consumer
+# (workers/consumer.py). RPOP with a count needs Redis 6.2.
+POP_LUA = """
+local want = tonumber(ARGV[1])
+local out = {}
+for _, key in ipairs(KEYS) do
+  if #out >= want then break end
+  local got = redis.call('RPOP', key, want - #out)
+  if got then
+    for _, raw in ipairs(got) do out[#out + 1] = raw end
+  end
+end
+return out
+"""
 
 
 def origin() -> str:

@@ -98,8 +98,11 @@ def test_it_fails_clearly_when_no_worker_serves_the_venues(venues):
     assert "frlm_worker --venue empty" in run.error
 
 
-def test_it_finishes_the_work_of_a_worker_killed_mid_run(stack, venues):
-    doomed = VenueSpec("doomed", concurrency=4, worker_name="doomed-1")
+@pytest.mark.parametrize("consumer", ["celery", "frlm"])
+def test_it_finishes_the_work_of_a_worker_killed_mid_run(stack, venues, consumer):
+    # Either consumer of its queues (workers/consumer.py); a name of its own each, since
+    # a killed worker's presence lingers until it expires.
+    doomed = VenueSpec("doomed", concurrency=4, worker_name=f"doomed-{consumer}", consumer=consumer)
     proc = stack.venue_proc(doomed)
     stack.launch(proc)
     stack.wait_ready(proc, 60)

@@ -77,9 +77,11 @@ def send(queue: str, work: Job) -> None:
 
 
 @contextmanager
-def two_slot_worker(stack: Stack, venue: str, name: str) -> Iterator[tuple[Proc, str, str]]:
+def two_slot_worker(
+    stack: Stack, venue: str, name: str, *extra: str
+) -> Iterator[tuple[Proc, str, str]]:
     """A worker of two slots, its id, and a run id for the jobs the test gives it."""
-    proc = worker_proc(stack, venue, name, "--concurrency", "2")
+    proc = worker_proc(stack, venue, name, "--concurrency", "2", *extra)
     stack.launch(proc)
     try:
         stack.wait_ready(proc, 60)
@@ -190,13 +192,29 @@ def test_it_registers_over_http_beats_consumes_signs_and_leaves_on_sigterm(
         stack.kill(proc.name)
 
 
-def test_it_finishes_running_work_on_sigterm_then_deregisters(stack, transactional_db):
+# Both consumers of a broker worker's queues: Celery's and FRLM's own (workers/consumer.py).
+CONSUMERS = pytest.mark.parametrize("consumer", ["celery", "frlm"])
+
+
+@CONSUMERS
+def test_it_finishes_running_work_on_sigterm_then_deregisters(stack, transactional_db, consumer):
     """In-process registration (no --server), as `make up` starts workers; this one lies."""
-    proc = worker_proc(stack, "rtdrain", "rt-drain-1", "--concurrency", "2", "--sim-lie-rate", "1")
+    name = f"rt-drain-{consumer}"  # a killed worker's presence lingers until it expires
+    proc = worker_proc(
+        stack,
+        "rtdrain",
+        name,
+        "--concurrency",
+        "2",
+        "--sim-lie-rate",
+        "1",
+        "--consumer",
+        consumer,
+    )
     stack.launch(proc)
     try:
         stack.wait_ready(proc, 60)
-        worker_id = live("rtdrain", "rt-drain-1")["worker_id"]
+        worker_id = live("rtdrain", name)["worker_id"]
         run_id = "rt" + uuid.uuid4().hex[:10]
         for i in (1, 2):
             send(f"worker.{worker_id}", job(run_id, f"{i}.1", QUESTION, latency_ms=2500))
@@ -207,7 +225,7 @@ def test_it_finishes_running_work_on_sigterm_then_deregisters(stack, transaction
         )
         proc.popen.send_signal(signal.SIGTERM)
         wait_until(
-            lambda: (live("rtdrain", "rt-drain-1") or {}).get("draining"),
+            lambda: (live("rtdrain", name) or {}).get("draining"),
             timeout=10,
             what="the worker to announce it is draining",
         )
@@ -219,7 +237,7 @@ def test_it_finishes_running_work_on_sigterm_then_deregisters(stack, transaction
         assert [r["text"] for r in done if r["text"] != honest] == [r["text"] for r in done]
         assert all(result_verify(r, worker.public_key) for r in done)
         assert worker.status == "deregistered"
-        assert live("rtdrain", "rt-drain-1") is None
+        assert live("rtdrain", name) is None
     finally:
         stack.kill(proc.name)
 
@@ -279,15 +297,20 @@ def test_it_registers_the_stacks_workers_under_their_ids(stack):
         assert entry["name"] == entry["worker_id"] and entry["venue"] == venue.name
 
 
+@CONSUMERS
 def test_a_bundle_runs_in_the_workers_slots_and_skips_only_its_cancelled_job(
-    stack, transactional_db
+    stack, transactional_db, consumer
 ):
     """Several jobs in one message (workers/wire.py): each runs as if it had come alone, never
     more at once than the worker's slots, and one cancelled before it starts is skipped
     while the others run (a bundle's task id is not revoked: it is theirs too)."""
     from workers.jobs import cancelled_key
 
-    with two_slot_worker(stack, "rtbundle", "rt-bundle-1") as (_proc, worker_id, run_id):
+    with two_slot_worker(stack, "rtbundle", f"rt-bundle-{consumer}", "--consumer", consumer) as (
+        _proc,
+        worker_id,
+        run_id,
+    ):
         get_redis().sadd(cancelled_key(run_id), "3.1")
         jobs = [job(run_id, f"{i}.1", QUESTION, latency_ms=300) for i in range(1, 6)]
         push_bundle(worker_id, jobs)
@@ -308,11 +331,18 @@ def test_a_bundle_runs_in_the_workers_slots_and_skips_only_its_cancelled_job(
         assert most == 2, "a bundle's jobs ran beyond the worker's two slots, or one at a time"
 
 
-def test_on_sigterm_it_finishes_a_bundles_running_jobs_and_leaves_the_rest(stack, transactional_db):
+@CONSUMERS
+def test_on_sigterm_it_finishes_a_bundles_running_jobs_and_leaves_the_rest(
+    stack, transactional_db, consumer
+):
     """A bundle's jobs without a slot yet are like jobs Celery prefetched and never started:
     a draining worker leaves them (the conductor sends them elsewhere once it has
     deregistered) instead of running the whole bundle before it exits."""
-    with two_slot_worker(stack, "rtbdrain", "rt-bdrain-1") as (proc, worker_id, run_id):
+    with two_slot_worker(stack, "rtbdrain", f"rt-bdrain-{consumer}", "--consumer", consumer) as (
+        proc,
+        worker_id,
+        run_id,
+    ):
         jobs = [job(run_id, f"{i}.1", QUESTION, latency_ms=2500) for i in range(1, 5)]
         push_bundle(worker_id, jobs)
         wait_until(
@@ -330,3 +360,35 @@ def test_on_sigterm_it_finishes_a_bundles_running_jobs_and_leaves_the_rest(stack
             ("2.1", "started"),
         ]
         assert Worker.objects.get(id=worker_id).status == "deregistered"
+
+
+def test_frlms_own_consumer_holds_no_job_beyond_its_free_slots(stack, transactional_db):
+    """`--consumer frlm` takes jobs off its queue only for free slots (Celery's prefetch
+    would hold more), several at once when several are free, and a message that is not a
+    sub-query task is dropped without stopping it."""
+    with two_slot_worker(stack, "rtown", "rt-own-1", "--consumer", "frlm") as (
+        proc,
+        worker_id,
+        run_id,
+    ):
+        queue = f"worker.{worker_id}"
+        get_redis().lpush(queue, b"not a Celery message")
+        for i in range(1, 6):
+            send(queue, job(run_id, f"{i}.1", QUESTION, latency_ms=1500))
+        wait_until(
+            lambda: len([r for r in results(run_id) if r["status"] == "started"]) == 2,
+            timeout=30,
+            what="two jobs to start",
+        )
+        time.sleep(0.5)
+        assert get_redis().llen(queue) == 3, "it took jobs it has no free slot for"
+        done = finals(run_id, 5)
+        assert sorted(r["status"] for r in done) == ["ok"] * 5
+        running = most = 0
+        for result in results(run_id):
+            running += 1 if result["status"] == "started" else -1
+            most = max(most, running)
+        assert most == 2
+        assert "a message on" in stack.log_tail(proc.name) and "dropped" in stack.log_tail(
+            proc.name
+        )

@@ -54,7 +54,7 @@ from workers.gateway.relay import Held, NotHeld, Relayed, checked, named, starte
 from workers.jobs import Job, cancelled_key, encode_result, results_stream
 from workers.models import Worker
 from workers.venues import Link, presence_group
-from workers.wire import jobs_of
+from workers.wire import POP_LUA, jobs_of
 
 log = logging.getLogger(__name__)
 
@@ -63,21 +63,6 @@ HELLO_TIMEOUT_S = 10.0
 PONG_WITHIN_S = 600.0  # a pong echoes a ping of this server: no older, never from the future
 # Seconds a pump waits on the queues before it looks again whether it should stop.
 POP_WAIT_S = 1
-# Up to ARGV[1] messages off the lists in KEYS, the first list drained first (the worker's
-# own queue before its venue's, as BRPOP orders them): the jobs for a worker's free slots
-# in one round trip. RPOP with a count needs Redis 6.2.
-POP_LUA = """
-local want = tonumber(ARGV[1])
-local out = {}
-for _, key in ipairs(KEYS) do
-  if #out >= want then break end
-  local got = redis.call('RPOP', key, want - #out)
-  if got then
-    for _, raw in ipairs(got) do out[#out + 1] = raw end
-  end
-end
-return out
-"""
 REFUSED_FIX = (
     "send each result as workers/gateway/protocol.py says: for a job this worker holds, "
     "with status ok, error or cancelled, ending only the Execute span it was given"

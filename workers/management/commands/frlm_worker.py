@@ -62,6 +62,15 @@ class Command(FrlmCommand):
             "auto: gateway with --server, broker without",
         )
         parser.add_argument(
+            "--consumer",
+            choices=["celery", "frlm"],
+            default=settings.FRLM_WORKER_CONSUMER,
+            help="a broker worker's loop: `celery` (Celery's worker: prefetch, remote control) "
+            "or `frlm` (FRLM's own: it takes jobs off its queues only for free slots, as many "
+            "at once as are free, and spends less CPU per job; bench/fanout.py --consumer "
+            "celery,frlm). Default: FRLM_WORKER_CONSUMER, else celery",
+        )
+        parser.add_argument(
             "--kind",
             choices=[k for k, _ in Venue.Kind.choices],
             default=None,
@@ -204,6 +213,7 @@ class Command(FrlmCommand):
             key,
             trusted_prefetch=settings.FRLM_WORKER_PREFETCH,
             require_trusted=isinstance(control, HttpControl),
+            consumer=options["consumer"],
         )
         try:
             runtime.run()
