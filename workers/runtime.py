@@ -51,9 +51,9 @@ class WorkerRuntime:
     # A worker on another machine may consume the broker only for a trusted venue; one of
     # an untrusted venue joins through the gateway (workers/gateway).
     require_trusted: bool = False
-    # Whose loop takes its jobs: "celery" (Celery's worker, its pool and remote control) or
-    # "frlm" (workers/consumer.py: only for free slots, several at once, no prefetch).
-    consumer: str = "celery"
+    # Whose loop takes its jobs: "frlm" (workers/consumer.py: only for free slots, several
+    # at once, no prefetch) or "celery" (Celery's worker, its pool and remote control).
+    consumer: str = "frlm"
     registered: Registered | None = None
     tally: Tally = field(default_factory=Tally)
     draining: bool = False

@@ -65,10 +65,11 @@ class Command(FrlmCommand):
             "--consumer",
             choices=["celery", "frlm"],
             default=settings.FRLM_WORKER_CONSUMER,
-            help="a broker worker's loop: `celery` (Celery's worker: prefetch, remote control) "
-            "or `frlm` (FRLM's own: it takes jobs off its queues only for free slots, as many "
-            "at once as are free, and spends less CPU per job; bench/fanout.py --consumer "
-            "celery,frlm). Default: FRLM_WORKER_CONSUMER, else celery",
+            help="a broker worker's loop: `frlm` (FRLM's own: it takes jobs off its queues only "
+            "for free slots, as many at once as are free, and spends less CPU per job; "
+            "bench/fanout.py --consumer celery,frlm) or `celery` (Celery's worker: prefetch, "
+            "remote control, task events for Flower). Default: FRLM_WORKER_CONSUMER, else "
+            "frlm, or celery with FRLM_CELERY_EVENTS=1",
         )
         parser.add_argument(
             "--kind",
