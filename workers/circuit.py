@@ -1,6 +1,8 @@
 """Circuit breakers per worker and per venue: after FAILURES consecutive failures a circuit
 opens and nothing is sent there; after COOLDOWN_S it is half-open and PROBES sub-queries
-are let through; if they all succeed it closes, if one fails it opens again.
+are let through; if they all succeed it closes, if one fails it opens again (a venue's:
+if probes of VENUE_WORKERS distinct workers fail; one worker's failed probe is given back
+for another worker to try, so a worker cannot hold its venue shut by failing its probes).
 
 A venue's breaker is for a venue that is down (its endpoint, its network), not for one of
 its workers: that worker has its own breaker. So it opens after VENUE_FAILURES consecutive
@@ -37,7 +39,7 @@ local distinct = tonumber(ARGV[5])
 local state = redis.call('HGET', key, 'state') or 'closed'
 local function open()
   redis.call('HSET', key, 'state', 'open', 'opened_at', tostring(now), 'failures', '0',
-             'probes_sent', '0', 'probes_ok', '0')
+             'probes_sent', '0', 'probes_ok', '0', 'probes_failed', '0')
   redis.call('DEL', by)
   state = 'open'
   return 'open'
@@ -62,6 +64,7 @@ for at = 6, #ARGV do
     elseif state == 'half_open' then
       if redis.call('HINCRBY', key, 'probes_ok', 1) >= probes then
         redis.call('HSET', key, 'state', 'closed', 'failures', '0')
+        redis.call('DEL', by)
         state = 'closed'; transition = 'close'
       end
     end
@@ -75,6 +78,17 @@ for at = 6, #ARGV do
       end
       if failures >= threshold and (distinct <= 1 or redis.call('SCARD', by) >= distinct) then
         transition = open()
+      end
+    elseif state == 'half_open' and distinct > 1 then
+      -- A venue's probe failed: the venue is down once probes of several workers fail;
+      -- one worker's failure gives its probe back, for another worker to try.
+      if who == '' then who = '?' .. redis.call('HINCRBY', key, 'probes_failed', 1) end
+      redis.call('SADD', by, who)
+      redis.call('EXPIRE', by, 86400)
+      if redis.call('SCARD', by) >= distinct then
+        transition = open()
+      else
+        redis.call('HINCRBY', key, 'probes_sent', -1)
       end
     elseif state == 'half_open' then
       transition = open()

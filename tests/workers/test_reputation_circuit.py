@@ -123,6 +123,8 @@ def test_it_reopens_when_a_probe_fails_and_a_success_resets_the_count(client) ->
     breakers.record(scope, False)
     assert [s.transition for s in breakers.flush(1.0)] == ["open"]
     breakers.check([scope], 12.0)
+    breakers.record(scope, False)  # a probe that timed out in the queue: nobody's
+    assert breakers.flush(12.2) == []  # a venue reopens on probes of two workers failing
     breakers.record(scope, False)
     (again,) = breakers.flush(12.5)
     assert (again.state, again.transition) == (OPEN, "open")
@@ -150,6 +152,39 @@ def test_one_worker_failing_all_it_holds_does_not_shut_its_venue(client) -> None
     (opened,) = breakers.flush(11.0)
     assert (opened.scope, opened.transition) == (venue, "open")
     assert breakers.threshold(venue) == 10 and breakers.threshold(f"worker:{liar}") == 5
+
+
+def test_one_worker_failing_its_probes_does_not_hold_its_venue_shut(client) -> None:
+    """Half-open, a venue's probe failed by one worker is given back for another worker to
+    try; the venue reopens only when a second worker's probe fails too. Before, one failed
+    probe reopened it, whoever failed it: one hostile worker kept its venue shut."""
+    venue, liar, honest, other = f"venue:{fresh()}", fresh(), fresh(), fresh()
+    breakers = Breakers(client, venue_failures=2, cooldown_s=10, probes=2)
+    breakers.record(venue, False, by=liar)
+    breakers.record(venue, False, by=other)
+    assert [s.transition for s in breakers.flush(1.0)] == ["open"]
+    breakers.check([venue], 12.0)
+    breakers.dispatched(venue)
+    breakers.dispatched(venue)
+    assert not breakers.allows(venue)  # both probes out
+    breakers.record(venue, False, by=liar)
+    assert breakers.flush(12.5) == []
+    assert breakers.state[venue].state == HALF_OPEN and breakers.allows(venue)
+    breakers.dispatched(venue)  # the probe given back goes to another worker
+    breakers.record(venue, True)
+    breakers.record(venue, True)
+    (closed,) = breakers.flush(13.0)
+    assert (closed.state, closed.transition) == (CLOSED, "close")
+    assert client.exists(f"frlm:circuit:{venue}:by") == 0
+    # Probes of two workers failing: the venue is down, and reopens.
+    for by in (liar, other):
+        breakers.record(venue, False, by=by)
+    breakers.flush(14.0)
+    breakers.check([venue], 25.0)
+    breakers.record(venue, False, by=liar)
+    breakers.record(venue, False, by=honest)
+    (again,) = breakers.flush(25.5)
+    assert (again.state, again.transition) == (OPEN, "open")
 
 
 def test_a_venues_breaker_opens_on_ten_failures_of_several_workers_and_a_success_resets(
