@@ -171,7 +171,7 @@ def main() -> None:
         parser.error("--bundle-max values are 0 to 64 (0: the server's FRLM_BUNDLE_MAX)")
 
     consumers = [c for c in args.consumer.split(",") if c] or [""]
-    if any(c not in ("celery", "frlm") for c in consumers):
+    if any(c not in ("", "celery", "frlm") for c in consumers):
         parser.error("--consumer takes celery and/or frlm, e.g. celery,frlm")
 
     sim = {"latency_ms": args.latency_ms, "spread": 0}
