@@ -266,10 +266,8 @@ def _totals(events: list[Event], said: dict[str, Any]) -> dict[str, Any]:
             if e["name"] == "Run.Decode" and e["phase"] == "start" and not e.get("depth")
         ),
         "subqueries": len(submits),
-        "subqueries_failed": sum(
-            1 for e in submits if e["status"] != "ok" and e.get("cut") != "quorum"
-        ),
-        "subqueries_cut": sum(1 for e in submits if e.get("cut") == "quorum"),
+        "subqueries_failed": sum(1 for e in submits if e["status"] != "ok" and not _cut(e)),
+        "subqueries_cut": sum(1 for e in submits if _cut(e)),
         "tokens_in": sum(e.get("tokens_in") or 0 for e in model_ends),
         "tokens_out": sum(e.get("tokens_out") or 0 for e in model_ends),
         "cost": sum((money(e.get("cost") or 0) for e in model_ends), ZERO),
@@ -283,6 +281,12 @@ def _totals(events: list[Event], said: dict[str, Any]) -> dict[str, Any]:
         elif math.isfinite(value) and value >= 0:  # else the spans' own sum stands
             counted[key] = money(value)  # by its shortest spelling: 0.1 is 0.1
     return counted
+
+
+def _cut(submit_end: Event) -> bool:
+    """Cut off at its batch's quorum (the Submit span's end says so in its attrs)."""
+    attrs = submit_end.get("attrs")
+    return isinstance(attrs, dict) and attrs.get("cut") == "quorum"
 
 
 def _number(value: Any) -> float | None:

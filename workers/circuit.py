@@ -87,7 +87,8 @@ for at = 6, #ARGV do
       redis.call('EXPIRE', by, 86400)
       if redis.call('SCARD', by) >= distinct then
         transition = open()
-      else
+      elseif tonumber(redis.call('HGET', key, 'probes_sent') or '0') > 0 then
+        -- (a failure of a job sent before the breaker opened gives back no probe)
         redis.call('HINCRBY', key, 'probes_sent', -1)
       end
     elseif state == 'half_open' then

@@ -17,9 +17,9 @@ starts, as every job is. A message that is not a sub-query task is dropped, and 
 from __future__ import annotations
 
 import logging
-import threading
+import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import redis
 
@@ -31,6 +31,9 @@ from workers.slots import Slots
 log = logging.getLogger(__name__)
 
 _POP = LuaScript(wire.POP_LUA)
+# The pops go through a client that does not run a command again on a new connection
+# (get_redis(ride_out=False)): a pop whose reply was lost, run again, would lose the jobs
+# the first one took. A failed pop is tried again after OUTAGE_PAUSE_S instead.
 WAIT_S = 1.0  # a wait on the queues, and for a free slot, before looking at `stop` again
 OUTAGE_PAUSE_S = 1.0  # after Redis failed a pop (beyond get_redis's own retries)
 
@@ -53,20 +56,21 @@ class QueueConsumer:
         self.taken = 0  # messages taken off the queues
         self.trips = 0  # round trips that took them
 
-    def run(self, stop: threading.Event) -> None:
-        """Take and run jobs until `stop` is set, then wait for the ones running."""
+    def run(self, stopping: Callable[[], bool]) -> None:
+        """Take and run jobs until `stopping()` says so, then wait for the ones running.
+        A flag, not an Event: a signal handler that set an Event while this thread held
+        its lock (in a wait) would deadlock."""
         pool = self.slots.pool()
         try:
-            while not stop.is_set():
+            while not stopping():
                 held = self.slots.take(self.slots.size, self.wait_s)
                 if not held:
                     continue
                 try:
                     raws, held = self._take(held)
                 except redis.RedisError as exc:
-                    self.slots.give_back(held)
                     log.warning("worker: could not take jobs off %s: %s", self.queues, exc)
-                    stop.wait(OUTAGE_PAUSE_S)
+                    time.sleep(OUTAGE_PAUSE_S)
                     continue
                 self._start(pool, raws, held)
         finally:
@@ -75,14 +79,23 @@ class QueueConsumer:
     def _take(self, held: int) -> tuple[list[bytes], int]:
         """Up to `held` messages at once; with none queued, the first to come within
         wait_s, for which one slot stays held (the others are given back meanwhile). The
-        messages, and how many slots are still held for them."""
-        raws = _POP(keys=self.queues, args=[held], client=self.client)
+        messages, and how many slots are still held for them; on a Redis error every
+        slot is given back before it is raised."""
+        try:
+            raws = _POP(keys=self.queues, args=[held], client=self.client)
+        except redis.RedisError:
+            self.slots.give_back(held)
+            raise
         if raws:
             self.trips += 1
             self.taken += len(raws)  # type: ignore[arg-type]
             return list(raws), held  # type: ignore[arg-type]
         self.slots.give_back(held - 1)
-        popped = self.client.brpop(self.queues, timeout=self.wait_s)
+        try:
+            popped = self.client.brpop(self.queues, timeout=self.wait_s)
+        except redis.RedisError:
+            self.slots.give_back(1)
+            raise
         if popped is None:
             self.slots.give_back(1)
             return [], 0
@@ -108,4 +121,12 @@ class QueueConsumer:
             token = self.slots.begin() if index < held else self.slots.enter()
             if token is None:
                 break
-            pool.submit(self.slots.run, token, job, self.execute)
+            pool.submit(self.slots.run, token, job, self.execute).add_done_callback(_said)
+
+
+def _said(future: Future[None]) -> None:
+    """A job that raised (Redis gone past its retries, a malformed job) is said in the log,
+    as Celery says a task's error; its conductor learns of it at the job's timeout."""
+    error = future.exception()
+    if error is not None:
+        log.error("worker: a job failed: %r", error)

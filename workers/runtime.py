@@ -121,21 +121,23 @@ class WorkerRuntime:
         from workers.consumer import QueueConsumer
         from workers.tasks import execute
 
-        stop = threading.Event()
-
         def on_signal(signum: int, _frame: Any) -> None:
-            log.warning("worker: %s, draining", signal.Signals(signum).name)
+            # Flags only: the handler runs between two bytecodes of the main thread, which
+            # may hold a lock it would need.
             self._shutting_down()
-            stop.set()
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
         self._ready()
         try:
             QueueConsumer(
-                get_redis(), [reg["queue"], reg["venue_queue"]], slots.current(), execute
-            ).run(stop)
+                get_redis(ride_out=False),
+                [reg["queue"], reg["venue_queue"]],
+                slots.current(),
+                execute,
+            ).run(lambda: self.draining)
         finally:
+            log.warning("worker: draining")
             self._shutdown()
 
     def _open_alive_line(self, worker_id: str) -> None:

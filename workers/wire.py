@@ -164,7 +164,7 @@ def jobs_of(raw: bytes | str) -> list[Job]:
     for a bundle. ValueError for a message that is not a sub-query task."""
     try:
         task, arg = job_of(raw)
-    except (ValueError, KeyError, IndexError, TypeError) as exc:
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
         raise ValueError(f"not a Celery task: {exc}") from exc
     jobs = arg if task == BUNDLE_TASK else [arg] if task == TASK else None
     if not isinstance(jobs, list) or not all(isinstance(job, dict) for job in jobs):

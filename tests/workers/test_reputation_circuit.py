@@ -185,6 +185,11 @@ def test_one_worker_failing_its_probes_does_not_hold_its_venue_shut(client) -> N
     breakers.record(venue, False, by=honest)
     (again,) = breakers.flush(25.5)
     assert (again.state, again.transition) == (OPEN, "open")
+    # A failure of a job sent before it opened, arriving as it turns half-open, gives back
+    # no probe it never sent: still two probes, not three (a review's case).
+    breakers.record(venue, False, by=liar)
+    breakers.flush(36.0)
+    assert (breakers.state[venue].state, breakers.state[venue].probes_left) == (HALF_OPEN, 2)
 
 
 def test_a_venues_breaker_opens_on_ten_failures_of_several_workers_and_a_success_resets(

@@ -1,0 +1,25 @@
+"""An imported trace's totals: sub-queries cut off at the quorum count as cut, not failed,
+also where the trace has no Run.Done to say so (a run that failed or was abandoned)."""
+
+from __future__ import annotations
+
+from runs.importing import _totals
+
+
+def submit_end(status: str, **attrs: str) -> dict:
+    return {"name": "SubQuery.Submit", "phase": "end", "status": status, "attrs": attrs}
+
+
+def test_the_quorums_cut_is_read_from_the_submit_spans_end():
+    events = [
+        submit_end("ok"),
+        submit_end("cancelled", cut="quorum"),
+        submit_end("cancelled"),  # a deadline's cut, or the run's cancel: a failure
+        submit_end("error"),
+    ]
+    totals = _totals(events, {})
+    assert (totals["subqueries"], totals["subqueries_failed"], totals["subqueries_cut"]) == (
+        4,
+        2,
+        1,
+    )
