@@ -417,7 +417,7 @@ def test_it_stores_a_trickle_of_events_as_one_batch_reading_twice(client):
     """Events of a fanout arrive a few at a time: the recorder gathers what comes within
     its window into one batch, and does not wake for each arrival."""
     emitter = Emitter(client, "rT")
-    recorder = Recorder(client, gather_s=0.5)
+    recorder = Recorder(client, gather_s=0.5, poll_s=0.5)
     recorder.ensure_group()
     reads = []
     read = recorder._read
@@ -441,6 +441,32 @@ def test_it_stores_a_trickle_of_events_as_one_batch_reading_twice(client):
     assert stored == 11
     assert len(reads) == 2
     assert [e["attrs"]["chars"] for e in store.read_events("rT")] == list(range(-1, 10))
+
+
+def test_a_runs_end_closes_the_gathering_window_at_once(client):
+    """While a run goes on, its events are gathered for up to a second; the end of its
+    span stores what came at once, so a finished run is in the store without the wait."""
+    recorder = Recorder(client, gather_s=5.0, poll_s=0.05)
+    recorder.ensure_group()
+    emitter = Emitter(client, "rE")
+    run = emitter.start("Run.Init", question="q")
+
+    def finish() -> None:
+        time.sleep(0.2)
+        emitter.instant("Run.Done", parent=run.span_id)
+        run.end()
+
+    thread = threading.Thread(target=finish)
+    thread.start()
+    started = time.monotonic()
+    stored = recorder.step()
+    thread.join()
+    assert time.monotonic() - started < 2.0, "it waited out the window after the run ended"
+    assert stored == 3 and [e["name"] for e in store.read_events("rE")] == [
+        "Run.Init",
+        "Run.Done",
+        "Run.Init",
+    ]
 
 
 def test_it_stores_a_payload_once_across_batches_and_recorder_lives(client):

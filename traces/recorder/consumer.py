@@ -28,13 +28,19 @@ from traces.recorder.stream import GROUP, _id_text
 
 log = logging.getLogger("traces.recorder")  # the name its log lines had before the split
 
-# A trickle of events (a read of fewer than GATHER_BELOW) is gathered this long before it
-# is stored (see Recorder._gather); a backlog is stored at once. At 0.1 s the recorder was
+# A trickle of events (a read of fewer than GATHER_BELOW) is gathered up to this long before
+# it is stored (see Recorder._gather); a backlog is stored at once. A batch costs some 10 ms
+# whatever its size (the parse's planning, a segment, an fsync): at 0.1 s the recorder was
 # the largest part of tracing's cost in a fast fanout (bench/traces.py, 2,000 sub-queries
-# of a 1 ms model: +0.16-0.21 ms of its CPU per sub-query); at 0.3 s, +0.09-0.13. Stored
-# events lag the stream by as much more; pages see a run live from the forwarder.
-GATHER_S = 0.3
+# of a 1 ms model: +0.16-0.21 ms of its CPU per sub-query), at 0.3 s +0.09-0.13, and at
+# 200 ms sub-queries it still spent +0.5-0.7 ms per sub-query. The window ends early when
+# a run ends (RUN_END in what came), so a finished run is in the store at once; while a
+# run goes on, stored events lag the stream by up to the window (pages see it live from
+# the forwarder, and a page that opens meanwhile fills the gap as the recorder stores it).
+GATHER_S = 1.0
+GATHER_POLL_S = 0.1  # how often the window reads what came, to see a run's end
 GATHER_BELOW = 1000
+RUN_END = b'"name":"Run.Init","phase":"end"'  # a run's span ends: as the emitter writes it
 # A run whose root span has ended is folded into its cached span tree once no event of it
 # has come for this long (see Recorder.fold): the attempts it gave up (a hedge's loser, a
 # cut-off straggler) end their spans within a second or two of it.
@@ -50,6 +56,7 @@ class Recorder:
         batch_max: int = 20000,
         block_ms: int = 50,
         gather_s: float = GATHER_S,
+        poll_s: float = GATHER_POLL_S,
     ) -> None:
         self.client = client
         # The same connections, without redis-py's reply parsing of XREADGROUP: a dict
@@ -60,6 +67,7 @@ class Recorder:
         self.batch_max = batch_max
         self.block_ms = block_ms
         self.gather_s = gather_s
+        self.poll_s = poll_s
         self.blobs = blobs.PackWriter()
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="frlm-recorder-read")
         self._next: Future[list[Any]] | None = None
@@ -173,14 +181,23 @@ class Recorder:
         """What the stream holds, or the first entries to come, then what else comes within
         gather_s: a batch costs a parse, a segment and an fsync whatever its size, and
         events trickling in during a run would otherwise be stored a few at a time (pages
-        see them live from the forwarder meanwhile). The window is slept through and
-        read once: a blocking read per arrival woke the recorder for every few events of
-        a fanout, which cost some 40% of its CPU."""
+        see them live from the forwarder meanwhile). The window is read every poll_s, not
+        at each arrival (a blocking read per arrival woke the recorder for every few events
+        of a fanout, which cost some 40% of its CPU), and ends once a run has ended or a
+        backlog has built up."""
         entries = self._read(">", block_ms=self.block_ms)
         if not entries or len(entries) >= GATHER_BELOW:
             return entries
-        time.sleep(self.gather_s)
-        return entries + self._read(">")
+        new = entries
+        end = time.monotonic() + self.gather_s
+        while not _ends_a_run(new) and len(entries) < GATHER_BELOW:
+            left = end - time.monotonic()
+            if left <= 0:
+                break
+            time.sleep(min(self.poll_s, left))
+            new = self._read(">")
+            entries += new
+        return entries
 
     def drain(self) -> None:
         """Store a batch read ahead, so that stopping leaves nothing read but unstored."""
@@ -267,6 +284,12 @@ class Recorder:
     def trim(self) -> None:
         """Delete what every reader of the stream is done with (stream.trim)."""
         stream.trim(self.client)
+
+
+def _ends_a_run(entries: list[Any]) -> bool:
+    """Whether a run's span ends among these entries (read off the event's text)."""
+    _seqs, raws = _fields_of(entries)
+    return any(isinstance(raw, bytes) and RUN_END in raw for raw in raws)
 
 
 def quiet_collector() -> None:
