@@ -29,8 +29,10 @@ def get_redis(*, ride_out: bool = True) -> redis.Redis:
         options.update(retry=RidingRetry(settings.REDIS_URL), retry_on_error=list(OUTAGE_ERRORS))
     else:
         # Its loops block for a fraction of a second at most: a reply 30 s late is a
-        # connection that died without a word (a network cut, not a refusal).
-        options.update(socket_timeout=30)
+        # connection that died without a word (a network cut, not a refusal). No retry at
+        # all, said outright: redis-py 8 gives a client made by from_url none, but one made
+        # by Redis() ten, the blind repeat this client is for avoiding.
+        options.update(socket_timeout=30, retry=Retry(NoBackoff(), 0))
     return redis.Redis.from_url(settings.REDIS_URL, **options)
 
 

@@ -106,3 +106,20 @@ def test_a_restart_is_lost_once_and_back_once_though_redis_answers_while_loading
     said = [r.getMessage() for r in caplog.records if r.name == "frlm_web.redis"]
     assert sum("lost Redis" in line for line in said) == 1, said
     assert sum("Redis is back" in line for line in said) == 1, said
+
+
+def test_a_client_that_must_not_repeat_a_command_does_not_retry_it(settings) -> None:
+    """get_redis(ride_out=False) (the recorder's, the forwarder's and a worker's pops): a
+    command that fails fails at once, for the caller's loop to handle. redis-py 8's Redis()
+    retries a failed command ten times by itself (from_url, which get_redis uses, does not):
+    this pins that the repeat this client exists to avoid never happens."""
+    from frlm_web.redis_client import get_redis
+
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    client = get_redis.__wrapped__(ride_out=False)
+    connection = client.connection_pool.make_connection()
+    assert connection.retry.get_retries() == 0
+    started = time.monotonic()
+    with pytest.raises(redis.ConnectionError):
+        client.ping()
+    assert time.monotonic() - started < 1.0
