@@ -1,6 +1,7 @@
 """Circuit breakers per worker and per venue: after FAILURES consecutive failures a circuit
 opens and nothing is sent there; after COOLDOWN_S it is half-open and PROBES sub-queries
-are let through; if they all succeed it closes, if one fails it opens again (a venue's:
+are let through (offered again a cooldown later if they never come back: cancelled, or
+their conductor died); if they all succeed it closes, if one fails it opens again (a venue's:
 if probes of VENUE_WORKERS distinct workers fail; one worker's failed probe is given back
 for another worker to try, so a worker cannot hold its venue shut by failing its probes).
 
@@ -51,12 +52,23 @@ for at = 6, #ARGV do
   if state == 'open' then
     local opened = tonumber(redis.call('HGET', key, 'opened_at') or '0')
     if now - opened >= cooldown then
-      redis.call('HSET', key, 'state', 'half_open', 'probes_sent', '0', 'probes_ok', '0')
+      redis.call('HSET', key, 'state', 'half_open', 'probes_sent', '0', 'probes_ok', '0',
+                 'probed_at', tostring(now))
       state = 'half_open'
+    end
+  elseif state == 'half_open' then
+    -- Probes that never came back (cancelled as a hedge's loser or at a quorum, or their
+    -- conductor died) are offered again a cooldown after the last one left: otherwise
+    -- the breaker would stay half-open with no probe left, shut for good.
+    local sent = tonumber(redis.call('HGET', key, 'probes_sent') or '0')
+    local probed = tonumber(redis.call('HGET', key, 'probed_at') or '0')
+    if sent >= probes and now - probed >= cooldown then
+      redis.call('HSET', key, 'probes_sent', redis.call('HGET', key, 'probes_ok') or '0')
     end
   end
   if event == 'probe' and state == 'half_open' then
     redis.call('HINCRBY', key, 'probes_sent', 1)
+    redis.call('HSET', key, 'probed_at', tostring(now))
   elseif event == 'success' then
     if state == 'closed' then
       redis.call('HSET', key, 'failures', '0')

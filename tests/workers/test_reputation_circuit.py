@@ -192,6 +192,29 @@ def test_one_worker_failing_its_probes_does_not_hold_its_venue_shut(client) -> N
     assert (breakers.state[venue].state, breakers.state[venue].probes_left) == (HALF_OPEN, 2)
 
 
+def test_probes_that_never_come_back_are_offered_again_a_cooldown_later(client) -> None:
+    """A probe cancelled (a hedge's loser, a quorum's cut) or lost with its conductor is
+    neither a success nor a failure. Before, a half-open breaker whose probes all went that
+    way let nothing through again: the worker or venue was shut for good (a review's find)."""
+    scope = f"worker:{fresh()}"
+    breakers = Breakers(client, failures=1, cooldown_s=10, probes=2)
+    breakers.record(scope, False)
+    breakers.flush(0.0)
+    breakers.check([scope], 11.0)
+    breakers.dispatched(scope)
+    breakers.dispatched(scope)
+    breakers.flush(11.0)
+    breakers.record(scope, True)  # one probe answered; the other was cancelled
+    breakers.check([scope], 15.0)
+    assert not breakers.allows(scope)  # the other may still come back
+    breakers.check([scope], 22.0)
+    assert breakers.allows(scope) and breakers.state[scope].probes_left == 1
+    breakers.dispatched(scope)
+    breakers.record(scope, True)
+    (closed,) = breakers.flush(23.0)
+    assert (closed.state, closed.transition) == (CLOSED, "close")
+
+
 def test_a_venues_breaker_opens_on_ten_failures_of_several_workers_and_a_success_resets(
     client,
 ) -> None:
