@@ -53,8 +53,6 @@ class QueueConsumer:
         self.slots = slots
         self.execute = execute
         self.wait_s = wait_s
-        self.taken = 0  # messages taken off the queues
-        self.trips = 0  # round trips that took them
 
     def run(self, stopping: Callable[[], bool]) -> None:
         """Take and run jobs until `stopping()` says so, then wait for the ones running.
@@ -87,8 +85,6 @@ class QueueConsumer:
             self.slots.give_back(held)
             raise
         if raws:
-            self.trips += 1
-            self.taken += len(raws)  # type: ignore[arg-type]
             return list(raws), held  # type: ignore[arg-type]
         self.slots.give_back(held - 1)
         try:
@@ -99,8 +95,6 @@ class QueueConsumer:
         if popped is None:
             self.slots.give_back(1)
             return [], 0
-        self.trips += 1
-        self.taken += 1
         return [popped[1]], 1
 
     def _start(self, pool: ThreadPoolExecutor, raws: list[bytes], held: int) -> None:

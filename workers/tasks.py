@@ -96,7 +96,7 @@ def execute(job: Job) -> bool:
         return False
     loaded: list[Event] = []
     try:
-        prompt = _load_fragments(emitter, span, job, loaded)
+        prompt, loaded = _load_fragments(emitter, span, job)
         reply = chat(
             spec,
             [{"role": "user", "content": prompt}],
@@ -116,18 +116,17 @@ def execute(job: Job) -> bool:
     return True
 
 
-def _load_fragments(emitter: Emitter, span: Span, job: Job, loaded: list[Event]) -> str:
-    """The prompt with the context fragments it refers to read in (workers/fragments.py);
-    one Env.LoadFragment event per fragment is added to `loaded`, stamped now and sent
-    with the span's end."""
+def _load_fragments(emitter: Emitter, span: Span, job: Job) -> tuple[str, list[Event]]:
+    """The prompt with the context fragments it refers to read in (workers/fragments.py),
+    and one Env.LoadFragment event per fragment, stamped now, to send with the span's end."""
     prompt, items = fragments.fill(job["prompt"])
-    for item in items:
-        loaded.append(
-            emitter.build(
-                "Env.LoadFragment", "instant", parent=span.span_id, depth=job["depth"], **item
-            )
+    loaded = [
+        emitter.build(
+            "Env.LoadFragment", "instant", parent=span.span_id, depth=job["depth"], **item
         )
-    return prompt
+        for item in items
+    ]
+    return prompt, loaded
 
 
 def _fail(
