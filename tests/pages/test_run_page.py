@@ -84,15 +84,19 @@ def test_it_plays_a_finished_run_back_with_the_scrubber(page, web):
     page.click("[data-act=start]")
     wait_for(page, "frlmMovie.rows.length <= 1")
     assert page.inner_text("#clock").startswith("0.000 s")
-    # Half way through the events: some spans have started, not all; the views redraw at
-    # that moment. (By events, not by time: the REPL's start-up may be half the clock of a
-    # run this short.)
+    # Drag to the first moment a second span has started: some spans shown, not all, and
+    # the rest of the run still ahead to play (from the middle of the events, a run this
+    # short could play to its end, and stop there, before the test could press pause). The
+    # views redraw at that moment.
     drawn = plot_updates(page)
     page.evaluate(
         """() => { const s = document.getElementById('scrubber'), T = frlmMovie.trace;
-                   const middle = T.events[Math.floor(T.events.length / 2)];
-                   s.value = Math.round(middle[FRLM.F.T] - T.t0);
-                   s.dispatchEvent(new Event('input')); s.dispatchEvent(new Event('change')); }"""
+                   for (const e of T.events) {
+                     s.value = Math.round(e[FRLM.F.T] - T.t0);
+                     s.dispatchEvent(new Event('input'));
+                     if (frlmMovie.rows.length > 1) break;
+                   }
+                   s.dispatchEvent(new Event('change')); }"""
     )
     half = page.evaluate("frlmMovie.rows.length")
     assert 1 < half < total
@@ -103,6 +107,7 @@ def test_it_plays_a_finished_run_back_with_the_scrubber(page, web):
     page.click("[data-act=play]")
     wait_for(page, f"frlmMovie.rows.length > {half}", what="playback to advance")
     page.click("[data-act=play]")
+    assert page.evaluate("frlmMovie.playing") is False, "the pause did not stop playback"
     paused = page.inner_text("#clock")
     page.wait_for_timeout(300)
     assert page.inner_text("#clock") == paused
