@@ -81,11 +81,13 @@ class Policy:
     # proven lie weighs lie_penalty good results (its score collapses and it is checked on
     # every answer again) and its recent answers are re-checked. probe_rate is the share of
     # known-answer probes mixed into each batch; a new worker gets one per batch as well.
-    check_floor: float = 0.06
+    check_floor: float = 0.04
     check_warmup: int = 10
     # "first" (redundant and high-trust tiers): the first answer each untrusted worker
     # gives in a batch is checked as soon as it arrives (copied to another worker; a
-    # dispute goes to a third worker, or to a validator on the high-trust tier), and until
+    # dispute goes to a third worker, or to a validator on the high-trust tier, where a
+    # validator checks it outright when the worker is new, suspect or its floor check is
+    # due, or no settled peer unchecked in the batch is free), and until
     # the verdict the worker gets at most its slots less one of the batch's work, so a
     # turncoat is caught within its first few answers (runs/engine/fanout/vouching.py).
     # "batch": on the redundant tier every untrusted worker that answers in a batch takes

@@ -418,7 +418,7 @@ class CheckRule:
     decline from the warm-up to the floor cost an honest swarm 10% in checks for no
     safety the floor does not give.)"""
 
-    floor: float = 0.06
+    floor: float = 0.04
     warmup: int = TRUST_AFTER
     new_rate: float = 1.0  # the rate below warmup (the high-trust tier's validate_rate)
 
@@ -428,6 +428,14 @@ class CheckRule:
         if consecutive_valid < self.warmup:
             return self.new_rate
         return self.floor
+
+    def counts(self, consecutive_valid: int, *, suspect: bool = False) -> bool:
+        """Whether a check made outside the sample (the gate's, a passed probe) counts
+        toward the worker's floor (Sampler.spend): only once it is sampled at a rate under
+        1. While every answer of it is checked anyway (new, suspect), spending would leave
+        its credit at -1 and the worker 2/floor answers without a floor check after its
+        warm-up, not 1/floor."""
+        return self.rate(consecutive_valid, suspect=suspect) < 1.0
 
     def why(self, consecutive_valid: int, *, suspect: bool = False) -> str:
         """The reason recorded on the span for checking an answer at this rate."""
@@ -497,6 +505,20 @@ class Sampler:
             credit = self._rng.random()
         self._credit[worker_id] = max(-1.0, credit - 1.0)
 
+    def due(self, worker_id: str, rate: float, answers: float) -> bool:
+        """Whether `worker_id`'s sampled check falls among its next `answers` answers at
+        `rate`, as its credit stands (a peek: nothing is spent). The high-trust gate
+        (runs/engine/fanout/vouching.py) makes that check a validator's; a worker whose
+        check is not due is checked by a peer instead."""
+        if rate >= 1.0:
+            return True
+        if rate <= 0.0:
+            return False
+        credit = self._credit.get(worker_id)
+        if credit is None:
+            credit = self._credit[worker_id] = self._rng.random()
+        return credit + rate * answers >= 1.0
+
     def take(self, worker_id: str, rate: float) -> bool:
         if rate >= 1.0:
             return True
@@ -538,7 +560,7 @@ def cover(
 
     A copy checks both workers at once, so the sampled checks (`checked`, positions of
     `owners`) are sent first to workers not yet covered, then the workers left are paired:
-    one's answer goes to the other. With 6% sampled, a batch of 64 over 8 workers is
+    one's answer goes to the other. With 4% sampled, a batch of 64 over 8 workers is
     covered by the sampled checks alone most of the time; at most one copy per two
     workers is added. `checkers` are the workers a copy may go to."""
     by_worker: dict[str, list[int]] = {}

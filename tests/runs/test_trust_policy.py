@@ -65,6 +65,16 @@ def test_a_check_the_gate_made_counts_toward_the_workers_rate():
     assert sampler._credit["w"] == -1.0
 
 
+def test_a_check_counts_toward_the_floor_only_once_the_worker_is_sampled():
+    # In its warm-up (or as a suspect) every answer of a worker is checked anyway: the
+    # gate's checks then spent its credit down to -1, and its first floor check after the
+    # warm-up came 2/floor answers later, not within 1/floor.
+    rule = CheckRule(floor=0.04, warmup=10)
+    assert not rule.counts(3) and not rule.counts(500, suspect=True)
+    assert rule.counts(10) and rule.counts(500)
+    assert CheckRule(floor=0.04, warmup=10, new_rate=0.5).counts(3)  # sampled in warm-up too
+
+
 def test_it_starts_each_worker_at_a_phase_it_cannot_know():
     firsts = set()
     for seed in range(20):

@@ -133,7 +133,10 @@ class Judge:
         replies: dict[int, list[tuple[verify.Reply, Flight]]] = {}
         sent: dict[int, int] = {}  # copies sent, answered or not: the limit counts them all
         why: dict[int, str] = {}  # why each checked answer was checked, for its span
-        self._load_credit(state)
+        rule = verify.CheckRule(
+            floor=self.scope.policy.check_floor, warmup=self.scope.policy.check_warmup
+        )
+        self._load_credit(state, rule)
         gate = state.vouches
         for pos, flight in enumerate(state.flights):
             if flight.outcome.status != "ok":
@@ -153,13 +156,7 @@ class Judge:
             if policy.agree > 1:
                 reason = self._trusted_sample(holder.outcome.worker_id)
                 if reason is None:
-                    reason = self._sample(
-                        holder.outcome.worker_id,
-                        verify.CheckRule(
-                            floor=self.scope.policy.check_floor,
-                            warmup=self.scope.policy.check_warmup,
-                        ),
-                    )
+                    reason = self._sample(holder.outcome.worker_id, rule)
                 if reason:
                     why[pos] = reason
         self._save_credit()
@@ -318,7 +315,7 @@ class Judge:
         why: dict[int, str] = {}
         answered: list[int] = []
         attested: set[int] = set()  # attested already, at the gate
-        self._load_credit(state)
+        self._load_credit(state, rule)
         gate = state.vouches
         for pos, flight in enumerate(state.flights):
             holder = state.holder(pos)
@@ -392,19 +389,24 @@ class Judge:
             return rule.why(record.consecutive_valid, suspect=suspect)
         return ""
 
-    def _load_credit(self, state: Batch) -> None:
+    def _load_credit(self, state: Batch, rule: verify.CheckRule) -> None:
         """The sampler's credit of the batch's workers, as earlier runs left it, less the
-        checks the gate made of them in this batch (vouching.Vouching): an untrusted
-        worker's answer or a copy it answered for the gate."""
+        checks made of them in this batch: by the gate (vouching.Vouching), an untrusted
+        worker's answer or a copy it answered for it, and a probe it passed. On the
+        high-trust tier a gate's check counts only when a validator made it: a peer's
+        agreement there leaves the floor's check owed (a probe's known answer is as good as
+        a validator's). Nor do checks of a worker all of whose answers are checked
+        anyway (verify.CheckRule.counts)."""
         assert self.sampler is not None
         gate = state.vouches
         checked = [
             f.outcome.worker_id
             for pos, copies in (gate.early.items() if gate is not None else ())
+            if state.tier != "high_trust" or any(c.kind == "validator" for c in copies)
             for f in [state.holder(pos), *copies]
             if f.outcome.status == "ok"
             and not self.roster.workers.get(f.outcome.worker_id, {}).get("trusted")
-        ]
+        ] + state.probed
         try:
             self.sampler.load(
                 [state.holder(p).outcome.worker_id for p in range(len(state.flights))] + checked
@@ -412,7 +414,10 @@ class Judge:
         except redis.RedisError:
             pass  # a fresh phase for this batch: the checks still run at their rate
         for worker in checked:
-            self.sampler.spend(worker)
+            record = self.reputations.get(worker)
+            suspect = worker in self.caught or record.suspect
+            if rule.counts(record.consecutive_valid, suspect=suspect):
+                self.sampler.spend(worker)
 
     def _save_credit(self) -> None:
         assert self.sampler is not None
@@ -552,6 +557,8 @@ class Judge:
                 why=flight.probe.why,
             )
             flight.verdict = "accepted" if passed else "rejected"
+            if worker and passed:
+                state.probed.append(worker)  # a check of it: the floor's sample counts it
             if worker:
                 self.reputations.observe(Observation(worker, validation=passed))
                 if not passed:

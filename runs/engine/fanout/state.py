@@ -136,6 +136,7 @@ class Vouches:
     released: set[str] = field(default_factory=set)  # no check could settle: not held back
     pending: dict[str, int] = field(default_factory=dict)  # worker -> position under check
     checking: dict[str, int] = field(default_factory=dict)  # worker -> position it checks
+    peering: dict[str, int] = field(default_factory=dict)  # high trust: peer -> position
     copies: dict[int, int] = field(default_factory=dict)  # id() of a check's copy -> position
     early: dict[int, list[Flight]] = field(default_factory=dict)  # position -> its copies
     why: dict[int, str] = field(default_factory=dict)  # position -> why it was checked
@@ -167,6 +168,7 @@ class Batch:
     holders: dict[int, Flight] = field(default_factory=dict)
     failed: dict[int, set[str]] = field(default_factory=dict)
     replied: list[Flight] = field(default_factory=list)
+    probed: list[str] = field(default_factory=list)  # workers that passed a probe in it
     vouches: Vouches | None = None  # its check gate, on a checking tier (vouching.Vouching)
 
     def holder(self, pos: int) -> Flight:

@@ -6,9 +6,22 @@ On the redundant tier a check copies the answer to another worker, preferably an
 untrusted one that has not been vouched for yet: its answer to the copy checks both of them,
 so an honest swarm pays one copy per two workers, and the slot each keeps free runs the copy
 at once. Agreement vouches for both, and they get work again; a disagreement goes to a third
-worker's vote. On the high-trust tier the check is a trusted validator's (two untrusted
-workers agreeing proves nothing against colluders). Either way the check counts as the
-worker's sampled one (judging.Judge._load_credit), and the worker found lying is caught
+worker's vote. Either way the check counts as the worker's sampled one
+(judging.Judge._load_credit).
+
+On the high-trust tier two untrusted workers agreeing proves nothing against colluders, so
+a trusted validator checks the answer of a worker that is new (fewer than check_warmup
+checks passed), suspect, or whose floor check is due in this batch (verify.Sampler.due):
+the validator's checks of a settled worker stay at check_floor of its answers, as without
+the gate. The other settled workers check each other in pairs, as on the redundant tier
+(one copy per two workers; a worker with no unchecked peer left gets a validator's check
+for its one copy, which counts toward its floor), and a disagreement goes to a validator,
+whose answer decides for both. A validator per worker per batch cost an honest swarm of 10
+workers 10% of a batch of 100 (bench/trust.py); now about half a copy per worker, plus
+the floor's share. A lone turncoat is still caught in the first batch it lies in;
+colluders that turn together are caught by the floor's validator checks, within
+1/check_floor answers, if they happen to check each other. Whatever checked it, the worker
+found lying is caught
 (judging.Judge.caught: it gets no more work in the run, its answers of the batch are checked
 again when the batch is judged, its earlier ones flagged).
 
@@ -21,7 +34,9 @@ is the verdict of record; Verify.Gate says what the gate decided and when."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import redis
 
 from runs.engine.fanout.judging import Judge
 from runs.engine.fanout.state import Batch, Flight, Roster, Scope, Vouches, Wave
@@ -40,10 +55,12 @@ class Vouching:
     judge: Judge
     tally: verify.VerificationTally
     enqueue: Callable[[list[Flight], Wave], None]  # sends copies with the batch's own work
+    _credit_read: set[str] = field(default_factory=set)  # workers whose credit was read
 
     def begin(self, state: Batch) -> None:
         """Gate the batch's dispatch when its tier checks untrusted workers."""
         if state.tier in GATED_TIERS and self.scope.policy.check_cover == "first":
+            self._credit_read = set()  # read again per batch: other runs move it too
             state.vouches = Vouches(
                 barred=self.judge.caught,
                 positions={id(f): pos for pos, f in enumerate(state.flights)},
@@ -78,10 +95,22 @@ class Vouching:
             "work of the batch until this check's verdict"
         )
         if state.tier == "high_trust":
-            # A validator's verdict: another untrusted worker's agreement would not stand
-            # against colluders, what this tier is for. It is the worker's sampled check
-            # for the batch too (judging.Judge._load_credit).
-            self._validate(state, gate, pos, wave)
+            due = self._validator_due(state, worker)
+            peer = None if due else self._peer(state, gate, worker)
+            if peer is None:
+                # A validator's verdict; it is the worker's sampled check for the batch too
+                # (judging.Judge._load_credit).
+                gate.why[pos] += "; a validator checks it: " + (
+                    due or "no settled peer unchecked in the batch is free"
+                )
+                self._validate(state, gate, pos, wave)
+                return
+            gate.why[pos] += "; a settled peer checks it (no validator's check is due)"
+            gate.peering[peer] = pos
+            if self._unvouched(gate, peer) and peer not in gate.pending:
+                gate.checking[peer] = pos
+            copy = self._send(state, gate, pos, "replica", self.judge._only(peer), wave)
+            copy.venues = frozenset({self.roster.workers[peer]["venue"]})
             return
         partner = self._partner(gate, worker)
         if partner is None:
@@ -100,6 +129,9 @@ class Vouching:
         validator = next((c for c in answered if c.kind == "validator"), None)
         if validator is not None:
             self._arbitrate(state, gate, pos, validator)
+            return
+        if state.tier == "high_trust" and not any(c.kind == "validator" for c in copies):
+            self._peer_verdict(state, gate, pos, answered, wave)
             return
         if len(answered) < len(copies):
             self._release(state, gate, pos, "a check's copy got no reply")
@@ -136,20 +168,53 @@ class Vouching:
             return
         self._release(state, gate, pos, decision.reason or "the check did not settle")
 
-    def _arbitrate(self, state: Batch, gate: Vouches, pos: int, validator: Flight) -> None:
-        """The high-trust tier's check: the answer against the validator's (its signed
-        verdict is checked when the batch is judged, judging.Judge.high_trust)."""
+    def _peer_verdict(
+        self, state: Batch, gate: Vouches, pos: int, answered: list[Flight], wave: Wave
+    ) -> None:
+        """The high-trust tier's check by a peer: agreement vouches for both workers; a
+        disagreement, or no reply from the peer, goes to a validator."""
         holder = state.holder(pos)
         rule = AgreementRule(mode=self.scope.policy.agree_mode)
-        worker = holder.outcome.worker_id
-        ok = agree(holder.outcome.text, validator.outcome.text, rule)
+        if answered and agree(holder.outcome.text, answered[0].outcome.text, rule):
+            # Paid as checked (a validator's sample, if the judge takes one, has the last word).
+            holder.verdict = answered[0].verdict = "accepted"
+            self._settle(
+                state,
+                gate,
+                pos,
+                vouched=[holder.outcome.worker_id, answered[0].outcome.worker_id],
+                caught=[],
+                how="",
+            )
+            return
+        for worker in {holder.outcome.worker_id} | {c.outcome.worker_id for c in answered}:
+            if self._unvouched(gate, worker):  # held until the validator has spoken
+                gate.checking.pop(worker, None)
+                gate.pending[worker] = pos
+        gate.why[pos] += (
+            "; the peer disagreed: a validator decides"
+            if answered
+            else "; the peer gave no answer: a validator checks it"
+        )
+        self._validate(state, gate, pos, wave)
+
+    def _arbitrate(self, state: Batch, gate: Vouches, pos: int, validator: Flight) -> None:
+        """The high-trust tier's check: the answer, and a peer's if one checked it, against
+        the validator's (its signed verdict on the answer is checked when the batch is
+        judged, judging.Judge.high_trust)."""
+        rule = AgreementRule(mode=self.scope.policy.agree_mode)
+        vouched: list[str] = []
+        caught: list[str] = []
+        peers = [
+            c for c in gate.early.get(pos, []) if c.kind == "replica" and c.outcome.status == "ok"
+        ]
+        for flight in [state.holder(pos), *peers]:
+            ok = agree(flight.outcome.text, validator.outcome.text, rule)
+            (vouched if ok else caught).append(flight.outcome.worker_id)
+            if flight.kind == "replica":
+                flight.verdict = "accepted" if ok else "rejected"
         self._settle(
-            state,
-            gate,
-            pos,
-            vouched=[worker] if ok else [],
-            caught=[] if ok else [worker],
-            how="diverged from a validator",
+            state, gate, pos, vouched=vouched, caught=caught, how="diverged from a validator"
         )
 
     def _settle(
@@ -182,6 +247,8 @@ class Vouching:
         for worker in involved:
             gate.pending.pop(worker, None)
             gate.checking.pop(worker, None)
+        for worker in [w for w, p in gate.peering.items() if p == pos]:
+            del gate.peering[worker]
         return involved
 
     def _record(
@@ -239,6 +306,67 @@ class Vouching:
     def _unvouched(self, gate: Vouches, worker: str) -> bool:
         w = self.roster.workers.get(worker)
         return bool(worker and w is not None and gate.holds(worker, bool(w.get("trusted"))))
+
+    def _validator_due(self, state: Batch, worker: str) -> str:
+        """Why `worker`'s answer must have a validator's check at the high-trust gate, or
+        "" when a settled peer's will do: it is new, suspect, or its floor check falls in
+        this batch (its sampler credit, as earlier runs left it)."""
+        policy = self.scope.policy
+        record = self.judge.reputations.get(worker)
+        if worker in self.judge.caught or record.suspect:
+            return "suspect: the worker was caught lying recently"
+        if record.consecutive_valid < policy.check_warmup:
+            return f"new worker: {record.consecutive_valid} of {policy.check_warmup} checks passed"
+        sampler = self.judge.sampler
+        assert sampler is not None
+        if worker not in self._credit_read:
+            try:
+                sampler.load([worker])
+            except redis.RedisError:
+                pass  # a fresh phase: the peek is as good as the judge's
+            self._credit_read.add(worker)
+        untrusted = sum(
+            1
+            for w in self.roster.workers.values()
+            if not w.get("trusted") and w["venue"] in self.scope.answer_venues
+        )
+        answers = len(state.flights) / max(1, untrusted)
+        if sampler.due(worker, policy.check_floor, answers):
+            return f"its floor check ({100 * policy.check_floor:g}% of its answers) is due"
+        return ""
+
+    def _peer(self, state: Batch, gate: Vouches, worker: str) -> str | None:
+        """A settled untrusted worker to check `worker`'s answer on the high-trust tier:
+        past its warm-up, not suspect, not caught, checking no other answer already (a liar
+        picked for several at once answers each before its first lie is found), and
+        itself unchecked in the batch so far, so that its answer to the copy checks it too,
+        and with no validator's check due (that check would be made of it anyway).
+        None when there is no such worker: then a validator checks the answer, for the same
+        one copy, and its check counts toward the worker's floor, where a copy to a worker
+        checked already would check one worker only, and not for the floor."""
+        policy = self.scope.policy
+        reputations = self.judge.reputations
+        peers = sorted(
+            wid
+            for wid, w in self.roster.workers.items()
+            if wid != worker
+            and not w.get("trusted")
+            and w["venue"] in self.scope.answer_venues
+            and wid not in self.judge.caught
+            and wid not in gate.barred
+            and wid not in gate.peering
+            and not reputations.get(wid).suspect
+            and reputations.get(wid).consecutive_valid >= policy.check_warmup
+        )
+        fresh = [
+            w
+            for w in peers
+            if self._unvouched(gate, w)
+            and w not in gate.pending
+            and w not in gate.checking
+            and not self._validator_due(state, w)
+        ]
+        return self.judge.rng.choice(fresh) if fresh else None
 
     def _partner(self, gate: Vouches, worker: str) -> str | None:
         """Who checks `worker`'s answer: an untrusted worker not vouched for yet and not in
