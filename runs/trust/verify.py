@@ -500,37 +500,31 @@ class Sampler:
         runs/engine/fanout/vouching.py) counts toward its rate: its credit falls by one,
         to no less than -1, so the sample passes over it that much longer. A worker with a
         few answers per batch is then checked once per batch, not once more at the floor."""
-        credit = self._credit.get(worker_id)
-        if credit is None:
-            credit = self._rng.random()
-        self._credit[worker_id] = max(-1.0, credit - 1.0)
+        self._credit[worker_id] = max(-1.0, self._credit_of(worker_id) - 1.0)
 
     def due(self, worker_id: str, rate: float, answers: float) -> bool:
         """Whether `worker_id`'s sampled check falls among its next `answers` answers at
         `rate`, as its credit stands (a peek: nothing is spent). The high-trust gate
         (runs/engine/fanout/vouching.py) makes that check a validator's; a worker whose
         check is not due is checked by a peer instead."""
-        if rate >= 1.0:
-            return True
-        if rate <= 0.0:
-            return False
-        credit = self._credit.get(worker_id)
-        if credit is None:
-            credit = self._credit[worker_id] = self._rng.random()
-        return credit + rate * answers >= 1.0
+        if rate >= 1.0 or rate <= 0.0:
+            return rate >= 1.0
+        return self._credit_of(worker_id) + rate * answers >= 1.0
 
     def take(self, worker_id: str, rate: float) -> bool:
-        if rate >= 1.0:
-            return True
-        if rate <= 0.0:
-            return False
-        credit = self._credit.get(worker_id)
-        if credit is None:
-            credit = self._rng.random()
-        credit += rate
+        if rate >= 1.0 or rate <= 0.0:
+            return rate >= 1.0
+        credit = self._credit_of(worker_id) + rate
         checked = credit >= 1.0
         self._credit[worker_id] = credit - 1.0 if checked else credit
         return checked
+
+    def _credit_of(self, worker_id: str) -> float:
+        """The worker's credit; a worker not seen before starts at a random phase."""
+        credit = self._credit.get(worker_id)
+        if credit is None:
+            credit = self._credit[worker_id] = self._rng.random()
+        return credit
 
 
 COVER_WHY = "cover: every untrusted worker takes part in a check of each batch"
