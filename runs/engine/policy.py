@@ -89,7 +89,8 @@ class Policy:
     # validator checks it outright when the worker is new, suspect or its floor check is
     # due, or no settled peer unchecked in the batch is free), and until
     # the verdict the worker gets at most its slots less one of the batch's work, so a
-    # turncoat is caught within its first few answers (runs/engine/fanout/vouching.py).
+    # turncoat is caught within its first few answers of the next batch it starts
+    # (runs/engine/fanout/vouching.py).
     # "batch": on the redundant tier every untrusted worker that answers in a batch takes
     # part in at least one check of it once the batch is in (its answer copied, or a copy
     # sent to it), so a turncoat is caught in the batch it turns in, after its share of it

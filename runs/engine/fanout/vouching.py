@@ -18,17 +18,20 @@ the gate. The other settled workers check each other in pairs, as on the redunda
 for its one copy, which counts toward its floor), and a disagreement goes to a validator,
 whose answer decides for both. A validator per worker per batch cost an honest swarm of 10
 workers 10% of a batch of 100 (bench/trust.py); now about half a copy per worker, plus
-the floor's share. A lone turncoat is still caught in the first batch it lies in;
+the floor's share. A lone turncoat is still caught at its first answer of a batch;
 colluders that turn together are caught by the floor's validator checks, within
 1/check_floor answers, if they happen to check each other. Whatever checked it, the worker
 found lying is caught
 (judging.Judge.caught: it gets no more work in the run, its answers of the batch are checked
 again when the batch is judged, its earlier ones flagged).
 
-A worker that turns liar is so caught within its first few answers of a batch, where
-checking at the end of the batch let it take its whole share first (bench/trust.py's
-turncoat). The copies made here are judged again with the batch (judging.Judge takes them
-as the first replicas of their sub-query), so the trace's Verify.Redundant or Verify.Attest
+A worker that turns liar is so caught within its first few answers of the next batch it
+starts, where checking at the end of the batch let it take its whole share first
+(bench/trust.py's turncoat). One that turns after its first answer of a batch was
+vouched for takes the rest of its share of that batch unchecked but for the floor
+(bench/trust.py's turncoat, when it turns mid-batch: 7-11 answers, 4-8 lies accepted).
+The copies made here are judged again with the batch (judging.Judge takes them as the
+first replicas of their sub-query), so the trace's Verify.Redundant or Verify.Attest
 is the verdict of record; Verify.Gate says what the gate decided and when."""
 
 from __future__ import annotations
