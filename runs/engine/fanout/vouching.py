@@ -37,7 +37,7 @@ is the verdict of record; Verify.Gate says what the gate decided and when."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import redis
 
@@ -58,16 +58,35 @@ class Vouching:
     judge: Judge
     tally: verify.VerificationTally
     enqueue: Callable[[list[Flight], Wave], None]  # sends copies with the batch's own work
-    _credit_read: set[str] = field(default_factory=set)  # workers whose credit was read
+    # High trust: the answers each untrusted worker is expected to give in the batch, for
+    # whether its floor check falls in it (Vouching._validator_due).
+    _answers: float = 0.0
 
     def begin(self, state: Batch) -> None:
         """Gate the batch's dispatch when its tier checks untrusted workers."""
         if state.tier in GATED_TIERS and self.scope.policy.check_cover == "first":
-            self._credit_read = set()  # read again per batch: other runs move it too
+            if state.tier == "high_trust":
+                self._read_credit(state)
             state.vouches = Vouches(
                 barred=self.judge.caught,
                 positions={id(f): pos for pos, f in enumerate(state.flights)},
             )
+
+    def _read_credit(self, state: Batch) -> None:
+        """The untrusted workers' sampler credit as earlier runs left it (one round trip;
+        read again each batch, since other runs move it too), and the answers each is
+        expected to give in the batch."""
+        untrusted = [
+            wid
+            for wid, w in self.roster.workers.items()
+            if not w.get("trusted") and w["venue"] in self.scope.answer_venues
+        ]
+        self._answers = len(state.flights) / max(1, len(untrusted))
+        assert self.judge.sampler is not None
+        try:
+            self.judge.sampler.load(untrusted)
+        except redis.RedisError:
+            pass  # a fresh phase: the peek is as good as the judge's
 
     def end(self, state: Batch) -> None:
         """The batch's own dispatch is over: the judge's rounds are not gated."""
@@ -98,9 +117,9 @@ class Vouching:
             "work of the batch until this check's verdict"
         )
         if state.tier == "high_trust":
-            due = self._validator_due(state, worker)
-            peer = None if due else self._peer(state, gate, worker)
-            if peer is None:
+            due = self._validator_due(worker)
+            partner = None if due else self._peer(gate, worker)
+            if partner is None:
                 # A validator's verdict; it is the worker's sampled check for the batch too
                 # (judging.Judge._load_credit).
                 gate.why[pos] += "; a validator checks it: " + (
@@ -109,19 +128,17 @@ class Vouching:
                 self._validate(state, gate, pos, wave)
                 return
             gate.why[pos] += "; a settled peer checks it (no validator's check is due)"
-            gate.peering[peer] = pos
-            if self._unvouched(gate, peer) and peer not in gate.pending:
-                gate.checking[peer] = pos
-            copy = self._send(state, gate, pos, "replica", self.judge._only(peer), wave)
-            copy.venues = frozenset({self.roster.workers[peer]["venue"]})
-            return
-        partner = self._partner(gate, worker)
-        if partner is None:
-            self._release(state, gate, pos, "no other live worker to check it with")
-            return
+            gate.peering[partner] = pos
+        else:
+            partner = self._partner(gate, worker)
+            if partner is None:
+                self._release(state, gate, pos, "no other live worker to check it with")
+                return
         if self._unvouched(gate, partner) and partner not in gate.pending:
             gate.checking[partner] = pos
-        self._send(state, gate, pos, "replica", self.judge._only(partner), wave)
+        copy = self._send(state, gate, pos, "replica", self.judge._only(partner), wave)
+        if state.tier == "high_trust":  # a peer of the swarm, not a validator's venue
+            copy.venues = frozenset({self.roster.workers[partner]["venue"]})
 
     def _advance(self, state: Batch, gate: Vouches, pos: int, wave: Wave) -> None:
         copies = gate.early[pos]
@@ -310,35 +327,22 @@ class Vouching:
         w = self.roster.workers.get(worker)
         return bool(worker and w is not None and gate.holds(worker, bool(w.get("trusted"))))
 
-    def _validator_due(self, state: Batch, worker: str) -> str:
+    def _validator_due(self, worker: str) -> str:
         """Why `worker`'s answer must have a validator's check at the high-trust gate, or
         "" when a settled peer's will do: it is new, suspect, or its floor check falls in
-        this batch (its sampler credit, as earlier runs left it)."""
+        this batch (its sampler credit as read when the batch began, Vouching._read_credit)."""
         policy = self.scope.policy
         record = self.judge.reputations.get(worker)
         if worker in self.judge.caught or record.suspect:
             return "suspect: the worker was caught lying recently"
         if record.consecutive_valid < policy.check_warmup:
             return f"new worker: {record.consecutive_valid} of {policy.check_warmup} checks passed"
-        sampler = self.judge.sampler
-        assert sampler is not None
-        if worker not in self._credit_read:
-            try:
-                sampler.load([worker])
-            except redis.RedisError:
-                pass  # a fresh phase: the peek is as good as the judge's
-            self._credit_read.add(worker)
-        untrusted = sum(
-            1
-            for w in self.roster.workers.values()
-            if not w.get("trusted") and w["venue"] in self.scope.answer_venues
-        )
-        answers = len(state.flights) / max(1, untrusted)
-        if sampler.due(worker, policy.check_floor, answers):
+        assert self.judge.sampler is not None
+        if self.judge.sampler.due(worker, policy.check_floor, self._answers):
             return f"its floor check ({100 * policy.check_floor:g}% of its answers) is due"
         return ""
 
-    def _peer(self, state: Batch, gate: Vouches, worker: str) -> str | None:
+    def _peer(self, gate: Vouches, worker: str) -> str | None:
         """A settled untrusted worker to check `worker`'s answer on the high-trust tier:
         past its warm-up, not suspect, not caught, checking no other answer already (a liar
         picked for several at once answers each before its first lie is found), and
@@ -367,7 +371,7 @@ class Vouching:
             if self._unvouched(gate, w)
             and w not in gate.pending
             and w not in gate.checking
-            and not self._validator_due(state, w)
+            and not self._validator_due(w)
         ]
         return self.judge.rng.choice(fresh) if fresh else None
 
