@@ -24,14 +24,19 @@ validator re-runs a sample and signs what it found):
    (nothing knows yet which workers are slow) with hedging against without, as a ratio of
    the same batch on a swarm with no slow worker (target at most 1.2x with hedging).
 
+Scenarios 1-3 run with each policy.check_cover that --cover names, in turn (default the
+product's own, "gate"; `--cover gate,first` compares the gate's answer drawn at random with
+the first answer of each batch, side by side), and print the settled batches' wall time.
+
     .venv/bin/python bench/trust.py [--quick] [--workers 10] [--rounds 8] [--batch 100]
-        [--hedge-workers 20] [--repeat 3] [--tier redundant|high_trust]
+        [--hedge-workers 20] [--repeat 3] [--tier redundant|high_trust] [--cover gate,first]
         [--skip verification|independent|colluding|honest|turncoat|hedging]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import tempfile
 import time
@@ -175,17 +180,19 @@ def verification(args: argparse.Namespace, directory: Path, kind: str) -> dict:
         # time out and trip its breaker); then everything learned is forgotten, so the
         # tier's first round is still a cold swarm's.
         one_batch(-1, args.batch, ["edge"], {"tier": "best_effort"})
-        for tier, policy in TIERS.items():
+        for (tier, policy), cover in itertools.product(TIERS.items(), args.covers):
             if tier not in args.tiers:
                 continue
             reset_reputations()
             rounds, shares = [], Counter()
             for r in range(args.rounds):
-                row, run = batch_figures(r, args.batch, RUN_VENUES[tier], policy)
+                row, run = batch_figures(
+                    r, args.batch, RUN_VENUES[tier], {**policy, "check_cover": cover}
+                )
                 rounds.append(row)
                 if r >= args.rounds // 2:
                     shares.update(edge_senders(run.id))
-            out[tier] = {
+            out[covered(tier, cover, args.covers)] = {
                 "cold": totals(rounds[:1]),
                 "settled": totals(rounds[args.rounds // 2 :]),
                 "rounds": rounds,
@@ -193,6 +200,11 @@ def verification(args: argparse.Namespace, directory: Path, kind: str) -> dict:
                 "records": records(list(shares)),
             }
     return out
+
+
+def covered(tier: str, cover: str, covers: list[str]) -> str:
+    """The tier's name in the report, with its check_cover when several are compared."""
+    return tier if len(covers) == 1 else f"{tier} (check_cover={cover})"
 
 
 def records(worker_ids: list[str]) -> dict[str, dict]:
@@ -228,7 +240,7 @@ def edge_senders(run_id: str, since_ns: float = 0) -> Counter:
 WINDOW = 100
 
 
-def turncoat(args: argparse.Namespace, directory: Path, tier: str) -> dict:
+def turncoat(args: argparse.Namespace, directory: Path, tier: str, cover: str) -> dict:
     """One worker of 8 turns liar once reputations have settled under the tier. Counts the
     sub-queries (probes left out) sent to the swarm from the first batch it lies in until
     its share of the last WINDOW falls below 5%, and the wrong answers accepted meanwhile
@@ -254,7 +266,7 @@ lie_after_s = {args.warm_s}
 """
     )
     (liar_name,) = [d.name for d in devices(profile_load(str(path)), "edge", workers, 0) if d.liar]
-    policy = TIERS[tier]
+    policy = {**TIERS[tier], "check_cover": cover}
     n = 64
     venues = [VenueSpec("edge", swarm=str(path), workers=workers)]
     venues.append(VenueSpec("local", concurrency=8))
@@ -422,6 +434,8 @@ def report_kind(kind: str, tiers: dict, workers: int) -> None:
             for r in figures["rounds"]
         )
         print(f"    by round, error%/overhead%: {trail}")
+        settled = [r["wall"] for r in figures["rounds"][len(figures["rounds"]) // 2 :]]
+        print(f"    settled batch wall, median {1000 * statistics.median(settled):.0f} ms")
         if kind == "honest":
             print(f"    settled {shares_line(figures['shares'], workers)}")
             total = sum(figures["shares"].values()) or 1
@@ -492,8 +506,14 @@ def main() -> None:
     parser.add_argument(
         "--tier", dest="tiers", choices=list(TIERS), action="append", help="only this tier"
     )
+    parser.add_argument(
+        "--cover",
+        default="gate",
+        help="policy.check_cover values to measure side by side, comma-separated (e.g. gate,first)",
+    )
     args = parser.parse_args()
     args.tiers = args.tiers or list(TIERS)
+    args.covers = [c.strip() for c in args.cover.split(",") if c.strip()]
     stop_on_signals()
     if args.quick:
         # The turncoat turns 240 s after its process started: on a loaded machine the
@@ -521,8 +541,12 @@ def main() -> None:
                 flush=True,
             )
         if "turncoat" not in args.skip:
-            for tier in args.tiers:
-                report_turncoat(tier, turncoat(args, Path(tmp), tier), args.warm_s)
+            for tier, cover in itertools.product(args.tiers, args.covers):
+                report_turncoat(
+                    covered(tier, cover, args.covers),
+                    turncoat(args, Path(tmp), tier, cover),
+                    args.warm_s,
+                )
         walls = hedging(args, Path(tmp)) if "hedging" not in args.skip else None
     if walls is not None:
         report_hedging(walls, args.hedge_workers)

@@ -30,6 +30,7 @@ slow_factor = {slow_factor}
 failure_rate = {failure_rate}
 lie_share = {lie_share}
 lie_rate = 1.0
+honest_first = {honest_first}
 [churn]
 leave_every_s = {leave}
 away_s = 1.0
@@ -45,6 +46,7 @@ class Swarm:
             "slow_share": 0.0,
             "failure_rate": 0.0,
             "lie_share": 0.0,
+            "honest_first": 0,
             "leave": 0.0,
             "slow_factor": 4.0,
             **profile,

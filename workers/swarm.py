@@ -41,6 +41,9 @@ class SwarmProfile:
     lie_share: float = 0.0
     lie_rate: float = 0.0
     lie_after_s: float = 0.0  # liars are honest this long after starting (0: from the start)
+    # Liars answer honestly the first this many jobs they begin after a pause (0: off):
+    # they know a batch's first answer is the one the check gate took (issue 23).
+    honest_first: int = 0
     collude: float = 0.0  # share of lies that are the liars' shared lie (identical answers)
     leave_every_s: float = 0.0
     away_s: float = 5.0
@@ -49,6 +52,7 @@ class SwarmProfile:
     out_per_1k: float = 0.0
 
 
+INTEGERS = ("concurrency", "context_tokens", "honest_first")
 # Where each setting sits in the file, and the range it must fall in.
 _LAYOUT: dict[str, tuple[str | None, float, float]] = {
     "concurrency": (None, 1, 1024),
@@ -63,6 +67,7 @@ _LAYOUT: dict[str, tuple[str | None, float, float]] = {
     "lie_share": ("faults", 0, 1),
     "lie_rate": ("faults", 0, 1),
     "lie_after_s": ("faults", 0, 86_400),
+    "honest_first": ("faults", 0, 1024),
     "collude": ("faults", 0, 1),
     "leave_every_s": ("churn", 0, 86_400),
     "away_s": ("churn", 0, 86_400),
@@ -108,7 +113,7 @@ def profile_load(name: str) -> SwarmProfile:
         elif not low <= raw <= high:
             problems.append(f"{where} must be between {low:g} and {high:g}, got {raw}")
         else:
-            values[key] = int(raw) if key in ("concurrency", "context_tokens") else float(raw)
+            values[key] = int(raw) if key in INTEGERS else float(raw)
     if problems:
         raise ProfileFileError(f"{path}: " + "; ".join(problems))
     return SwarmProfile(name=path.stem, description=str(data.get("description", "")), **values)
@@ -187,6 +192,11 @@ def devices(profile: SwarmProfile, venue: str, count: int, seed: int) -> list[De
                     **(
                         {"lie_after_s": profile.lie_after_s}
                         if i in liars and profile.lie_after_s
+                        else {}
+                    ),
+                    **(
+                        {"honest_first": profile.honest_first}
+                        if i in liars and profile.honest_first
                         else {}
                     ),
                 },

@@ -83,19 +83,23 @@ class Policy:
     # known-answer probes mixed into each batch; a new worker gets one per batch as well.
     check_floor: float = 0.04
     check_warmup: int = 10
-    # "first" (redundant and high-trust tiers): the first answer each untrusted worker
-    # gives in a batch is checked as soon as it arrives (copied to another worker; a
-    # dispute goes to a third worker, or to a validator on the high-trust tier, where a
-    # validator checks it outright when the worker is new, suspect or its floor check is
-    # due, or no settled peer unchecked in the batch is free), and until
-    # the verdict the worker gets at most its slots less one of the batch's work, so a
-    # turncoat is caught within its first few answers of the next batch it starts
-    # (runs/engine/fanout/vouching.py).
+    # "gate" (redundant and high-trust tiers): one answer of each untrusted worker in a
+    # batch is checked as soon as it arrives, a new or suspect worker's first, a settled
+    # worker's drawn at random among those it is expected to give (copied to another
+    # worker; a dispute goes to a third worker, or to a validator on the high-trust tier,
+    # where a validator checks it outright when the worker is new, suspect or its floor
+    # check is due, or no settled peer unchecked in the batch is free), and until the
+    # verdict the worker gets at most its slots less one of the batch's work past the
+    # answers before it (runs/engine/fanout/vouching.py). A turncoat caught so has its
+    # lies of the batch corrected, and no answer of a batch is one a liar knows is safe.
+    # "first": the same with every worker's first answer, which catches a worker that
+    # turned between batches within its slots less one, but a liar that answers its first
+    # job of each batch honestly is left to the floor.
     # "batch": on the redundant tier every untrusted worker that answers in a batch takes
     # part in at least one check of it once the batch is in (its answer copied, or a copy
     # sent to it), so a turncoat is caught in the batch it turns in, after its share of it
     # (runs.trust.verify.cover); "off": the floor alone.
-    check_cover: str = "first"
+    check_cover: str = "gate"
     probe_rate: float = 0.01
     lie_penalty: float = 250.0
     # Hedging: a sub-query still running past this quantile of its venue's latency (in this
@@ -182,7 +186,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "hedge": ("off", "p90", "p95", "p99"),
     "agree_mode": ("exact", "numeric", "similar"),
     "premium_steps": ("single", "retries", "both"),
-    "check_cover": ("first", "batch", "off"),
+    "check_cover": ("gate", "first", "batch", "off"),
 }
 
 RANGES: dict[str, tuple[float, float]] = {

@@ -166,19 +166,26 @@ def work_sent(events, worker: str) -> int:
     )
 
 
-def test_a_turncoat_gets_no_more_than_its_slots_less_one_before_the_gate_catches_it(
+def test_a_turncoat_gets_no_more_than_its_slots_less_one_past_the_answer_the_gate_checks(
     swarm_factory,
 ):
     # A liar with a long good record, no floor, no probe: checked at the end of the batch
     # (check_cover=batch), it took its share of the batch first, 12 of 40 answers here
-    # (this test fails so). The gate checks each worker's first answer as it arrives and
-    # gives it at most 3 of its 4 slots until the verdict.
+    # (this test fails so). The gate checks one answer of each settled worker as it
+    # arrives, drawn among the 10 it is expected to give, and gives it at most 3 of its 4
+    # slots past the ones before it until the verdict; the answers it lied on before the
+    # checked one are corrected with the batch.
     swarm = swarm_factory("gated", 4, latency=40, lie_share=0.25, concurrency=4)
     liar, events = corrected_run(swarm, 40, check_floor=0.0, probe_rate=0.0)
-    assert work_sent(events, liar) <= 3
     gates = named(events, "Verify.Gate")
     (caught,) = [g for g in gates if g["status"] == "rejected"]
     assert caught["attrs"]["caught"] == [liar] and caught["attrs"]["why"].startswith("gate")
+    # Caught on its own answer, the one drawn (not one of its last, its share having fallen
+    # short of the draw, nor a copy it answered for another worker's check).
+    if caught["worker_id"] == liar and "drawn at random" in caught["attrs"]["why"]:
+        assert 1 <= caught["attrs"]["answer"] <= 10
+        assert work_sent(events, liar) <= 3 + caught["attrs"]["answer"] - 1
+    assert work_sent(events, liar) <= 3 + 10 - 1
     (flag,) = [f for f in named(events, "Verify.Flag") if f["worker_id"] == liar][:1]
     assert flag["attrs"]["caught_by"].startswith("outvoted at the gate")
     honest = ids(swarm, liars=False)
@@ -227,11 +234,12 @@ def test_the_high_trust_gate_has_settled_peers_check_each_other_and_a_validator_
     assert run.status == "succeeded", run.error
     assert eval(run.answer) == [f"Station {i} is north of the river." for i in range(30)]
     events = trace(run)
-    assert work_sent(events, liar) <= 3
+    # At most its slots less one past the answer the gate checks, drawn among its ~6.
+    assert work_sent(events, liar) <= 3 + 6 - 1
     gates = named(events, "Verify.Gate")
     whys = [g["attrs"]["why"] for g in gates]
-    # A peer checks each first answer, or the validator when no settled peer is left that
-    # its copy would check too (the workers' first answers come in at once).
+    # A peer checks each answer the gate takes, or the validator when no settled peer is
+    # left that its copy would check too.
     assert all("a settled peer checks it" in w or "no settled peer unchecked" in w for w in whys)
     assert any("a settled peer checks it" in w for w in whys), whys
     # Caught at the gate (as the checked worker, or as the peer that checked another),
@@ -273,6 +281,48 @@ def test_the_high_trust_gate_has_a_validator_check_a_new_worker_or_one_whose_flo
     gates = named(trace(run), "Verify.Gate")
     assert {g["worker_id"] for g in gates} == workers
     assert all("its floor check (100% of its answers) is due" in g["attrs"]["why"] for g in gates)
+
+
+def test_a_liar_that_answers_its_first_jobs_of_each_batch_honestly_is_caught_at_the_gate(
+    swarm_factory, venues
+):
+    # A settled liar that knows the gate: it answers the first 3 jobs it begins after a
+    # pause (a batch's first: its first answer of the batch is one of them) honestly and
+    # lies on the others. On the high-trust tier with no settled peer (the other worker is
+    # new), a validator makes its gate check and it checks no one. When the gate always
+    # took a worker's first answer of a batch, the validator vouched for it every batch
+    # and, with no floor and no probe, every other answer of it was taken (this test failed
+    # so: never caught in 4 batches). Now the answer checked is drawn among the ~20 it is
+    # expected to give: one of its 3 honest ones 3 times in 20, so four batches leave it
+    # uncaught once in 2,000 runs.
+    swarm = swarm_factory("gateaware", 2, latency=30, lie_share=0.5, concurrency=4, honest_first=3)
+    (liar,) = ids(swarm, liars=True)
+    settle({liar})  # the honest one is new: a validator checks its answers
+    batches, n = 4, 40
+    code = (
+        "import time\nout = []\n"
+        f"for b in range({batches}):\n"
+        "    if b:\n        time.sleep(1.0)\n"
+        f"    out.append(llm_query_batched({PROMPTS.replace('N', str(n))}))\n"
+        "FINAL(repr(out))"
+    )
+    policy = {**HIGH_TRUST, "check_floor": 0.0}
+    run = finish(launch(question=scripted(code), venues=["gateaware"], policy=policy))
+    assert run.status == "succeeded", run.error
+    events = trace(run)
+    gates = named(events, "Verify.Gate")
+    caught = [g for g in gates if liar in g["attrs"]["caught"]]
+    assert caught, [g["attrs"]["why"] for g in gates if g["worker_id"] == liar]
+    # On a validator's word: its gate check, or a peer's disagreement the validator decided
+    # (once the new worker is settled, each may be the other's peer).
+    assert "validator" in caught[0]["attrs"]["why"]
+    if caught[0]["worker_id"] == liar:
+        assert caught[0]["attrs"]["answer"] >= 2  # its first answer of a batch is honest
+    # Caught, its answers of that batch were validated again and replaced, and it got no
+    # more work in the run: the last batch is all right.
+    out = eval(run.answer)  # noqa: S307 (our own repr)
+    assert out[-1] == [f"Station {i} is north of the river." for i in range(n)]
+    assert any(f["worker_id"] == liar for f in named(events, "Verify.Flag"))
 
 
 def test_a_turncoat_caught_once_gets_only_probes_in_the_next_runs(swarm_factory):

@@ -143,10 +143,13 @@ def test_it_takes_the_checking_policy_keys_and_refuses_bad_ones():
         Policy.from_dict({"check_floor": 2})
     with pytest.raises(PolicyError, match="policy.lie_penalty"):
         Policy.from_dict({"lie_penalty": 0})
-    assert Policy().check_cover == "first"
+    assert Policy().check_cover == "gate"
+    assert Policy.from_dict({"check_cover": "first"}).check_cover == "first"
     assert Policy.from_dict({"check_cover": "off"}).check_cover == "off"
     assert Policy.from_dict({"check_cover": "batch"}).check_cover == "batch"
-    with pytest.raises(PolicyError, match="policy.check_cover must be one of first, batch, off"):
+    with pytest.raises(
+        PolicyError, match="policy.check_cover must be one of gate, first, batch, off"
+    ):
         Policy.from_dict({"check_cover": "always"})
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from typing import Any
 
@@ -15,15 +16,36 @@ from workers.backends import ModelSpec
 _STARTED = time.monotonic()
 
 
+# A gate-aware liar (honest_first) takes a pause this long between the jobs it begins for
+# the start of a new batch.
+BATCH_PAUSE_S = 0.3
+_OPENING = {"last": -float("inf"), "count": 0}  # the latest job begun; jobs since a pause
+_OPENING_LOCK = threading.Lock()
+
+
 def device_profile() -> dict[str, Any]:
-    """This worker's simulated device. A turncoat (lie_after_s) answers honestly until that
-    many seconds after it started, then lies at its lie_rate: how a worker that has earned
-    trust is caught when it goes bad."""
+    """This worker's simulated device, for a job it begins now. A turncoat (lie_after_s)
+    answers honestly until that many seconds after it started, then lies at its lie_rate:
+    how a worker that has earned trust is caught when it goes bad. A liar that knows the
+    check gate (honest_first) answers honestly the first jobs it begins after a pause of
+    BATCH_PAUSE_S, a batch's first (so its first answer of the batch is honest, whichever
+    comes back first), and lies on the others."""
     raw = os.environ.get("FRLM_SIM_PROFILE")
     profile = json.loads(raw) if raw else {}
     lie_after = profile.pop("lie_after_s", None)
     if lie_after is not None and time.monotonic() - _STARTED < float(lie_after):
         profile["lie_rate"] = 0.0
+    honest_first = int(profile.pop("honest_first", 0) or 0)
+    if honest_first:
+        with _OPENING_LOCK:
+            now = time.monotonic()
+            if now - float(_OPENING["last"]) >= BATCH_PAUSE_S:
+                _OPENING["count"] = 0
+            _OPENING["last"] = now
+            _OPENING["count"] += 1
+            opening = _OPENING["count"] <= honest_first
+        if opening:
+            profile["lie_rate"] = 0.0
     return profile
 
 

@@ -257,7 +257,7 @@ class Router:
         """How much more of the batch's work each held-back worker may be given now
         (state.Vouches): none for a worker caught lying in the run; for one the gate holds
         (Vouches.holds), its cap less what it was given, and none past the cap while the
-        check of its first answer is out, it is the partner of a check, or its work still
+        check of its answer is out, it is the partner of a check, or its work still
         runs. Checks and probes still go to them. The shared and round-robin routings pick
         no worker, so they hold none back."""
         gate = self.scope.batch.vouches if self.scope.batch is not None else None
@@ -267,7 +267,7 @@ class Router:
         for wid, w in self.roster.workers.items():
             if wid in room or not gate.holds(wid, bool(w.get("trusted"))):
                 continue
-            left = gate.cap(int(w.get("concurrency", 1))) - gate.sent.get(wid, 0)
+            left = gate.cap(wid, int(w.get("concurrency", 1))) - gate.sent.get(wid, 0)
             if left > 0:
                 room[wid] = left
             elif wid in gate.pending or wid in gate.checking or self.roster.inflight.get(wid, 0):

@@ -122,16 +122,20 @@ class Executing:
 
 @dataclass
 class Vouches:
-    """The check gate of one batch on a checking tier (runs/engine/fanout/vouching.py): the
-    first answer each untrusted worker gives in the batch is checked as soon as it arrives,
-    and until that check's verdict the worker is given at most `cap` work attempts of the
-    batch (runs/engine/fanout/routing.py). A turncoat is so caught within its first few
-    answers, not after its share of the whole batch."""
+    """The check gate of one batch on a checking tier (runs/engine/fanout/vouching.py): one
+    answer of each untrusted worker in the batch is checked as soon as it arrives (a new or
+    suspect worker's first; a settled worker's drawn at random among those it is expected
+    to give, `due`), and until that check's verdict the worker is given at most `cap` work
+    attempts of the batch (runs/engine/fanout/routing.py). A turncoat is so caught within
+    a few answers, not after its share of the whole batch, and no answer of a batch is one
+    a liar knows to be safe."""
 
     barred: dict[str, str]  # the run's workers caught lying (judging.Judge.caught): no work
     positions: dict[int, int]  # id() of each of the batch's flights -> its position
     open: bool = True  # while the batch's own dispatch runs; the judge's rounds are not gated
     sent: dict[str, int] = field(default_factory=dict)  # work attempts per worker
+    due: dict[str, int] = field(default_factory=dict)  # worker -> its answer the gate checks
+    answered: dict[str, int] = field(default_factory=dict)  # worker -> its answers so far
     vouched: set[str] = field(default_factory=set)  # an answer of it passed a check
     released: set[str] = field(default_factory=set)  # no check could settle: not held back
     pending: dict[str, int] = field(default_factory=dict)  # worker -> position under check
@@ -140,11 +144,13 @@ class Vouches:
     copies: dict[int, int] = field(default_factory=dict)  # id() of a check's copy -> position
     early: dict[int, list[Flight]] = field(default_factory=dict)  # position -> its copies
     why: dict[int, str] = field(default_factory=dict)  # position -> why it was checked
+    nth: dict[int, int] = field(default_factory=dict)  # position -> its worker's answer number
 
-    def cap(self, concurrency: int) -> int:
+    def cap(self, worker: str, concurrency: int) -> int:
         """Work attempts an unvouched worker of `concurrency` slots gets before its check's
-        verdict: one slot is kept for the check of another worker's answer it may be given."""
-        return max(1, concurrency - 1)
+        verdict: one slot is kept for the check of another worker's answer it may be given,
+        and the answers before the one the gate checks are given on top."""
+        return max(1, concurrency - 1) + self.due.get(worker, 1) - 1
 
     def holds(self, worker: str, trusted: bool) -> bool:
         """Whether the gate still holds `worker` back: an untrusted worker not yet vouched

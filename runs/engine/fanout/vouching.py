@@ -64,13 +64,43 @@ class Vouching:
 
     def begin(self, state: Batch) -> None:
         """Gate the batch's dispatch when its tier checks untrusted workers."""
-        if state.tier in GATED_TIERS and self.scope.policy.check_cover == "first":
+        cover = self.scope.policy.check_cover
+        if state.tier in GATED_TIERS and cover in ("gate", "first"):
             if state.tier == "high_trust":
                 self._read_credit(state)
             state.vouches = Vouches(
                 barred=self.judge.caught,
                 positions={id(f): pos for pos, f in enumerate(state.flights)},
+                due=self._draw_due(state) if cover == "gate" else {},
             )
+
+    def _draw_due(self, state: Batch) -> dict[str, int]:
+        """Which answer of the batch the gate checks, for each settled untrusted worker:
+        one drawn at random among the answers it is expected to give (its share of the
+        batch by slots over latency, as the scheduler shares it out). The first answer,
+        always taken, was one a liar knew to be safe: it answered it honestly and lied on
+        the rest (test_trust_checks' gate-aware liar). A new or suspect worker (not in the
+        map) has its first answer checked; a worker whose draw its answers fall short of,
+        its next answer once the batch's work is all out (Vouching._start)."""
+        policy = self.scope.policy
+        speed = {
+            wid: int(w.get("concurrency", 1)) / max(1.0, float(w.get("latency_ms") or 1.0))
+            for wid, w in self.roster.workers.items()
+            if w["venue"] in self.scope.answer_venues and wid not in self.judge.caught
+        }
+        total = sum(speed.values()) or 1.0
+        due: dict[str, int] = {}
+        for wid in sorted(speed):
+            record = self.judge.reputations.get(wid)
+            if (
+                self.roster.workers[wid].get("trusted")
+                or record.suspect
+                or record.consecutive_valid < policy.check_warmup
+            ):
+                continue
+            share = len(state.flights) * speed[wid] / total
+            due[wid] = self.judge.rng.randint(1, max(1, int(share)))
+        return due
 
     def _read_credit(self, state: Batch) -> None:
         """The untrusted workers' sampler credit as earlier runs left it (one round trip;
@@ -109,12 +139,28 @@ class Vouching:
     # --- a check's life ----------------------------------------------------------------
     def _start(self, state: Batch, gate: Vouches, pos: int, wave: Wave) -> None:
         worker = state.holder(pos).outcome.worker_id
+        number = gate.answered[worker] = gate.answered.get(worker, 0) + 1
         if not self._unvouched(gate, worker) or worker in gate.checking or worker in gate.pending:
             return  # trusted, settled or under check already, or its answer to one will say
+        short = number < gate.due.get(worker, 1)
+        if short and not self._all_out(gate, wave):
+            return  # the answer the gate checks is a later one
         gate.pending[worker] = pos
+        gate.nth[pos] = number
+        if worker not in gate.due:
+            which = f"the first answer of worker {worker[:12]} in this batch (new or suspect)"
+        elif short:
+            which = (
+                f"answer {number} of worker {worker[:12]} in this batch, one of its last: it "
+                f"got fewer answers than the {gate.due[worker]} drawn"
+            )
+        else:
+            which = (
+                f"answer {number} of worker {worker[:12]} in this batch (drawn at random among "
+                "the answers it is expected to give, so that none is safe to lie on)"
+            )
         gate.why[pos] = (
-            f"gate: the first answer of worker {worker[:12]} in this batch; it gets no more "
-            "work of the batch until this check's verdict"
+            f"gate: {which}; it gets no more work of the batch until this check's verdict"
         )
         if state.tier == "high_trust":
             due = self._validator_due(worker)
@@ -293,6 +339,7 @@ class Vouching:
             worker_id=state.holder(pos).outcome.worker_id or None,
             sq=flight.outcome.index,
             tier="gate",
+            answer=gate.nth.get(pos),
             checkers=[c.outcome.worker_id for c in copies if c.outcome.worker_id],
             vouched=sorted(vouched),
             caught=sorted(caught),
@@ -322,6 +369,12 @@ class Vouching:
         holder = state.holder(pos)
         copy = self._send(state, gate, pos, "validator", {holder.outcome.worker_id}, wave)
         copy.venues, copy.judged = self.judge.validator_venues(), holder
+
+    @staticmethod
+    def _all_out(gate: Vouches, wave: Wave) -> bool:
+        """Whether every answer of the batch has been sent: a worker's answers still to come
+        are its last of the batch."""
+        return not any(id(f) in gate.positions for f in wave.backlog)
 
     def _unvouched(self, gate: Vouches, worker: str) -> bool:
         w = self.roster.workers.get(worker)

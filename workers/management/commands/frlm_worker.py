@@ -26,6 +26,7 @@ SIM_KEYS = (
     "failure_rate",
     "lie_rate",
     "lie_after_s",
+    "honest_first",
     "collude",
     "seed",
 )
@@ -144,6 +145,13 @@ class Command(FrlmCommand):
             type=number(0),
             default=None,
             help="answer honestly for this many seconds after starting, then lie",
+        )
+        sim.add_argument(
+            "--sim-honest-first",
+            type=whole(0),
+            default=None,
+            help="a liar that knows the check gate: it answers honestly the first this many "
+            "jobs it begins after a pause (a batch's first), then lies",
         )
         sim.add_argument(
             "--sim-collude",
