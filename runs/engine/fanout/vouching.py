@@ -1,6 +1,12 @@
-"""The check gate of a batch on a checking tier (policy.check_cover "first", issue 23): each
-untrusted worker's first answer of the batch is checked the moment it arrives, and the worker
-is given no more of the batch's work than its slots less one until the check's verdict.
+"""The check gate of a batch on a checking tier (policy.check_cover "gate", issue 23): one
+answer of each untrusted worker in the batch is checked the moment it arrives, and the
+worker is given no more of the batch's work than its slots less one, past the answers
+before that one, until the check's verdict. A new or suspect worker's first answer is
+checked; a settled worker's is drawn at random among the answers it is expected to give
+(Vouching._draw_due), so that a liar cannot tell which answer of a batch is safe to lie
+on: when it was always the first, a liar that answered its first job of each batch
+honestly and lied on the rest was vouched for every batch (check_cover "first" keeps
+that gate).
 
 On the redundant tier a check copies the answer to another worker, preferably another
 untrusted one that has not been vouched for yet: its answer to the copy checks both of them,
@@ -18,21 +24,19 @@ the gate. The other settled workers check each other in pairs, as on the redunda
 for its one copy, which counts toward its floor), and a disagreement goes to a validator,
 whose answer decides for both. A validator per worker per batch cost an honest swarm of 10
 workers 10% of a batch of 100 (bench/trust.py); now about half a copy per worker, plus
-the floor's share. A lone turncoat is still caught at its first answer of a batch;
-colluders that turn together are caught by the floor's validator checks, within
-1/check_floor answers, if they happen to check each other. Whatever checked it, the worker
-found lying is caught
-(judging.Judge.caught: it gets no more work in the run, its answers of the batch are checked
-again when the batch is judged, its earlier ones flagged).
+the floor's share. Colluders that turn together are caught by the floor's validator
+checks, within 1/check_floor answers, if they happen to check each other. Whatever
+checked it, the worker found lying is caught (judging.Judge.caught: it gets no more work
+in the run, its answers of the batch are checked again when the batch is judged and
+corrected, its earlier ones flagged).
 
-A worker that turns liar is so caught within its first few answers of the next batch it
-starts, where checking at the end of the batch let it take its whole share first
-(bench/trust.py's turncoat). One that turns after its first answer of a batch was
-vouched for takes the rest of its share of that batch unchecked but for the floor
-(bench/trust.py's turncoat, when it turns mid-batch: 7-11 answers, 4-8 lies accepted).
+A worker that turns liar before the answer drawn for it in a batch is so caught there,
+its lies of the batch corrected; one that turns after it takes the rest of its share of
+that batch unchecked but for the floor, and is caught at the next batch's draw.
 The copies made here are judged again with the batch (judging.Judge takes them as the
 first replicas of their sub-query), so the trace's Verify.Redundant or Verify.Attest
-is the verdict of record; Verify.Gate says what the gate decided and when."""
+is the verdict of record; Verify.Gate says what the gate decided and when, and which of
+the worker's answers it took (`answer`)."""
 
 from __future__ import annotations
 
