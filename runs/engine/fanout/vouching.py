@@ -103,7 +103,7 @@ class Vouching:
             ):
                 continue
             share = len(state.flights) * speed[wid] / total
-            due[wid] = self.judge.rng.randint(1, max(1, int(share)))
+            due[wid] = self.judge.rng.randint(1, max(1, round(share)))
         return due
 
     def _read_credit(self, state: Batch) -> None:
