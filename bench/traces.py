@@ -165,7 +165,9 @@ def fanout_batch(
         for _ in range(tries):
             before = stack_cpu_s(stack)
             policy = {"max_batch": max(512, n), "max_subqueries": 2 * n}
-            seconds = float(run_to_end(program, venues=["local", "edge"], policy=policy).answer)
+            run = run_to_end(program, venues=["local", "edge"], policy=policy)
+            seconds = float(run.answer)
+            recorded(run.id, trace_events)
             cpu = cpu_spent(before, stack_cpu_s(stack))
             by_process = {k: v * 1000 / n for k, v in cpu.items() if k != "simserver"}
             cpu_ms = sum(by_process.values())
@@ -175,6 +177,25 @@ def fanout_batch(
                 by_process if cpu_ms < best[1] else best[2],
             )
     return best
+
+
+def recorded(run_id: str, traced: bool) -> None:
+    """Wait until the recorder has done all a run's events ask of it: stored them and, once
+    the run has been quiet FOLD_QUIET_S, folded its span tree into the cached one
+    (traces.recorder.consumer). That fold is tracing's CPU too; read off before it, a try
+    left it to the next try's reading, or to none, and the best of the tries was the one
+    without it. An untraced run waits as long, so that idle processes cost both the same."""
+    from traces.recorder.consumer import FOLD_QUIET_S
+
+    deadline = time.monotonic() + FOLD_QUIET_S + 30
+    if not traced:
+        time.sleep(FOLD_QUIET_S + 0.5)
+        return
+    while time.monotonic() < deadline:
+        if (store.run_dir(run_id) / store.TREE_CACHE).exists():
+            return
+        time.sleep(0.1)
+    print(f"  (the recorder had not folded run {run_id} {FOLD_QUIET_S + 30:g} s after it ended)")
 
 
 def overhead(latency_ms: float, n: int, tries: int, rounds: int) -> None:
