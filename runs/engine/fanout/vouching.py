@@ -151,8 +151,13 @@ class Vouching:
             return  # the answer the gate checks is a later one
         gate.pending[worker] = pos
         gate.nth[pos] = number
-        if worker not in gate.due:
-            which = f"the first answer of worker {worker[:12]} in this batch (new or suspect)"
+        if worker not in gate.due:  # new or suspect, or check_cover=first
+            which = (
+                f"the first answer of worker {worker[:12]} in this batch"
+                if number == 1
+                else f"answer {number} of worker {worker[:12]} in this batch, its first not "
+                "given while it checked another's"
+            )
         elif short:
             which = (
                 f"answer {number} of worker {worker[:12]} in this batch, one of its last: it "
