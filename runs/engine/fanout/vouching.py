@@ -86,7 +86,6 @@ class Vouching:
         the rest (test_trust_checks' gate-aware liar). A new or suspect worker (not in the
         map) has its first answer checked; a worker whose draw its answers fall short of,
         its next answer once the batch's work is all out (Vouching._start)."""
-        policy = self.scope.policy
         speed = {
             wid: int(w.get("concurrency", 1)) / max(1.0, float(w.get("latency_ms") or 1.0))
             for wid, w in self.roster.workers.items()
@@ -95,12 +94,7 @@ class Vouching:
         total = sum(speed.values()) or 1.0
         due: dict[str, int] = {}
         for wid in sorted(speed):
-            record = self.judge.reputations.get(wid)
-            if (
-                self.roster.workers[wid].get("trusted")
-                or record.suspect
-                or record.consecutive_valid < policy.check_warmup
-            ):
+            if self.roster.workers[wid].get("trusted") or not self._settled(wid):
                 continue
             share = len(state.flights) * speed[wid] / total
             due[wid] = self.judge.rng.randint(1, max(1, round(share)))
@@ -389,6 +383,16 @@ class Vouching:
         w = self.roster.workers.get(worker)
         return bool(worker and w is not None and gate.holds(worker, bool(w.get("trusted"))))
 
+    def _settled(self, worker: str) -> bool:
+        """Past its warm-up (check_warmup checks passed in a row), not suspect, not caught in
+        the run: a worker the gate may check at a drawn answer, and a peer on high trust."""
+        record = self.judge.reputations.get(worker)
+        return (
+            worker not in self.judge.caught
+            and not record.suspect
+            and record.consecutive_valid >= self.scope.policy.check_warmup
+        )
+
     def _validator_due(self, worker: str) -> str:
         """Why `worker`'s answer must have a validator's check at the high-trust gate, or
         "" when a settled peer's will do: it is new, suspect, or its floor check falls in
@@ -413,19 +417,15 @@ class Vouching:
         None when there is no such worker: then a validator checks the answer, for the same
         one copy, and its check counts toward the worker's floor, where a copy to a worker
         checked already would check one worker only, and not for the floor."""
-        policy = self.scope.policy
-        reputations = self.judge.reputations
         peers = sorted(
             wid
             for wid, w in self.roster.workers.items()
             if wid != worker
             and not w.get("trusted")
             and w["venue"] in self.scope.answer_venues
-            and wid not in self.judge.caught
             and wid not in gate.barred
             and wid not in gate.peering
-            and not reputations.get(wid).suspect
-            and reputations.get(wid).consecutive_valid >= policy.check_warmup
+            and self._settled(wid)
         )
         fresh = [
             w
