@@ -9,6 +9,7 @@ model server from W threads, with no FRLM, Celery or tracing at all.
     .venv/bin/python bench/fanout.py [--n 256] [--latency-ms 200] [--slots 32]
                                      [--trusted local|local,edge|none] [--quick]
                                      [--bundle-max 1,16] [--consumer celery,frlm]
+                                     [--collector frozen,python]
 
 `--bundle-max 1,16` runs each try once with each value of policy.bundle_max, in turn, so
 sending every job alone and bundling a trusted worker's jobs are measured side by side.
@@ -16,6 +17,11 @@ sending every job alone and bundling a trusted worker's jobs are measured side b
 --consumer): the stack then holds a local and an edge venue per consumer (`local-celery`,
 `edge-frlm`...), and each try runs the batch on each pair in turn; the stack's CPU then
 includes the idle pair's, which is small and falls on both.
+`--collector frozen,python` starts a stack per setting of the processes' cycle collector
+(FRLM_GC_FREEZE, frlm_web/collector.py), in alternated blocks of tries: with Python's own,
+a full collection stops a worker or the conductor for 60-120 ms now and then, and the
+batch waits on the sub-queries it held up; the median of the tries shows it more than the
+best.
 
 Each try prints sub-queries/s beside the harness floor's, and the stack's CPU per
 sub-query by process (the simulated model left out of the total).
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import subprocess
 import sys
 import time
@@ -152,6 +159,13 @@ def main() -> None:
         "on each in turn, side by side; default: FRLM_WORKER_CONSUMER",
     )
     parser.add_argument(
+        "--collector",
+        default="",
+        help="comma-separated collector settings of the stack's processes, frozen and/or "
+        "python (FRLM_GC_FREEZE on / off, frlm_web/collector.py): a stack each, in turn, "
+        "side by side; default: the product's (frozen)",
+    )
+    parser.add_argument(
         "--trusted",
         default="local",
         help="comma-separated venues to trust (default: local, the product's default); none",
@@ -170,6 +184,10 @@ def main() -> None:
     if any(b is not None and not 0 <= b <= 64 for b in bundles):
         parser.error("--bundle-max values are 0 to 64 (0: the server's FRLM_BUNDLE_MAX)")
 
+    collectors = [c for c in args.collector.split(",") if c] or [""]
+    if any(c not in ("", "frozen", "python") for c in collectors):
+        parser.error("--collector takes frozen and/or python, e.g. frozen,python")
+
     consumers = [c for c in args.consumer.split(",") if c] or [""]
     if any(c not in ("", "celery", "frlm") for c in consumers):
         parser.error("--consumer takes celery and/or frlm, e.g. celery,frlm")
@@ -187,29 +205,47 @@ def main() -> None:
         ]
     venues = [v for pair in pairs.values() for v in pair]
     trusted = {v.name for v in venues if v.name.split("-")[0] in trusted}
-    # (consumer, bundle_max) in the order each try runs them, and how the output names them.
-    variants = [(c, b) for c in consumers for b in bundles]
+    # (collector, consumer, bundle_max) in the order the tries run them, and how the output
+    # names them. A collector setting is a stack of its own; the others are runs in one.
+    variants = [(g, c, b) for g in collectors for c in consumers for b in bundles]
     labels = {
-        (c, b): (f"{c} " if c else "") + ("" if b is None else f"bundle_max {b:>2} ")
-        for c, b in variants
+        (g, c, b): (f"{g} " if g else "")
+        + (f"{c} " if c else "")
+        + ("" if b is None else f"bundle_max {b:>2} ")
+        for g, c, b in variants
     }
     ideal = math.ceil(args.n / args.slots) * args.latency_ms / 1000
-    with private_stack(venues, trusted=trusted) as stack:
-        # As the stack's slots are: over two worker processes.
-        harness_floor(args.slots * 2, args.slots, args.latency_ms, procs=2)
-        floor = min(harness_floor(args.n, args.slots, args.latency_ms, procs=2) for _ in range(2))
-        for pair in pairs.values():  # warm connections and workers
-            measure(args.slots, [v.name for v in pair], sequential=False)
-        batches = []
-        for _ in range(args.repeat):
-            for consumer, bundle in variants:
-                names = [v.name for v in pairs[consumer]]
-                before = stack_cpu_s(stack)
-                t, failed, run_id = measure(args.n, names, sequential=False, bundle_max=bundle)
-                cpu = cpu_spent(before, stack_cpu_s(stack))
-                batches.append((t, failed, cpu, split(run_id, args.n), (consumer, bundle)))
-        first = [v.name for v in pairs[consumers[0]]]
-        sequential = None if args.skip_sequential else measure(args.n, first, sequential=True)
+    batches = []
+    floor = math.inf
+    sequential = None
+    # Stacks of two collector settings take their tries in blocks, alternated, so a drift of
+    # the machine falls on both.
+    blocks = max(1, min(args.repeat, 3)) if len(collectors) > 1 else 1
+    for block in range(blocks):
+        tries = args.repeat // blocks + (block < args.repeat % blocks)
+        for collector in collectors:
+            env = {"FRLM_GC_FREEZE": "0" if collector == "python" else "1"} if collector else {}
+            with private_stack(venues, trusted=trusted, env=env) as stack:
+                # As the stack's slots are: over two worker processes.
+                harness_floor(args.slots * 2, args.slots, args.latency_ms, procs=2)
+                floor = min(
+                    floor,
+                    *(harness_floor(args.n, args.slots, args.latency_ms, procs=2) for _ in "ab"),
+                )
+                for pair in pairs.values():  # warm connections and workers
+                    measure(args.slots, [v.name for v in pair], sequential=False)
+                for _ in range(tries):
+                    for variant in [v for v in variants if v[0] == collector]:
+                        names = [v.name for v in pairs[variant[1]]]
+                        before = stack_cpu_s(stack)
+                        t, failed, run_id = measure(
+                            args.n, names, sequential=False, bundle_max=variant[2]
+                        )
+                        cpu = cpu_spent(before, stack_cpu_s(stack))
+                        batches.append((t, failed, cpu, split(run_id, args.n), variant))
+                if sequential is None and not args.skip_sequential:
+                    first = [v.name for v in pairs[consumers[0]]]
+                    sequential = measure(args.n, first, sequential=True)
 
     best = min(t for t, *_ in batches)
     print(
@@ -255,13 +291,15 @@ def main() -> None:
     for variant in variants:
         mine = [b for b in batches if b[4] == variant]
         best = min(t for t, *_ in mine)
+        median = statistics.median(t for t, *_ in mine)
         cpu_ms = sorted(
             sum(v for k, v in b[2].items() if k != "simserver") * 1000 / args.n for b in mine
         )
         print(
             f"  FRLM fanout, best {labels[variant]:<13}{best:8.3f} s   {ratio(best, ideal)}   "
             f"{args.n / best:8,.0f} sub-queries/s   {floor / best:5.3f} of the floor's "
-            f"throughput   stack CPU {cpu_ms[len(cpu_ms) // 2]:.2f} ms per sub-query (median)"
+            f"throughput   stack CPU {cpu_ms[len(cpu_ms) // 2]:.2f} ms per sub-query (median); "
+            f"median of {len(mine)} tries {median:.3f} s ({ratio(median, ideal).strip()})"
         )
     best = min(t for t, *_ in batches)
     if sequential is not None:

@@ -72,6 +72,12 @@ def _announce(**_: object) -> None:
         _presence.start()
 
 
+def _settle_collector(**_: object) -> None:
+    from frlm_web import collector
+
+    collector.settle()
+
+
 @worker_shutdown.connect
 def _withdraw(**_: object) -> None:
     if _presence is not None:
@@ -101,6 +107,9 @@ def run_worker(
             **app.conf.broker_transport_options,
             "ack_emulation": False,
         }
+    # Once Celery has started (its pool, its consumer), what the process loaded is frozen
+    # out of the collector's walks (frlm_web/collector.py).
+    worker_ready.connect(_settle_collector, weak=False)
     if group is not None:
         os.environ["FRLM_PRESENCE_GROUP"] = group
         os.environ["FRLM_PRESENCE_NAME"] = name

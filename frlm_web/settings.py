@@ -260,6 +260,9 @@ FRLM_RUN_LEASE_RENEW_S = envfloat("FRLM_RUN_LEASE_RENEW_S", 1.0)
 # Whether a broker worker holds an alive line (workers/alive.py); off only to measure the
 # failover by presence alone beside it (bench/failover.py).
 FRLM_WORKER_ALIVE_LINE = envbool("FRLM_WORKER_ALIVE_LINE", True)
+# Whether the long-running processes freeze what they loaded at start out of the cycle
+# collector's walks (frlm_web/collector.py); off only to measure the difference.
+FRLM_GC_FREEZE = envbool("FRLM_GC_FREEZE", True)
 # Whether the web server watches the leases (the test suite's own process does not).
 FRLM_LEASE_WATCH = envbool("FRLM_LEASE_WATCH", True)
 # Circuit breakers per worker and per venue: open after this many consecutive failures,

@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.conf import settings
 from django.db import close_old_connections
 
+from frlm_web import collector
 from frlm_web.redis_client import get_redis
 from workers import keys, signing, slots
 from workers.alive import ALIVE_ENV, AliveLine
@@ -129,6 +130,7 @@ class WorkerRuntime:
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
         self._ready()
+        collector.settle()  # what it loaded to start is never walked again
         try:
             QueueConsumer(
                 get_redis(ride_out=False),

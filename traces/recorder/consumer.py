@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import redis
 
+from frlm_web import collector
 from frlm_web.redis_client import OUTAGE_ERRORS, Outage
 from traces import blobs, store
 from traces.emitter import DEAD_LETTER_STREAM, EVENTS_STREAM
@@ -297,8 +298,7 @@ def quiet_collector() -> None:
     stream reply is some 100,000 short-lived lists and tuples: at the default threshold
     (700) the collector ran a hundred times a batch, and each full collection walked all of
     Django and the libraries again (a quarter of the recorder's time, measured). What the
-    process loaded to start is frozen (never walked again), and a collection waits until
-    50,000 more objects are alive than were freed; a batch's objects are freed by then."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, *gc.get_threshold()[1:])
+    process loaded to start is frozen, as in every long-running process
+    (frlm_web/collector.py), and a collection waits until 50,000 more objects are alive
+    than were freed; a batch's objects are freed by then."""
+    collector.settle(threshold=50_000)

@@ -28,6 +28,7 @@ import websockets
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from websockets.sync.client import ClientConnection, connect
 
+from frlm_web import collector
 from traces.emitter import Emitter, Event, Span
 from workers import keys, signing
 from workers.backends import ModelError, ModelSpec, chat
@@ -167,6 +168,7 @@ class GatewayAgent:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         slots = int(self.registration["concurrency"])
+        collector.settle()  # what it loaded to start is never walked again
         self._outbox = Outbox(self._send_results, lambda: self.tally.inflight > 0)
         log.warning(
             "worker %s registered as %s in venue %s; joining the gateway at %s with %d slots",

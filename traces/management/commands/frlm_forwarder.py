@@ -3,6 +3,7 @@ from __future__ import annotations
 import signal
 import threading
 
+from frlm_web import collector
 from frlm_web.commands import FrlmCommand, whole
 from frlm_web.redis_client import get_redis
 from traces.forwarder import Forwarder
@@ -29,5 +30,6 @@ class Command(FrlmCommand):
         forwarder = Forwarder(get_redis(ride_out=False), block_ms=block_ms)
         self.stdout.write("forwarder: sending live trace events to run pages")
         self.stdout.flush()
+        collector.settle()  # what it loaded to start is never walked again
         forwarder.run(stop)
         self.stdout.write(f"forwarder: stopped after forwarding {forwarder.forwarded} events")

@@ -8,6 +8,7 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
+from frlm_web import collector
 from frlm_web.commands import FrlmCommand, number, port, rate, whole
 from workers.sim import LABEL
 from workers.sim.profile import Profile, ProfileError, parse_profile
@@ -56,6 +57,7 @@ class Command(FrlmCommand):
         server = self._bind(options["host"], options["port"], defaults, options["log_requests"])
         stop = threading.Event()
         previous = self._on_signals(stop)
+        collector.settle()  # a pause of it is a pause of every sub-query it serves
         thread = threading.Thread(
             target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True
         )
