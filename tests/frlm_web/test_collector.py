@@ -40,9 +40,7 @@ def test_it_keeps_pythons_threshold_unless_asked(collector_restored: None) -> No
     assert gc.get_threshold() == (50_000, *before[1:])
 
 
-def test_it_leaves_the_collector_alone_when_turned_off(
-    collector_restored: None, settings
-) -> None:
+def test_it_leaves_the_collector_alone_when_turned_off(collector_restored: None, settings) -> None:
     settings.FRLM_GC_FREEZE = False
     before = gc.get_freeze_count(), gc.get_threshold()
     collector.settle(threshold=50_000)
