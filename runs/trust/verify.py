@@ -201,6 +201,7 @@ def redundant_decide(
     policy: RedundancyPolicy,
     pending: Sequence[Assignment] = (),
     barred: Collection[str] = frozenset(),
+    trusted: Collection[str] = frozenset(),
 ) -> Decision:
     """Decide one sub-query of the redundant tier from the replies so far and the replicas
     still in flight. Call it after each reply (or each batch of them).
@@ -210,8 +211,11 @@ def redundant_decide(
     coin. A vote is a worker's first reply: a worker whose copy came back to it again (a
     swarm with fewer workers than replicas) does not vote twice, and a worker in `barred`
     (caught lying earlier in the run) does not vote at all, though it is still judged
-    wrong when it disagrees with the accepted answer. Replicas are counted against
-    max_replicas whether returned or in flight."""
+    wrong when it disagrees with the accepted answer. A tie with a worker of `trusted` (a
+    trusted venue's, vouched for by its operator) on one side and none on the other is
+    that side's: with one stranger and one trusted worker there may be nobody else to ask,
+    and the stranger's word must not stand level with the operator's. Replicas are counted
+    against max_replicas whether returned or in flight."""
     rule = policy.rule
     dispatched = len(replies) + len(pending)
     used_workers = frozenset([r.worker_id for r in replies] + [p.worker_id for p in pending])
@@ -264,6 +268,24 @@ def redundant_decide(
             **common,
         )
 
+    tie = _trusted_tie(replies, support, votes, voters, barred, trusted)
+    if tie is not None:
+        backed, against = tie
+        return Decision(
+            "accept",
+            text=replies[backed].text,
+            agreed=tuple(replies[i].worker_id for i in sorted(votes[backed])),
+            disagreed=tuple(
+                dict.fromkeys(
+                    r.worker_id
+                    for i, r in enumerate(replies)
+                    if (i in voters or r.worker_id in barred) and i not in support[backed]
+                )
+            ),
+            reason=f"{len(votes[backed])} against {against}: a trusted worker's answer",
+            **common,
+        )
+
     # The fewest further agreeing replies that would make the best group win.
     shortfall = max(policy.agree - len(winners), rival + 1 - len(winners))
     if shortfall > len(pending) + room:
@@ -290,6 +312,66 @@ def redundant_decide(
         ),
         **common,
     )
+
+
+def trusted_alone(
+    replies: Sequence[Reply],
+    rule: AgreementRule,
+    barred: Collection[str] = frozenset(),
+    trusted: Collection[str] = frozenset(),
+) -> Decision | None:
+    """With no other worker left to ask (the caller knows), a trusted worker's answer that
+    no vote disagrees with stands unchecked: its operator vouches for it, and a sampled
+    check of it that cannot be made must not cost the run its answer. None otherwise."""
+    voters = sorted(_voters(replies, barred))
+    if not voters or any(replies[i].worker_id not in trusted for i in voters):
+        return None
+    support = _support(replies, rule)
+    if not set(voters) <= support[voters[0]]:
+        return None
+    return Decision(
+        "accept",
+        text=replies[voters[0]].text,
+        agreed=(),  # unchecked: no one is credited with agreement, the answer stays unverified
+        disagreed=tuple(
+            dict.fromkeys(
+                r.worker_id
+                for i, r in enumerate(replies)
+                if r.worker_id in barred and i not in support[voters[0]]
+            )
+        ),
+        links=tuple(r.span_id for r in replies if r.span_id),
+        replies=len(replies),
+        mode=rule.mode,
+        groups=_groups(replies, support),
+        reason="a trusted worker's answer, unchecked: no other live worker to ask",
+    )
+
+
+def _trusted_tie(
+    replies: Sequence[Reply],
+    support: list[set[int]],
+    votes: list[set[int]],
+    voters: set[int],
+    barred: Collection[str],
+    trusted: Collection[str],
+) -> tuple[int, str] | None:
+    """The centre of the group a trusted worker's reply holds, when the votes tie with it
+    on one side: every trusted voter is in it, and no other answer has more votes (a worker
+    caught lying, who has none, opposes it with one); and who is against it, said."""
+    mine = [i for i in sorted(voters) if replies[i].worker_id in trusted]
+    if not mine:
+        return None
+    centre = mine[0]
+    group = votes[centre]
+    if not set(mine) <= group:
+        return None  # trusted workers disagree among themselves: votes (or more) decide
+    others = max((len(votes[j]) for j in voters if j not in group), default=0)
+    if others:
+        return (centre, str(others)) if len(group) >= others else None
+    if any(r.worker_id in barred and i not in support[centre] for i, r in enumerate(replies)):
+        return centre, "a worker caught lying"
+    return None
 
 
 def judgements(decision: Decision) -> dict[str, bool]:

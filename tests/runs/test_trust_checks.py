@@ -157,6 +157,38 @@ def test_a_liar_asked_twice_never_outvotes_the_only_honest_worker(swarm_factory)
         assert len(agreed) == len(set(agreed)), verdict["attrs"]
 
 
+def test_a_liar_whose_only_checker_is_a_trusted_worker_is_caught_and_its_answers_replaced(
+    swarm_factory, venues
+):
+    # One stranger, a settled liar, beside the operator's trusted venue: every check of it
+    # is a copy to a trusted worker, one against one. The tie went unresolved, so a third
+    # of the answers came back "[frlm:unresolved] ... 2 workers never agreed" and the liar
+    # was never caught (this test failed so). A trusted worker's answer now settles a tie
+    # it is on one side of (verify.redundant_decide).
+    swarm = swarm_factory("lonely", 1, latency=20, lie_share=1.0, concurrency=4)
+    (liar,) = ids(swarm, liars=True)
+    vouch({liar})
+    policy = {
+        "tier": "redundant",
+        "probe_rate": 0.0,
+        "check_floor": 1.0,
+        "explore": 0,
+        "min_reputation": 0.0,  # the liar keeps its share: its answers must be replaced
+        # Every trusted answer sampled too: its copy goes to the liar until the liar is
+        # caught, and then to nobody (the answer stands, unchecked, rather than being lost).
+        "validate_trusted_rate": 1.0,
+    }
+    run = finish(launch(question=program(12), venues=["lonely", "local"], policy=policy))
+    assert run.status == "succeeded", run.error
+    assert eval(run.answer) == [f"Station {i} is north of the river." for i in range(12)]
+    events = trace(run)
+    assert liar in {f["worker_id"] for f in named(events, "Verify.Flag")}
+    judged = [v for v in named(events, "Verify.Redundant") if liar in v["attrs"]["disagreed"]]
+    assert judged and all("a trusted worker's answer" in v["attrs"]["reason"] for v in judged)
+    alone = [v for v in named(events, "Verify.Redundant") if "unchecked" in v["attrs"]["reason"]]
+    assert alone, "no trusted answer was left with nobody to check it"
+
+
 def work_sent(events, worker: str) -> int:
     """The answers a worker was asked for in a run: its Submit spans that are no copy."""
     return sum(

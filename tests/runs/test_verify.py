@@ -20,6 +20,7 @@ from runs.trust.verify import (
     redundant_decide,
     should_replicate,
     should_validate,
+    trusted_alone,
 )
 from traces.emitter import sha256_text
 from workers import keys
@@ -192,6 +193,53 @@ def test_a_worker_caught_in_the_run_does_not_vote():
     )
     assert (decision.outcome, decision.text) == ("accept", "7")
     assert judgements(decision) == {"w1": True, "w2": False, "w3": True}
+
+
+def test_a_trusted_worker_settles_a_tie_it_is_on_one_side_of():
+    # A stranger and the operator's own worker disagree, with nobody else to ask: the tie
+    # went unresolved ("no answer is guessed") and the stranger was never judged wrong.
+    policy = RedundancyPolicy(replicas=2, agree=2, max_replicas=3)
+    got = replies(("w1", "7"), ("w2", "9"))
+    assert redundant_decide(got, policy).outcome == "more"
+    decision = redundant_decide(got, policy, trusted={"w2"})
+    assert (decision.outcome, decision.text, decision.agreed) == ("accept", "9", ("w2",))
+    assert decision.reason == "1 against 1: a trusted worker's answer"
+    assert judgements(decision) == {"w1": False, "w2": True}
+    # Against a worker caught lying earlier in the run (no vote, but not agreeing either).
+    decision = redundant_decide(got, policy, barred={"w1"}, trusted={"w2"})
+    assert (decision.outcome, decision.text) == ("accept", "9")
+    assert decision.reason == "1 against a worker caught lying: a trusted worker's answer"
+    assert judgements(decision) == {"w1": False, "w2": True}
+
+
+def test_a_trusted_worker_breaks_ties_only_and_asks_again_when_trusted_workers_differ():
+    policy = RedundancyPolicy(replicas=2, agree=2, max_replicas=4)
+    # Votes decide first: two strangers agreeing outvote the trusted worker.
+    decision = redundant_decide(
+        replies(("w1", "7"), ("w2", "9"), ("w3", "7")), policy, trusted={"w2"}
+    )
+    assert (decision.outcome, decision.text) == ("accept", "7")
+    # Two trusted workers that differ settle nothing: another replica does.
+    decision = redundant_decide(replies(("w1", "7"), ("w2", "9")), policy, trusted={"w1", "w2"})
+    assert decision.outcome == "more"
+    # A trusted answer nobody disagrees with still needs its agreement, as a sampled
+    # trusted answer is checked by another worker's copy.
+    assert redundant_decide(replies(("w2", "9")), policy, trusted={"w2"}).outcome == "more"
+
+
+def test_a_trusted_answer_nobody_is_left_to_check_stands_unchecked():
+    # Its sampled check had nobody to go to but a worker caught lying: the sub-query came
+    # out "[frlm:unresolved] 1 workers never agreed".
+    got = replies(("w2", "9"))
+    decision = trusted_alone(got, EXACT, trusted={"w2"})
+    assert (decision.outcome, decision.text) == ("accept", "9")
+    assert judgements(decision) == {}  # unchecked: nobody credited, nobody blamed
+    # A caught worker's copy that disagrees is judged wrong again.
+    decision = trusted_alone([*got, *replies(("w1", "7"))], EXACT, {"w1"}, {"w2"})
+    assert judgements(decision) == {"w1": False}
+    # Not for a stranger's answer, nor for trusted workers that differ.
+    assert trusted_alone(replies(("w1", "7")), EXACT, trusted={"w2"}) is None
+    assert trusted_alone(replies(("w1", "7"), ("w2", "9")), EXACT, trusted={"w1", "w2"}) is None
 
 
 def test_every_untrusted_worker_of_a_batch_takes_part_in_a_check():

@@ -191,13 +191,19 @@ class Judge:
             copies: list[Flight] = []
             for pos in todo:
                 judged = [reply for reply, _ in replies[pos]]
-                decision = verify.redundant_decide(judged, policy, barred=self.caught)
+                decision = verify.redundant_decide(
+                    judged, policy, barred=self.caught, trusted=self._trusted()
+                )
                 # Distinct workers: a worker asked again would not vote again
                 # (verify.redundant_decide).
                 avoid = set(decision.avoid_workers)
                 others = self._others(avoid)
                 if decision.outcome == "more" and not others:
                     short = f"no other live worker to ask ({len(avoid)} asked already)"
+                    decision = (
+                        verify.trusted_alone(judged, policy.rule, self.caught, self._trusted())
+                        or decision
+                    )
                     self._judge(state.flights[pos], decision, replies[pos], why.get(pos, ""), short)
                     continue
                 if decision.outcome != "more" or sent[pos] >= policy.max_replicas:
@@ -654,6 +660,11 @@ class Judge:
             for wid, w in self.roster.workers.items()
             if w["venue"] in where and wid not in self.caught
         }
+
+    def _trusted(self) -> frozenset[str]:
+        """The workers of trusted venues: a tie they are on one side of is theirs
+        (verify.redundant_decide)."""
+        return frozenset(wid for wid, w in self.roster.workers.items() if w.get("trusted"))
 
     def _others(self, avoid: set[str]) -> int:
         """How many workers a replica may still go to, besides those in `avoid`."""

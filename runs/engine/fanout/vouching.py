@@ -213,7 +213,9 @@ class Vouching:
             rule=AgreementRule(mode=self.scope.policy.agree_mode),
         )
         replies = [self.judge._reply(f) for f in [holder, *answered]]
-        decision = verify.redundant_decide(replies, policy, barred=gate.barred)
+        decision = verify.redundant_decide(
+            replies, policy, barred=gate.barred, trusted=self.judge._trusted()
+        )
         if decision.outcome == "accept":
             right = verify.judgements(decision)
             self._settle(
