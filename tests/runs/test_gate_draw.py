@@ -13,13 +13,14 @@ from types import SimpleNamespace
 from runs.engine.fanout.state import Batch, Flight, Outcome, Vouches
 from runs.engine.fanout.vouching import Vouching
 from runs.engine.policy import Policy
+from runs.trust.verify import Sampler
 from workers.reputation import Reputation, Reputations
 
 
-def draws(n: int, batches: int = 1, seed: int = 1) -> list[dict[str, int]]:
-    """The gate's draws for `batches` batches of `n` over a roster: settled workers a and b
-    (4 slots, 40 ms), c (4 slots, 80 ms: half their speed), a new worker, one caught lying
-    in the run, a trusted one of the same venue, and one of a venue the run does not name."""
+def gate_of(n: int, seed: int = 1) -> tuple[Vouching, Batch]:
+    """A gate and a batch of `n` over a roster: settled workers a and b (4 slots, 40 ms), c
+    (4 slots, 80 ms: half their speed), a new worker, one caught lying in the run, a
+    trusted one of the same venue, and one of a venue the run does not name."""
     reputations = Reputations(None)  # type: ignore[arg-type]
     for worker in ("a", "b", "c", "t", "other", "liar"):
         reputations.known[worker] = Reputation(worker, consecutive_valid=50)
@@ -42,6 +43,13 @@ def draws(n: int, batches: int = 1, seed: int = 1) -> list[dict[str, int]]:
         enqueue=lambda flights, wave: None,
     )
     state = Batch([Flight(Outcome(i), "p") for i in range(n)], "redundant", 0, None, True)
+    gate._expected = gate._expect(state)
+    return gate, state
+
+
+def draws(n: int, batches: int = 1, seed: int = 1) -> list[dict[str, int]]:
+    """The gate's draws for `batches` batches of `n` over gate_of's roster."""
+    gate, state = gate_of(n, seed)
     return [gate._draw_due(state) for _ in range(batches)]
 
 
@@ -67,3 +75,19 @@ def test_the_gate_gives_the_answers_before_the_drawn_one_on_top_of_the_slots_les
     assert gate.cap("a", 4) == 3 + 4
     assert gate.cap("new", 4) == 3  # its first answer is checked
     assert gate.cap("new", 1) == 1  # a one-slot worker still gets its one
+
+
+def test_the_high_trust_floor_peek_expects_the_share_the_draw_is_made_over():
+    # a's share of 45 is 10 (the trusted t takes its own share; the caught liar none). The
+    # peek once split the batch evenly over the untrusted workers (9 here, the liar's and
+    # the trusted worker's shares mixed in), so its floor check fell due in other batches
+    # than the ones its answers would reach it.
+    gate, _state = gate_of(45)
+    assert round(gate._expected["a"], 9) == 10 and "liar" not in gate._expected
+    policy = Policy(check_floor=0.04)
+    gate.scope.policy = policy
+    gate.judge.sampler = Sampler(random.Random(0))
+    gate.judge.sampler._credit["a"] = 0.59  # 0.59 + 0.04 x 10 < 1: not in this batch
+    assert gate._validator_due("a") == ""
+    gate.judge.sampler._credit["a"] = 0.61  # 0.61 + 0.04 x 10 >= 1: in this batch
+    assert "floor check" in gate._validator_due("a")

@@ -41,7 +41,7 @@ the worker's answers it took (`answer`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis
 
@@ -62,14 +62,16 @@ class Vouching:
     judge: Judge
     tally: verify.VerificationTally
     enqueue: Callable[[list[Flight], Wave], None]  # sends copies with the batch's own work
-    # High trust: the answers each untrusted worker is expected to give in the batch, for
-    # whether its floor check falls in it (Vouching._validator_due).
-    _answers: float = 0.0
+    # The answers each worker is expected to give in the batch (Vouching._expect): among
+    # which the gate's check of it is drawn, and, on the high-trust tier, whether its floor
+    # check falls in the batch (Vouching._validator_due).
+    _expected: dict[str, float] = field(default_factory=dict)
 
     def begin(self, state: Batch) -> None:
         """Gate the batch's dispatch when its tier checks untrusted workers."""
         cover = self.scope.policy.check_cover
         if state.tier in GATED_TIERS and cover in ("gate", "first"):
+            self._expected = self._expect(state)
             if state.tier == "high_trust":
                 self._read_credit(state)
             state.vouches = Vouches(
@@ -78,38 +80,42 @@ class Vouching:
                 due=self._draw_due(state) if cover == "gate" else {},
             )
 
-    def _draw_due(self, state: Batch) -> dict[str, int]:
-        """Which answer of the batch the gate checks, for each settled untrusted worker:
-        one drawn at random among the answers it is expected to give (its share of the
-        batch by slots over latency, as the scheduler shares it out). The first answer,
-        always taken, was one a liar knew to be safe: it answered it honestly and lied on
-        the rest (test_trust_checks' gate-aware liar). A new or suspect worker (not in the
-        map) has its first answer checked; a worker whose draw its answers fall short of,
-        its next answer once the batch's work is all out (Vouching._start)."""
+    def _expect(self, state: Batch) -> dict[str, float]:
+        """The answers each live worker of the answer venues (not caught) is expected to
+        give in the batch: its share by slots over latency, as the scheduler shares it out.
+        An even split among the untrusted workers, which the floor's peek used, counted
+        the trusted workers' share to them too."""
         speed = {
             wid: int(w.get("concurrency", 1)) / max(1.0, float(w.get("latency_ms") or 1.0))
             for wid, w in self.roster.workers.items()
             if w["venue"] in self.scope.answer_venues and wid not in self.judge.caught
         }
         total = sum(speed.values()) or 1.0
+        return {wid: len(state.flights) * v / total for wid, v in speed.items()}
+
+    def _draw_due(self, state: Batch) -> dict[str, int]:
+        """Which answer of the batch the gate checks, for each settled untrusted worker:
+        one drawn at random among the answers it is expected to give (Vouching._expect).
+        The first answer,
+        always taken, was one a liar knew to be safe: it answered it honestly and lied on
+        the rest (test_trust_checks' gate-aware liar). A new or suspect worker (not in the
+        map) has its first answer checked; a worker whose draw its answers fall short of,
+        its next answer once the batch's work is all out (Vouching._start)."""
         due: dict[str, int] = {}
-        for wid in sorted(speed):
+        for wid, share in sorted(self._expected.items()):
             if self.roster.workers[wid].get("trusted") or not self._settled(wid):
                 continue
-            share = len(state.flights) * speed[wid] / total
             due[wid] = self.judge.rng.randint(1, max(1, round(share)))
         return due
 
     def _read_credit(self, state: Batch) -> None:
         """The untrusted workers' sampler credit as earlier runs left it (one round trip;
-        read again each batch, since other runs move it too), and the answers each is
-        expected to give in the batch."""
+        read again each batch, since other runs move it too)."""
         untrusted = [
             wid
             for wid, w in self.roster.workers.items()
             if not w.get("trusted") and w["venue"] in self.scope.answer_venues
         ]
-        self._answers = len(state.flights) / max(1, len(untrusted))
         assert self.judge.sampler is not None
         try:
             self.judge.sampler.load(untrusted)
@@ -406,7 +412,7 @@ class Vouching:
         if record.consecutive_valid < policy.check_warmup:
             return f"new worker: {record.consecutive_valid} of {policy.check_warmup} checks passed"
         assert self.judge.sampler is not None
-        if self.judge.sampler.due(worker, policy.check_floor, self._answers):
+        if self.judge.sampler.due(worker, policy.check_floor, self._expected.get(worker, 0.0)):
             return f"its floor check ({100 * policy.check_floor:g}% of its answers) is due"
         return ""
 
