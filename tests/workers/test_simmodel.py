@@ -342,6 +342,26 @@ def test_it_gives_a_final_answer_when_asked() -> None:
     assert root_reply(messages) == "FINAL(4827361)"
 
 
+def test_a_turn_that_says_not_to_answer_yet_is_no_call_for_the_final_answer() -> None:
+    # The official RLM library's first turn ends "do not provide a final answer yet": read
+    # as the conductor's last nudge, it got FINAL() instead of the question's program
+    # (bench/peer.py runs that library against this server).
+    question = "Answer the following: Run this:\n```repl\nprint(1)\n```\n"
+    messages = [
+        {"role": "system", "content": "You are an RLM."},
+        {"role": "user", "content": question},
+        {
+            "role": "user",
+            "content": "You have not seen your context yet. Look at the context first; do not "
+            "provide a final answer yet.\n\nTurn 1/30:",
+        },
+    ]
+    assert _code(root_reply(messages)) == "print(1)"
+    messages.append({"role": "assistant", "content": "```repl\nprint(1)\n```"})
+    messages.append({"role": "user", "content": "Out of turns: give your final answer now."})
+    assert root_reply(messages).startswith("FINAL(")
+
+
 def test_it_replays_scripted_blocks_then_returns_the_last_output_line(client: OpenAI) -> None:
     question = (
         "Run this:\n```repl\nx = len(context)\nprint(x)\n```\n"

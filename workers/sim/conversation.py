@@ -61,7 +61,7 @@ def parse_conversation(messages: Sequence[ChatMessage]) -> Conversation:
         last is not None
         and last["role"] == "user"
         and len(messages) - 1 != question_at
-        and "final answer" in _outside_fence(last["content"]).lower()
+        and _asks_final(_outside_fence(last["content"]))
     )
     return Conversation(
         limits=parse_limits(system),
@@ -76,6 +76,15 @@ def parse_conversation(messages: Sequence[ChatMessage]) -> Conversation:
         ),
         asks_for_final=asks_for_final,
     )
+
+
+# "do not provide a final answer yet" (the official RLM library's first turn) asks for none.
+_NOT_YET = re.compile(r"\b(?:do not|don't|not)\b[^.\n]{0,40}?final answer", re.IGNORECASE)
+
+
+def _asks_final(text: str) -> bool:
+    """Whether a message asks for the final answer now (the conductor's last nudge)."""
+    return "final answer" in _NOT_YET.sub("", text).lower()
 
 
 _FOLDED = re.compile(r"^Earlier turns, folded \((\d+) root turns?", re.MULTILINE)
