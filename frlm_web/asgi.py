@@ -14,6 +14,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.urls import get_resolver  # noqa: E402
 
+from frlm_web import collector  # noqa: E402
 from frlm_web.checks import refuse_to_serve  # noqa: E402
 from frlm_web.routing import websocket_urlpatterns  # noqa: E402
 from frlm_web.static_files import StaticFiles  # noqa: E402
@@ -33,6 +34,11 @@ if settings.FRLM_LEASE_WATCH:
     from runs.lease import watch_start  # noqa: E402
 
     watch_start("web")
+
+# Everything the server loaded to start is frozen out of the cycle collector's walks
+# (frlm_web/collector.py): a full collection stopped every page, socket and gateway
+# worker's relay for as long as it walked Django and the libraries.
+collector.settle()
 
 application = ProtocolTypeRouter(
     {

@@ -1,5 +1,5 @@
-"""Python's cycle collector in FRLM's long-running processes (conductor, workers, recorder,
-forwarder, simulated model server).
+"""Python's cycle collector in FRLM's long-running processes (web server, conductor, workers,
+recorder, forwarder, simulated model server).
 
 Each such process holds Django, the model client and their libraries: some 130,000 objects
 that live as long as it does. A full collection walks all of them, 60-100 ms on this
