@@ -81,7 +81,9 @@ class Policy:
     # proven lie weighs lie_penalty good results (its score collapses and it is checked on
     # every answer again) and its recent answers are re-checked. probe_rate is the share of
     # known-answer probes mixed into each batch; a new worker gets one per batch as well.
-    check_floor: float = 0.04
+    # At a floor of 4% an honest high-trust swarm paid 7.7-8.3% in checks (the target is 8),
+    # at 3% 7.3-7.7%, with colluders' settled error 0.00% either way (bench/trust.py).
+    check_floor: float = 0.03
     check_warmup: int = 10
     # "gate" (redundant and high-trust tiers): one answer of each untrusted worker in a
     # batch is checked as soon as it arrives, a new or suspect worker's first, a settled

@@ -500,7 +500,7 @@ class CheckRule:
     decline from the warm-up to the floor cost an honest swarm 10% in checks for no
     safety the floor does not give.)"""
 
-    floor: float = 0.04
+    floor: float = 0.03  # policy.check_floor's default
     warmup: int = TRUST_AFTER
     new_rate: float = 1.0  # the rate below warmup (the high-trust tier's validate_rate)
 
