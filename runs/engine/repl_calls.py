@@ -18,7 +18,7 @@ from runs.engine.finish import RunAbort
 from runs.engine.policy import Policy
 from runs.engine.rlm_context import RlmContext, child_context
 from runs.sandbox import SandboxCallError
-from runs.trust import verify
+from runs.trust import objective
 from traces.emitter import Emitter
 from workers import fragments
 
@@ -175,7 +175,7 @@ class ReplCalls:
         depth: int,
         parent: str,
         tier: Any = None,
-        check: Callable[[str], verify.CheckVerdict] | None = None,
+        check: Callable[[str], objective.CheckVerdict] | None = None,
     ) -> list[str]:
         if not prompts_:
             return []
@@ -213,12 +213,12 @@ class ReplCalls:
         handle, raw = kwargs.get("handle"), kwargs.get("verdicts")
         if not isinstance(handle, str) or not isinstance(raw, list):
             raise SandboxCallError("objective_verdicts takes a handle and a list of verdicts")
-        verdicts: dict[int, verify.CheckVerdict] = {}
+        verdicts: dict[int, objective.CheckVerdict] = {}
         for item in raw:
             if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], int)):
                 raise SandboxCallError("each verdict is [position, passed, reason]")
             pos, passed, reason = item
-            verdicts[pos] = verify.CheckVerdict(bool(passed), "function", str(reason)[:500])
+            verdicts[pos] = objective.CheckVerdict(bool(passed), "function", str(reason)[:500])
         outcomes, again = self.fanout.apply_verdicts(handle, verdicts)
         return {"replies": self.replies(outcomes), "recheck": again}
 
@@ -260,13 +260,13 @@ class ReplCalls:
         return answer
 
 
-def objective_check(validate: Any) -> Callable[[str], verify.CheckVerdict] | None:
+def objective_check(validate: Any) -> Callable[[str], objective.CheckVerdict] | None:
     """The conductor's check for validate= (a JSON schema or a regex), or None without
     one; a bad schema or pattern is the program's error, said to the REPL."""
     if validate is None:
         return None
     try:
-        return verify.objective_check(validate)
+        return objective.objective_check(validate)
     except ValueError as exc:
         raise SandboxCallError(str(exc)) from exc
 

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from runs.trust.objective import function_verdict, objective_check
 from runs.trust.verify import (
     Assignment,
     RedundancyPolicy,
@@ -14,9 +15,7 @@ from runs.trust.verify import (
     VerificationTally,
     consecutive_valid_after,
     cover,
-    function_verdict,
     judgements,
-    objective_check,
     redundant_decide,
     should_replicate,
     should_validate,

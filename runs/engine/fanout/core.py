@@ -47,7 +47,7 @@ from runs.engine.fanout.state import (
 from runs.engine.fanout.transport import Transport
 from runs.engine.fanout.vouching import Vouching
 from runs.engine.policy import Policy
-from runs.trust import accounts, verify
+from runs.trust import accounts, objective, verify
 from runs.trust.budget import BudgetRefused
 from traces.emitter import Emitter
 from workers.backends import ModelSpec
@@ -200,7 +200,7 @@ class Fanout:
         depth: int,
         parent: str | None,
         tier: Any = None,
-        check: Callable[[str], verify.CheckVerdict] | None = None,
+        check: Callable[[str], objective.CheckVerdict] | None = None,
         defer_check: bool = False,
     ) -> list[Outcome]:
         """1. check the limits, 2. send as many jobs as the workers have credit for,
@@ -248,7 +248,7 @@ class Fanout:
         return [flight.outcome for flight in state.flights]
 
     def apply_verdicts(
-        self, handle: str, verdicts: dict[int, verify.CheckVerdict]
+        self, handle: str, verdicts: dict[int, objective.CheckVerdict]
     ) -> tuple[list[Outcome], list[int]]:
         """The REPL's own check of a deferred batch's replies (by position): the failed ones
         go to other workers while attempts remain. Returns the batch's outcomes and the
@@ -280,7 +280,7 @@ class Fanout:
 
     # --- the life of a batch ---------------------------------------------------------
     def _call_tier(
-        self, tier: Any, check: Callable[[str], verify.CheckVerdict] | None, defer_check: bool
+        self, tier: Any, check: Callable[[str], objective.CheckVerdict] | None, defer_check: bool
     ) -> str:
         """The tier the call names (the policy's by default); "objective" is best effort
         once its check is known."""

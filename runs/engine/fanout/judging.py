@@ -8,7 +8,6 @@ as. The judge sends its copies through the callback it is given, as any batch is
 from __future__ import annotations
 
 import dataclasses
-import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,10 +15,10 @@ from typing import Any
 
 import redis
 
+from runs.engine.fanout.attesting import sound_attestation
 from runs.engine.fanout.state import Batch, Flight, LimitExceeded, Outcome, Roster, Scope, Totals
-from runs.trust import probes, verify
-from traces.emitter import Emitter, sha256_text
-from workers import attestation
+from runs.trust import objective, probes, verify
+from traces.emitter import Emitter
 from workers.agreement import AgreementRule
 from workers.reputation import Observation, Reputations
 from workers.services import worker_strike
@@ -51,8 +50,8 @@ class Judge:
 
     # --- objective: the call's own check ---------------------------------------------
     def check_all(
-        self, state: Batch, check: Callable[[str], verify.CheckVerdict], positions: Any
-    ) -> dict[int, verify.CheckVerdict]:
+        self, state: Batch, check: Callable[[str], objective.CheckVerdict], positions: Any
+    ) -> dict[int, objective.CheckVerdict]:
         """The conductor's own check (a JSON schema, a regex) of the replies at `positions`."""
         return {
             pos: check(state.holder(pos).outcome.text)
@@ -60,7 +59,9 @@ class Judge:
             if state.holder(pos).outcome.status == "ok"
         }
 
-    def objective_round(self, state: Batch, verdicts: dict[int, verify.CheckVerdict]) -> list[int]:
+    def objective_round(
+        self, state: Batch, verdicts: dict[int, objective.CheckVerdict]
+    ) -> list[int]:
         """Record one round of objective verdicts (Verify.Objective, reputation, the reply's
         verdict); send each failed sub-query to a worker that has not failed it, while
         attempts remain, else reject it. Returns the positions that got a new reply."""
@@ -189,10 +190,11 @@ class Judge:
         pins = dict(pins or {})
         while todo:
             copies: list[Flight] = []
+            trusted = self._trusted()  # once a round, not once a sub-query
             for pos in todo:
                 judged = [reply for reply, _ in replies[pos]]
                 decision = verify.redundant_decide(
-                    judged, policy, barred=self.caught, trusted=self._trusted()
+                    judged, policy, barred=self.caught, trusted=trusted
                 )
                 # Distinct workers: a worker asked again would not vote again
                 # (verify.redundant_decide).
@@ -201,8 +203,7 @@ class Judge:
                 if decision.outcome == "more" and not others:
                     short = f"no other live worker to ask ({len(avoid)} asked already)"
                     decision = (
-                        verify.trusted_alone(judged, policy.rule, self.caught, self._trusted())
-                        or decision
+                        verify.trusted_alone(judged, policy.rule, self.caught, trusted) or decision
                     )
                     self._judge(state.flights[pos], decision, replies[pos], why.get(pos, ""), short)
                     continue
@@ -587,7 +588,9 @@ class Judge:
                 reason=f"the validator gave no answer: {copy.outcome.error or copy.outcome.status}",
             )
             return
-        signed, problem = self._attestation(flight, judged, copy)
+        signed, problem = sound_attestation(
+            self.scope.run_id, flight, judged, copy, self.public_key
+        )
         if problem is not None:
             self.emitter.instant(
                 "Verify.Attest",
@@ -618,38 +621,6 @@ class Judge:
         if not agreed:
             # The validator is trusted: its answer stands instead of the diverging one.
             _adopt(flight.outcome, copy.outcome)
-
-    def _attestation(
-        self, flight: Flight, judged: Flight, copy: Flight
-    ) -> tuple[attestation.SignedAttestation | None, str | None]:
-        """The validator's signed attestation, and what is wrong with it (None when it is
-        sound: signed with the validator's registered key, about this very reply)."""
-        assert copy.result is not None
-        try:
-            signed = json.loads(copy.result.get("attestation") or "null")
-        except ValueError:
-            return None, "not JSON"
-        if not isinstance(signed, dict):
-            return None, "the validator sent none"
-        key = self.public_key(copy.outcome.worker_id)
-        problem = attestation.attestation_problem(signed, validator_key=key)  # type: ignore[arg-type]
-        if problem is not None:
-            return None, problem
-        att = signed["attestation"]
-        expected = {
-            "run": self.scope.run_id,
-            "subquery": flight.span.span_id,
-            "span": judged.span.span_id,
-            "worker": judged.outcome.worker_id,
-            "validator": copy.outcome.worker_id,
-            "input_sha256": sha256_text(judged.prompt),
-            "worker_output_sha256": sha256_text(judged.outcome.text),
-            "validator_output_sha256": sha256_text(copy.outcome.text),
-        }
-        wrong = [k for k, v in expected.items() if att.get(k) != v]
-        if wrong:
-            return None, f"it is not about this reply ({', '.join(wrong)} differ)"
-        return signed, None  # type: ignore[return-value]
 
     def _askable(self) -> set[str]:
         """The live workers a copy may go to: on the venues copies run on, and not caught
