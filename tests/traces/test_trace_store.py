@@ -443,6 +443,51 @@ def test_it_stores_a_trickle_of_events_as_one_batch_reading_twice(client):
     assert [e["attrs"]["chars"] for e in store.read_events("rT")] == list(range(-1, 10))
 
 
+def test_a_fast_fanouts_events_are_gathered_into_one_batch_past_a_thousand(client):
+    """A fanout of a fast model emits thousands of events a second: the window gathers
+    them into one batch, instead of storing each thousand as it came (every batch pays a
+    parse, a segment and an fsync; bench/traces.py)."""
+    recorder = Recorder(client, gather_s=1.0, poll_s=0.05)
+    recorder.ensure_group()
+    emitter = Emitter(client, "rF")
+
+    def burst(start: int) -> None:
+        emitter.send(
+            [emitter.build("Env.LoadFragment", "instant", chars=start + i) for i in range(600)]
+        )
+
+    burst(0)
+
+    def more() -> None:
+        for k in range(1, 4):
+            time.sleep(0.08)
+            burst(600 * k)
+
+    thread = threading.Thread(target=more)
+    thread.start()
+    stored = recorder.step()
+    thread.join()
+    assert stored == 2400, f"stored {stored} of the 2,400 events that came within the window"
+    assert len(store._segments("rF")) == 1
+
+
+def test_a_backlog_is_stored_without_waiting_out_the_window(client):
+    """A read that finds GATHER_BELOW entries waiting stores them at once."""
+    from traces.recorder import GATHER_BELOW
+
+    emitter = Emitter(client, "rB")
+    for start in range(0, GATHER_BELOW, 2000):
+        n = min(2000, GATHER_BELOW - start)
+        emitter.send(
+            [emitter.build("Env.LoadFragment", "instant", chars=start + i) for i in range(n)]
+        )
+    recorder = Recorder(client, gather_s=30.0, poll_s=0.05)
+    recorder.ensure_group()
+    started = time.monotonic()
+    assert recorder.step() == GATHER_BELOW
+    assert time.monotonic() - started < 15.0, "it waited out the window with a backlog"
+
+
 def test_a_runs_end_closes_the_gathering_window_at_once(client):
     """While a run goes on, its events are gathered for up to a second; the end of its
     span stores what came at once, so a finished run is in the store without the wait."""
