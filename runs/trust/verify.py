@@ -269,13 +269,7 @@ def redundant_decide(
             "accept",
             text=replies[backed].text,
             agreed=tuple(replies[i].worker_id for i in sorted(votes[backed])),
-            disagreed=tuple(
-                dict.fromkeys(
-                    r.worker_id
-                    for i, r in enumerate(replies)
-                    if (i in voters or r.worker_id in barred) and i not in support[backed]
-                )
-            ),
+            disagreed=_dissent(replies, support[backed], voters, barred),
             reason=f"{len(votes[backed])} against {against}: a trusted worker's answer",
             **common,
         )
@@ -317,28 +311,37 @@ def trusted_alone(
     """With no other worker left to ask (the caller knows), a trusted worker's answer that
     no vote disagrees with stands unchecked: its operator vouches for it, and a sampled
     check of it that cannot be made must not cost the run its answer. None otherwise."""
-    voters = sorted(_voters(replies, barred))
+    voters = _voters(replies, barred)
     if not voters or any(replies[i].worker_id not in trusted for i in voters):
         return None
     support = _support(replies, rule)
-    if not set(voters) <= support[voters[0]]:
+    centre = min(voters)
+    if not voters <= support[centre]:
         return None
     return Decision(
         "accept",
-        text=replies[voters[0]].text,
+        text=replies[centre].text,
         agreed=(),  # unchecked: no one is credited with agreement, the answer stays unverified
-        disagreed=tuple(
-            dict.fromkeys(
-                r.worker_id
-                for i, r in enumerate(replies)
-                if r.worker_id in barred and i not in support[voters[0]]
-            )
-        ),
+        disagreed=_dissent(replies, support[centre], voters, barred),
         links=tuple(r.span_id for r in replies if r.span_id),
         replies=len(replies),
         mode=rule.mode,
         groups=_groups(replies, support),
         reason="a trusted worker's answer, unchecked: no other live worker to ask",
+    )
+
+
+def _dissent(
+    replies: Sequence[Reply], group: set[int], voters: set[int], barred: Collection[str]
+) -> tuple[str, ...]:
+    """The workers judged wrong when the answer of `group` (reply indices) is accepted:
+    each voter outside it, and each worker caught lying earlier whose reply is outside it."""
+    return tuple(
+        dict.fromkeys(
+            r.worker_id
+            for i, r in enumerate(replies)
+            if (i in voters or r.worker_id in barred) and i not in group
+        )
     )
 
 

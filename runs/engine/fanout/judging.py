@@ -190,7 +190,7 @@ class Judge:
         pins = dict(pins or {})
         while todo:
             copies: list[Flight] = []
-            trusted = self._trusted()  # once a round, not once a sub-query
+            trusted = self.trusted()  # once a round, not once a sub-query
             for pos in todo:
                 judged = [reply for reply, _ in replies[pos]]
                 decision = verify.redundant_decide(
@@ -632,7 +632,7 @@ class Judge:
             if w["venue"] in where and wid not in self.caught
         }
 
-    def _trusted(self) -> frozenset[str]:
+    def trusted(self) -> frozenset[str]:
         """The workers of trusted venues: a tie they are on one side of is theirs
         (verify.redundant_decide)."""
         return frozenset(wid for wid, w in self.roster.workers.items() if w.get("trusted"))

@@ -220,7 +220,7 @@ class Vouching:
         )
         replies = [self.judge._reply(f) for f in [holder, *answered]]
         decision = verify.redundant_decide(
-            replies, policy, barred=gate.barred, trusted=self.judge._trusted()
+            replies, policy, barred=gate.barred, trusted=self.judge.trusted()
         )
         if decision.outcome == "accept":
             right = verify.judgements(decision)
