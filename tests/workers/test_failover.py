@@ -60,7 +60,17 @@ def test_it_sends_a_killed_workers_jobs_elsewhere_and_ends_its_spans(stack, venu
         run = wait_until(done, timeout=120, what="the run to end")
         assert run.status == "succeeded", run.error
         assert run.answer == str(N)
-        events = own.events(run.id)
+        # The run's row is written before its last events (Run.Done, then its span's end):
+        # read the stream once the run's span has ended.
+        events = wait_until(
+            lambda: (
+                (ev := own.events(run.id))
+                and any(e["name"] == "Run.Init" and e["phase"] == "end" for e in ev)
+                and ev
+            ),
+            timeout=10,
+            what="the run's span to end",
+        )
         (lost,) = [e for e in events if e["name"] == "Worker.Lost"]
         assert lost["worker_id"] == victim
         abandoned = [
