@@ -21,6 +21,9 @@ from workers.backends import ModelSpec, cassette_spec
 from workers.models import Venue
 
 CONDUCT_TASK = "runs.conduct"  # runs.tasks.run_conduct's registered name
+# A question longer than this is refused: a 2,000,000-character one (a review) was
+# accepted, and its run page never finished loading in Chromium. Long material is context.
+QUESTION_MAX_CHARS = 100_000
 
 
 class RunInputError(ValueError):
@@ -92,7 +95,13 @@ def run_create(
             errors["context"] = "the context text is empty"
     else:
         errors["context"] = "give a context: a file or folder path, text, or a generated task"
-    if not run.question and "task" not in errors:  # a task that failed has no question
+    if len(run.question) > QUESTION_MAX_CHARS:
+        errors["question"] = (
+            f"the question is {len(run.question):,} characters, more than the "
+            f"{QUESTION_MAX_CHARS:,} a question may have: put long material in the context "
+            "(a file, an upload or text) and ask about it"
+        )
+    elif not run.question and "task" not in errors:  # a task that failed has no question
         errors["question"] = "the question is empty: say what you want to know about the context"
     elif program:
         try:

@@ -132,6 +132,31 @@ def test_it_offers_only_configured_endpoints(page, web, staff, settings):
     assert not Run.objects.exists()
 
 
+def test_it_refuses_a_question_longer_than_a_question_may_be(staff, venues):
+    """A 2,000,000-character question was taken (a review), and its run page never finished
+    loading in Chromium: the form refuses it beside the field, keeps it, starts nothing."""
+    client = Client()
+    client.force_login(staff)
+    long = "A" * 100_001
+    form = {
+        "question": long,
+        "context_source": "task",
+        "task_name": "sniah",
+        "task_tokens": "20000",
+        "task_seed": "1",
+        "root_kind": "sim",
+        "worker_kind": "sim",
+        "venues": ["local"],
+    }
+    response = client.post("/runs/new", form)
+    assert response.status_code == 400
+    (error,) = response.context["form"].errors["question"]
+    assert "100,001 characters, more than the 100,000 a question may have" in error
+    assert "put long material in the context" in error
+    assert response.context["form"]["question"].value() == long
+    assert not Run.objects.exists()
+
+
 def test_it_takes_the_verification_tier_hedging_and_a_budget(page, web):
     page.goto("/runs/new")
     page.fill("#id_budget_usd", "-1")

@@ -297,3 +297,20 @@ def test_it_keeps_an_ended_runs_trace_answer_until_a_later_event(staff):
     later = events(HTTP_ACCEPT_ENCODING="gzip")
     assert later["last_seq"] > first["last_seq"]
     assert later["events"][: len(first["events"])] == first["events"]
+
+
+def test_it_shortens_a_huge_question_and_answer_and_still_loads(page, web, staff):
+    """A run whose question and answer are megabytes (the question from before its limit,
+    an answer as long as FINAL takes): the page, the dashboard and its table show them
+    shortened, and the page loads (with 2,000,000 characters in it twice, it never did)."""
+    run = bare_run("Q" * 2_000_000, answer="A" * 3_000_000, status="succeeded", owner=staff)
+    client = Client()
+    client.force_login(staff)
+    for url in (f"/runs/{run.id}", f"/runs/{run.id}/header", "/", "/runs/table"):
+        response = client.get(url)
+        assert response.status_code == 200, url
+        assert len(response.content) < 200_000, (url, len(response.content))
+    page.goto(f"/runs/{run.id}", timeout=20_000)
+    answer = page.inner_text("#run-answer")
+    assert "shortened here: the whole answer, 3000000 characters" in answer
+    assert "frlm_runs --json" in answer

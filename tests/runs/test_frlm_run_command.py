@@ -100,6 +100,10 @@ def test_it_prints_a_summary_and_progress(venues, subprocess_env, context_root):
         ),
         (["--question", "q", "--context", "NOTES", "--venues", "mars"], "unknown venue mars"),
         (["--question", "q"], "give a context"),
+        (
+            ["--question", "x" * 100_001, "--context", "NOTES"],
+            "--question: the question is 100,001 characters, more than the 100,000",
+        ),
         (["--task", "nope"], "invalid choice"),
         (["--task", "sniah", "--tokens", "5"], "tokens"),
         # Taken and ignored before (found by a review).
