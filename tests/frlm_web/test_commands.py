@@ -208,6 +208,25 @@ def test_it_prints_a_new_token_as_json():
 
 
 @pytest.mark.django_db
+def test_a_venue_a_token_creates_is_untrusted_unless_asked():
+    """A token lets other machines' workers join: a new name (a typo, `rack4`) made a trusted
+    local venue, whose workers would consume the broker and go unchecked (a review)."""
+    from workers.models import Venue
+
+    made = json.loads(out_of("frlm_token", "--venue", "rack4", "--json"))
+    assert made["venue_created"] and made["venue_trusted"] is False
+    assert made["venue_kind"] == "edge"
+    assert Venue.objects.get(name="rack4").trusted is False
+    local = json.loads(out_of("frlm_token", "--venue", "local", "--json"))
+    assert local["venue_kind"] == "local" and local["venue_trusted"] is False
+    pod = json.loads(out_of("frlm_token", "--venue", "pod1", "--trusted", "--json"))
+    assert pod["venue_trusted"] is True and Venue.objects.get(name="pod1").trusted
+    with pytest.raises(CommandError, match="exists and is not trusted.*trust it in the admin"):
+        call_command("frlm_token", "--venue", "rack4", "--trusted", stdout=io.StringIO())
+    assert Venue.objects.get(name="rack4").trusted is False
+
+
+@pytest.mark.django_db
 def test_it_prints_what_prune_would_remove_as_json():
     data = json.loads(out_of("frlm_prune", "--older-than", "30d", "--dry-run", "--json"))
     assert data["dry_run"] is True

@@ -23,7 +23,13 @@ class Command(FrlmCommand):
             "--kind",
             choices=[k for k, _ in Venue.Kind.choices],
             default=None,
-            help="the venue's kind when this creates it (default: from its name)",
+            help="the venue's kind when this creates it (default: from its name, else edge)",
+        )
+        parser.add_argument(
+            "--trusted",
+            action="store_true",
+            help="trust the venue this creates: its workers may consume the broker and its "
+            "answers are not checked (default: untrusted, whatever its name or kind)",
         )
         parser.add_argument(
             "--ttl-hours",
@@ -44,6 +50,7 @@ class Command(FrlmCommand):
         *args,
         venue: str,
         kind: str | None,
+        trusted: bool,
         ttl_hours: float | None,
         label: str,
         as_json: bool,
@@ -57,7 +64,18 @@ class Command(FrlmCommand):
             raise CommandError("--ttl-hours must be more than 0 and at most a year (8784)")
         if len(label) > 100:
             raise CommandError("--label is at most 100 characters")
-        row, created = Venue.objects.get_or_create(name=venue, defaults=venue_defaults(venue, kind))
+        # A token lets workers of other machines join: a venue it creates is trusted only
+        # when asked. A typo or a new name used to make a trusted local venue (a review).
+        if kind is None and venue not in Venue.Kind.values:
+            kind = Venue.Kind.EDGE
+        defaults = {**venue_defaults(venue, kind), "trusted": trusted}
+        row, created = Venue.objects.get_or_create(name=venue, defaults=defaults)
+        if trusted and not row.trusted:
+            raise CommandError(
+                f"venue {venue!r} exists and is not trusted; --trusted applies only to a venue "
+                "this creates: trust it in the admin (/admin/workers/venue/), then run this "
+                "again without --trusted"
+            )
         ttl = timedelta(hours=ttl_hours) if ttl_hours else None
         token, plaintext = token_create(row, ttl=ttl, label=label)
         if as_json:
@@ -66,6 +84,7 @@ class Command(FrlmCommand):
                     "token": plaintext,
                     "venue": venue,
                     "venue_kind": row.kind,
+                    "venue_trusted": row.trusted,
                     "venue_created": created,
                     "label": label,
                     "expires": token.expires,
@@ -73,7 +92,13 @@ class Command(FrlmCommand):
             )
             return
         if created:
-            self.stderr.write(f"created venue {venue!r} (kind {row.kind})")
+            trust = (
+                "trusted"
+                if row.trusted
+                else "untrusted: its workers take jobs through the gateway and their answers "
+                "are checked; --trusted when it creates a venue trusts it"
+            )
+            self.stderr.write(f"created venue {venue!r} (kind {row.kind}, {trust})")
         expires = f"expires {token.expires:%Y-%m-%d %H:%M} UTC" if token.expires else "no expiry"
         self.stderr.write(f"enrolment token for venue {venue!r} ({expires}); shown only now:")
         self.stdout.write(plaintext)
