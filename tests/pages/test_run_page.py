@@ -314,3 +314,42 @@ def test_it_shortens_a_huge_question_and_answer_and_still_loads(page, web, staff
     answer = page.inner_text("#run-answer")
     assert "shortened here: the whole answer, 3000000 characters" in answer
     assert "frlm_runs --json" in answer
+
+
+def test_a_finished_runs_header_keeps_the_runs_own_tokens_and_cost(page, web, staff):
+    """After Run.Done the header shows the run's figures, as its row and the CLI do, not the
+    sum of every Execute span: a cancelled run's workers finish work it no longer takes."""
+    from decimal import Decimal
+
+    run = bare_run(
+        question="cancelled",
+        owner=staff,
+        status="cancelled",
+        tokens_in=300,
+        tokens_out=4,
+        cost=Decimal("0.0300"),
+        wall_ms=1500.0,
+    )
+    client = get_redis()
+    conductor = Emitter(client, run.id)
+    with conductor.span("Run.Init") as root:
+        with conductor.span("SubQuery.Submit", parent=root.span_id, venue="edge") as sq:
+            worker = Emitter(client, run.id, venue="edge", worker_id="wlate")
+            with worker.span("SubQuery.Execute", parent=sq.span_id) as execute:
+                execute.end("ok", tokens_in=5000, tokens_out=70, cost=Decimal("0.5"))
+        conductor.instant(
+            "Run.Done",
+            parent=root.span_id,
+            status="cancelled",
+            run_status="cancelled",
+            wall_ms=1500.0,
+            tokens_in=300,
+            tokens_out=4,
+            cost=Decimal("0.0300"),
+        )
+    wait_until(lambda: store.event_count(run.id) >= 7, timeout=20, what="the run stored")
+    page.goto(f"/runs/{run.id}")
+    page.wait_for_selector("#movie[data-ready='1']")
+    wait_for(page, "document.querySelector('[data-metric=wall]').textContent.includes('1.5')")
+    assert page.inner_text("[data-metric=tokens]") == "300 / 4"
+    assert page.inner_text("[data-metric=cost]") == "$0.0300"
