@@ -313,6 +313,17 @@ def diff_page(request: HttpRequest) -> HttpResponse:
     runs = visible_runs(request.user).order_by("-created")
     a_id, b_id = request.GET.get("a", "").strip(), request.GET.get("b", "").strip()
     ctx: dict[str, Any] = {"choices": runs[:100], "a_id": a_id, "b_id": b_id}
+    # An id that names no run the user may see comes back on the chooser, named, with what
+    # was typed kept (it was Django's bare "Not Found" page, a review).
+    unknown = [
+        f"{side}: no run {run_id!r} that you may see; pick one from the list, or copy the "
+        "id from its run page"
+        for side, run_id in (("A", a_id), ("B", b_id))
+        if run_id and not runs.filter(id=run_id).exists()
+    ]
+    if unknown:
+        ctx["pick_errors"] = unknown
+        return render(request, "runs/diff.html", ctx, status=404)
     if a_id and b_id:
         run_a = _get_run_for_user(request, a_id)
         run_b = _get_run_for_user(request, b_id)

@@ -438,8 +438,11 @@ def run_aggregates(request: HttpRequest, run_id: str, *, access: RunAccess) -> H
 def diff_json(request: HttpRequest, *, access: RunAccess) -> HttpResponse:
     """traces.diff.run_diff of runs `a` and `b`."""
     a, b = request.GET.get("a", ""), request.GET.get("b", "")
+    if not a or not b:
+        need = "give the two runs to compare: ?a=RUN_ID&b=RUN_ID"
+        return JsonResponse({"error": need}, status=400)
     for run_id in (a, b):
-        if not run_id or not access(request.user, run_id):
+        if not access(request.user, run_id):
             return _not_found(run_id)
     try:
         return JsonResponse(run_diff(a, b))

@@ -59,6 +59,8 @@ def test_it_serves_aggregates_and_the_diff_of_a_replay(venues):
     assert diff["summary"]["only_in_a"] == 0 and diff["summary"]["only_in_b"] == 0
     assert diff["answer"]["a"] == diff["answer"]["b"]
     assert client.get(f"/api/diff?a={run.id}&b=rnothere").status_code == 404
+    missing = client.get(f"/api/diff?a={run.id}")
+    assert missing.status_code == 400 and "?a=RUN_ID&b=RUN_ID" in missing.json()["error"]
 
 
 def test_it_keeps_server_paths_to_staff(venues, context_root):

@@ -67,6 +67,12 @@ def test_it_offers_runs_to_compare(page, web):
     assert page.input_value("input[name=a]") == run.id
     assert page.locator(f"a[href='/runs/{run.id}']").count() >= 1
     assert page.goto("/diff?a=rnothere&b=rnothere2").status == 404
+    # An unknown id comes back on the chooser, named, with what was typed kept.
+    assert page.goto(f"/diff?a={run.id}&b=rnothere").status == 404
+    said = page.inner_text("#pick-errors")
+    assert "B: no run 'rnothere' that you may see" in said and "A:" not in said
+    assert page.input_value("input[name=a]") == run.id
+    assert page.input_value("input[name=b]") == "rnothere"
 
 
 def test_the_replay_form_keeps_what_was_typed_while_a_finished_runs_page_loads(page, web):
