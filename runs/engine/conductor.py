@@ -143,14 +143,21 @@ class Conductor:
 
     def _conduct(self) -> None:
         started = time.perf_counter()
+        named = self.run.context_path if self.run.context_source == Run.Source.PATH else None
         run_span = self.emitter.start(
             "Run.Init",
             question=self.run.question,
             policy=self.policy.to_dict(),
             root_model=self.root.model.label,
             worker_model=ModelSpec.from_dict(self.run.worker_model).label,
-            venues=list(self.run.venues),
+            venues=sorted(self.run.venues),
+            # What the context was, so a diff can say the runs read different ones: the
+            # task that made it, the path a user named, its size (a copy's own path, of a
+            # task or an upload, differs from run to run and says nothing).
             context_source=self.run.context_source,
+            task=self.run.task or None,
+            context_path=named,
+            context_bytes=_file_bytes(self.run.context_path),
             replay_of=self.run.replay_of_id,
             replay_turn=self.run.replay_turn,
         )
@@ -408,3 +415,11 @@ def cell_text(result: CellResult) -> str:
     if result.error_message:
         parts.append(f"[{result.error_message}]")
     return "\n".join(p for p in parts if p) or "(no output)"
+
+
+def _file_bytes(path: str) -> int | None:
+    """The size of a context file; None for a folder or a file that is not there."""
+    try:
+        return os.stat(path).st_size if os.path.isfile(path) else None
+    except (OSError, ValueError):
+        return None

@@ -396,6 +396,27 @@ def test_it_names_a_venue_difference_only_when_nothing_else_differs():
     assert first["b"]["value"].startswith("edge×10")
 
 
+def test_it_lists_a_different_task_as_an_input_and_not_the_venues_order():
+    """Two runs of one question over different generated contexts: the inputs say so (they
+    listed nothing, and put it down to the root model's reply, a review); the same venues
+    in another order are no difference."""
+    roots_a, _ = build(three_turns())
+    roots_b, _ = build(three_turns())
+    roots_a[0].attrs.update(
+        task={"name": "sniah", "tokens": 20000, "seed": 1},
+        context_bytes=80_000,
+        venues=["local", "edge"],
+    )
+    roots_b[0].attrs.update(
+        task={"name": "sniah", "tokens": 40000, "seed": 2},
+        context_bytes=160_000,
+        venues=["edge", "local"],
+    )
+    inputs = {c["field"]: c for c in trace_diff(roots_a, roots_b)["inputs"]}
+    assert set(inputs) == {"task", "context_bytes"}
+    assert '"seed":2' in inputs["task"]["b"].replace(" ", "")
+
+
 def test_it_computes_latency_token_and_cost_deltas():
     a = Run([Turn("x", batches=[Batch(size=10, ms=40.0, tokens=(100, 5), cost=0.001)])])
     b = Run([Turn("x", batches=[Batch(size=10, ms=50.0, tokens=(120, 5), cost=0.002, reply="7")])])

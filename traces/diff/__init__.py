@@ -107,11 +107,18 @@ def _inputs(roots_a: list[SpanNode], roots_b: list[SpanNode]) -> list[InputChang
     attrs_b = public(run_b.attrs) if run_b else {}
     changes: list[InputChange] = []
     for name in sorted(attrs_a.keys() | attrs_b.keys()):
-        if attrs_a.get(name) != attrs_b.get(name):
+        if _input_value(name, attrs_a.get(name)) != _input_value(name, attrs_b.get(name)):
             a = dump(attrs_a[name]) if name in attrs_a else None
             b = dump(attrs_b[name]) if name in attrs_b else None
             changes.append({"field": name, "a": clip(a), "b": clip(b)})
     return changes
+
+
+def _input_value(name: str, value: object) -> object:
+    """An input as compared: the venues as a set (their order chose nothing)."""
+    if name == "venues" and isinstance(value, list):
+        return sorted(map(str, value))
+    return value
 
 
 def trace_diff(
