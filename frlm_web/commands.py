@@ -88,6 +88,19 @@ def whole(low: int = 0, high: int | None = None) -> Callable[[str], int]:
     return parse
 
 
+def assignment(text: str) -> str:
+    """An argparse type: KEY=VALUE (a policy setting); the value may be empty, the key not.
+    The form is argparse's to refuse (exit 2); whether the key and value mean anything, the
+    command's (exit 1)."""
+    key, sep, _ = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"takes KEY=VALUE, e.g. quorum=0.9, not {text!r}")
+    return text
+
+
+assignment.__name__ = "KEY=VALUE"
+
+
 def number(low: float = 0.0, high: float | None = None, *, above: bool = False):
     """An argparse type: a finite number from `low` (more than `low` when `above`)."""
 

@@ -23,13 +23,15 @@ def experiments_dir() -> Path:
     return Path(settings.DATA_DIR) / "experiments"
 
 
-def experiment_create(*, suite_name: str, tune: list[str], user: Any) -> Experiment:
+def experiment_create(
+    *, suite_name: str, tune: list[str], user: Any, option: str = "--tune"
+) -> Experiment:
     """A queued experiment of a built-in suite; ValueError (SuiteError among them) says
     in one line what is wrong with the suite or a tune item."""
     if suite_name not in SUITES:
         raise SuiteError(f"suite must be one of {', '.join(SUITES)}, got {suite_name!r}")
     suite: Suite = load_suite(suite_name)
-    loop = parse_tune([t for t in tune if t.strip()])
+    loop = parse_tune([t for t in tune if t.strip()], option)
     experiment = Experiment.objects.create(
         created_by=user if getattr(user, "is_authenticated", False) else None,
         suite_name=suite.name,

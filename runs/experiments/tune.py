@@ -40,18 +40,19 @@ class TuneStep(TypedDict):
     accuracy: float
 
 
-def parse_tune(items: list[str]) -> dict[str, list[str]]:
-    """`KEY=v1,v2` strings as {key: [values]}; ValueError names a bad key or value."""
+def parse_tune(items: list[str], option: str = "--tune") -> dict[str, list[str]]:
+    """`KEY=v1,v2` strings as {key: [values]}; ValueError names a bad key or value, and
+    where it came from: the command's `option`, or on the web form "a line"."""
     out: dict[str, list[str]] = {}
-    for key, values in parse_assignments(items, "--tune").items():
+    for key, values in parse_assignments(items, option).items():
         options = [v.strip() for v in values.split(",") if v.strip()]
         if not options:
-            raise ValueError(f"--tune {key}= names no values; give KEY=v1,v2,...")
+            raise ValueError(f"{option} {key}= names no values; give KEY=v1,v2,...")
         for value in options:
             try:
                 Policy.from_dict({key: value})
             except PolicyError as exc:
-                raise ValueError(f"--tune {key}={value}: {exc}") from exc
+                raise ValueError(f"{option} {key}={value}: {exc}") from exc
         out[key] = options
     return out
 

@@ -47,6 +47,7 @@ def experiments_page(request: HttpRequest) -> HttpResponse:
                 experiment = experiment_create(
                     suite_name=form.cleaned_data["suite"],
                     tune=form.tune_items(),
+                    option="the line",
                     user=request.user,
                 )
                 experiment_launch(experiment)

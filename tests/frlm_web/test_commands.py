@@ -80,6 +80,9 @@ def manage(*args: str) -> subprocess.CompletedProcess:
         (["frlm_token", "--venue", "x", "--ttl-hours", "0"], "argument --ttl-hours: takes a"),
         (["frlm_up", "--web-port", "70000"], "argument --web-port: takes a whole number"),
         (["frlm_receipts", "verify"], "the following arguments are required: run_id"),
+        # The form of a setting is the option's own (exit 1 before, a review).
+        (["frlm_run", "--task", "sniah", "--policy", "quorum"], "argument --policy: takes KEY="),
+        (["frlm_replay", "rabc", "--set", "=3"], "argument --set: takes KEY=VALUE"),
     ],
 )
 def test_it_refuses_bad_arguments_in_one_line_with_exit_2(args, says):

@@ -296,6 +296,19 @@ def test_it_parses_tune_items_and_names_a_bad_one():
         parse_tune(["hedge"])
 
 
+def test_the_experiments_page_names_the_line_not_a_command_option(client, django_user_model):
+    """The web form said "--tune takes KEY=VALUE", a flag of the command (a review)."""
+    from runs.models import Experiment
+
+    client.force_login(django_user_model.objects.create_user("tuner", password="x" * 12))
+    answer = client.post("/experiments/", {"suite": "small", "tune": "hedge=p90\ngarbage"})
+    assert answer.status_code == 400
+    (said,) = answer.context["form"].errors["tune"]
+    assert said == "the line takes KEY=VALUE, got 'garbage'"
+    assert "--tune" not in answer.content.decode()
+    assert not Experiment.objects.exists()
+
+
 def _records(walls: list[float], correct: bool = True) -> list[dict]:
     return [
         {"task_id": f"t{i % 3}", "seed": i // 3, "wall_s": w, "correct": correct}

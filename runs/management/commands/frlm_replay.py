@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
-from frlm_web.commands import FrlmCommand, number, whole
+from frlm_web.commands import FrlmCommand, assignment, number, whole
 
 
 class Command(FrlmCommand):
@@ -31,6 +31,7 @@ class Command(FrlmCommand):
         parser.add_argument(
             "--set",
             action="append",
+            type=assignment,
             default=[],
             metavar="policy.KEY=VALUE",
             help="change a policy setting for the live part (repeatable)",

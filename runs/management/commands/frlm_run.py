@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import CommandError
 
-from frlm_web.commands import FrlmCommand, number, whole
+from frlm_web.commands import FrlmCommand, assignment, number, whole
 from runs.program_templates import PROGRAM_TEMPLATES
 from runs.taskgen import MAX_TOKENS, MIN_TOKENS, TASKS
 
@@ -45,6 +45,7 @@ class Command(FrlmCommand):
         parser.add_argument(
             "--policy",
             action="append",
+            type=assignment,
             default=[],
             metavar="KEY=VALUE",
             help="a policy setting, e.g. --policy quorum=0.9 (repeatable)",
