@@ -233,7 +233,7 @@ def test_a_venue_a_token_creates_is_untrusted_unless_asked():
 def test_it_prints_what_prune_would_remove_as_json():
     data = json.loads(out_of("frlm_prune", "--older-than", "30d", "--dry-run", "--json"))
     assert data["dry_run"] is True
-    assert set(data) == {"dry_run", "cutoff", "runs", "blobs", "bytes"}
+    assert set(data) == {"dry_run", "cutoff", "runs", "blobs", "bytes", "contexts", "context_bytes"}
     assert isinstance(data["runs"], list) and isinstance(data["bytes"], int)
 
 

@@ -66,3 +66,50 @@ def test_it_refuses_an_age_longer_than_a_century_with_a_reason(venues):
 def test_it_says_what_an_age_looks_like(venues):
     with pytest.raises(CommandError, match="like 30d, 12h or 90m"):
         call_command("frlm_prune", older_than="a month")
+
+
+@pytest.mark.django_db
+def test_it_removes_old_runs_context_copies_but_one_a_newer_run_reads(capsys):
+    """FRLM's copies of a generated task's or an upload's context stayed forever (a review:
+    162 MB after one session). A replay reads its source's copy: that one stays."""
+    import json
+
+    from runs.engine import context as ctx
+
+    long_ago = timezone.now() - timedelta(days=40)
+
+    def run(context_path: str = "", **fields) -> Run:
+        made = Run.objects.create(
+            question="q", context_source="task", root_model={}, worker_model={}, **fields
+        )
+        path = ctx.context_dir() / f"{made.id}.txt"
+        made.context_path = context_path or str(path)
+        made.save(update_fields=["context_path"])
+        if not context_path:
+            path.write_text("x" * 1000)
+            ctx.index_file(path).write_text("{}")
+        return made
+
+    gone = run(status="succeeded", finished=long_ago)
+    source = run(status="succeeded", finished=long_ago)
+    replay = run(source.context_path, status="succeeded", finished=timezone.now())
+    fresh = run(status="succeeded", finished=timezone.now())
+    paths = {r.id: ctx.context_dir() / f"{r.id}.txt" for r in (gone, source, fresh)}
+
+    data = json.loads(
+        _out("frlm_prune", "--older-than", "30d", "--dry-run", "--json", capsys=capsys)
+    )
+    assert (data["contexts"], data["context_bytes"]) == (1, 1000)
+    assert all(path.exists() for path in paths.values())  # a dry run removes nothing
+
+    call_command("frlm_prune", older_than="30d")
+    assert "and 1 context copie(s) (0.0 MB)" in capsys.readouterr().out
+    assert not paths[gone.id].exists() and not ctx.index_file(paths[gone.id]).exists()
+    assert paths[source.id].exists() and replay.context_path == str(paths[source.id])
+    assert paths[fresh.id].exists()
+
+
+def _out(*args, capsys) -> str:
+    capsys.readouterr()
+    call_command(*args)
+    return capsys.readouterr().out

@@ -7,6 +7,7 @@ from django.core.management.base import CommandError
 from django.utils import timezone
 
 from frlm_web.commands import FrlmCommand
+from runs import retention
 from runs.models import Run
 from traces.prune import prune
 
@@ -19,8 +20,10 @@ _MAX_AGE = timedelta(days=36500)
 
 class Command(FrlmCommand):
     help = (
-        "Remove the trace events of runs that finished longer ago than --older-than, and "
-        "the stored prompts and replies nothing references any more. Run rows stay."
+        "Remove the trace events of runs that finished longer ago than --older-than, the "
+        "copies of their contexts FRLM wrote (a generated task's, an upload's) that no other "
+        "run reads, and the stored prompts and replies nothing references any more. Run rows "
+        "stay; such a run can no longer be replayed."
     )
 
     def add_arguments(self, parser) -> None:
@@ -47,8 +50,11 @@ class Command(FrlmCommand):
             )
         age = timedelta(**{_UNITS[unit]: count})
         cutoff = timezone.now() - age
-        old = Run.objects.filter(finished__lt=cutoff).values_list("id", flat=True)
-        result = prune(list(old), dry_run=dry_run)
+        old = list(Run.objects.filter(finished__lt=cutoff).values_list("id", flat=True))
+        copies = retention.context_copies(old)
+        result = prune(old, dry_run=dry_run)
+        if not dry_run:
+            retention.remove(copies)
         if as_json:
             self.print_json(
                 {
@@ -57,6 +63,8 @@ class Command(FrlmCommand):
                     "runs": list(result.runs),
                     "blobs": result.blobs,
                     "bytes": result.bytes,
+                    "contexts": len(copies.paths),
+                    "context_bytes": copies.bytes,
                 }
             )
             return
@@ -64,5 +72,6 @@ class Command(FrlmCommand):
         self.stdout.write(
             f"{verb} the events of {len(result.runs)} run(s) finished before "
             f"{cutoff:%Y-%m-%d %H:%M} UTC, and {result.blobs} unreferenced blob(s) "
-            f"({result.bytes / 1e6:.1f} MB)"
+            f"({result.bytes / 1e6:.1f} MB), and {len(copies.paths)} context copie(s) "
+            f"({copies.bytes / 1e6:.1f} MB)"
         )
