@@ -162,6 +162,7 @@
         const name = r[F.NAME];
         if ((name === "Repl.Exec" || name === "Run.Decode") && r[F.PHASE] !== "progress") turnsChanged = true;
         if (name === "Run.Done") this.onDone(r);
+        if (name === "Env.LoadFragment" && !r[F.DEPTH]) this.onSandbox(r[F.ATTRS] || {});
       }
       if (turnsChanged && this.ready) this.loadTurnsSoon();
       this.root.dataset.lastSeq = this.trace.lastSeq;
@@ -194,6 +195,15 @@
     }
 
     setConn(text) { this.conn.textContent = text; }
+
+    /** The root REPL holds the context: its sandbox is known now (the header, drawn before
+        it started, said "not started yet" until the run ended). */
+    onSandbox(attrs) {
+      const shown = document.getElementById("run-isolation");
+      if (shown && attrs.isolation && shown.textContent !== attrs.isolation) {
+        shown.textContent = attrs.isolation;
+      }
+    }
 
     onDone(r) {
       // The run row is written before Run.Done is emitted: the header can be fetched now.

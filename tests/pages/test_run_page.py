@@ -23,6 +23,13 @@ def test_it_shows_a_live_run_as_it_happens(page, web):
         "frlmMovie.rows.some(s => s.name === 'Repl.Exec' && s.i1 < 0 && s.attrs.cell === 1)",
         what="the first cell, open",
     )
+    # The header was drawn before the sandbox started: it says which it got, while running.
+    wait_for(
+        page,
+        "!['', 'not started yet'].includes("
+        "document.getElementById('run-isolation').textContent.trim())",
+        what="the sandbox in the header",
+    )
     first = plot_updates(page)
     wait_for(page, "frlmMovie.stats.liveBatches > 0", what="a live batch")
     wait_for(
