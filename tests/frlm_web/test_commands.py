@@ -257,3 +257,30 @@ def test_it_writes_the_redis_acl_file_for_a_supervised_redis(tmp_path):
     assert data == {"path": str(path), "roles": list(ROLES)}
     assert path.stat().st_mode & 0o077 == 0  # the password hashes are ours alone
     assert path.read_text().splitlines() == acl_lines(settings.SECRET_KEY)
+
+
+@pytest.mark.django_db
+def test_make_up_says_how_to_sign_in_and_the_demo_user_can_use_the_admin(monkeypatch, client):
+    """`make up` printed "sign in as demo" and no password, and the demo user, staff with no
+    permissions, found the admin empty and its venue page forbidden (a review)."""
+    from django.contrib.auth import get_user_model
+
+    from frlm_web.management.commands.frlm_up import Command
+
+    monkeypatch.delenv("FRLM_DEMO_PASSWORD", raising=False)
+    up = Command(stdout=io.StringIO())
+    up.sign_in()  # no demo user yet: made, and its password said
+    said = up.stdout._out.getvalue()
+    password = said.split("demo user: demo / ")[1].split()[0]
+    assert client.login(username="demo", password=password)
+    assert client.get("/admin/workers/venue/").status_code == 200
+    assert "Venues" in client.get("/admin/").content.decode()
+
+    again = Command(stdout=io.StringIO())
+    again.sign_in()  # it exists: its password is left alone, and where it came from said
+    assert "the password `make demo` printed" in again.stdout._out.getvalue()
+    assert get_user_model().objects.get(username="demo").check_password(password)
+
+    monkeypatch.setenv("FRLM_DEMO_PASSWORD", "chosen-password-1")
+    Command(stdout=io.StringIO()).sign_in()
+    assert get_user_model().objects.get(username="demo").check_password("chosen-password-1")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
@@ -83,7 +84,23 @@ class Command(FrlmCommand):
             )
         if demo:
             self.demo()
+        else:
+            self.sign_in()
         self.stdout.write("\nstop everything with `make down` (python manage.py frlm_down)")
+
+    def sign_in(self) -> None:
+        """How to sign in after `make up`: the demo user made, or its password set, when
+        there is none yet or FRLM_DEMO_PASSWORD asks; else where its password came from
+        (a review found no way to learn it short of a demo run)."""
+        if envstr("FRLM_DEMO_PASSWORD", "") or not (
+            get_user_model().objects.filter(username="demo").exists()
+        ):
+            self.demo_user()
+        else:
+            self.stdout.write(
+                "demo user: demo, with the password `make demo` printed; "
+                "`FRLM_DEMO_PASSWORD=... make up` sets a new one"
+            )
 
     def start_supervisor(self, state: Path, web_port: int) -> None:
         """1. start `frlm_up --foreground` in a session of its own (it outlives this
@@ -161,4 +178,12 @@ class Command(FrlmCommand):
         user.is_staff = True
         user.set_password(password)
         user.save()
+        # Staff sees every run; the admin also needs permissions, or it showed the demo user
+        # nothing (a review): the venues (to trust one), tokens, workers and runs.
+        user.user_permissions.add(
+            *Permission.objects.filter(
+                content_type__app_label__in=("workers", "runs"),
+                content_type__model__in=("venue", "enrolmenttoken", "worker", "run"),
+            )
+        )
         self.stdout.write(f"demo user: demo / {password}  (set FRLM_DEMO_PASSWORD to choose it)")
