@@ -193,8 +193,18 @@ def _worker(
 def venues_panel(request: HttpRequest, *, run_reads: RunReads) -> HttpResponse:
     """The dashboard's venue and worker health, polled by htmx."""
     recent, running = _recent(request, run_reads)
-    ctx = {"venues": venue_health(recent, running), "runs_read": len(recent)}
-    return render(request, "workers/_health.html", ctx)
+    venues = venue_health(recent, running)
+    # Online workers only, the others counted: every restart leaves an offline registration
+    # behind, and the panel had piled up 27 of them (a review); the venues page has them.
+    panel = [
+        {
+            **venue,
+            "workers": [w for w in venue["workers"] if w["online"]],
+            "offline": sum(1 for w in venue["workers"] if not w["online"]),
+        }
+        for venue in venues
+    ]
+    return render(request, "workers/_health.html", {"venues": panel, "runs_read": len(recent)})
 
 
 @login_required

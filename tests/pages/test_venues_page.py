@@ -126,3 +126,28 @@ def test_it_shows_how_each_worker_is_connected_from_where_and_its_round_trip(
         shot(page, "08b-worker-gateway")
     finally:
         far.kill()
+
+
+def test_the_dashboards_panel_counts_offline_workers_instead_of_listing_them(staff):
+    """Each restart leaves a worker seen in recent traces but gone: the panel listed them
+    all (27 rows after a review's session); it lists those online and links the rest."""
+    from frlm_web.redis_client import get_redis
+    from tests.helpers import bare_run, wait_until
+    from traces import store
+    from traces.emitter import Emitter
+
+    run = bare_run(question="gone", owner=staff, status="succeeded")
+    conductor = Emitter(get_redis(), run.id)
+    with conductor.span("Run.Init") as root:
+        with conductor.span("SubQuery.Submit", parent=root.span_id, venue="local") as sq:
+            gone = Emitter(get_redis(), run.id, venue="local", worker_id="wgone0000001")
+            with gone.span("SubQuery.Execute", parent=sq.span_id):
+                pass
+    wait_until(lambda: store.event_count(run.id) >= 6, timeout=20, what="the run stored")
+    client = Client()
+    client.force_login(staff)
+    panel = client.get("/venues/panel").content.decode()
+    assert 'data-worker="wgone0000001"' not in panel
+    assert "1 offline</a>" in panel
+    for worker in stack_worker_ids():
+        assert f'data-worker="{worker}"' in panel  # the live ones are listed
