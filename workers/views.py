@@ -21,6 +21,7 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
+from frlm_web.money import money_str
 from frlm_web.redis_client import get_redis
 from traces.selectors import recent_executions, worker_activity, worker_history
 from traces.views import api_view
@@ -251,6 +252,10 @@ def worker_page(request: HttpRequest, worker_id: str, *, run_reads: RunReads) ->
     ctx = {
         "worker": found,
         "registered": registered,
+        # As money is spelt elsewhere: "0.1", not the column's "0.100000000000" (a review).
+        "prices": (money_str(registered.price_in), money_str(registered.price_out))
+        if registered
+        else None,
         "recent": executions,
         "runs_read": len(recent),
         "window_h": int(WINDOW.total_seconds() // 3600),

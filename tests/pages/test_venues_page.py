@@ -151,3 +151,22 @@ def test_the_dashboards_panel_counts_offline_workers_instead_of_listing_them(sta
     assert "1 offline</a>" in panel
     for worker in stack_worker_ids():
         assert f'data-worker="{worker}"' in panel  # the live ones are listed
+
+
+def test_a_registered_worker_that_never_connected_reads_consistently(staff):
+    """It said "offline" at the top and "status Active" below, with prices spelt to twelve
+    places (a review)."""
+    from decimal import Decimal
+
+    from workers.models import Venue
+
+    venue, _ = Venue.objects.get_or_create(name="local")
+    idle = Worker.objects.create(
+        name="never-came", venue=venue, public_key="k" * 44, price_in=Decimal("0.1")
+    )
+    client = Client()
+    client.force_login(staff)
+    page = client.get(f"/workers/{idle.id}").content.decode()
+    assert "registered, not deregistered · offline now: no heartbeat" in page
+    assert "$0.1 in / $0 out per 1,000 tokens" in page
+    assert "0.000000000000" not in page
