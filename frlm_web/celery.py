@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -84,6 +85,18 @@ def _withdraw(**_: object) -> None:
         _presence.stop()
 
 
+def _no_backend_to_mark(record: logging.LogRecord) -> bool:
+    """Drop Celery's warning that a revoked task could not be marked in the result backend:
+    FRLM has none (its jobs' results travel in the run's stream), so a worker said it once
+    per revoked job, some 400 lines for one run's cancel (a review)."""
+    return not (
+        record.msg == "Failed to mark task %s as revoked in backend: %s"
+        and isinstance(record.args, tuple)
+        and len(record.args) == 2
+        and "No result backend" in str(record.args[1])
+    )
+
+
 def run_worker(
     *,
     queue: str,
@@ -107,6 +120,7 @@ def run_worker(
             **app.conf.broker_transport_options,
             "ack_emulation": False,
         }
+    logging.getLogger("celery.worker.control").addFilter(_no_backend_to_mark)
     # Once Celery has started (its pool, its consumer), what the process loaded is frozen
     # out of the collector's walks (frlm_web/collector.py).
     worker_ready.connect(_settle_collector, weak=False)

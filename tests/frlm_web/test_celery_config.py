@@ -59,3 +59,37 @@ def test_it_lets_only_the_task_roles_publish_events_when_they_are_on() -> None:
         "conductor",
         "worker",
     }
+
+
+def test_a_worker_does_not_log_that_it_cannot_mark_a_revoked_job_in_a_backend():
+    """FRLM has no result backend: each revoked job cost a warning, ~400 lines per cancel."""
+    import logging
+
+    from celery.backends.base import DisabledBackend
+
+    from frlm_web.celery import _no_backend_to_mark, app
+
+    try:
+        DisabledBackend(app).get_state("t1")  # what a worker's revoke asks first
+    except NotImplementedError as exc:
+        said = exc
+    record = logging.LogRecord(
+        "celery.worker.control",
+        logging.WARNING,
+        __file__,
+        1,
+        "Failed to mark task %s as revoked in backend: %s",
+        ("t1", said),
+        None,
+    )
+    assert not _no_backend_to_mark(record)
+    other = logging.LogRecord(
+        "celery.worker.control",
+        logging.WARNING,
+        __file__,
+        1,
+        "Terminating %s (%s)",
+        ("t1", 15),
+        None,
+    )
+    assert _no_backend_to_mark(other)
