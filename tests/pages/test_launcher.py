@@ -11,6 +11,18 @@ from runs.models import Run
 from tests.helpers import finish
 from tests.pages.helpers import plot_updates, shot, wait_for
 
+# A valid launcher form over a small generated task, as the browser posts it.
+TASK_FORM = {
+    "question": "q",
+    "context_source": "task",
+    "task_name": "sniah",
+    "task_tokens": "20000",
+    "task_seed": "1",
+    "root_kind": "sim",
+    "worker_kind": "sim",
+    "venues": ["local"],
+}
+
 
 def test_it_launches_a_generated_task_and_opens_its_page(page, web):
     page.goto("/runs/new")
@@ -114,16 +126,10 @@ def test_it_offers_only_configured_endpoints(page, web, staff, settings):
     client = Client()
     client.force_login(staff)
     form = {
-        "question": "q",
-        "context_source": "task",
-        "task_name": "sniah",
-        "task_tokens": "20000",
-        "task_seed": "1",
+        **TASK_FORM,
         "root_kind": "openai",
         "root_endpoint": "http://attacker.example/v1",
         "root_model": "gpt",
-        "worker_kind": "sim",
-        "venues": ["local"],
     }
     response = client.post("/runs/new", form)
     assert response.status_code == 400
@@ -138,16 +144,7 @@ def test_it_refuses_a_question_longer_than_a_question_may_be(staff, venues):
     client = Client()
     client.force_login(staff)
     long = "A" * 100_001
-    form = {
-        "question": long,
-        "context_source": "task",
-        "task_name": "sniah",
-        "task_tokens": "20000",
-        "task_seed": "1",
-        "root_kind": "sim",
-        "worker_kind": "sim",
-        "venues": ["local"],
-    }
+    form = {**TASK_FORM, "question": long}
     response = client.post("/runs/new", form)
     assert response.status_code == 400
     (error,) = response.context["form"].errors["question"]
