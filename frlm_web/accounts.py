@@ -1,7 +1,10 @@
-"""Sign-in, throttled: failed attempts count against the source address and against the
-username tried; past FRLM_LOGIN_FAIL_LIMIT of either within FRLM_LOGIN_FAIL_WINDOW_S the
-form is answered 429, saying when to try again, without checking the password. The same
-guard stands before the admin's own sign-in form."""
+"""Sign-in, throttled: failed attempts count against the source address, the username tried
+from that address, and the username from anywhere. Past FRLM_LOGIN_FAIL_LIMIT for the
+address or the pair within FRLM_LOGIN_FAIL_WINDOW_S, or USERNAME_FACTOR times that for the
+username (guessing spread over many addresses), the form is answered 429, saying when to try
+again, without checking the password. The username alone at the plain limit let anyone lock
+a known user out from one address (a review); now one address is stopped long before it
+could. The same guard stands before the admin's own sign-in form."""
 
 from __future__ import annotations
 
@@ -25,34 +28,45 @@ def _address_key(request: HttpRequest) -> str:
     return f"frlm:login:fail:addr:{str(request.META.get('REMOTE_ADDR') or 'unknown')[:64]}"
 
 
-def _username_key(request: HttpRequest) -> str | None:
+USERNAME_FACTOR = 10  # the username's own limit, from all addresses, over the plain one
+
+
+def _username_keys(request: HttpRequest) -> list[str]:
+    """The username's key from this address, and from anywhere (none without a username)."""
     username = str(request.POST.get("username", "")).strip().lower()
     if not username:
-        return None
+        return []
     digest = hashlib.sha256(username.encode()).hexdigest()[:32]
-    return f"frlm:login:fail:user:{digest}"
+    address = str(request.META.get("REMOTE_ADDR") or "unknown")[:64]
+    pair = hashlib.sha256(f"{username}\n{address}".encode()).hexdigest()[:32]
+    return [f"frlm:login:fail:pair:{pair}", f"frlm:login:fail:user:{digest}"]
 
 
 def throttled_sign_in(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-    """1. a POST from an address or for a username past the limit is refused (429),
-    2. the view checks the password, 3. a POST answered with the form again (200: it
-    did not sign in) counts against both; one that signs in forgets the username's."""
+    """1. a POST past the limit of its address, its username from that address, or its
+    username from anywhere is refused (429), 2. the view checks the password, 3. a POST
+    answered with the form again (200: it did not sign in) counts against all three; one
+    that signs in forgets the username's."""
 
     @functools.wraps(view)
     def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         if request.method != "POST":
             return view(request, *args, **kwargs)
         limit, window = settings.FRLM_LOGIN_FAIL_LIMIT, settings.FRLM_LOGIN_FAIL_WINDOW_S
-        keys = [k for k in (_address_key(request), _username_key(request)) if k]
-        waits = [w for w in (throttle.wait(k, limit, window) for k in keys) if w is not None]
+        named = _username_keys(request)
+        limits = [(_address_key(request), limit)]
+        if named:
+            limits += [(named[0], limit), (named[1], limit * USERNAME_FACTOR)]
+        waits = [w for k, n in limits if (w := throttle.wait(k, n, window)) is not None]
         if waits:
             return _refused(request, max(waits))
         response = view(request, *args, **kwargs)
         if response.status_code == 200:
-            for key in keys:
+            for key, _ in limits:
                 throttle.hit(key, window)
-        elif request.user.is_authenticated and len(keys) == 2:
-            throttle.forget(keys[1])
+        elif request.user.is_authenticated:
+            for key in named:
+                throttle.forget(key)
         return response
 
     return wrapped
