@@ -18,7 +18,7 @@ from runs.engine.finish import RunAbort
 from runs.engine.policy import Policy
 from runs.engine.rlm_context import RlmContext, child_context
 from runs.sandbox import SandboxCallError
-from runs.trust import objective
+from runs.trust import checker, objective
 from traces.emitter import Emitter
 from workers import fragments
 
@@ -46,6 +46,8 @@ class ReplCalls:
     # Why the run cannot go on, found while serving a call; the conductor raises it once
     # the cell returns.
     abort: RunAbort | None = field(default=None, init=False)
+    # The run's objective checks that ran out of time: past a few, its checks fail untried.
+    slow_checks: checker.SlowChecks = field(default_factory=checker.SlowChecks, init=False)
 
     def serve(
         self, name: str, kwargs: dict[str, Any], *, depth: int, parent: str, context: RlmContext
@@ -55,7 +57,7 @@ class ReplCalls:
         try:
             self.check_model(name, kwargs.get("model"))
             tier = kwargs.get("tier")
-            check = objective_check(kwargs.get("validate"))
+            check = objective_check(kwargs.get("validate"), self.slow_checks)
             if name == "llm_query":
                 prompt = self.checked_prompt(kwargs.get("prompt"))
                 return self.subqueries([prompt], depth, parent, tier, check)[0]
@@ -260,13 +262,16 @@ class ReplCalls:
         return answer
 
 
-def objective_check(validate: Any) -> Callable[[str], objective.CheckVerdict] | None:
+def objective_check(
+    validate: Any, slow: checker.SlowChecks | None = None
+) -> Callable[[str], objective.CheckVerdict] | None:
     """The conductor's check for validate= (a JSON schema or a regex), or None without
-    one; a bad schema or pattern is the program's error, said to the REPL."""
+    one; a bad schema or pattern is the program's error, said to the REPL. Its verdicts
+    come from a process of their own, with a time limit (runs/trust/checker.py)."""
     if validate is None:
         return None
     try:
-        return objective.objective_check(validate)
+        return checker.Isolated(validate, slow or checker.SlowChecks())
     except ValueError as exc:
         raise SandboxCallError(str(exc)) from exc
 

@@ -220,8 +220,8 @@ def test_a_venue_a_token_creates_is_untrusted_unless_asked():
     assert made["venue_created"] and made["venue_trusted"] is False
     assert made["venue_kind"] == "edge"
     assert Venue.objects.get(name="rack4").trusted is False
-    local = json.loads(out_of("frlm_token", "--venue", "local", "--json"))
-    assert local["venue_kind"] == "local" and local["venue_trusted"] is False
+    lab = json.loads(out_of("frlm_token", "--venue", "lab2", "--kind", "local", "--json"))
+    assert lab["venue_kind"] == "local" and lab["venue_trusted"] is False
     pod = json.loads(out_of("frlm_token", "--venue", "pod1", "--trusted", "--json"))
     assert pod["venue_trusted"] is True and Venue.objects.get(name="pod1").trusted
     with pytest.raises(CommandError, match="exists and is not trusted.*trust it in the admin"):

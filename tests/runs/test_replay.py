@@ -108,7 +108,7 @@ def test_it_rejects_what_it_cannot_replay(venues, subprocess_env):
         ([original.id, "--from-turn", "9"], "has root turns 1 to 1; got 9"),
         ([original.id, "--from-turn", "0", "--set", "policy.quorum=7"], "policy.quorum must be"),
         # It named --policy, which frlm_replay does not have (found by a review).
-        ([original.id, "--from-turn", "1", "--set", "quorum"], "--set takes KEY=VALUE"),
+        ([original.id, "--from-turn", "1", "--set", "quorum"], "argument --set: takes KEY="),
     ]
     before = Run.objects.count()
     for args, message in checks:

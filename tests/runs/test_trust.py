@@ -91,7 +91,9 @@ def test_it_rejects_what_fails_its_schema_on_every_worker_it_tries(swarm_factory
     )
     run = finish(launch(question=question, venues=["objall"], policy={"max_retries": 1}))
     assert run.status == "succeeded", run.error
-    assert run.answer.startswith("[frlm:rejected] sub-query 1: failed its check on 2 worker(s)")
+    assert run.answer.startswith(
+        "[frlm:rejected] sub-query 1: failed its check 2 time(s), on 2 worker(s)"
+    )
     assert "not JSON" in run.answer
     checks = named(trace(run), "Verify.Objective")
     assert [e["status"] for e in checks] == ["rejected", "rejected"]

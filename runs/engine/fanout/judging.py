@@ -89,12 +89,14 @@ class Judge:
                 continue
             failed = state.failed.setdefault(pos, set())
             failed.add(worker)
-            if len(failed) <= self.scope.policy.max_retries:
+            tries = state.check_failures[pos] = state.check_failures.get(pos, 0) + 1
+            if tries <= self.scope.policy.max_retries:
                 retry.append(self._copy(state, pos, "recheck", set(failed)))
                 continue
             flight.outcome.status = "rejected"
             flight.outcome.error = (
-                f"failed its check on {len(failed)} worker(s); last: {verdict.reason}"
+                f"failed its check {tries} time(s), on {len(failed)} worker(s); "
+                f"last: {verdict.reason}"
             )
             self.totals.subqueries_failed += 1
         if not retry:

@@ -173,6 +173,9 @@ class Batch:
     judging: bool  # verdicts come after the replies: receipts wait for them
     holders: dict[int, Flight] = field(default_factory=dict)
     failed: dict[int, set[str]] = field(default_factory=dict)
+    # Replies of each position that failed the call's own check: the retries' bound (the
+    # workers above repeat where there is only one, and it was asked again without end).
+    check_failures: dict[int, int] = field(default_factory=dict)
     replied: list[Flight] = field(default_factory=list)
     probed: list[str] = field(default_factory=list)  # workers that passed a probe in it
     vouches: Vouches | None = None  # its check gate, on a checking tier (vouching.Vouching)
