@@ -60,10 +60,12 @@ class Payee:
     sig: str  # the worker's signature over its result claim, verified on arrival
 
 
-def provider_of(worker: dict[str, Any], fallback_model: str) -> str:
-    """A worker's provider for the budget: the model it serves (a price table's key)."""
+def provider_of(worker: dict[str, Any], asked: str) -> str:
+    """A worker's provider for the budget and its list price: the model the job asked for
+    (a price table's key), else the first it serves. The first it listed, its own choice,
+    priced a reply before: an unpriced name first left every claim unchecked (a review)."""
     models = worker.get("models") or []
-    return str(models[0]) if models else fallback_model
+    return asked or (str(models[0]) if models else "")
 
 
 def price_of(worker: dict[str, Any], model: str) -> Price:

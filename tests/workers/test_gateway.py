@@ -211,7 +211,9 @@ def test_a_queued_job_the_conductor_cancels_is_taken_back_from_the_buffer(web, v
 
 
 # --- what a hostile worker can send ---------------------------------------------------------
-def _registered(name: str, venue: str = "hostile", concurrency: int = 2) -> tuple[str, object]:
+def _registered(
+    name: str, venue: str = "hostile", concurrency: int = 2, models: list[str] | None = None
+) -> tuple[str, object]:
     """A worker registered in `venue` (untrusted), and its key."""
     key = keys.generate()
     Venue.objects.get_or_create(name=venue, defaults={"kind": "edge", "trusted": False})
@@ -220,7 +222,7 @@ def _registered(name: str, venue: str = "hostile", concurrency: int = 2) -> tupl
         {
             "name": name,
             "venue": venue,
-            "models": [],
+            "models": models or [],
             "concurrency": concurrency,
             "public_key": keys.public_b64(key),
         },
@@ -747,6 +749,34 @@ def test_a_result_with_impossible_figures_is_refused_alone_and_a_claim_is_paid_a
     receipts = [e for e in events if e["name"] == "Receipt.Emit"]
     assert receipts and all(
         Decimal(e["attrs"]["receipt"]["paid"]) < Decimal("0.01") for e in receipts
+    )
+
+
+def test_a_claim_is_priced_by_the_model_asked_for_and_its_tokens_by_its_text(web, venues):
+    """A hostile review: a worker listing an unpriced model first and no price of its own
+    had its $999,999 claims, with 1,000,000 signed tokens, paid in full, a $1 budget or
+    not. The job's model prices it, and the tokens count at most what the prompt and the
+    reply could hold."""
+    wid, key = _registered(
+        "claimer-x", venue="pricey", concurrency=4, models=["zzz-unpriced", "frlm-sim-worker"]
+    )
+    with connect(ws_url(web), open_timeout=10) as ws:
+        run, first = _first_batch(ws, wid, key, "pricey", seed=8, timeout_s=60)
+        items = []
+        for job in first:
+            item = _answer(job, wid, key)
+            claim = {k: v for k, v in item["result"].items() if k != "sig"}
+            claim.update(tokens_in=1_000_000, tokens_out=1_000_000, cost="999999")
+            item["result"] = {**claim, "sig": signing.result_sign(key, claim)}
+            items.append(item)
+        ws.send(json.dumps({"type": "results", "results": items}))
+        _serve(ws, run, wid, key, forge=set())
+    run.refresh_from_db()
+    assert run.status == "succeeded", run.error
+    assert run.cost < 1, run.cost
+    receipts = [e for e in trace(run) if e["name"] == "Receipt.Emit"]
+    assert receipts and all(
+        Decimal(e["attrs"]["receipt"]["paid"]) < Decimal("0.05") for e in receipts
     )
 
 

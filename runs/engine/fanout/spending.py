@@ -15,6 +15,11 @@ from runs.trust.budget import Reservation
 from workers import fragments
 from workers.jobs import Result
 
+# The most tokens a character of a prompt or reply can be (a byte-level tokenizer's four
+# for a four-byte character), and what a chat template adds around them.
+TOKENS_PER_CHAR = 4
+TEMPLATE_TOKENS = 64
+
 
 @dataclass(kw_only=True, eq=False)
 class Spending:
@@ -63,26 +68,31 @@ class Spending:
             )
 
     def worker_price(self, wid: str) -> accounts.Price:
-        """The price a worker's reply is paid at: its own announced one, else its model's
-        list price (accounts.price_of)."""
+        """The price a worker's reply is paid at: its own announced one, else the list price
+        of the model the job asked for (accounts.price_of)."""
         worker = self.roster.workers.get(wid, {})
         return accounts.price_of(
             worker, accounts.provider_of(worker, self.scope.worker_model.model or "")
         )
 
-    def fair_cost(self, result: Result) -> Decimal:
+    def fair_cost(self, result: Result, prompt: str) -> Decimal:
         """What a reply costs the run: the worker's claim (its report, not its signed word),
-        never more than its price makes of its signed token counts. A review had a claim
-        of 1e400 dollars paid."""
+        never more than its price makes of its token counts, and those never more than its
+        prompt and reply could hold (TOKENS_PER_CHAR tokens a character, and a template's
+        worth). A review had a claim of 1e400 dollars paid. With no price known (a worker
+        that announced none, its model in no price table) a claim cannot be weighed and is
+        not paid: a review had $999,999 paid that way, runs with a $1 budget included."""
         claimed = result.get("cost") or ZERO
         price = self.worker_price(str(result.get("worker_id", "")))
         if not price.per_1k_in and not price.per_1k_out:
-            return claimed  # no price known: the claim, within decode_result's bound
+            return ZERO
+        read = TOKENS_PER_CHAR * 4 * fragments.prompt_tokens(prompt) + TEMPLATE_TOKENS
+        wrote = TOKENS_PER_CHAR * len(str(result.get("text", ""))) + TEMPLATE_TOKENS
         most = cost_at(
             price.per_1k_in,
             price.per_1k_out,
-            int(result.get("tokens_in", 0)),
-            int(result.get("tokens_out", 0)),
+            min(int(result.get("tokens_in", 0)), read),
+            min(int(result.get("tokens_out", 0)), wrote),
         )
         return min(claimed, most)
 
