@@ -6,6 +6,7 @@ dropped worker's jobs go elsewhere at once."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -796,7 +797,24 @@ def test_an_event_the_recorder_would_refuse_is_refused_with_its_result() -> None
     }
     assert relay.worker_events([end], job, "edge", "w1")[0]["ms"] == 1.0
     for bad in ({"ts": 10**30}, {"depth": 10**30}, {"ms": "abc"}, {"bytes": "zz"}):
-        with pytest.raises(relay.ProtocolError, match="does not fit the trace"):
+        with pytest.raises(relay.ProtocolError, match="does not fit the trace|must be a number"):
+            relay.worker_events([{**end, **bad}], job, "edge", "w1")
+    # A hostile review stored 30 MB of attributes in one span, and a cost of 1e308.
+    reply = "4417" * 1000
+    honest = {
+        **end,
+        "cost": 0.0002,
+        "payload_ref": hashlib.sha256(reply.encode()).hexdigest(),
+        "attrs": {"model_ms": 1.0, "_payload": reply},
+    }
+    assert relay.worker_events([honest], job, "edge", "w1")[0]["attrs"]["model_ms"] == 1.0
+    for bad, says in (
+        ({"attrs": {"blob": "A" * 20_000}}, "attributes are 20,0"),
+        ({"attrs": {"_payload": "A" * 2_000_000}}, "over the reply cap"),
+        ({"cost": 1e308}, "cost must be a number from 0 to 1000000"),
+        ({"tokens_in": -1}, "tokens_in must be a number"),
+    ):
+        with pytest.raises(relay.ProtocolError, match=says):
             relay.worker_events([{**end, **bad}], job, "edge", "w1")
 
 

@@ -5,14 +5,22 @@ Plain functions over the jobs a connection holds (workers/gateway/server.py keep
 from __future__ import annotations
 
 import dataclasses
+import json
 import secrets
 import time
 from typing import Any
 
+from traces import caps
 from traces.schema import problems
 from workers.gateway.protocol import MAX_EVENTS, WORKER_EVENTS, ProtocolError
+from workers.jobs import MAX_COST, MAX_MS, MAX_TOKENS
 
 EVENT_KEYS = ("ms", "bytes", "tokens_in", "tokens_out", "cost", "payload_ref")
+# The most each of a worker's figures may be, as decode_result bounds its result's.
+EVENT_BOUNDS = {"ms": MAX_MS, "tokens_in": MAX_TOKENS, "tokens_out": MAX_TOKENS, "cost": MAX_COST}
+# A worker's event attributes beyond its reply's text (`_payload`, held to the reply cap):
+# a review stored 30 MB of them in one span (a 31 MB span tree on disk), cost 1e308 beside.
+ATTRS_MAX_BYTES = 16_384
 STATUSES = ("ok", "error", "cancelled")
 
 
@@ -112,6 +120,28 @@ def worker_events(raw: Any, job: Held, venue: str, worker_id: str) -> list[dict[
     return [_event(item, job, venue, worker_id) for item in raw]
 
 
+def _attrs(raw: Any, name: str) -> dict[str, Any]:
+    """The event's attributes: its reply's text within the reply cap, the rest within
+    ATTRS_MAX_BYTES as JSON; else refused, the job tried elsewhere."""
+    if not isinstance(raw, dict):
+        return {}
+    payload = raw.get("_payload")
+    if payload is not None and (
+        not isinstance(payload, str) or len(payload) > caps.reply_limit() + 1_000
+    ):
+        raise ProtocolError(f"its {name} event's reply text is over the reply cap")
+    rest = {k: v for k, v in raw.items() if k != "_payload"}
+    try:
+        size = len(json.dumps(rest, separators=(",", ":")))
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError(f"its {name} event's attributes are not JSON: {exc}") from exc
+    if size > ATTRS_MAX_BYTES:
+        raise ProtocolError(
+            f"its {name} event's attributes are {size:,} bytes; at most {ATTRS_MAX_BYTES:,}"
+        )
+    return raw
+
+
 def _event(item: Any, job: Held, venue: str, worker_id: str) -> dict[str, Any]:
     if not isinstance(item, dict) or item.get("name") not in WORKER_EVENTS:
         raise ProtocolError("a worker reports only " + ", ".join(sorted(WORKER_EVENTS)))
@@ -125,7 +155,7 @@ def _event(item: Any, job: Held, venue: str, worker_id: str) -> dict[str, Any]:
         parent = job.execute_span
     if item.get("parent_id") != parent:
         raise ProtocolError(f"a {item['name']} event hangs under the wrong span")
-    attrs = item.get("attrs") if isinstance(item.get("attrs"), dict) else {}
+    attrs = _attrs(item.get("attrs"), item["name"])
     event = {
         "run_id": job.run_id,
         "event_id": str(item.get("event_id", ""))[:32] or secrets.token_hex(8),
@@ -146,6 +176,13 @@ def _event(item: Any, job: Held, venue: str, worker_id: str) -> dict[str, Any]:
     for key in EVENT_KEYS:
         if isinstance(item.get(key), int | float | str) and not isinstance(item[key], bool):
             event[key] = item[key]
+            bound = EVENT_BOUNDS.get(key)
+            if bound is not None and not (
+                isinstance(item[key], int | float) and 0 <= item[key] <= bound
+            ):
+                raise ProtocolError(
+                    f"its {item['name']} event's {key} must be a number from 0 to {bound}"
+                )
     wrong = problems({**event, "seq": 1})  # its seq is given as it is appended
     if wrong:
         # Relayed, the recorder would dead-letter it and leave the span open in the trace
