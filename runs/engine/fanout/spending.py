@@ -86,7 +86,8 @@ class Spending:
         price = self.worker_price(str(result.get("worker_id", "")))
         if not price.per_1k_in and not price.per_1k_out:
             return ZERO
-        read = TOKENS_PER_CHAR * 4 * fragments.prompt_tokens(prompt) + TEMPLATE_TOKENS
+        prompt_chars = 4 * fragments.prompt_tokens(prompt)  # its fragments read in
+        read = TOKENS_PER_CHAR * prompt_chars + TEMPLATE_TOKENS
         wrote = TOKENS_PER_CHAR * len(str(result.get("text", ""))) + TEMPLATE_TOKENS
         most = cost_at(
             price.per_1k_in,
