@@ -113,11 +113,10 @@ class Isolated:
     so that a bad schema or pattern is the program's error, said at once)."""
 
     def __init__(self, validate: dict[str, Any] | str, slow: SlowChecks) -> None:
-        check = objective_check(validate)
+        objective_check(validate)  # raises ValueError for a bad schema or pattern
         self.validate = validate
         self.slow = slow
         self.kind: CheckKind = "schema" if isinstance(validate, dict) else "regex"
-        self.pattern = getattr(check, "pattern", None)
 
     def __call__(self, text: str) -> CheckVerdict:
         if self.slow.count >= SLOW_CHECKS_MAX:
