@@ -4,18 +4,18 @@ from typing import Any
 
 from channels.auth import AuthMiddlewareStack
 from channels.generic.websocket import AsyncWebsocketConsumer
-from channels.security.websocket import AllowedHostsOriginValidator
 from django.urls import path, re_path
 
+from frlm_web.origins import SameOriginValidator
 from runs.selectors import run_context_path, run_visible
 from traces.consumers import RunConsumer
 from workers.gateway.server import GatewayConsumer
 
 
 def browser(app: Any) -> Any:
-    """A socket a browser opens: its Origin must be an allowed host, and it carries the
-    signed-in session."""
-    return AllowedHostsOriginValidator(AuthMiddlewareStack(app))
+    """A socket a browser opens: its Origin must be this site's own (scheme, host and
+    port: frlm_web/origins.py), and it carries the signed-in session."""
+    return SameOriginValidator(AuthMiddlewareStack(app))
 
 
 # A socket to a path no route serves.

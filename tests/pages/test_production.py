@@ -1,17 +1,20 @@
 """What the real daphne answers with DEBUG off, as it now runs by default: static files
 served, no debug page for a path that does not exist, a socket to an unknown path closed
-with 4404, and a browser's sign-in refused past the limit of failures."""
+with 4404, a run socket opened from another site's page refused, and a browser's sign-in
+refused past the limit of failures."""
 
 from __future__ import annotations
 
+import json
 import urllib.error
 import urllib.request
 
 import pytest
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
-from tests.pages.helpers import PASSWORD, make_user
+from tests.helpers import bare_run
+from tests.pages.helpers import PASSWORD, make_user, session_cookie
 
 
 def get(url: str) -> tuple[int, dict[str, str], bytes]:
@@ -43,6 +46,31 @@ def test_it_closes_a_socket_to_an_unknown_path_with_4404(web, venues, path):
         with pytest.raises(ConnectionClosed) as closed:
             ws.recv(timeout=10)
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 4404
+
+
+@pytest.mark.parametrize(
+    "origin",
+    [
+        "http://127.0.0.1:9",  # another port of the same host: a local service's page
+        "https://127.0.0.1",
+        "http://localhost",
+        "http://evil.example",
+        "null",
+    ],
+)
+def test_it_refuses_a_signed_in_users_run_socket_opened_from_another_origin(web, venues, origin):
+    """A page on another port of the console's host rode the user's session cookie into the
+    run socket and read the run: the Origin was compared by host name only."""
+    owner = make_user("watched")
+    run = bare_run(question="a secret question", owner=owner)
+    cookie = {"Cookie": f"sessionid={session_cookie(owner, web)['value']}"}
+    url = web.replace("http://", "ws://") + f"/ws/runs/{run.id}?after_seq=0"
+    with pytest.raises(InvalidStatus) as refused:
+        with connect(url, origin=origin, additional_headers=cookie, open_timeout=10):
+            pass
+    assert refused.value.response.status_code == 403
+    with connect(url, origin=web, additional_headers=cookie, open_timeout=10) as ws:
+        assert json.loads(ws.recv(timeout=10)) == {"type": "caught_up", "last_seq": 0}
 
 
 def test_it_refuses_a_browsers_sign_in_past_the_limit_of_failures(
