@@ -1,9 +1,12 @@
 """The live socket of a run page: `ws/runs/<id>`.
 
 1. connect: a signed-in user (else close 4401) who may see the run (else 4403) joins the
-   run's group; `?after_seq=N` in the URL, or a first message `{"after_seq": N}`, asks for
-   the events stored after N first (the catch-up), 2. then every live batch the publisher
-   (traces.live, in the forwarder) sends, without the ones the catch-up already carried.
+   run's group, and its session's: signing out closes the socket (4401) at once, and a
+   session that ends otherwise (expired, its password changed, the user deactivated) is
+   found within SESSION_CHECK_S; `?after_seq=N` in the URL, or a first message
+   `{"after_seq": N}`, asks for the events stored after N first (the catch-up),
+2. then every live batch the publisher (traces.live, in the forwarder) sends, without the
+   ones the catch-up already carried.
 
 Live events come as they are emitted, before the recorder stores them. An event that does
 not follow on from the last seq sent (a message the channel layer dropped, a forwarder that
@@ -17,23 +20,44 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from importlib import import_module
 from typing import Any
 from urllib.parse import parse_qs
 
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
+from django.contrib.auth import HASH_SESSION_KEY, SESSION_KEY, get_user_model
+from django.utils.crypto import constant_time_compare
 
 from frlm_web import jsontext
 from frlm_web.redis_client import get_redis
 from traces import live
+from traces.sessions import session_group
 
 CATCH_UP_CHUNK = 5000  # events per message of a catch-up
 GAP_POLL_S = 0.05  # how often the store is read while a gap waits for the recorder
 SETTLE_S = (0.25, 1.0, 3.0)  # store reads after connecting (see _settle)
 
+SESSION_CHECK_S = 10.0  # how often an open socket's session is read again (sessions.py)
+
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
+
+
+def signed_in_still(session_key: str, user_pk: Any) -> bool:
+    """Whether this session still signs in this user, as Django's own check of a request
+    reads it: the session exists, names the user, and carries the hash of the user's
+    current password; and the user is still active."""
+    store = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
+    data = store.load()
+    if str(data.get(SESSION_KEY)) != str(user_pk):
+        return False
+    user = get_user_model()._default_manager.filter(pk=user_pk).first()
+    if user is None or not getattr(user, "is_active", True):
+        return False
+    return constant_time_compare(data.get(HASH_SESSION_KEY, ""), user.get_session_auth_hash())
 
 
 class RunConsumer(AsyncJsonWebsocketConsumer):
@@ -50,6 +74,8 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         self.filler: asyncio.Task[None] | None = None
         self.settler: asyncio.Task[None] | None = None
         self.watcher: asyncio.Task[None] | None = None
+        self.guard: asyncio.Task[None] | None = None
+        self.session_group: str | None = None
 
     async def connect(self) -> None:
         # Accept first so the page learns why it is closed (a refused handshake is 1006).
@@ -63,6 +89,10 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=CLOSE_FORBIDDEN)
             return
         self.run_id = run_id
+        session_key = self.scope["session"].session_key
+        self.session_group = session_group(session_key)
+        await self.channel_layer.group_add(self.session_group, self.channel_name)
+        self.guard = asyncio.create_task(self._guard_session(session_key, user.pk))
         self.group = live.group_name(run_id)
         # Watched before joining: the forwarder publishes only runs some page watches.
         await self._watch()
@@ -77,11 +107,12 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             self.settler = asyncio.create_task(self._settle())
 
     async def disconnect(self, code: int) -> None:
-        for task in (self.filler, self.settler, self.watcher):
+        for task in (self.filler, self.settler, self.watcher, self.guard):
             if task is not None:
                 task.cancel()
-        if self.group is not None:
-            await self.channel_layer.group_discard(self.group, self.channel_name)
+        for group in (self.group, self.session_group):
+            if group is not None:
+                await self.channel_layer.group_discard(group, self.channel_name)
 
     @classmethod
     async def decode_json(cls, text_data: str) -> Any:
@@ -128,6 +159,26 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
                 self.last_seq = 0
             self.wanted = max(self.wanted, message["last_seq"])
             self._watch_gap()
+
+    # --- the session ---
+    async def session_ended(self, message: dict[str, Any]) -> None:
+        """Its session signed out (close_sessions_sockets)."""
+        await self._close_signed_out()
+
+    async def _guard_session(self, session_key: str, user_pk: Any) -> None:
+        while True:
+            await asyncio.sleep(SESSION_CHECK_S)
+            if not await database_sync_to_async(signed_in_still)(session_key, user_pk):
+                await self._close_signed_out()
+                return
+
+    async def _close_signed_out(self) -> None:
+        """Nothing more is sent: the groups are left before the close."""
+        for group in (self.group, self.session_group):
+            if group is not None:
+                await self.channel_layer.group_discard(group, self.channel_name)
+        self.group = self.session_group = None
+        await self.close(code=CLOSE_UNAUTHENTICATED)
 
     # --- gaps ---
     async def _send_held(self, *, catch_up: bool) -> None:

@@ -9,17 +9,18 @@ import signal
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth import get_user_model
+from django.contrib.sessions.models import Session
 from django.test import Client
 
 from frlm_web.asgi import application
 from frlm_web.redis_client import get_redis
 from runs.models import Run
 from tests.helpers import bare_run, finish, launch, scripted, trace, wait_until
-from traces import live, store
+from traces import consumers, live, store
 from traces.emitter import Emitter
 from traces.recorder import _write_segment
 
@@ -90,6 +91,52 @@ def test_it_closes_the_socket_of_a_user_who_may_not_see_the_run_with_4403(stack,
         await ws.connect()
         assert (await ws.receive_json_from(timeout=5)) == {"type": "caught_up", "last_seq": 0}
         await ws.disconnect()
+
+    run_async(go)
+
+
+def test_signing_out_closes_the_sockets_the_session_opened(stack, transactional_db):
+    """An open run socket went on sending the run after its browser signed out."""
+    owner = get_user_model().objects.create_user("leaver")
+    run = empty_run(owner)
+    client = Client()
+    client.force_login(owner)
+    cookie = f"sessionid={client.cookies['sessionid'].value}".encode()
+
+    async def go():
+        ws = socket(run.id, cookie, "?after_seq=0")
+        await ws.connect()
+        assert (await ws.receive_json_from(timeout=5)) == {"type": "caught_up", "last_seq": 0}
+        await sync_to_async(client.post, thread_sensitive=False)("/accounts/logout/")
+        assert (await ws.receive_output(timeout=5)) == {"type": "websocket.close", "code": 4401}
+
+    run_async(go)
+
+
+@pytest.mark.parametrize("ending", ["session_deleted", "password_changed", "deactivated"])
+def test_a_session_that_ends_otherwise_closes_its_sockets_soon(
+    stack, transactional_db, monkeypatch, ending
+):
+    monkeypatch.setattr(consumers, "SESSION_CHECK_S", 0.2)
+    owner = get_user_model().objects.create_user("lapsed", password="first password")
+    run = empty_run(owner)
+    cookie = cookie_for(owner)
+
+    def end() -> None:
+        if ending == "session_deleted":
+            Session.objects.all().delete()
+        elif ending == "password_changed":
+            owner.set_password("second password")
+            owner.save()
+        else:
+            get_user_model().objects.filter(pk=owner.pk).update(is_active=False)
+
+    async def go():
+        ws = socket(run.id, cookie, "?after_seq=0")
+        await ws.connect()
+        assert (await ws.receive_json_from(timeout=5)) == {"type": "caught_up", "last_seq": 0}
+        await sync_to_async(end, thread_sensitive=False)()
+        assert (await ws.receive_output(timeout=5)) == {"type": "websocket.close", "code": 4401}
 
     run_async(go)
 
