@@ -77,6 +77,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # A signed-out htmx poll sends the page to sign in (frlm_web/htmx_auth.py).
+    "frlm_web.htmx_auth.HtmxSignIn",
 ]
 
 ROOT_URLCONF = "frlm_web.urls"

@@ -94,3 +94,17 @@ def test_it_refuses_an_anonymous_socket(anonymous, web, venues):
         run.id,
     )
     assert code == 4401
+
+
+def test_a_dashboard_whose_session_ended_goes_to_sign_in_and_comes_back(page, web, venues):
+    """The dashboard's polls pasted the sign-in page into its panels once the session ended
+    (signed out in another tab), the header still naming the user."""
+    from django.contrib.sessions.models import Session
+
+    page.goto("/?q=crimson")
+    page.wait_for_selector("#runs")
+    Session.objects.all().delete()
+    page.wait_for_url("**/accounts/login/?next=*", timeout=15_000)
+    assert page.title().startswith("Sign in")
+    assert page.locator("#runs").count() == 0
+    assert "next=%2F%3Fq%3Dcrimson" in page.url
