@@ -137,6 +137,11 @@
         else if (st === "cancelled") { A.cancelled++; v.cancelled++; A.failed[b]++; }
         else { if (st === "timeout") A.timeout++; else A.error++; v.failed++; A.failed[b]++; }
         if (!A.executed.has(r[F.SPAN])) flow("venue:" + vn, "out:not run (" + st + ")");
+        // What the run paid for the reply (the conductor's fair cost, in the Submit's end
+        // columns): the run's own totals add these and its turns, never a worker's claim
+        // on its Execute, nor a hedge's loser that ran on.
+        A.tin += r[F.TIN] || 0; A.tout += r[F.TOUT] || 0; A.cost += r[F.COST] || 0;
+        A.tokens[b] += (r[F.TIN] || 0) + (r[F.TOUT] || 0);
       }
     } else if (name === "SubQuery.Retry" && phase === "instant") {
       const attrs = r[F.ATTRS] || {};
@@ -161,8 +166,6 @@
         if (st !== "ok") { w.errors++; w.errN[b]++; w.lastErrBin = b; }
         if (r[F.MS] != null) { w.latSum[b] += r[F.MS]; }
         w.latN[b]++;
-        A.tin += r[F.TIN] || 0; A.tout += r[F.TOUT] || 0; A.cost += r[F.COST] || 0;
-        A.tokens[b] += (r[F.TIN] || 0) + (r[F.TOUT] || 0);
         if ((r[F.ATTRS] || {}).replayed) A.cache.hits++;
         flow("worker:" + wn, "out:" + (st === "ok" ? "results back" : st));
       }

@@ -133,7 +133,7 @@
   }
 
   /** A batch row's figures at event k: count, done (ok), failed, open, p50/p95 of the
-      finished ones, cost of their executions, and the span of time they cover. */
+      finished ones, what the run paid for them, and the span of time they cover. */
   function batchSummary(b, k) {
     let done = 0, failed = 0, open = 0, cost = 0, t1 = -Infinity;
     const ms = [];
@@ -143,10 +143,9 @@
       if (s.status === "ok") done++; else failed++;
       ms.push(duration(s));
       if (s.t1 > t1) t1 = s.t1;
-      // What its executions cost (a child RLM's sub-query has none: its own figure).
-      let c = 0, runs = 0;
-      for (const kid of s.kids) if (kid.name === "SubQuery.Execute" && isClosed(kid, k)) { c += kid.cost || 0; runs++; }
-      cost += runs ? c : (s.cost || 0);
+      // What the run paid for it (its Submit's end), as the header counts: not what its
+      // executions claimed, a hedge's loser included.
+      cost += s.cost || 0;
     }
     ms.sort((a, x) => a - x);
     const count = done + failed + open;

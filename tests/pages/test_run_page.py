@@ -3,6 +3,8 @@ played back with the scrubber afterwards, span details, and model text shown as 
 
 from __future__ import annotations
 
+import time
+
 from django.test import Client
 
 from frlm_web.redis_client import get_redis
@@ -323,9 +325,11 @@ def test_it_shortens_a_huge_question_and_answer_and_still_loads(page, web, staff
     assert "frlm_runs --json" in answer
 
 
-def test_a_finished_runs_header_keeps_the_runs_own_tokens_and_cost(page, web, staff):
-    """After Run.Done the header shows the run's figures, as its row and the CLI do, not the
-    sum of every Execute span: a cancelled run's workers finish work it no longer takes."""
+def test_a_runs_header_and_views_count_what_it_paid_not_what_workers_claimed(page, web, staff):
+    """The header, the fill view and the batch's row add what the run paid for each reply
+    (its Submit's end) and its turns, as its row and the CLI do: they added every Execute
+    span's claim, a cancelled run's late work and a hedge's loser included, so the live
+    figure dropped to the run's own at Run.Done (a review saw $0.0507, then $0.0426)."""
     from decimal import Decimal
 
     run = bare_run(
@@ -340,10 +344,17 @@ def test_a_finished_runs_header_keeps_the_runs_own_tokens_and_cost(page, web, st
     client = get_redis()
     conductor = Emitter(client, run.id)
     with conductor.span("Run.Init") as root:
+        with conductor.span("Run.Decode", parent=root.span_id) as turn:
+            turn.end("ok", tokens_in=100, tokens_out=4, cost=Decimal("0.0100"))
         with conductor.span("SubQuery.Submit", parent=root.span_id, venue="edge") as sq:
             worker = Emitter(client, run.id, venue="edge", worker_id="wlate")
             with worker.span("SubQuery.Execute", parent=sq.span_id) as execute:
                 execute.end("ok", tokens_in=5000, tokens_out=70, cost=Decimal("0.5"))
+            # The hedge's loser, which ran on after the winner settled the sub-query.
+            with worker.span("SubQuery.Execute", parent=sq.span_id) as loser:
+                loser.end("ok", tokens_in=5000, tokens_out=70, cost=Decimal("0.5"))
+            sq.end("ok", tokens_in=200, cost=Decimal("0.0200"))
+        time.sleep(0.1)  # Run.Done well after: the scrubber can stop between them
         conductor.instant(
             "Run.Done",
             parent=root.span_id,
@@ -354,9 +365,22 @@ def test_a_finished_runs_header_keeps_the_runs_own_tokens_and_cost(page, web, st
             tokens_out=4,
             cost=Decimal("0.0300"),
         )
-    wait_until(lambda: store.event_count(run.id) >= 7, timeout=20, what="the run stored")
+    wait_until(lambda: store.event_count(run.id) >= 10, timeout=20, what="the run stored")
     page.goto(f"/runs/{run.id}")
     page.wait_for_selector("#movie[data-ready='1']")
     wait_for(page, "document.querySelector('[data-metric=wall]').textContent.includes('1.5')")
     assert page.inner_text("[data-metric=tokens]") == "300 / 4"
     assert page.inner_text("[data-metric=cost]") == "$0.0300"
+    wait_for(page, "(document.getElementById('view-fill').textContent || '').includes('cost $')")
+    assert "tokens 304 · cost $0.0300" in page.evaluate(
+        "document.getElementById('view-fill').textContent"
+    )
+    # The moment before Run.Done: the same figures, from the events alone.
+    page.evaluate(
+        """() => { const s = document.getElementById('scrubber'), T = frlmMovie.trace;
+                   const done = T.events.find((e) => e[FRLM.F.NAME] === 'Run.Done');
+                   s.value = Math.max(0, Math.floor(done[FRLM.F.T] - T.t0) - 50);
+                   s.dispatchEvent(new Event('input')); s.dispatchEvent(new Event('change')); }"""
+    )
+    wait_for(page, "document.querySelector('[data-metric=cost]').textContent === '$0.0300'")
+    assert page.inner_text("[data-metric=tokens]") == "300 / 4"

@@ -115,7 +115,7 @@ def test_it_tells_one_story_while_the_run_is_live(page, web, staff):
     for sub in subs[:5]:
         ex = worker.start("SubQuery.Execute", parent=sub.span_id)
         ex.end(tokens_in=40, tokens_out=4, cost="0.0002")
-        sub.end()
+        sub.end(tokens_in=40, tokens_out=4, cost="0.0002")  # what the run paid for it
     state = _agree(page, 5, 12)
     assert state["tokens"] == "300 / 40", state  # 100 + 5 x 40 in, 20 + 5 x 4 out
     assert state["cost"] == "$0.0020", state
@@ -175,7 +175,7 @@ def test_it_plays_a_finished_run_back_with_header_and_views_at_the_clock(page, w
     for i in range(8):
         sub = conductor.start("SubQuery.Submit", parent=root.span_id, venue="edge", sq=i)
         worker.start("SubQuery.Execute", parent=sub.span_id).end(tokens_in=10, tokens_out=1)
-        sub.end()
+        sub.end(tokens_in=10, tokens_out=1)
     Run.objects.filter(id=run.id).update(status="succeeded", answer="ok", subqueries=8)
     conductor.instant("Run.Done", parent=root.span_id, run_status="succeeded", answer="ok")
     root.end()

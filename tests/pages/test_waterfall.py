@@ -113,7 +113,10 @@ def _fanout_run(staff, workers: list[Worker], *, subqueries: int, status: str = 
                     paid="0.0001",
                     hash="ab" * 32,
                 )
-            sq.end("error" if failed else "ok", ms=ms + 2, venue="edge")
+            # What the run paid for the reply, as the conductor ends a Submit: nothing for
+            # a failed one.
+            paid = {} if failed else {"tokens_in": 100, "tokens_out": 5, "cost": 0.0001}
+            sq.end("error" if failed else "ok", ms=ms + 2, venue="edge", **paid)
     with conductor.batch():
         cell.end(ms=50.0)
         if status == "succeeded":
@@ -256,7 +259,7 @@ def test_it_folds_a_batch_into_one_row_that_opens(page, web, staff, venues):
     )
     assert facts["sub-queries"] == "30" and facts["done"] == "27" and facts["failed"] == "3"
     assert facts["p50"].endswith("ms") and facts["p95"].endswith("ms")
-    assert facts["cost"] == "$0.003000"
+    assert facts["cost"] == "$0.002700"  # what the run paid: the 27 that answered
     assert "edge-edge-1 × 10" in facts["workers"]
     assert "edge-edge-2 (departed) × 10" in facts["workers"]
     _click_row(page, "s.batch")
