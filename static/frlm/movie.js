@@ -13,6 +13,8 @@
   const VIEW_INTERVAL_MS = 300;
   const LIVE_VIEWS_MIN_MS = 300;
   const LIVE_VIEWS_MAX_MS = 2500;
+  // How long after Run.Done the page reads late events while spans are still open.
+  const LATE_EVENTS_MAX_MS = 120000;
 
   function el(tag, cls, text) {
     const e = document.createElement(tag);
@@ -228,16 +230,23 @@
       }, 400);
     }
 
-    /** After Run.Done the run's last events (its root span's end) may still be on their
-        way: read them from the store, as a reconnect would, until no span is left open. */
-    async collectRest(attempt) {
+    /** After Run.Done the run's last events may still be on their way: its root span's
+        end, and the work that ends after the run (a hedge's loser, a cancelled run's jobs
+        its workers finish). Read them from the store, as a reload would, until no span is
+        left open (the page then ends as a reload draws it, every worker idle), or
+        LATE_EVENTS_MAX_MS has passed. `data-complete` is set once the root spans have
+        ended. */
+    async collectRest(attempt, since = Date.now()) {
       try {
         const url = this.d.eventsUrl + "?after_seq=" + this.trace.lastSeq;
         this.receive((await getJSON(url)).events, false);
       } catch (err) { /* the next attempt tries again */ }
-      const open = this.trace.roots.some((s) => s.i1 < 0);
-      if (open && attempt < 10) setTimeout(() => this.collectRest(attempt + 1), 300 * (attempt + 1));
-      else this.root.dataset.complete = "1";
+      const T = this.trace;
+      const rootsOpen = T.roots.some((s) => s.i1 < 0);
+      if (!rootsOpen || attempt >= 10) this.root.dataset.complete = "1";
+      if (!T.open || Date.now() - since > LATE_EVENTS_MAX_MS) return;
+      const wait = Math.min(300 * (attempt + 1), 3000);
+      setTimeout(() => this.collectRest(attempt + 1, since), wait);
     }
 
     setLive(on) {

@@ -23,7 +23,8 @@
       this.version = 0;
       this.doneIndex = -1;
       this.turnStarts = [];    // times of the root's turns (Run.Decode at depth 0)
-      this.totals = { submitted: 0, settled: 0, failed: 0, tin: 0, tout: 0, cost: 0, turns: 0 };
+      this.totals = { submitted: 0, settled: 0, failed: 0, turns: 0 };
+      this.open = 0;           // spans started and not ended yet
       this.duplicates = 0;
       this.workerIds = new Set();  // every worker and venue named so far (the filters' choices)
       this.venues = new Set();
@@ -68,7 +69,7 @@
           id: r[F.SPAN], parent: r[F.PARENT], name, i0: i, t0: r[F.T], i1: -1, t1: null,
           status: "open", venue: r[F.VENUE], worker: r[F.WORKER], depth: r[F.DEPTH],
           ms: null, tin: null, tout: null, cost: null, attrs: r[F.ATTRS] || null,
-          kids: [], lvl: 0, marks: null,
+          kids: [], lvl: 0, marks: null, started: false,
         };
         this.spans.set(s.id, s);
         const parent = s.parent ? this.spans.get(s.parent) : null;
@@ -87,9 +88,11 @@
         if (name === "Run.Decode" && s.depth === 0) { this.turnStarts.push(s.t0); this.totals.turns++; }
       }
       if (phase === "start") {
+        if (s.i1 < 0 && !s.started) { s.started = true; this.open++; }
         s.i0 = i; s.t0 = r[F.T];
         if (r[F.ATTRS]) s.attrs = Object.assign(s.attrs || {}, r[F.ATTRS]);
       } else if (phase === "end") {
+        if (s.started && s.i1 < 0) this.open--;
         s.i1 = i; s.t1 = r[F.T]; s.status = r[F.STATUS];
         if (r[F.VENUE]) s.venue = r[F.VENUE];
         if (r[F.WORKER]) s.worker = r[F.WORKER];
@@ -97,9 +100,6 @@
         if (r[F.ATTRS]) s.attrs = Object.assign(s.attrs || {}, r[F.ATTRS]);
         const T = this.totals;
         if (name === "SubQuery.Submit") { T.settled++; if (s.status !== "ok") T.failed++; }
-        if (name === "SubQuery.Execute" || (name === "Run.Decode")) {
-          T.tin += s.tin || 0; T.tout += s.tout || 0; T.cost += s.cost || 0;
-        }
       }
     }
 

@@ -222,3 +222,30 @@ def test_it_proposes_runs_of_the_same_question_first_to_compare_with(page, web, 
     first = page.locator("#compare-b option").first
     assert first.get_attribute("value") == twin.id
     assert "same question" in first.inner_text()
+
+
+def test_a_live_page_reads_the_work_that_ends_after_the_run(page, web, staff):
+    """A live page stopped reading half a second after Run.Done, so work that ended later
+    (a cancelled run's jobs its workers finished, a hedge's loser) stayed open on it, a
+    worker shown busy for good, where a reload showed every worker idle (a review)."""
+    import time
+
+    run = _live_run(staff, question="cancelled while a worker still ran")
+    page.goto(f"/runs/{run.id}", wait_until="domcontentloaded", timeout=90_000)
+    page.wait_for_selector("#movie[data-ready='1']")
+    client = get_redis()
+    conductor = Emitter(client, run.id)
+    worker = Emitter(client, run.id, venue="edge", worker_id="w-late-1")
+    root = conductor.start("Run.Init")
+    sub = conductor.start("SubQuery.Submit", parent=root.span_id, venue="edge", sq=0)
+    late = worker.start("SubQuery.Execute", parent=sub.span_id)
+    wait(page, f"frlmMovie.trace.spans.has('{late.span_id}')", what="the job running")
+    sub.end("cancelled")
+    Run.objects.filter(id=run.id).update(status="cancelled", wall_ms=50.0)
+    conductor.instant("Run.Done", parent=root.span_id, run_status="cancelled", wall_ms=50.0)
+    root.end("cancelled")
+    wait(page, "document.getElementById('movie').dataset.complete === '1'", what="the end")
+    time.sleep(2.0)  # long past the socket's close
+    late.end("cancelled")
+    wait(page, "frlmMovie.trace.open === 0", what="the late job's end read")
+    assert page.evaluate(f"frlmMovie.trace.spans.get('{late.span_id}').status") == "cancelled"
