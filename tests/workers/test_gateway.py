@@ -874,8 +874,11 @@ def test_a_silent_worker_is_dropped_and_its_jobs_go_elsewhere(far) -> None:
     stopped_at = time.time()
     try:
         run = finish(run, timeout=120)
+        # Silent long enough for the server to drop it, whenever the run ended.
+        time.sleep(max(0.0, stopped_at + settings.FRLM_GATEWAY_SILENCE_S + 3 - time.time()))
     finally:
         os.killpg(silent.proc.pid, signal.SIGCONT)
+        woken_at = time.time()
     assert run.status == "succeeded" and run.correct is True, run.error
     events = trace(run)
     (lost,) = named(events, "Worker.Lost")
@@ -883,6 +886,35 @@ def test_a_silent_worker_is_dropped_and_its_jobs_go_elsewhere(far) -> None:
     after = lost["ts"] / 1e9 - stopped_at
     assert settings.FRLM_GATEWAY_SILENCE_S - 1.5 < after < settings.FRLM_GATEWAY_SILENCE_S + 2
     assert other.worker_id in {e["worker_id"] for e in named(events, "SubQuery.Execute", "end")}
+    # The spans the server opened for its jobs are ended as abandoned when it is dropped,
+    # not by the replies it sends once woken: the server cut its own loss short, and kept
+    # the jobs as held.
+    held = {
+        e["span_id"]
+        for e in named(events, "SubQuery.Execute", "start")
+        if e["worker_id"] == silent.worker_id
+    }
+    assert held
+    wait_until(
+        lambda: held <= {e["span_id"] for e in named(trace(run), "SubQuery.Execute", "end")},
+        what="its Execute spans ended",
+    )
+    ends = [e for e in named(trace(run), "SubQuery.Execute", "end") if e["span_id"] in held]
+    assert {e["status"] for e in ends} == {"abandoned"}, ends
+    assert all(e["ts"] / 1e9 < woken_at for e in ends), ends
+    # Woken, it is a worker again: the server closed the silent socket, so it connects
+    # anew and takes work. It stayed announced on the old socket with no pump taking its
+    # jobs, which piled up on its queue, until it was stopped by hand (a review).
+    other.kill()
+    wait_until(lambda: other.entry() is None, timeout=30, what="the other worker gone")
+    wait_until(lambda: silent.entry() is not None, timeout=30, what="it back in presence")
+    again = finish(launch(task="sniah", tokens=20_000, seed=3, venues=["far"]), timeout=120)
+    assert again.status == "succeeded" and again.correct is True, (
+        again.error,
+        silent.output()[-2000:],
+    )
+    ran = {e["worker_id"] for e in named(trace(again), "SubQuery.Execute", "end")}
+    assert ran == {silent.worker_id}
 
 
 def test_a_server_that_refuses_the_host_name_gets_a_hint() -> None:

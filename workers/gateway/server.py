@@ -250,8 +250,13 @@ class WorkerLink:
         if self.closed:
             return
         self.closed = True
+        # Not the task that calls this (the watch, finding it silent): cancelled, it broke
+        # off at the next await, and the worker stayed connected and announced, with no
+        # pump taking its jobs and the spans of those it held left open.
+        current = asyncio.current_task()
         for task in self.tasks:
-            task.cancel()
+            if task is not current:
+                task.cancel()
         await sync_to_async(_withdraw, thread_sensitive=False)(self.venue, self.worker.id)
         if self.held:
             pipe = self.redis.pipeline(transaction=False)
@@ -436,6 +441,8 @@ class WorkerLink:
 
     # --- messages in --------------------------------------------------------------------
     async def on_message(self, message: dict[str, Any]) -> None:
+        if self.closed:
+            return  # lost, its socket closing: a late beat must not announce it again
         self.heard = time.monotonic()
         kind = message["type"]
         if kind == "results":
