@@ -130,7 +130,10 @@ class ProxyStats:
 class DelayProxy:
     """A TCP forwarder on its own event-loop thread: byte streams both ways (HTTP,
     WebSockets), each chunk delivered `delay_ms` after it arrived, so delay is latency, not
-    a throughput limit. `cut()` resets every live connection as a dropped link would."""
+    a throughput limit. `cut()` resets every live connection as a dropped link would;
+    `freeze()` holds what each live connection carries from then on, both ways, while its
+    TCP stays up (a silent path: a NAT that lost its mapping, a peer's frozen host), until
+    `thaw()`; new connections flow."""
 
     def __init__(
         self, *, listen_host: str, target_port: int, listen_port: int = 0,
@@ -141,6 +144,7 @@ class DelayProxy:
         self.delay_ms = delay_ms  # may be changed while running; applies to new chunks
         self.stats = ProxyStats()
         self._live: dict[asyncio.Task, tuple[asyncio.StreamWriter, ...]] = {}
+        self._flowing: dict[asyncio.Task, asyncio.Event] = {}  # cleared: frozen
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -156,6 +160,25 @@ class DelayProxy:
     def cut(self) -> int:
         """Reset every live connection (both sides); return how many were open."""
         return asyncio.run_coroutine_threadsafe(self._cut(), self._loop).result(10)
+
+    def freeze(self) -> int:
+        """Hold every live connection's bytes from now on; return how many were open."""
+
+        def hold() -> int:
+            for flowing in self._flowing.values():
+                flowing.clear()
+            return len(self._flowing)
+
+        return self._in_loop(hold)
+
+    def thaw(self) -> None:
+        self._in_loop(lambda: [flowing.set() for flowing in self._flowing.values()])
+
+    def _in_loop(self, work):  # noqa: ANN001, ANN202 - a callable and what it returns
+        async def run():  # noqa: ANN202
+            return work()
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(10)
 
     def stop(self) -> None:
         if self._thread.is_alive():
@@ -211,24 +234,28 @@ class DelayProxy:
             writer.transport.abort()
             return
         self._live[asyncio.current_task()] = (writer, up_writer)
+        flowing = self._flowing[asyncio.current_task()] = asyncio.Event()
+        flowing.set()
         self.stats.open += 1
         up: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(maxsize=256)
         down: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(maxsize=256)
         tasks = [
             asyncio.create_task(self._read(reader, up, "bytes_up")),
-            asyncio.create_task(self._send(up, up_writer)),
+            asyncio.create_task(self._send(up, up_writer, flowing)),
             asyncio.create_task(self._read(up_reader, down, "bytes_down")),
-            asyncio.create_task(self._send(down, writer)),
+            asyncio.create_task(self._send(down, writer, flowing)),
         ]
         broken = True
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             broken = any(not t.cancelled() and t.exception() for t in done)
+            await flowing.wait()  # frozen: a close or reset does not pass either
         except asyncio.CancelledError:
             pass  # cut or stopped: end quietly (asyncio's stream callback trips on a cancel)
         finally:
             self.stats.open -= 1
             self._live.pop(asyncio.current_task(), None)
+            self._flowing.pop(asyncio.current_task(), None)
             for task in tasks:
                 task.cancel()
             for side in (writer, up_writer):
@@ -248,13 +275,14 @@ class DelayProxy:
                 return
 
     @staticmethod
-    async def _send(queue: asyncio.Queue[tuple[float, bytes]],
-                    writer: asyncio.StreamWriter) -> None:  # fmt: skip
+    async def _send(queue: asyncio.Queue[tuple[float, bytes]], writer: asyncio.StreamWriter,
+                    flowing: asyncio.Event) -> None:  # fmt: skip
         loop = asyncio.get_running_loop()
         while True:
             due, data = await queue.get()
             if (wait := due - loop.time()) > 0:
                 await asyncio.sleep(wait)
+            await flowing.wait()
             if not data:  # the other side closed its half: pass the EOF on
                 if writer.can_write_eof() and not writer.transport.is_closing():
                     writer.write_eof()

@@ -917,6 +917,39 @@ def test_a_silent_worker_is_dropped_and_its_jobs_go_elsewhere(far) -> None:
     assert ran == {silent.worker_id}
 
 
+def test_a_worker_whose_link_falls_silent_connects_again_and_takes_work(
+    web, venues, tmp_path
+) -> None:
+    """A path that stops carrying bytes with its TCP still up (a NAT that lost its mapping):
+    the server drops the worker after FRLM_GATEWAY_SILENCE_S, and the worker, hearing no
+    ping, must connect again. It waited on the dead socket until the path came back, 70 s in
+    a review; and once it did connect again, it waited 5 s, its back-off never reset."""
+    from frlm_web.netlab import DelayProxy
+
+    port = int(web.rsplit(":", 1)[1])
+    proxy = DelayProxy(listen_host="127.0.0.1", target_port=port).start()
+    worker = GatewayWorker(
+        f"http://127.0.0.1:{proxy.port}", "far", "far-frozen", tmp_path, "--concurrency", "2"
+    )
+    try:
+        worker.wait_up()
+        for _ in range(2):  # the second time, after a session that went well
+            assert proxy.freeze() >= 1
+            frozen_at = time.time()
+            wait_until(lambda: worker.entry() is None, timeout=30, what="the server to drop it")
+            wait_until(lambda: worker.entry() is not None, timeout=30, what="it back")
+            took = time.time() - frozen_at
+            assert took < settings.FRLM_GATEWAY_SILENCE_S + 8, took
+        run = finish(launch(task="sniah", tokens=20_000, seed=4, venues=["far"]), timeout=120)
+        assert run.status == "succeeded" and run.correct is True, (
+            run.error,
+            worker.output()[-2000:],
+        )
+    finally:
+        worker.kill()
+        proxy.stop()
+
+
 def test_a_server_that_refuses_the_host_name_gets_a_hint() -> None:
     from workers.client import ControlError, HttpControl
 

@@ -54,6 +54,11 @@ log = logging.getLogger(__name__)
 
 RECONNECT_S = (0.2, 0.5, 1.0, 2.0, 5.0)  # waits between attempts, the last repeated
 RECV_WAIT_S = 0.5  # how often the receive loop looks up from the socket
+# The server pings every heartbeat: this many heartbeats (and at least SILENT_MIN_S) with
+# nothing from it is a dead path whose TCP is still up (a NAT that lost its mapping), and
+# the worker connects again rather than wait on it for the kernel's minutes.
+SILENT_BEATS = 5
+SILENT_MIN_S = 5.0
 # How long a finished result waits for others to go with it, while other jobs still run:
 # jobs handed over together finish together, and one message for all of them costs the
 # server one WebSocket message, one decode and one Redis round trip instead of one each.
@@ -144,6 +149,7 @@ class GatewayAgent:
     stopped: threading.Event = field(default_factory=threading.Event)
     sessions: int = 0
     _ws: ClientConnection | None = None
+    _session_token: object | None = None  # the live session; a dropped one's jobs are not run
     _send_lock: threading.Lock = field(default_factory=threading.Lock)
     _batched: bool = False  # the server speaks protocol version 2 (`results`)
     _outbox: Outbox | None = None
@@ -181,6 +187,7 @@ class GatewayAgent:
         with ThreadPoolExecutor(slots, thread_name_prefix="frlm-job") as pool:
             attempt = 0
             while not self.stopped.is_set():
+                sessions = self.sessions
                 try:
                     self._session(pool, slots)
                     attempt = 0
@@ -192,6 +199,8 @@ class GatewayAgent:
                 except (OSError, TimeoutError, websockets.exceptions.WebSocketException) as exc:
                     if self.draining:
                         break
+                    if self.sessions != sessions:
+                        attempt = 0  # it was welcomed: a new drop starts the back-off again
                     wait = RECONNECT_S[min(attempt, len(RECONNECT_S) - 1)]
                     attempt += 1
                     log.warning("gateway connection lost (%s); connecting again in %g s", exc, wait)
@@ -231,47 +240,68 @@ class GatewayAgent:
             welcome = self._expect(ws, "welcome")
             self._ws = ws
             self.sessions += 1
-            every = float(welcome.get("heartbeat_s") or 1.0)
-            self._beat()
-            next_beat = time.monotonic() + every
-            announced_drain = False
-            while True:
-                if self.draining and not announced_drain:
-                    self._beat()
-                    announced_drain = True
-                if self.draining and self.tally.inflight == 0 and self._sent_all():
-                    return
-                if time.monotonic() >= next_beat:
-                    self._beat()
-                    next_beat = time.monotonic() + every
-                try:
-                    raw = ws.recv(timeout=RECV_WAIT_S)
-                except TimeoutError:
-                    continue
-                message = decode(raw)
-                kind = message["type"]
-                if kind in ("job", "jobs"):
-                    for job in message["jobs"] if kind == "jobs" else [message["job"]]:
-                        self.tally.begin(_tally_key(job))
-                        pool.submit(self._execute, job)
-                elif kind == "cancel":
-                    for item in message.get("jobs") or []:
-                        if isinstance(item, dict):
-                            self._cancelled.add((str(item.get("run_id")), str(item.get("sq_id"))))
-                elif kind == "refused":
-                    for item in message.get("results") or []:
-                        log.warning(
-                            "the server refused the result of %s: %s (%s)",
-                            item.get("sq_id"),
-                            item.get("error"),
-                            message.get("fix"),
-                        )
-                elif kind == "ping":
-                    self._send({"type": "pong", "t": message.get("t")})
-                elif kind == "error":
-                    raise GatewayRefused(
-                        f"{message.get('error')}. What to do: {message.get('fix')}"
-                    )
+            session = self._session_token = object()
+            try:
+                self._converse(ws, pool, float(welcome.get("heartbeat_s") or 1.0), session)
+            finally:
+                # Its jobs not started yet are the server's to give again, not this
+                # worker's to run late beside the next session's (_execute drops them).
+                self._session_token = None
+
+    def _converse(
+        self, ws: ClientConnection, pool: ThreadPoolExecutor, every: float, session: object
+    ) -> None:
+        """One session's receive loop, until it drains, drops, or hears nothing from the
+        server for SILENT_BEATS heartbeats (TimeoutError: the caller connects again)."""
+        silent_s = max(SILENT_BEATS * every, SILENT_MIN_S)
+        self._beat()
+        next_beat = time.monotonic() + every
+        heard = time.monotonic()
+        announced_drain = False
+        while True:
+            if self.draining and not announced_drain:
+                self._beat()
+                announced_drain = True
+            if self.draining and self.tally.inflight == 0 and self._sent_all():
+                return
+            if time.monotonic() >= next_beat:
+                self._beat()
+                next_beat = time.monotonic() + every
+            try:
+                raw = ws.recv(timeout=RECV_WAIT_S)
+            except TimeoutError:
+                if time.monotonic() - heard > silent_s:
+                    raise TimeoutError(
+                        f"nothing from the server for {silent_s:g} s (it pings every {every:g} s)"
+                    ) from None
+                continue
+            heard = time.monotonic()
+            self._on_message(decode(raw), pool, session)
+
+    def _on_message(
+        self, message: dict[str, Any], pool: ThreadPoolExecutor, session: object
+    ) -> None:
+        kind = message["type"]
+        if kind in ("job", "jobs"):
+            for job in message["jobs"] if kind == "jobs" else [message["job"]]:
+                self.tally.begin(_tally_key(job))
+                pool.submit(self._execute, job, session)
+        elif kind == "cancel":
+            for item in message.get("jobs") or []:
+                if isinstance(item, dict):
+                    self._cancelled.add((str(item.get("run_id")), str(item.get("sq_id"))))
+        elif kind == "refused":
+            for item in message.get("results") or []:
+                log.warning(
+                    "the server refused the result of %s: %s (%s)",
+                    item.get("sq_id"),
+                    item.get("error"),
+                    message.get("fix"),
+                )
+        elif kind == "ping":
+            self._send({"type": "pong", "t": message.get("t")})
+        elif kind == "error":
+            raise GatewayRefused(f"{message.get('error')}. What to do: {message.get('fix')}")
 
     def _expect(self, ws: ClientConnection, kind: str) -> dict[str, Any]:
         message = decode(ws.recv(timeout=10))
@@ -318,8 +348,14 @@ class GatewayAgent:
         self._send({"type": "beat", "figures": self.tally.figures(draining=self.draining)})
 
     # --- one job ------------------------------------------------------------------------
-    def _execute(self, job: Job) -> None:
+    def _execute(self, job: Job, session: object | None = None) -> None:
         key = (job["run_id"], job["sq_id"])
+        if session is not None and session is not self._session_token:
+            # Given over a connection that has dropped, and not started before it did: the
+            # server has given it to another worker; run late, it would hold up this
+            # session's jobs for a result the server refuses.
+            self.tally.end(_tally_key(job), record=False)
+            return
         if key in self._cancelled:
             # Taken back while it waited in the buffer: nobody wants it; not a word of it.
             self._cancelled.discard(key)
