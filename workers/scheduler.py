@@ -52,6 +52,7 @@ class Candidate:
     # until one of its answers is checked (runs/engine/fanout/vouching.py). None: no limit.
     work_room: int | None = None
     explorable: bool = True  # exploration may pick it (not a worker caught lying lately)
+    trusted: bool = False  # of a trusted venue: its price is the operator's, never cut
 
     @property
     def free(self) -> int:
@@ -66,6 +67,11 @@ class Weights:
     load: float = 0.2
     explore: float = 0.05  # share of sub-queries sent to a random eligible worker
     min_reputation: float = 0.2  # below it a worker gets work only by exploration
+    # A worker priced above this many times the cheapest priced worker that may take work
+    # gets none, exploration included (0: no limit). Within it price only weighs: a
+    # stranger naming a price a thousand times the others' was penalised 1.5x at most,
+    # took half a run and was paid its price (a review: $87,041 for one run).
+    max_price_ratio: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -159,6 +165,17 @@ def free_credit(candidates: list[Candidate]) -> int:
     return sum(max(0, c.free) for c in candidates if c.allowed)
 
 
+def priced_within(candidates: list[Candidate], ratio: float) -> list[Candidate]:
+    """The candidates but the untrusted ones priced above `ratio` times the cheapest
+    priced one (a free worker, price 0, sets no bar: its hardware is its own; a trusted
+    venue's price is the operator's own). `ratio` 0: all of them."""
+    priced = [c.price for c in candidates if c.price > 0]
+    if not ratio or not priced:
+        return candidates
+    bar = ratio * min(priced)
+    return [c for c in candidates if c.trusted or c.price <= bar]
+
+
 def plan(
     candidates: list[Candidate],
     needs: list[Need],
@@ -166,10 +183,10 @@ def plan(
     rng: random.Random,
 ) -> list[Assignment]:
     """The jobs of the backlog (`needs`, in order) that should be sent now, and where."""
-    eligible = [c for c in candidates if c.allowed]
+    eligible = priced_within([c for c in candidates if c.allowed], weights.max_price_ratio)
     # Every reply frees a credit and asks for a plan: most plans have one or two jobs to
     # place, so planning stops as soon as no credit is left.
-    credits = free_credit(candidates)
+    credits = free_credit(eligible)
     if not credits or not needs:
         return []
     known = sorted(c.latency_ms for c in eligible if c.latency_ms)

@@ -47,6 +47,9 @@ class Policy:
     weight_price: float = 0.5
     weight_load: float = 0.2
     min_reputation: float = 0.2  # below it a worker gets work only by exploration
+    # A worker priced above this many times the cheapest priced worker of the run's venues
+    # gets no work from it (0: no limit); within it, weight_price weighs the price.
+    max_price_ratio: float = 10.0
     # Verification: "best_effort" takes each reply as it comes; "redundant" sends copies to
     # distinct workers and accepts an answer when `agree` of them give it (workers past the
     # trust gate are copied only now and then), adding copies up to `max_replicas`, else
@@ -214,6 +217,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "weight_price": (0.0, 100.0),
     "weight_load": (0.0, 100.0),
     "min_reputation": (0.0, 1.0),
+    "max_price_ratio": (0.0, 1e6),
     "replicas": (1, 9),
     "agree": (1, 9),
     "max_replicas": (1, 15),

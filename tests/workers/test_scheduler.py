@@ -211,3 +211,28 @@ def test_it_plans_a_worker_measured_long_ago_at_the_fleets_median() -> None:
     workers[0].latency_ms = planning_latency(stale, None, now)
     got = shares(plan(workers, [Need()] * 15, NO_EXPLORE, random.Random(1)))
     assert got[workers[0].worker_id] == 5  # the median's share, like the others
+
+
+def test_it_sends_nothing_to_a_stranger_priced_far_above_the_others() -> None:
+    """A stranger naming a price 1,000 times the others' was penalised 1.5x at most and
+    took half the run's work (a review: $87,041 for one run)."""
+    workers = fleet(fast=3, slow=0)
+    for w in workers:
+        w.price = 0.001
+    workers[0].price = 1.0
+    out = plan(workers, [Need()] * 200, Weights(), random.Random(1))  # exploration on
+    assert out and "fast0" not in shares(out)
+    # Within the ratio price only weighs; with no limit it is chosen again.
+    workers[0].price = 0.009
+    assert "fast0" in shares(plan(workers, [Need()] * 200, Weights(), random.Random(1)))
+    workers[0].price = 1.0
+    unlimited = Weights(max_price_ratio=0)
+    assert "fast0" in shares(plan(workers, [Need()] * 200, unlimited, random.Random(1)))
+
+
+def test_a_trusted_venues_price_is_never_cut() -> None:
+    workers = fleet(fast=2, slow=0)
+    workers[0].price, workers[1].price = 1.0, 0.001
+    workers[0].trusted = True
+    out = plan(workers, [Need()] * 200, NO_EXPLORE, random.Random(1))
+    assert "fast0" in shares(out)

@@ -85,6 +85,7 @@ class Router:
             load=policy.weight_load,
             explore=policy.explore,
             min_reputation=policy.min_reputation,
+            max_price_ratio=policy.max_price_ratio,
         )
         self._checked = 0.0
         self._turn = 0  # round-robin position
@@ -315,6 +316,7 @@ class Router:
                     # A worker caught lying lately answers probes, not explored work: it
                     # earns its way back on them, not on the run's answers.
                     explorable=not rep.suspect,
+                    trusted=bool(w.get("trusted")),
                 )
             )
         return candidates
