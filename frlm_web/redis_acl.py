@@ -61,7 +61,9 @@ ROLES: dict[str, str] = {
     # queues it on Celery's `runs`; cancelling writes the run's cancel flag; the live page
     # registers watchers; the channel layer lives under asgi*.
     # The worker gateway it hosts pops jobs from the workers' queues, reads the cancelled
-    # sets, delivers results to the run's stream and appends the workers' events.
+    # sets, delivers results to the run's stream and appends the workers' events. Its
+    # watcher of run leases reads a lost conductor's events still on the stream (what the
+    # run spent: runs/salvage.py); its pages read every run's stored trace anyway.
     "web": " ".join(
         [
             _SERVER_COMMANDS,
@@ -72,14 +74,15 @@ ROLES: dict[str, str] = {
             "~frlm:worker:*",  # strikes (frlm:worker:<id>:strikes and :why)
             "%R~frlm:rep:* %R~frlm:circuit:*",
             "%R~frlm:recorder:alive %R~frlm:forwarder:alive",
-            "%W~frlm:events ~frlm:seq:*",
+            "~frlm:events ~frlm:seq:*",
             "~asgi*",
             _PIDBOX,
         ]
     ),
     # The conductor runs the runs: consumes `runs`, publishes jobs to the workers' queues
     # and revokes cancelled ones (pidbox), reads results, keeps reputation, strikes and
-    # breakers, writes progress, presence, events.
+    # breakers, writes progress, presence, events; its watcher of run leases reads a lost
+    # conductor's events still on the stream, as the web server's does.
     "conductor": " ".join(
         [
             _SERVER_COMMANDS,
@@ -87,7 +90,7 @@ ROLES: dict[str, str] = {
             _CELERY_WORKER_QUEUES,
             "~frlm:presence:* ~frlm:run:* ~frlm:rep:* ~frlm:worker:* ~frlm:circuit:*",
             "%R~frlm:recorder:alive %R~frlm:live:*",
-            "%W~frlm:events ~frlm:seq:*",
+            "~frlm:events ~frlm:seq:*",
             _PIDBOX,
         ]
     ),

@@ -36,6 +36,7 @@ from django.utils import timezone
 from frlm_web.redis_client import get_redis
 from runs.engine.progress import request_cancel
 from runs.models import Run
+from runs.salvage import spend_salvage
 from traces.emitter import Emitter
 
 log = logging.getLogger(__name__)
@@ -193,14 +194,21 @@ def run_abandon(client: redis.Redis, run_id: str, reason: str, *, by: str) -> bo
         client.delete(open_spans_key(run_id))
         return False
     request_cancel(client, run_id)
-    spans_abandon(client, run_id, reason, by=by)
+    # What it spent, from its trace: its conductor took its totals and receipts' summary
+    # with it (runs/salvage.py).
+    spent = spend_salvage(client, run_id)
+    spans_abandon(client, run_id, reason, by=by, spent=spent)
     log.warning("run %s failed: %s", run_id, reason)
     return True
 
 
-def spans_abandon(client: redis.Redis, run_id: str, reason: str, *, by: str) -> int:
+def spans_abandon(
+    client: redis.Redis, run_id: str, reason: str, *, by: str, spent: dict | None = None
+) -> int:
     """End every span the run's conductor left open as `abandoned`, innermost first, with
-    Run.Done under the run's span; how many were ended."""
+    Run.Done under the run's span (with what the run spent, `spent`, as its row has it);
+    how many were ended."""
+    totals = {k: (spent or {}).get(k) for k in ("tokens_in", "tokens_out", "cost")}
     key = open_spans_key(run_id)
     pipe = client.pipeline(transaction=True)
     pipe.hgetall(key)
@@ -215,7 +223,7 @@ def spans_abandon(client: redis.Redis, run_id: str, reason: str, *, by: str) -> 
             if span.get("name") == "Run.Init":
                 emitter.instant(
                     "Run.Done", parent=span_id, status="error", payload=reason, error=reason,
-                    abandoned_by=by,
+                    abandoned_by=by, **{k: v for k, v in totals.items() if v is not None},
                 )  # fmt: skip
             emitter.emit(
                 span.get("name") or "Run.Init",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import time
+from decimal import Decimal
 
 import pytest
 from django.conf import settings
@@ -35,13 +36,17 @@ def test_it_fails_the_run_of_a_dead_conductor_from_the_web_server(stack, venues,
 
     worker = VenueSpec("local", concurrency=2, sim={"latency_ms": 20}, worker_name="lease-w1")
     with own_stack(tmp_path, [worker], web=True) as own:
-        run = _create(scripted("import time\ntime.sleep(120)", "FINAL('never')"), ["local"])
+        program = "rs = llm_query_batched(['part %d' % i for i in range(6)])\nprint(rs)"
+        run = _create(
+            scripted(program, "import time\ntime.sleep(120)", "FINAL('never')"), ["local"]
+        )
         own.launch_run(run.id)
 
-        def repl_running() -> bool:
-            return any(e["name"] == "Repl.Exec" for e in own.events(run.id))
+        def second_cell() -> bool:
+            cells = [e for e in own.events(run.id) if e["name"] == "Repl.Exec"]
+            return len({e["span_id"] for e in cells}) >= 2
 
-        wait_until(repl_running, timeout=60, what="the run's first cell")
+        wait_until(second_cell, timeout=60, what="the run's second cell")
         own.kill("conductor", signal.SIGKILL)
         killed = time.monotonic()
 
@@ -65,6 +70,22 @@ def test_it_fails_the_run_of_a_dead_conductor_from_the_web_server(stack, venues,
         assert done_event["status"] == "error"
         assert "its lease on the run lapsed" in done_event["attrs"]["error"]
         assert done_event["attrs"]["abandoned_by"].startswith("web@")
+        # What it spent before it was lost is on its row, read from its trace: the row
+        # said $0 and no tokens, and its receipts could not be verified (a review).
+        receipts = [e for e in events if e["name"] == "Receipt.Emit"]
+        assert len(receipts) == 6
+        paid = [e for e in events if e["name"] == "SubQuery.Submit" and e["phase"] == "end"]
+        row = Run.objects.get(id=run.id)
+        assert row.subqueries == 6 and row.tokens_in > 0
+        assert row.cost == sum(Decimal(str(e["cost"] or 0)) for e in paid) + sum(
+            Decimal(str(e["cost"] or 0))
+            for e in events
+            if e["name"] == "Run.Decode" and e["phase"] == "end"
+        )
+        assert row.cost > 0 and done_event["cost"] == pytest.approx(float(row.cost))
+        chain = row.accounts["receipts"]
+        assert chain["count"] == 6 and chain["head"] == receipts[-1]["attrs"]["hash"]
+        assert "read from the run's trace" in chain["source"]
 
 
 def test_it_keeps_a_stalled_conductors_run_and_fails_one_stalled_past_its_lease(
