@@ -59,7 +59,9 @@ def worker_activity(run_ids: list[str], running: list[str]) -> dict[str, WorkerA
         run_ids,
         """SELECT worker_id, any_value(venue) AS venue,
                   count(*) FILTER (WHERE phase = 'end') AS calls,
-                  count(*) FILTER (WHERE phase = 'end' AND status <> 'ok') AS errors,
+                  -- a cancelled execution (a hedge's loser, a cut) is not the worker's failure
+                  count(*) FILTER (WHERE phase = 'end' AND status NOT IN ('ok', 'cancelled'))
+                      AS errors,
                   quantile_cont(ms, 0.5) FILTER (WHERE phase = 'end') AS p50_ms,
                   quantile_cont(ms, 0.95) FILTER (WHERE phase = 'end') AS p95_ms,
                   max(epoch_ns(ts)) / 1e6 AS last_ms

@@ -79,3 +79,31 @@ def test_it_reads_events_after_a_seq_for_catch_up(recorded):
 def test_it_answers_empty_for_a_run_with_no_events(stack):
     assert store.run_summary("r-none")["events"] == 0
     assert store.read_events("r-none") == []
+
+
+def test_a_cancelled_execution_is_not_a_workers_error(stack, settings, tmp_path):
+    """The venues page showed a worker with "errors 20%" for a hedge's loser it was told to
+    drop (a review): cancelled work is the conductor's choice, not the worker's failure;
+    work it lost (abandoned) is."""
+    from traces.selectors import worker_activity
+
+    settings.FRLM_TRACE_DIR = tmp_path / "traces"
+    client = redis.Redis.from_url(stack.redis_url.rsplit("/", 1)[0] + "/6")
+    client.flushdb()
+    conductor = Emitter(client, "rC")
+    run = conductor.start("Run.Init")
+    for status in ("ok", "ok", "cancelled", "abandoned"):
+        submit = conductor.start("SubQuery.Submit", parent=run.span_id, venue="edge")
+        Emitter(client, "rC", venue="edge", worker_id="w2").start(
+            "SubQuery.Execute", parent=submit.span_id
+        ).end(status, ms=10.0)
+        submit.end("ok")
+    run.end()
+    recorder = Recorder(client)
+    recorder.ensure_group()
+    recorder.step()
+    try:
+        activity = worker_activity(["rC"], [])
+        assert (activity["w2"]["calls"], activity["w2"]["errors"]) == (4, 1)
+    finally:
+        client.flushdb()
