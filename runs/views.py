@@ -328,6 +328,9 @@ def diff_page(request: HttpRequest) -> HttpResponse:
         run_a = _get_run_for_user(request, a_id)
         run_b = _get_run_for_user(request, b_id)
         ctx.update(run_a=run_a, run_b=run_b)
+        # The waterfalls name workers as the run page does (trace.js reads #run-workers).
+        ids = sorted({*run_worker_ids(run_a.id), *run_worker_ids(run_b.id)})
+        ctx["workers"] = worker_names(ids, active=not (run_a.done and run_b.done))
         try:
             diff = run_diff(run_a.id, run_b.id)
         except TraceDiffError as exc:

@@ -58,6 +58,10 @@ def test_it_compares_a_run_with_its_what_if_replay(page, web):
     assert len(sizes) == 2 and all(h > 100 for h in sizes)
     assert int(page.get_attribute("#wf-a", "data-ringed")) >= 1
     assert int(page.get_attribute("#wf-b", "data-ringed")) >= 1
+    # Workers are named as on the run page, not by their ids (a review).
+    ran = {e["worker_id"] for e in trace(original) if e["name"] == "SubQuery.Execute"}
+    names = page.evaluate(f"{sorted(ran)!r}.map(id => FRLM.workers.name(id))")
+    assert names and not set(names) & ran, names
     shot(page, "07-diff")
 
 
