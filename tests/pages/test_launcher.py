@@ -182,3 +182,19 @@ def test_it_takes_the_verification_tier_hedging_and_a_budget(page, web):
     # it was copied; the trusted local venue's answers are sampled at 2% only.
     assert sum(run.accounts["verification"]["by_kind"].values()) > 0
     assert run.accounts["budget"]["run"]["cap"] == "0.5"  # exact: a decimal string
+
+
+def test_it_says_what_is_wrong_with_a_context_source_and_asks_for_the_file_again(staff, venues):
+    """A tampered context_source got a 400 with no word beside it; after any error an
+    uploaded file is gone, and nothing said to choose it again (a review)."""
+    client = Client()
+    client.force_login(staff)
+    response = client.post("/runs/new", {**TASK_FORM, "context_source": "zzz"})
+    assert response.status_code == 400
+    html = response.content.decode()
+    (error,) = response.context["form"].errors["context_source"]
+    assert error in html.replace("&#x27;", "'")
+    response = client.post("/runs/new", {**TASK_FORM, "context_source": "upload"})
+    assert response.status_code == 400
+    assert 'id="upload-again"' in response.content.decode()
+    assert not Run.objects.exists()

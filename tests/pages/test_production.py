@@ -38,6 +38,9 @@ def test_it_shows_no_debug_page_for_a_path_that_does_not_exist(web, venues):
     status, _, body = get(web + "/no/such/page")
     assert status == 404
     assert b"URLconf" not in body and b"DEBUG = True" not in body and b"Traceback" not in body
+    # The site's own page, with a way back: it was Django's bare "Not Found" (a review).
+    assert b"Back to the dashboard" in body and b"/no/such/page" in body
+    assert get(web + "/static/favicon.svg")[0] == 200
 
 
 @pytest.mark.parametrize("path", ["/ws/nope", "/ws/runs/rabc123/extra", "/elsewhere"])
