@@ -59,6 +59,14 @@ def test_it_finds_runs_by_text_and_status(page, web, staff):
     # The table's polling keeps the filter: after a refresh the same single row.
     page.wait_for_timeout(2500)
     assert _shown(page) == [live.id]
+    # Another period keeps the search and the status, and so does a reload: the links
+    # were drawn once, from what the page first had (a review).
+    page.click("nav.seg a:has-text('7d')")
+    page.wait_for_url("**/?*period=7d*")
+    assert page.input_value("#run-q") == "census"
+    assert page.input_value("#run-status-filter") == "live"
+    page.wait_for_selector(f"#runs tr[data-run='{live.id}']")
+    assert _shown(page) == [live.id]
     page.fill("#run-q", "no such question anywhere")
     wait_for(page, "document.querySelector('#runs td.empty') !== null")
     assert "matches" in page.locator("#runs td.empty").inner_text()
