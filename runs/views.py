@@ -275,9 +275,7 @@ def run_replay_view(request: HttpRequest, run_id: str) -> HttpResponse:
     source = _get_run_for_user(request, run_id)
     form = ReplayForm(request.POST)
     if not form.is_valid():
-        for field, errors in form.errors.items():
-            messages.error(request, f"{field}: {' '.join(errors)}")
-        return redirect("run", run_id=source.id)
+        return _replay_refused(request, source, form)
     try:
         with transaction.atomic():
             copy = run_replay(
@@ -289,9 +287,18 @@ def run_replay_view(request: HttpRequest, run_id: str) -> HttpResponse:
             run_launch(copy)
     except RunInputError as exc:
         for field, message in exc.errors.items():
-            messages.error(request, f"Replay: {field}: {message}")
-        return redirect("run", run_id=source.id)
+            form.add_error(field if field in form.fields else None, f"{field}: {message}")
+        return _replay_refused(request, source, form)
     return redirect("run", run_id=copy.id)
+
+
+def _replay_refused(request: HttpRequest, source: Run, form: ReplayForm) -> HttpResponse:
+    """The run page again, its Replay form open with what was typed and each error beside
+    it: a redirect lost both (the panel came back closed, its values reset; a review)."""
+    ctx = _run_context(request, source)
+    ctx.update(replay_form=form, replay_open=True)
+    ctx["workers"] = worker_names(run_worker_ids(source.id), active=not source.done)
+    return render(request, "runs/run.html", ctx, status=400)
 
 
 @login_required

@@ -109,3 +109,27 @@ def test_the_replay_form_keeps_what_was_typed_while_a_finished_runs_page_loads(p
     page.wait_for_timeout(1000)  # past the moment Run.Done's follow-up runs (400 ms)
     assert page.locator("details.replay").evaluate("d => d.open")
     assert page.input_value("#id_quorum") == "0.6"
+
+
+def test_a_refused_replay_comes_back_open_with_what_was_typed_and_why(page, web):
+    """A refused replay came back with the panel closed and its values reset, the reasons
+    only in a flash message (a review)."""
+    run = finish(launch(question=scripted("FINAL('done')")))
+    assert run.status == "succeeded", run.error
+    page.goto(f"/runs/{run.id}")
+    page.click("details.replay summary")
+    page.fill("#id_from_turn", "99")
+    page.fill("#id_quorum", "0.5")
+    page.click(".replay-form button[type=submit]")
+    page.wait_for_selector("#replay-errors")
+    assert page.locator("details.replay").evaluate("d => d.open")
+    assert "has root turns 1 to 1; got 99" in page.inner_text("#replay-errors")
+    assert page.input_value("#id_from_turn") == "99"
+    assert page.input_value("#id_quorum") == "0.5"
+    assert not Run.objects.filter(replay_of=run).exists()
+    page.fill("#id_from_turn", "")
+    page.fill("#id_quorum", "7")
+    page.click(".replay-form button[type=submit]")
+    page.wait_for_selector("#replay-errors")
+    assert "0.05" in page.inner_text("#replay-errors")  # the quorum's range
+    assert page.input_value("#id_quorum") == "7"
