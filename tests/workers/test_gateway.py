@@ -21,7 +21,7 @@ from websockets.sync.client import connect
 
 from frlm_web.redis_client import get_redis
 from tests.gateway import GatewayWorker, enrolment_token
-from tests.helpers import endpoint, finish, launch, trace, wait_until
+from tests.helpers import endpoint, finish, launch, scripted, trace, wait_until
 from traces import store
 from traces.emitter import EVENTS_STREAM
 from workers import keys, signing
@@ -958,3 +958,55 @@ def test_a_server_that_refuses_the_host_name_gets_a_hint() -> None:
         with pytest.raises(ControlError) as refused:
             control.register({"name": "n", "venue": "v"})  # type: ignore[typeddict-item]
     assert "add the host of --server (127.0.0.1) to FRLM_ALLOWED_HOSTS" in str(refused.value)
+
+
+def test_killing_the_web_server_ends_the_spans_of_the_jobs_it_held(venues, tmp_path) -> None:
+    """The gateway opens and ends its workers' Execute spans itself; killed with -9 it ended
+    none, and they stayed open for good (a review): the conductor, told of each span as
+    the job started, ends them as abandoned when it finds the worker gone."""
+    from tests.ownstack import open_spans, own_stack
+
+    with own_stack(tmp_path, [], web=True) as own:
+        server = f"http://127.0.0.1:{own.web_port}"
+        worker = GatewayWorker(
+            server, "far", "far-orphaned", tmp_path, "--concurrency", "4",
+            "--sim-latency-ms", "3000",
+        )  # fmt: skip
+        try:
+            from workers.venues import live_workers
+
+            wait_until(
+                lambda: any(w["label"] == "far-orphaned" for w in live_workers(own.client, "far")),
+                timeout=60,
+                what="the worker in the own stack's presence",
+            )
+            from runs.services import ContextSpec, run_create
+            from workers.backends import model_spec
+
+            run = run_create(
+                question=scripted("rs = llm_query_batched(['q %d' % i for i in range(8)])",
+                                  "FINAL('x')"),
+                context=ContextSpec(text="x"), policy={"hedge": "off"},
+                root_model=model_spec("sim", role="root"),
+                worker_model=model_spec("sim", role="worker"), venues=["far"],
+            )  # fmt: skip
+            own.launch_run(run.id)
+
+            def executing() -> bool:
+                return any(e["name"] == "SubQuery.Execute" for e in own.events(run.id))
+
+            wait_until(executing, timeout=60, what="the worker to run a job")
+            own.kill("web", signal.SIGKILL)
+            wait_until(
+                lambda: not [e for e in open_spans(own.events(run.id)) if e["name"] ==
+                             "SubQuery.Execute"],
+                timeout=60, what="the held jobs' Execute spans ended",
+            )  # fmt: skip
+            ends = [
+                e
+                for e in own.events(run.id)
+                if e["name"] == "SubQuery.Execute" and e["phase"] == "end"
+            ]
+            assert ends and {e["status"] for e in ends} == {"abandoned"}, ends
+        finally:
+            worker.kill()

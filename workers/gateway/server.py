@@ -406,6 +406,11 @@ class WorkerLink:
             "worker_id": self.worker.id,
             "status": status,
         }
+        if status == "started":
+            # The conductor keeps it: should this server die with the job, the conductor
+            # ends the span as abandoned when it finds the worker gone (liveness), as it
+            # does a broker worker's. It stayed open for good (a review).
+            claim["span"] = held.execute_span
         return encode_result(claim)  # type: ignore[arg-type]
 
     def _execute_event(

@@ -34,8 +34,9 @@ class Intake:
         to be tried again)."""
         status = result.get("status")
         wid = result.get("worker_id", "")
-        if status in ("ok", "error", "cancelled"):
-            # The worker ended its Execute span with this result, late or not.
+        if status in ("ok", "error", "cancelled", "lost", "refused"):
+            # The worker ended its Execute span with this result, late or not (or, for
+            # `lost` and `refused`, the gateway that held the job did).
             self.roster.executing.get(wid, {}).pop(result.get("sq_id", ""), None)
         flight = wave.out.get(result.get("sq_id", ""))
         if flight is None:

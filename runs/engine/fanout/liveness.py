@@ -114,8 +114,9 @@ class Liveness:
         self._read_alive_lines(None, every_s=0.0)
 
     def _abandon_executing(self, wid: str, reason: str) -> None:
-        """End the Execute spans a lost broker worker opened and will never end. (The
-        gateway ends those of its own workers itself.)"""
+        """End the Execute spans a lost worker opened and will never end: a broker worker's,
+        and a gateway worker's whose server died with them (the server ends them itself
+        when only the worker is lost, and says so: intake drops them then)."""
         for running in self.roster.executing.pop(wid, {}).values():
             self.emitter.emit(
                 "SubQuery.Execute",
