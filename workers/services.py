@@ -24,7 +24,7 @@ from frlm_web import presence, throttle
 from frlm_web.money import ZERO, money, money_str
 from frlm_web.redis_client import get_redis
 from workers import keys
-from workers.models import EnrolmentToken, Venue, Worker, token_digest
+from workers.models import EnrolmentToken, Venue, Worker, token_digest, worker_queue
 from workers.reputation import strike_add, strikes_at, strikes_key
 from workers.venues import Link, LiveWorker, presence_group
 
@@ -416,28 +416,36 @@ def _withdraw(worker: Worker) -> None:
 # on the queue directly (workers/wire.py), so nothing reads these once the worker is gone,
 # and each worker that ever ran left two keys behind (125 of each in a dev Redis).
 _BINDING_KEYS = ("_kombu.binding.worker.", "_kombu.binding_permanent.worker.")
+_WORKER_ID = re.compile(r"w[0-9a-f]{12}")  # workers.models.new_worker_id
 
 
 def queue_bindings_forget(client: redis.Redis, worker_ids: list[str]) -> None:
-    """Drop the queue bindings Celery declared for these workers. Best effort: a process
-    whose Redis role may not delete them (a trusted worker deregistering itself) leaves
-    them to the next sweep (departed_bindings_sweep)."""
+    """Drop the queue bindings Celery declared for these workers, and their own queues with
+    whatever jobs are left in them (the conductor sends those elsewhere when it finds the
+    worker gone; a review found 16 of them held for good). Best effort: a process whose
+    Redis role may not delete them (a trusted worker deregistering itself) leaves them to
+    the next sweep (departed_bindings_sweep)."""
     if not worker_ids:
         return
     try:
-        client.delete(*[prefix + wid for wid in worker_ids for prefix in _BINDING_KEYS])
+        client.delete(
+            *[prefix + wid for wid in worker_ids for prefix in _BINDING_KEYS],
+            *[worker_queue(wid) for wid in worker_ids],
+        )
     except redis.RedisError as exc:
         log.debug("queue bindings of %s left for the next sweep: %s", worker_ids, exc)
 
 
 def departed_bindings_sweep(client: redis.Redis) -> int:
-    """Drop the queue bindings of every worker that is not active: deregistered, lost, or
-    unknown to this database. Returns how many workers' bindings went."""
+    """Drop the queue bindings and the own queues of every worker that is not active:
+    deregistered, lost, or unknown to this database (a gateway worker's queue has no
+    bindings). Returns how many workers' went."""
     ids = {
-        key.decode().removeprefix(prefix)
-        for prefix in _BINDING_KEYS
+        key.decode("utf-8", "replace").removeprefix(prefix)
+        for prefix in (*_BINDING_KEYS, worker_queue(""))
         for key in client.scan_iter(match=f"{prefix}*", count=1000)
     }
+    ids = {wid for wid in ids if _WORKER_ID.fullmatch(wid)}  # not kombu's priority queues
     if not ids:
         return 0
     active = set(

@@ -32,13 +32,22 @@ def test_a_departed_workers_bindings_go_and_an_active_ones_stay(stack, transacti
     Worker.objects.filter(id=lost.id).update(status=Worker.Status.LOST)
     held = {w.id: bind(client, w.id) for w in (active, leaving, lost)}
     unknown = bind(client, "w0000deadbeef")  # a worker of a database since wiped
+    # Their own queues too, with jobs left in them (a review found 16 held for good), and
+    # a gateway worker's, which has no bindings.
+    gone_gateway = "w0000feedface"
+    for wid in (active.id, leaving.id, lost.id, "w0000deadbeef", gone_gateway):
+        client.rpush(f"worker.{wid}", "a job")
+    held[active.id].append(f"worker.{active.id}")
+    held[leaving.id].append(f"worker.{leaving.id}")
+    held[lost.id].append(f"worker.{lost.id}")
+    unknown += ["worker.w0000deadbeef", f"worker.{gone_gateway}"]
     try:
         worker_deregister(leaving)
         assert client.exists(*held[leaving.id]) == 0
-        assert client.exists(*held[lost.id], *unknown) == 4
-        assert departed_bindings_sweep(client) >= 2
+        assert client.exists(*held[lost.id], *unknown) == 7
+        assert departed_bindings_sweep(client) >= 3
         assert client.exists(*held[lost.id], *unknown) == 0
-        assert client.exists(*held[active.id]) == 2
+        assert client.exists(*held[active.id]) == 3
     finally:
         client.delete(*[key for keys in held.values() for key in keys], *unknown)
 
