@@ -136,3 +136,19 @@ class GatewayWorker:
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
+
+
+def named(events: list[dict], name: str, phase: str | None = None) -> list[dict]:
+    """The events of one name (and phase)."""
+    return [e for e in events if e["name"] == name and (phase is None or e["phase"] == phase)]
+
+
+def claims(run_id: str) -> list[tuple[str, str]]:
+    """(status, sq_id) of what the run's results stream says, in order."""
+    from frlm_web.redis_client import get_redis
+    from workers.jobs import results_stream
+
+    return [
+        (f[b"status"].decode(), f[b"sq_id"].decode())
+        for _, f in get_redis().xrange(results_stream(run_id), "-", "+")
+    ]

@@ -1,5 +1,6 @@
 """Fixtures of the worker API tests: a venue, a token of it, and the per-address failure
-counts cleared around each test (they live in Redis, which outlives each test)."""
+counts cleared around each test (they live in Redis, which outlives each test); gateway
+workers of venue `far` for the gateway's tests."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from datetime import timedelta
 import pytest
 
 from frlm_web.redis_client import get_redis
+from tests.gateway import GatewayWorker
 from workers.models import Venue
 from workers.services import token_create
 
@@ -40,3 +42,19 @@ def api_failures_cleared(stack) -> Iterator[None]:
     clear()
     yield
     clear()
+
+
+@pytest.fixture
+def far(web, venues, tmp_path):
+    """Start gateway workers of venue `far` for one test; they stop after it."""
+    started: list[GatewayWorker] = []
+
+    def start(name: str, *flags: str) -> GatewayWorker:
+        worker = GatewayWorker(web, "far", name, tmp_path, "--concurrency", "4", *flags)
+        started.append(worker)
+        worker.wait_up()
+        return worker
+
+    yield start
+    for worker in started:
+        worker.kill()

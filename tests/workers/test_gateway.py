@@ -6,10 +6,8 @@ dropped worker's jobs go elsewhere at once."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import signal
 import time
 from collections.abc import Callable
 from decimal import Decimal
@@ -20,44 +18,21 @@ from django.conf import settings
 from websockets.sync.client import connect
 
 from frlm_web.redis_client import get_redis
-from tests.gateway import GatewayWorker, enrolment_token
-from tests.helpers import endpoint, finish, launch, scripted, trace, wait_until
+from tests.gateway import claims, enrolment_token, named
+from tests.helpers import finish, launch, trace, wait_until
 from traces import store
 from traces.emitter import EVENTS_STREAM
 from workers import keys, signing
-from workers.backends import ModelError, ModelSpec
-from workers.execution import served
-from workers.gateway import relay
+from workers.backends import ModelSpec
 from workers.gateway.agent import ws_url
-from workers.gateway.protocol import batches, buffer_for, hello_claim
+from workers.gateway.protocol import hello_claim
 from workers.jobs import cancelled_key, results_stream
 from workers.models import Venue, worker_queue
-from workers.reputation import load as load_reputations
 from workers.reputation import strikes_key
 from workers.services import worker_register
 from workers.tasks import subquery_execute
 
 pytestmark = pytest.mark.timeout(240)
-
-
-def named(events: list[dict], name: str, phase: str | None = None) -> list[dict]:
-    return [e for e in events if e["name"] == name and (phase is None or e["phase"] == phase)]
-
-
-@pytest.fixture
-def far(web, venues, tmp_path):
-    """Start gateway workers of venue `far` for one test; they stop after it."""
-    started: list[GatewayWorker] = []
-
-    def start(name: str, *flags: str) -> GatewayWorker:
-        worker = GatewayWorker(web, "far", name, tmp_path, "--concurrency", "4", *flags)
-        started.append(worker)
-        worker.wait_up()
-        return worker
-
-    yield start
-    for worker in started:
-        worker.kill()
 
 
 def test_a_worker_with_nothing_of_this_machine_answers_a_fragment_run(far) -> None:
@@ -85,105 +60,6 @@ def test_a_worker_with_nothing_of_this_machine_answers_a_fragment_run(far) -> No
     wait_until(lambda: (one.entry() or {}).get("rtt_ms") is not None, what="an RTT figure")
 
 
-def test_a_dropped_worker_loses_its_jobs_to_another_at_once(far) -> None:
-    slow = far("far-slow", "--sim-latency-ms", "3000")
-    other = far("far-other", "--sim-latency-ms", "10")
-    run = launch(task="sniah", tokens=200_000, seed=6, venues=["far"])
-    # Kill the slow worker while it holds jobs.
-    wait_until(lambda: (slow.entry() or {}).get("inflight", 0) > 0, what="far-slow to hold work")
-    killed_at = time.time()
-    slow.kill()
-    run = finish(run, timeout=120)
-
-    assert run.status == "succeeded", run.error
-    assert run.correct is True
-    events = trace(run)
-    (lost,) = named(events, "Worker.Lost")
-    assert lost["worker_id"] == slow.worker_id
-    retried = [e for e in named(events, "SubQuery.Retry") if "was lost" in e["attrs"]["reason"]]
-    assert retried, "no job of the dropped worker was sent again"
-    # From the drop to the first re-dispatch: well under the presence TTL (the figure is
-    # bench/federation.py's).
-    first = min(e["ts"] for e in retried) / 1e9 - killed_at
-    assert first < settings.FRLM_VENUE_HEARTBEAT_TTL_S - 0.5, f"re-dispatched {first:.2f} s after"
-    executes = named(events, "SubQuery.Execute", "end")
-    assert other.worker_id in {e["worker_id"] for e in executes}
-    # No span is left open by the worker that is gone: the server ends what it held.
-    assert {e["span_id"] for e in named(events, "SubQuery.Execute", "start")} == {
-        e["span_id"] for e in executes
-    }
-    dropped = [e for e in executes if e["worker_id"] == slow.worker_id]
-    assert dropped and all(e["status"] == "abandoned" for e in dropped)
-    assert all(e["attrs"]["error"].startswith("worker lost: ") for e in dropped)
-
-
-def _batch_program(n: int) -> str:
-    prompts = [f"Where is station {i}?" for i in range(n)]
-    return (
-        "Run this program.\n```repl\n"
-        f"rs = llm_query_batched({prompts!r})\n"
-        "FINAL(str(sum(not r.startswith('[frlm:') for r in rs)))\n```"
-    )
-
-
-def test_a_job_waiting_in_a_workers_buffer_counts_as_waiting_not_running(far) -> None:
-    """A worker of 4 slots holds 2 more jobs queued (protocol version 3). Their wait is not
-    their run: the worker's measured latency stays near its model's 300 ms (counted from
-    each job's start said, a third of its jobs would have counted a wait of up to 300 ms
-    more), and the batch is not slowed by it."""
-    steady = far("far-steady", "--sim-latency-ms", "300")
-    run = finish(launch(question=_batch_program(24), venues=["far"], policy={"hedge": "off"}))
-
-    assert run.status == "succeeded", run.error
-    assert run.answer == "24"
-    (rep,) = load_reputations(get_redis(), [steady.worker_id]).values()
-    assert rep.latency_ms is not None and rep.latency_ms < 300 * 1.25, rep.as_dict()
-    executes = named(trace(run), "SubQuery.Execute")
-    assert {e["worker_id"] for e in executes} == {steady.worker_id}
-    # Every span has its start, and those of the jobs that waited in the buffer opened
-    # when they started, not when they were handed over: each ran about 300 ms.
-    queued = {sq for status, sq in _claims(run.id) if status == "queued"}
-    assert len(queued) >= 8, queued
-    starts = {e["span_id"]: e for e in executes if e["phase"] == "start"}
-    ran = {
-        starts[e["span_id"]]["attrs"]["sq_id"]: (e["ts"] - starts[e["span_id"]]["ts"]) / 1e6
-        for e in executes
-        if e["phase"] == "end"
-    }
-    assert len(ran) == len(starts) == 24
-    assert max(ran[sq] for sq in queued) < 300 * 1.5, ran
-
-
-def test_jobs_waiting_in_a_slow_workers_buffer_are_hedged_not_waited_for(far) -> None:
-    """On a worker 300 times slower than the other, the jobs in its buffer are seen waiting:
-    they are hedged to the fast worker with its stragglers, and the batch does not wait
-    the two rounds of 6 s they would take there. Once their twins have answered, the server
-    takes them back from its buffer: the slow worker does not run them after its first
-    round (it would hold them until 12 s)."""
-    fast = far("far-fast", "--sim-latency-ms", "20")
-    slow = far("far-laggard", "--sim-latency-ms", "6000")
-    started = time.monotonic()
-    run = finish(launch(question=_batch_program(80), venues=["far"]), timeout=120)
-
-    assert run.status == "succeeded", run.error
-    assert run.answer == "80"
-    events = trace(run)
-    hedges = [e for e in named(events, "SubQuery.Hedge") if e["attrs"].get("queued")]
-    assert any(e["attrs"]["hedged_worker"] == slow.worker_id for e in hedges), hedges
-    assert fast.worker_id in {e["worker_id"] for e in named(events, "SubQuery.Execute", "end")}
-    first = min(e["ts"] for e in named(events, "SubQuery.Submit", "start"))
-    last = max(e["ts"] for e in named(events, "SubQuery.Return"))
-    assert (last - first) / 1e9 < 7.0, (last - first) / 1e9
-    # Its first round ends at about 6 s; the buffer it held was taken back, so it is idle
-    # a heartbeat or two later (it ran them until 12 s before the server took them back).
-    assert (slow.entry() or {}).get("inflight", 0) > 0  # still in its first round
-    wait_until(
-        lambda: (slow.entry() or {}).get("inflight") == 0,
-        timeout=max(1.0, started + 9.5 - time.monotonic()),
-        what="the slow worker to be idle after its first round",
-    )
-
-
 def test_a_queued_job_the_conductor_cancels_is_taken_back_from_the_buffer(web, venues) -> None:
     """A worker of 2 slots holds 1 job queued. Once the conductor cancels it (its hedge's
     twin answered), the server takes it back (`cancel`, within a heartbeat), fills its
@@ -205,7 +81,7 @@ def test_a_queued_job_the_conductor_cancels_is_taken_back_from_the_buffer(web, v
     assert [m["jobs"] for m in cancels] == [[{"run_id": run_id, "sq_id": queued}]]
     assert len(refill) == 1 and refill[0]["queued"] is True  # its place, filled
     wait_until(
-        lambda: {sq for st, sq in _claims(run_id) if st == "lost"} == held,
+        lambda: {sq for st, sq in claims(run_id) if st == "lost"} == held,
         timeout=10,
         what="the lost hints, without the job taken back",
     )
@@ -481,14 +357,6 @@ def test_a_bundle_that_reaches_a_gateway_workers_queue_is_sent_as_its_jobs(web, 
     assert sorted(j["sq_id"] for j in _jobs(messages)) == ["1.1", "2.1", "3.1"]
 
 
-def _claims(run_id: str) -> list[tuple[str, str]]:
-    """(status, sq_id) of what the run's results stream says, in order."""
-    return [
-        (f[b"status"].decode(), f[b"sq_id"].decode())
-        for _, f in get_redis().xrange(results_stream(run_id), "-", "+")
-    ]
-
-
 def test_a_worker_of_version_3_holds_a_buffer_and_its_queued_jobs_start_when_it_says(
     web, venues
 ) -> None:
@@ -509,8 +377,8 @@ def test_a_worker_of_version_3_holds_a_buffer_and_its_queued_jobs_start_when_it_
         queued = sorted(sq for sq, j in jobs.items() if j.get("queued"))
         running = sorted(set(jobs) - set(queued))
         assert len(queued) == 2
-        wait_until(lambda: len(_claims(run_id)) >= 6, timeout=10, what="the claims")
-        assert sorted(_claims(run_id)) == sorted(
+        wait_until(lambda: len(claims(run_id)) >= 6, timeout=10, what="the claims")
+        assert sorted(claims(run_id)) == sorted(
             [("started", sq) for sq in running] + [("queued", sq) for sq in queued]
         )
         # Starts said of a running job and of a job never given: nothing.
@@ -544,17 +412,15 @@ def test_a_worker_of_version_3_holds_a_buffer_and_its_queued_jobs_start_when_it_
         ws.send(json.dumps({"type": "results", "results": [_answer(jobs[second], wid, key)]}))
         (last,) = _jobs(_next(ws, {"jobs"}))
         assert last["queued"] is True
-        wait_until(
-            lambda: ("ok", second) in _claims(run_id), timeout=10, what="the second's answer"
-        )
-    after = _claims(run_id)[6:]
+        wait_until(lambda: ("ok", second) in claims(run_id), timeout=10, what="the second's answer")
+    after = claims(run_id)[6:]
     assert ("started", running[0]) not in after and ("started", "9.1") not in after
     assert ("started", first) in after and ("ok", running[0]) in after
     assert ("started", second) not in after  # answered: its start is moot
     # Lost: every job it held is handed back, the queued ones too.
     held = {*running[1:], first, refill["sq_id"], last["sq_id"]}
     wait_until(
-        lambda: {sq for st, sq in _claims(run_id) if st == "lost"} == held,
+        lambda: {sq for st, sq in claims(run_id) if st == "lost"} == held,
         timeout=10,
         what="the lost hints",
     )
@@ -779,234 +645,3 @@ def test_a_claim_is_priced_by_the_model_asked_for_and_its_tokens_by_its_text(web
     assert receipts and all(
         Decimal(e["attrs"]["receipt"]["paid"]) < Decimal("0.05") for e in receipts
     )
-
-
-def test_an_event_the_recorder_would_refuse_is_refused_with_its_result() -> None:
-    """Relayed as they were, events of ts 10**30 or ms "abc" were dead-lettered by the
-    recorder and left the job's Execute span open in the trace (found by a review)."""
-    job = relay.Held("r1", "1.1", "a" * 16, "b" * 16, 0, "frlm-sim-worker")
-    end = {
-        "name": "SubQuery.Execute",
-        "phase": "end",
-        "span_id": "b" * 16,
-        "parent_id": "a" * 16,
-        "ts": time.time_ns(),
-        "status": "ok",
-        "depth": 0,
-        "ms": 1.0,
-    }
-    assert relay.worker_events([end], job, "edge", "w1")[0]["ms"] == 1.0
-    for bad in ({"ts": 10**30}, {"depth": 10**30}, {"ms": "abc"}, {"bytes": "zz"}):
-        with pytest.raises(relay.ProtocolError, match="does not fit the trace|must be a number"):
-            relay.worker_events([{**end, **bad}], job, "edge", "w1")
-    # A hostile review stored 30 MB of attributes in one span, and a cost of 1e308.
-    reply = "4417" * 1000
-    honest = {
-        **end,
-        "cost": 0.0002,
-        "payload_ref": hashlib.sha256(reply.encode()).hexdigest(),
-        "attrs": {"model_ms": 1.0, "_payload": reply},
-    }
-    assert relay.worker_events([honest], job, "edge", "w1")[0]["attrs"]["model_ms"] == 1.0
-    for bad, says in (
-        ({"attrs": {"blob": "A" * 20_000}}, "attributes are 20,0"),
-        ({"attrs": {"_payload": "A" * 2_000_000}}, "over the reply cap"),
-        ({"cost": 1e308}, "cost must be a number from 0 to 1000000"),
-        ({"tokens_in": -1}, "tokens_in must be a number"),
-    ):
-        with pytest.raises(relay.ProtocolError, match=says):
-            relay.worker_events([{**end, **bad}], job, "edge", "w1")
-
-
-def test_a_started_item_naming_no_string_ids_changes_nothing() -> None:
-    """A list for an id was unhashable and took the worker's socket down (a review)."""
-    assert relay.started({"started": True, "run_id": 5, "sq_id": []}, {}) is None
-    assert relay.started({"started": True, "run_id": "r", "sq_id": {"a": 1}}, {}) is None
-
-
-def test_a_workers_buffer_is_its_share_of_its_slots_at_least_one_or_none() -> None:
-    assert [buffer_for(slots, 0.5) for slots in (1, 2, 8, 9)] == [1, 1, 4, 4]
-    assert buffer_for(8, 0.0) == 0  # FRLM_GATEWAY_BUFFER=0: one job per slot
-    assert buffer_for(4, 2.0) == 8
-
-
-def test_batches_keep_each_message_within_the_size_limit() -> None:
-    parts = [json.dumps({"n": i, "text": "x" * 30}) for i in range(10)]
-    messages = batches(parts, '"type":"jobs","jobs":', limit=200)
-    assert all(len(m) <= 200 for m in messages) and len(messages) > 1
-    decoded = [json.loads(m) for m in messages]
-    assert {d["type"] for d in decoded} == {"jobs"}
-    assert [j["n"] for d in decoded for j in d["jobs"]] == list(range(10))
-    (alone,) = batches(['"' + "y" * 300 + '"'], '"type":"jobs","jobs":', limit=200)
-    assert json.loads(alone)["jobs"] == ["y" * 300]  # larger than the limit: sent alone
-
-
-# --- the model endpoint is the worker's own -------------------------------------------------
-def test_a_job_cannot_name_the_endpoint_a_worker_calls() -> None:
-    decoy = ModelSpec("openai", "m", "http://attacker.example/v1")
-    with pytest.raises(ModelError, match="not one of this worker's endpoints"):
-        served(decoy)
-    # The simulated model is always this worker's own, whatever address the job names.
-    assert served(ModelSpec("sim", "s", "http://attacker.example/v1")).base_url == (
-        settings.FRLM_SIM_URL
-    )
-
-
-def test_a_run_naming_another_endpoint_for_its_workers_sends_them_nothing(venues) -> None:
-    with endpoint(lambda _: (200, b"{}")) as (url, seen):
-        run = finish(launch(task="sniah", tokens=20_000, seed=2, worker_base_url=url))
-    assert run.status == "succeeded" and run.correct is True, run.error
-    assert seen == []
-
-
-def test_the_gateway_path_is_the_documented_one() -> None:
-    assert ws_url("http://10.0.0.5:8000/") == "ws://10.0.0.5:8000/ws/workers/gateway"
-    assert ws_url("https://frlm.example") == "wss://frlm.example/ws/workers/gateway"
-
-
-def test_a_silent_worker_is_dropped_and_its_jobs_go_elsewhere(far) -> None:
-    """Stopped, not killed: its socket stays open, but it answers no ping."""
-    silent = far("far-silent", "--sim-latency-ms", "2000")
-    other = far("far-busy", "--sim-latency-ms", "10")
-    run = launch(task="sniah", tokens=200_000, seed=7, venues=["far"])
-    wait_until(lambda: (silent.entry() or {}).get("inflight", 0) > 0, what="it to hold work")
-    os.killpg(silent.proc.pid, signal.SIGSTOP)
-    stopped_at = time.time()
-    try:
-        run = finish(run, timeout=120)
-        # Silent long enough for the server to drop it, whenever the run ended.
-        time.sleep(max(0.0, stopped_at + settings.FRLM_GATEWAY_SILENCE_S + 3 - time.time()))
-    finally:
-        os.killpg(silent.proc.pid, signal.SIGCONT)
-        woken_at = time.time()
-    assert run.status == "succeeded" and run.correct is True, run.error
-    events = trace(run)
-    (lost,) = named(events, "Worker.Lost")
-    assert lost["worker_id"] == silent.worker_id
-    after = lost["ts"] / 1e9 - stopped_at
-    assert settings.FRLM_GATEWAY_SILENCE_S - 1.5 < after < settings.FRLM_GATEWAY_SILENCE_S + 2
-    assert other.worker_id in {e["worker_id"] for e in named(events, "SubQuery.Execute", "end")}
-    # The spans the server opened for its jobs are ended as abandoned when it is dropped,
-    # not by the replies it sends once woken: the server cut its own loss short, and kept
-    # the jobs as held.
-    held = {
-        e["span_id"]
-        for e in named(events, "SubQuery.Execute", "start")
-        if e["worker_id"] == silent.worker_id
-    }
-    assert held
-    wait_until(
-        lambda: held <= {e["span_id"] for e in named(trace(run), "SubQuery.Execute", "end")},
-        what="its Execute spans ended",
-    )
-    ends = [e for e in named(trace(run), "SubQuery.Execute", "end") if e["span_id"] in held]
-    assert {e["status"] for e in ends} == {"abandoned"}, ends
-    assert all(e["ts"] / 1e9 < woken_at for e in ends), ends
-    # Woken, it is a worker again: the server closed the silent socket, so it connects
-    # anew and takes work. It stayed announced on the old socket with no pump taking its
-    # jobs, which piled up on its queue, until it was stopped by hand (a review).
-    other.kill()
-    wait_until(lambda: other.entry() is None, timeout=30, what="the other worker gone")
-    wait_until(lambda: silent.entry() is not None, timeout=30, what="it back in presence")
-    again = finish(launch(task="sniah", tokens=20_000, seed=3, venues=["far"]), timeout=120)
-    assert again.status == "succeeded" and again.correct is True, (
-        again.error,
-        silent.output()[-2000:],
-    )
-    ran = {e["worker_id"] for e in named(trace(again), "SubQuery.Execute", "end")}
-    assert ran == {silent.worker_id}
-
-
-def test_a_worker_whose_link_falls_silent_connects_again_and_takes_work(
-    web, venues, tmp_path
-) -> None:
-    """A path that stops carrying bytes with its TCP still up (a NAT that lost its mapping):
-    the server drops the worker after FRLM_GATEWAY_SILENCE_S, and the worker, hearing no
-    ping, must connect again. It waited on the dead socket until the path came back, 70 s in
-    a review; and once it did connect again, it waited 5 s, its back-off never reset."""
-    from frlm_web.netlab import DelayProxy
-
-    port = int(web.rsplit(":", 1)[1])
-    proxy = DelayProxy(listen_host="127.0.0.1", target_port=port).start()
-    worker = GatewayWorker(
-        f"http://127.0.0.1:{proxy.port}", "far", "far-frozen", tmp_path, "--concurrency", "2"
-    )
-    try:
-        worker.wait_up()
-        for _ in range(2):  # the second time, after a session that went well
-            assert proxy.freeze() >= 1
-            frozen_at = time.time()
-            wait_until(lambda: worker.entry() is None, timeout=30, what="the server to drop it")
-            wait_until(lambda: worker.entry() is not None, timeout=30, what="it back")
-            took = time.time() - frozen_at
-            assert took < settings.FRLM_GATEWAY_SILENCE_S + 8, took
-        run = finish(launch(task="sniah", tokens=20_000, seed=4, venues=["far"]), timeout=120)
-        assert run.status == "succeeded" and run.correct is True, (
-            run.error,
-            worker.output()[-2000:],
-        )
-    finally:
-        worker.kill()
-        proxy.stop()
-
-
-def test_a_server_that_refuses_the_host_name_gets_a_hint() -> None:
-    from workers.client import ControlError, HttpControl
-
-    with endpoint(lambda _: (400, b"<h1>Bad Request (400)</h1>")) as (url, _):
-        control = HttpControl(url.removesuffix("/v1"), "frlmt_x", keys.generate())
-        with pytest.raises(ControlError) as refused:
-            control.register({"name": "n", "venue": "v"})  # type: ignore[typeddict-item]
-    assert "add the host of --server (127.0.0.1) to FRLM_ALLOWED_HOSTS" in str(refused.value)
-
-
-def test_killing_the_web_server_ends_the_spans_of_the_jobs_it_held(venues, tmp_path) -> None:
-    """The gateway opens and ends its workers' Execute spans itself; killed with -9 it ended
-    none, and they stayed open for good (a review): the conductor, told of each span as
-    the job started, ends them as abandoned when it finds the worker gone."""
-    from tests.ownstack import open_spans, own_stack
-
-    with own_stack(tmp_path, [], web=True) as own:
-        server = f"http://127.0.0.1:{own.web_port}"
-        worker = GatewayWorker(
-            server, "far", "far-orphaned", tmp_path, "--concurrency", "4",
-            "--sim-latency-ms", "3000",
-        )  # fmt: skip
-        try:
-            from workers.venues import live_workers
-
-            wait_until(
-                lambda: any(w["label"] == "far-orphaned" for w in live_workers(own.client, "far")),
-                timeout=60,
-                what="the worker in the own stack's presence",
-            )
-            from runs.services import ContextSpec, run_create
-            from workers.backends import model_spec
-
-            run = run_create(
-                question=scripted("rs = llm_query_batched(['q %d' % i for i in range(8)])",
-                                  "FINAL('x')"),
-                context=ContextSpec(text="x"), policy={"hedge": "off"},
-                root_model=model_spec("sim", role="root"),
-                worker_model=model_spec("sim", role="worker"), venues=["far"],
-            )  # fmt: skip
-            own.launch_run(run.id)
-
-            def executing() -> bool:
-                return any(e["name"] == "SubQuery.Execute" for e in own.events(run.id))
-
-            wait_until(executing, timeout=60, what="the worker to run a job")
-            own.kill("web", signal.SIGKILL)
-            wait_until(
-                lambda: not [e for e in open_spans(own.events(run.id)) if e["name"] ==
-                             "SubQuery.Execute"],
-                timeout=60, what="the held jobs' Execute spans ended",
-            )  # fmt: skip
-            ends = [
-                e
-                for e in own.events(run.id)
-                if e["name"] == "SubQuery.Execute" and e["phase"] == "end"
-            ]
-            assert ends and {e["status"] for e in ends} == {"abandoned"}, ends
-        finally:
-            worker.kill()

@@ -1,0 +1,115 @@
+"""The gateway's protocol pieces, most without a server: what the relay refuses, how a buffer
+and a batch are sized, which endpoint a job may name, and what a worker is told when the
+server refuses its host name."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+
+import pytest
+from django.conf import settings
+
+from tests.helpers import endpoint, finish, launch
+from workers import keys
+from workers.backends import ModelError, ModelSpec
+from workers.execution import served
+from workers.gateway import relay
+from workers.gateway.agent import ws_url
+from workers.gateway.protocol import batches, buffer_for
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def test_an_event_the_recorder_would_refuse_is_refused_with_its_result() -> None:
+    """Relayed as they were, events of ts 10**30 or ms "abc" were dead-lettered by the
+    recorder and left the job's Execute span open in the trace (found by a review)."""
+    job = relay.Held("r1", "1.1", "a" * 16, "b" * 16, 0, "frlm-sim-worker")
+    end = {
+        "name": "SubQuery.Execute",
+        "phase": "end",
+        "span_id": "b" * 16,
+        "parent_id": "a" * 16,
+        "ts": time.time_ns(),
+        "status": "ok",
+        "depth": 0,
+        "ms": 1.0,
+    }
+    assert relay.worker_events([end], job, "edge", "w1")[0]["ms"] == 1.0
+    for bad in ({"ts": 10**30}, {"depth": 10**30}, {"ms": "abc"}, {"bytes": "zz"}):
+        with pytest.raises(relay.ProtocolError, match="does not fit the trace|must be a number"):
+            relay.worker_events([{**end, **bad}], job, "edge", "w1")
+    # A hostile review stored 30 MB of attributes in one span, and a cost of 1e308.
+    reply = "4417" * 1000
+    honest = {
+        **end,
+        "cost": 0.0002,
+        "payload_ref": hashlib.sha256(reply.encode()).hexdigest(),
+        "attrs": {"model_ms": 1.0, "_payload": reply},
+    }
+    assert relay.worker_events([honest], job, "edge", "w1")[0]["attrs"]["model_ms"] == 1.0
+    for bad, says in (
+        ({"attrs": {"blob": "A" * 20_000}}, "attributes are 20,0"),
+        ({"attrs": {"_payload": "A" * 2_000_000}}, "over the reply cap"),
+        ({"cost": 1e308}, "cost must be a number from 0 to 1000000"),
+        ({"tokens_in": -1}, "tokens_in must be a number"),
+    ):
+        with pytest.raises(relay.ProtocolError, match=says):
+            relay.worker_events([{**end, **bad}], job, "edge", "w1")
+
+
+def test_a_started_item_naming_no_string_ids_changes_nothing() -> None:
+    """A list for an id was unhashable and took the worker's socket down (a review)."""
+    assert relay.started({"started": True, "run_id": 5, "sq_id": []}, {}) is None
+    assert relay.started({"started": True, "run_id": "r", "sq_id": {"a": 1}}, {}) is None
+
+
+def test_a_workers_buffer_is_its_share_of_its_slots_at_least_one_or_none() -> None:
+    assert [buffer_for(slots, 0.5) for slots in (1, 2, 8, 9)] == [1, 1, 4, 4]
+    assert buffer_for(8, 0.0) == 0  # FRLM_GATEWAY_BUFFER=0: one job per slot
+    assert buffer_for(4, 2.0) == 8
+
+
+def test_batches_keep_each_message_within_the_size_limit() -> None:
+    parts = [json.dumps({"n": i, "text": "x" * 30}) for i in range(10)]
+    messages = batches(parts, '"type":"jobs","jobs":', limit=200)
+    assert all(len(m) <= 200 for m in messages) and len(messages) > 1
+    decoded = [json.loads(m) for m in messages]
+    assert {d["type"] for d in decoded} == {"jobs"}
+    assert [j["n"] for d in decoded for j in d["jobs"]] == list(range(10))
+    (alone,) = batches(['"' + "y" * 300 + '"'], '"type":"jobs","jobs":', limit=200)
+    assert json.loads(alone)["jobs"] == ["y" * 300]  # larger than the limit: sent alone
+
+
+# --- the model endpoint is the worker's own -------------------------------------------------
+def test_a_job_cannot_name_the_endpoint_a_worker_calls() -> None:
+    decoy = ModelSpec("openai", "m", "http://attacker.example/v1")
+    with pytest.raises(ModelError, match="not one of this worker's endpoints"):
+        served(decoy)
+    # The simulated model is always this worker's own, whatever address the job names.
+    assert served(ModelSpec("sim", "s", "http://attacker.example/v1")).base_url == (
+        settings.FRLM_SIM_URL
+    )
+
+
+def test_a_run_naming_another_endpoint_for_its_workers_sends_them_nothing(venues) -> None:
+    with endpoint(lambda _: (200, b"{}")) as (url, seen):
+        run = finish(launch(task="sniah", tokens=20_000, seed=2, worker_base_url=url))
+    assert run.status == "succeeded" and run.correct is True, run.error
+    assert seen == []
+
+
+def test_the_gateway_path_is_the_documented_one() -> None:
+    assert ws_url("http://10.0.0.5:8000/") == "ws://10.0.0.5:8000/ws/workers/gateway"
+    assert ws_url("https://frlm.example") == "wss://frlm.example/ws/workers/gateway"
+
+
+def test_a_server_that_refuses_the_host_name_gets_a_hint() -> None:
+    from workers.client import ControlError, HttpControl
+
+    with endpoint(lambda _: (400, b"<h1>Bad Request (400)</h1>")) as (url, _):
+        control = HttpControl(url.removesuffix("/v1"), "frlmt_x", keys.generate())
+        with pytest.raises(ControlError) as refused:
+            control.register({"name": "n", "venue": "v"})  # type: ignore[typeddict-item]
+    assert "add the host of --server (127.0.0.1) to FRLM_ALLOWED_HOSTS" in str(refused.value)
