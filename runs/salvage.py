@@ -26,6 +26,8 @@ from traces.emitter import EVENTS_STREAM
 
 log = logging.getLogger(__name__)
 
+STREAM_PAGE = 10_000  # stream entries read at a time
+
 SALVAGED = (
     "read from the run's trace after its conductor was lost: a chain cut short before it "
     "died cannot be told from a whole one"
@@ -45,14 +47,19 @@ def _events(client: redis.Redis, run_id: str) -> list[dict[str, Any]]:
     events = store.read_events(run_id)
     after = events[-1]["seq"] if events else 0
     marker = f'"run_id":"{run_id}"'.encode()
-    for _id, fields in client.xrange(EVENTS_STREAM):
-        raw = fields.get(b"e") or b""
-        if marker not in raw or int(fields.get(b"seq") or 0) <= after:
-            continue
-        event = json.loads(raw)
-        if event.get("run_id") == run_id:
-            events.append({**event, "seq": int(fields[b"seq"])})
-    return events
+    start = "-"
+    while True:  # in pages: a stream a stopped recorder let grow is not read at once
+        page = client.xrange(EVENTS_STREAM, min=start, count=STREAM_PAGE)
+        for _id, fields in page:
+            raw = fields.get(b"e") or b""
+            if marker not in raw or int(fields.get(b"seq") or 0) <= after:
+                continue
+            event = json.loads(raw)
+            if event.get("run_id") == run_id:
+                events.append({**event, "seq": int(fields[b"seq"])})
+        if len(page) < STREAM_PAGE:
+            return sorted(events, key=lambda e: e["seq"])
+        start = "(" + (page[-1][0].decode() if isinstance(page[-1][0], bytes) else page[-1][0])
 
 
 def spend_from_trace(events: list[dict[str, Any]]) -> dict[str, Any]:
