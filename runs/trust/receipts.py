@@ -33,7 +33,7 @@ import threading
 from collections.abc import Callable, Mapping
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.conf import settings
@@ -266,6 +266,9 @@ class RecordedChain(TypedDict):
 
     count: int
     head: str | None  # the last receipt's hash; None when there is none
+    # Set when the watcher that failed the run read these from its trace, its conductor
+    # lost (runs/salvage.py): then they cannot show a chain cut short before it died.
+    source: NotRequired[str]
 
 
 class BrokenLink(TypedDict):
@@ -569,7 +572,10 @@ def run_recorded_chain(run_id: str) -> RecordedChain:
             "its accounts: its conductor was lost, or it was imported), so whether its trace "
             "holds the whole chain cannot be checked"
         )
-    return {"count": count, "head": head}
+    recorded: RecordedChain = {"count": count, "head": head}
+    if isinstance(summary.get("source"), str):
+        recorded["source"] = summary["source"]
+    return recorded
 
 
 def receipts_verify(run_id: str, *, conductor_key: str | None = None) -> ChainReport:
@@ -615,6 +621,11 @@ def format_report(report: ChainReport) -> str:
             f"OK: {report['count']} receipts of run {report['run']}, chain whole and as the "
             "run recorded it"
         ]
+        if report["recorded"].get("source"):
+            lines[0] = (
+                f"OK: {report['count']} receipts of run {report['run']}, chain whole as far "
+                f"as its trace goes; the run's record of it was {report['recorded']['source']}"
+            )
         if report["head"]:
             lines.append(f"chain hash: {report['head']}")
     else:

@@ -86,6 +86,10 @@ def test_it_fails_the_run_of_a_dead_conductor_from_the_web_server(stack, venues,
         chain = row.accounts["receipts"]
         assert chain["count"] == 6 and chain["head"] == receipts[-1]["attrs"]["hash"]
         assert "read from the run's trace" in chain["source"]
+        from runs.trust.receipts import run_recorded_chain
+
+        # frlm_receipts verify checks against it, and says it was read from the trace.
+        assert run_recorded_chain(run.id)["source"] == chain["source"]
 
 
 def test_it_keeps_a_stalled_conductors_run_and_fails_one_stalled_past_its_lease(
