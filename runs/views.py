@@ -255,10 +255,15 @@ def _run_context(request: HttpRequest, run: Run) -> dict[str, Any]:
 @require_GET
 def run_page(request: HttpRequest, run_id: str) -> HttpResponse:
     run = _get_run_for_user(request, run_id)
+    return render(request, "runs/run.html", _page_context(request, run))
+
+
+def _page_context(request: HttpRequest, run: Run) -> dict[str, Any]:
+    """The whole run page's: the header's, and the worker ids as the trace has them, with
+    the names they registered (waterfall, views)."""
     ctx = _run_context(request, run)
-    # Worker ids as the trace has them, with the names they registered (waterfall, views).
     ctx["workers"] = worker_names(run_worker_ids(run.id), active=not run.done)
-    return render(request, "runs/run.html", ctx)
+    return ctx
 
 
 @login_required
@@ -295,9 +300,8 @@ def run_replay_view(request: HttpRequest, run_id: str) -> HttpResponse:
 def _replay_refused(request: HttpRequest, source: Run, form: ReplayForm) -> HttpResponse:
     """The run page again, its Replay form open with what was typed and each error beside
     it: a redirect lost both (the panel came back closed, its values reset; a review)."""
-    ctx = _run_context(request, source)
+    ctx = _page_context(request, source)
     ctx.update(replay_form=form, replay_open=True)
-    ctx["workers"] = worker_names(run_worker_ids(source.id), active=not source.done)
     return render(request, "runs/run.html", ctx, status=400)
 
 

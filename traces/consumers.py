@@ -25,11 +25,10 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from asgiref.sync import sync_to_async
+from channels.auth import get_user
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
-from django.contrib.auth import HASH_SESSION_KEY, SESSION_KEY, get_user_model
-from django.utils.crypto import constant_time_compare
 
 from frlm_web import jsontext
 from frlm_web.redis_client import get_redis
@@ -46,18 +45,13 @@ CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
 
 
-def signed_in_still(session_key: str, user_pk: Any) -> bool:
-    """Whether this session still signs in this user, as Django's own check of a request
-    reads it: the session exists, names the user, and carries the hash of the user's
-    current password; and the user is still active."""
+async def signed_in_still(session_key: str, user_pk: Any) -> bool:
+    """Whether this session still signs in this user, read afresh as Channels' own check
+    reads a socket's session at connect (the session exists, names the user, carries the
+    hash of the user's current password, and the user may still sign in)."""
     store = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
-    data = store.load()
-    if str(data.get(SESSION_KEY)) != str(user_pk):
-        return False
-    user = get_user_model()._default_manager.filter(pk=user_pk).first()
-    if user is None or not getattr(user, "is_active", True):
-        return False
-    return constant_time_compare(data.get(HASH_SESSION_KEY, ""), user.get_session_auth_hash())
+    user = await get_user({"session": store})
+    return bool(user.is_authenticated and user.pk == user_pk)
 
 
 class RunConsumer(AsyncJsonWebsocketConsumer):
@@ -110,9 +104,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         for task in (self.filler, self.settler, self.watcher, self.guard):
             if task is not None:
                 task.cancel()
-        for group in (self.group, self.session_group):
-            if group is not None:
-                await self.channel_layer.group_discard(group, self.channel_name)
+        await self._leave_groups()
 
     @classmethod
     async def decode_json(cls, text_data: str) -> Any:
@@ -168,17 +160,20 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
     async def _guard_session(self, session_key: str, user_pk: Any) -> None:
         while True:
             await asyncio.sleep(SESSION_CHECK_S)
-            if not await database_sync_to_async(signed_in_still)(session_key, user_pk):
+            if not await signed_in_still(session_key, user_pk):
                 await self._close_signed_out()
                 return
 
     async def _close_signed_out(self) -> None:
         """Nothing more is sent: the groups are left before the close."""
+        await self._leave_groups()
+        await self.close(code=CLOSE_UNAUTHENTICATED)
+
+    async def _leave_groups(self) -> None:
         for group in (self.group, self.session_group):
             if group is not None:
                 await self.channel_layer.group_discard(group, self.channel_name)
         self.group = self.session_group = None
-        await self.close(code=CLOSE_UNAUTHENTICATED)
 
     # --- gaps ---
     async def _send_held(self, *, catch_up: bool) -> None:

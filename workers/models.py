@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 
 from django.conf import settings
@@ -59,6 +60,9 @@ def worker_queue(worker_id: str) -> str:
 
 def new_worker_id() -> str:
     return "w" + secrets.token_hex(6)
+
+
+WORKER_ID = re.compile(r"w[0-9a-f]{12}")  # what new_worker_id makes
 
 
 def token_digest(plaintext: str) -> str:

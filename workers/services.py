@@ -24,7 +24,7 @@ from frlm_web import presence, throttle
 from frlm_web.money import ZERO, money, money_str
 from frlm_web.redis_client import get_redis
 from workers import keys
-from workers.models import EnrolmentToken, Venue, Worker, token_digest, worker_queue
+from workers.models import WORKER_ID, EnrolmentToken, Venue, Worker, token_digest, worker_queue
 from workers.reputation import strike_add, strikes_at, strikes_key
 from workers.venues import Link, LiveWorker, presence_group
 
@@ -416,7 +416,6 @@ def _withdraw(worker: Worker) -> None:
 # on the queue directly (workers/wire.py), so nothing reads these once the worker is gone,
 # and each worker that ever ran left two keys behind (125 of each in a dev Redis).
 _BINDING_KEYS = ("_kombu.binding.worker.", "_kombu.binding_permanent.worker.")
-_WORKER_ID = re.compile(r"w[0-9a-f]{12}")  # workers.models.new_worker_id
 
 
 def queue_bindings_forget(client: redis.Redis, worker_ids: list[str]) -> None:
@@ -445,7 +444,7 @@ def departed_bindings_sweep(client: redis.Redis) -> int:
         for prefix in (*_BINDING_KEYS, worker_queue(""))
         for key in client.scan_iter(match=f"{prefix}*", count=1000)
     }
-    ids = {wid for wid in ids if _WORKER_ID.fullmatch(wid)}  # not kombu's priority queues
+    ids = {wid for wid in ids if WORKER_ID.fullmatch(wid)}  # not kombu's priority queues
     if not ids:
         return 0
     active = set(
