@@ -9,7 +9,7 @@ from django.urls import path, re_path
 from frlm_web.origins import SameOriginValidator
 from runs.selectors import run_context_path, run_visible
 from traces.consumers import RunConsumer
-from workers.gateway.server import GatewayConsumer
+from workers.gateway.handshake import GatewayConsumer
 
 
 def browser(app: Any) -> Any:
@@ -36,7 +36,7 @@ class NoRoute(AsyncWebsocketConsumer):
 websocket_urlpatterns: list = [
     path("ws/runs/<str:run_id>", browser(RunConsumer.as_asgi(access=run_visible))),
     # A machine client: no session and no Origin; the worker proves who it is by signing
-    # a challenge with its key (workers/gateway/server.py).
+    # a challenge with its key (workers/gateway/handshake.py).
     path("ws/workers/gateway", GatewayConsumer.as_asgi(run_context=run_context_path)),
     re_path(r"", NoRoute.as_asgi()),
 ]

@@ -5,10 +5,12 @@ another network and mount namespace)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -17,8 +19,9 @@ from typing import IO
 from django.conf import settings
 
 from frlm_web.redis_client import get_redis
-from tests.helpers import wait_until
-from workers import services
+from tests.helpers import launch, wait_until
+from workers import keys, services, signing
+from workers.gateway.protocol import hello_claim
 from workers.models import Venue, Worker
 from workers.venues import LiveWorker, live_workers
 
@@ -152,3 +155,125 @@ def claims(run_id: str) -> list[tuple[str, str]]:
         (f[b"status"].decode(), f[b"sq_id"].decode())
         for _, f in get_redis().xrange(results_stream(run_id), "-", "+")
     ]
+
+
+# -- speaking the protocol by hand, as a hostile or scripted worker ---------------------
+
+
+def registered_worker(
+    name: str, venue: str = "hostile", concurrency: int = 2, models: list[str] | None = None
+) -> tuple[str, object]:
+    """A worker registered in `venue` (untrusted), and its key."""
+    key = keys.generate()
+    Venue.objects.get_or_create(name=venue, defaults={"kind": "edge", "trusted": False})
+    worker = services.worker_register(
+        enrolment_token(venue),
+        {
+            "name": name,
+            "venue": venue,
+            "models": models or [],
+            "concurrency": concurrency,
+            "public_key": keys.public_b64(key),
+        },
+    )
+    return worker.id, key
+
+
+def say_hello(ws, worker_id: str, key, version: int | None = None) -> dict:
+    """Sign the challenge; `version` as a worker of that protocol version says it (an older
+    worker says none)."""
+    challenge = json.loads(ws.recv(timeout=10))
+    assert challenge["type"] == "challenge"
+    sig = keys.sign(key, hello_claim(worker_id, challenge["nonce"]))
+    hello = {"type": "hello", "worker_id": worker_id, "nonce": challenge["nonce"], "sig": sig}
+    if version is not None:
+        hello["version"] = version
+    ws.send(json.dumps(hello))
+    return json.loads(ws.recv(timeout=10))
+
+
+def next_messages(ws, kinds: set[str], *, wait_s: float = 20) -> list[dict]:
+    """Messages of `kinds` the server sends within `wait_s` (until one comes, then until it
+    is quiet for half a second), its pings answered."""
+    got: list[dict] = []
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            message = json.loads(ws.recv(timeout=0.5))
+        except TimeoutError:
+            if got:
+                return got
+            continue
+        if message["type"] == "ping":
+            ws.send(json.dumps({"type": "pong", "t": message["t"]}))
+        elif message["type"] in kinds:
+            got.append(message)
+    return got
+
+
+def jobs_in(messages: list[dict]) -> list[dict]:
+    return [j for m in messages for j in (m["jobs"] if m["type"] == "jobs" else [m["job"]])]
+
+
+def signed_answer(job: dict, worker_id: str, key, **changes) -> dict:
+    """A worker's signed answer to `job` and the end of its Execute span, as the agent
+    sends them; `changes` alter the result after it is signed."""
+    result = {
+        "run_id": job["run_id"],
+        "sq_id": job["sq_id"],
+        "venue": "ignored: the server stamps it",
+        "worker_id": worker_id,
+        "status": "ok",
+        "text": "not here",
+        "tokens_in": 3,
+        "tokens_out": 2,
+        "ms": 1.0,
+        "cost": "0",
+    }
+    result["sig"] = signing.result_sign(key, result)
+    end = {
+        "event_id": os.urandom(8).hex(),
+        "span_id": job["execute_span"],
+        "parent_id": job["submit_span"],
+        "name": "SubQuery.Execute",
+        "phase": "end",
+        "ts": time.time_ns(),
+        "status": "ok",
+        "depth": job["depth"],
+        "ms": 1.0,
+        "attrs": {"sq_id": job["sq_id"]},
+    }
+    return {"sq_id": job["sq_id"], "result": {**result, **changes}, "events": [end]}
+
+
+def serve_run(ws, run, worker_id: str, key, forge: set[str]) -> dict[str, dict]:
+    """Answer every job of `run` until it is done, each batch in one `results` message;
+    the first answer for an sq_id in `forge` is signed with another key. Returns the jobs
+    answered, by sq_id."""
+    stranger = keys.generate()
+    answered: dict[str, dict] = {}
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        run.refresh_from_db()
+        if run.done:
+            return answered
+        jobs = jobs_in(next_messages(ws, {"job", "jobs"}, wait_s=1))
+        items = []
+        for job in jobs:
+            forged = job["sq_id"] in forge and job["sq_id"] not in answered
+            items.append(signed_answer(job, worker_id, stranger if forged else key))
+            answered[job["sq_id"]] = job
+        if items:
+            ws.send(json.dumps({"type": "results", "results": items}))
+    raise AssertionError(f"run {run.id} did not finish")
+
+
+def first_batch(ws, wid: str, key, venue: str, *, seed: int, timeout_s: float):
+    """Launch a fragment run on `venue` (no hedging), say hello as a version-2 worker, and
+    take the first jobs it sends: (the run, those jobs). The run is launched before the
+    hello: a worker says nothing while the run is made (its context written, a few seconds
+    on a loaded machine), and a worker silent past FRLM_GATEWAY_SILENCE_S is dropped."""
+    policy = {"subquery_timeout_s": timeout_s, "hedge": "off"}
+    run = launch(task="sniah", tokens=60_000, seed=seed, venues=[venue], policy=policy)
+    assert say_hello(ws, wid, key, 2)["type"] == "welcome"
+    return run, jobs_in(next_messages(ws, {"job", "jobs"}))

@@ -34,7 +34,8 @@ class Result(TypedDict, total=False):
     run_id: str
     sq_id: str
     # started | ok | error | cancelled; the gateway's: lost (look at presence now), refused
-    # (it refused the holder's result: try the job again now)
+    # (it refused the holder's result: try the job again now), returned (its holder gave it
+    # back: the session it came on dropped before it answered; try it again now)
     status: str
     text: str
     error: str

@@ -18,18 +18,26 @@ from django.conf import settings
 from websockets.sync.client import connect
 
 from frlm_web.redis_client import get_redis
-from tests.gateway import claims, enrolment_token, named
+from tests.gateway import (
+    claims,
+    first_batch,
+    jobs_in,
+    named,
+    next_messages,
+    registered_worker,
+    say_hello,
+    serve_run,
+    signed_answer,
+)
 from tests.helpers import finish, launch, trace, wait_until
 from traces import store
 from traces.emitter import EVENTS_STREAM
 from workers import keys, signing
 from workers.backends import ModelSpec
 from workers.gateway.agent import ws_url
-from workers.gateway.protocol import hello_claim
 from workers.jobs import cancelled_key, results_stream
-from workers.models import Venue, worker_queue
+from workers.models import worker_queue
 from workers.reputation import strikes_key
-from workers.services import worker_register
 from workers.tasks import subquery_execute
 
 pytestmark = pytest.mark.timeout(240)
@@ -65,17 +73,17 @@ def test_a_queued_job_the_conductor_cancels_is_taken_back_from_the_buffer(web, v
     twin answered), the server takes it back (`cancel`, within a heartbeat), fills its
     place, and holds it no more: when the worker is lost, it is not among the jobs handed
     back."""
-    wid, key = _registered("taken-back", concurrency=2)
+    wid, key = registered_worker("taken-back", concurrency=2)
     run_id = "rtakeback" + os.urandom(4).hex()
     for i in range(1, 6):
         _queue_job(worker_queue(wid), run_id, f"{i}.1")
     with connect(ws_url(web), open_timeout=10) as ws:
-        assert _hello(ws, wid, key, 3)["buffer"] == 1
-        jobs = {j["sq_id"]: j for j in _jobs(_next(ws, {"jobs"}))}
+        assert say_hello(ws, wid, key, 3)["buffer"] == 1
+        jobs = {j["sq_id"]: j for j in jobs_in(next_messages(ws, {"jobs"}))}
         (queued,) = [sq for sq, j in jobs.items() if j.get("queued")]
         get_redis().sadd(cancelled_key(run_id), queued)
-        got = _next(ws, {"cancel", "jobs"}, wait_s=5)
-        refill = _jobs([m for m in got if m["type"] == "jobs"])
+        got = next_messages(ws, {"cancel", "jobs"}, wait_s=5)
+        refill = jobs_in([m for m in got if m["type"] == "jobs"])
         held = set(jobs) - {queued} | {j["sq_id"] for j in refill}
     cancels = [m for m in got if m["type"] == "cancel"]
     assert [m["jobs"] for m in cancels] == [[{"run_id": run_id, "sq_id": queued}]]
@@ -88,43 +96,11 @@ def test_a_queued_job_the_conductor_cancels_is_taken_back_from_the_buffer(web, v
 
 
 # --- what a hostile worker can send ---------------------------------------------------------
-def _registered(
-    name: str, venue: str = "hostile", concurrency: int = 2, models: list[str] | None = None
-) -> tuple[str, object]:
-    """A worker registered in `venue` (untrusted), and its key."""
-    key = keys.generate()
-    Venue.objects.get_or_create(name=venue, defaults={"kind": "edge", "trusted": False})
-    worker = worker_register(
-        enrolment_token(venue),
-        {
-            "name": name,
-            "venue": venue,
-            "models": models or [],
-            "concurrency": concurrency,
-            "public_key": keys.public_b64(key),
-        },
-    )
-    return worker.id, key
-
-
-def _hello(ws, worker_id: str, key, version: int | None = None) -> dict:
-    """Sign the challenge; `version` as a worker of that protocol version says it (an older
-    worker says none)."""
-    challenge = json.loads(ws.recv(timeout=10))
-    assert challenge["type"] == "challenge"
-    sig = keys.sign(key, hello_claim(worker_id, challenge["nonce"]))
-    hello = {"type": "hello", "worker_id": worker_id, "nonce": challenge["nonce"], "sig": sig}
-    if version is not None:
-        hello["version"] = version
-    ws.send(json.dumps(hello))
-    return json.loads(ws.recv(timeout=10))
-
-
 def test_a_worker_must_sign_the_challenge_and_a_failure_is_no_strike(web, venues) -> None:
-    victim, _ = _registered("victim")
-    _, stranger = _registered("stranger")
+    victim, _ = registered_worker("victim")
+    _, stranger = registered_worker("stranger")
     with connect(ws_url(web), open_timeout=10) as ws:
-        answer = _hello(ws, victim, stranger)  # signed with another worker's key
+        answer = say_hello(ws, victim, stranger)  # signed with another worker's key
     assert answer["type"] == "error"
     assert "does not match this worker's registered key" in answer["error"]
     assert get_redis().get(strikes_key(victim)) is None
@@ -151,10 +127,10 @@ def test_json_nested_too_deeply_is_refused_as_a_protocol_error(web, venues) -> N
 
 def test_a_worker_sees_no_prompt_but_those_of_its_own_queues(web, venues) -> None:
     """Connected and authenticated while another venue's run fans out: nothing but pings."""
-    wid, key = _registered("eavesdropper")
+    wid, key = registered_worker("eavesdropper")
     seen: list[str] = []
     with connect(ws_url(web), open_timeout=10) as ws:
-        assert _hello(ws, wid, key)["type"] == "welcome"
+        assert say_hello(ws, wid, key)["type"] == "welcome"
         run = launch(task="sniah", tokens=60_000, seed=3)  # on local and edge
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -172,11 +148,11 @@ def test_a_worker_sees_no_prompt_but_those_of_its_own_queues(web, venues) -> Non
 def test_failed_hellos_are_throttled_per_address(web, venues, api_failures_cleared) -> None:
     """Unauthenticated failures count against the address, as on the worker API: past the
     limit the gateway refuses before it checks anything, and the worker has no strike."""
-    victim, _ = _registered("throttled")
-    _, stranger = _registered("guesser")
+    victim, _ = registered_worker("throttled")
+    _, stranger = registered_worker("guesser")
     for _ in range(settings.FRLM_API_FAIL_LIMIT):
         with connect(ws_url(web), open_timeout=10) as ws:
-            assert _hello(ws, victim, stranger)["type"] == "error"
+            assert say_hello(ws, victim, stranger)["type"] == "error"
     with connect(ws_url(web), open_timeout=10) as ws:
         refused = json.loads(ws.recv(timeout=10))
     assert refused["type"] == "error" and "too many requests" in refused["error"]
@@ -188,12 +164,12 @@ def test_a_worker_answers_and_reports_only_for_jobs_it_holds(web, venues) -> Non
     """A registered, authenticated worker claims another's job, forges events of the run,
     and reports a Run.Done: none of it reaches the run's streams."""
     run = finish(launch(task="sniah", tokens=20_000, seed=2))
-    wid, key = _registered("claimer")
+    wid, key = registered_worker("claimer")
     client = get_redis()
     results_before = client.xlen(results_stream(run.id))
     events_before = client.xlen(EVENTS_STREAM)
     with connect(ws_url(web), open_timeout=10) as ws:
-        assert _hello(ws, wid, key)["type"] == "welcome"
+        assert say_hello(ws, wid, key)["type"] == "welcome"
         for status in ("started", "ok", "cancelled"):
             ws.send(
                 json.dumps(
@@ -241,60 +217,6 @@ def _queue_job(queue: str, run_id: str, sq_id: str) -> None:
     subquery_execute.apply_async(args=[_job(run_id, sq_id)], queue=queue, declare=[])
 
 
-def _next(ws, kinds: set[str], *, wait_s: float = 20) -> list[dict]:
-    """Messages of `kinds` the server sends within `wait_s` (until one comes, then until it
-    is quiet for half a second), its pings answered."""
-    got: list[dict] = []
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        try:
-            message = json.loads(ws.recv(timeout=0.5))
-        except TimeoutError:
-            if got:
-                return got
-            continue
-        if message["type"] == "ping":
-            ws.send(json.dumps({"type": "pong", "t": message["t"]}))
-        elif message["type"] in kinds:
-            got.append(message)
-    return got
-
-
-def _jobs(messages: list[dict]) -> list[dict]:
-    return [j for m in messages for j in (m["jobs"] if m["type"] == "jobs" else [m["job"]])]
-
-
-def _answer(job: dict, worker_id: str, key, **changes) -> dict:
-    """A worker's signed answer to `job` and the end of its Execute span, as the agent
-    sends them; `changes` alter the result after it is signed."""
-    result = {
-        "run_id": job["run_id"],
-        "sq_id": job["sq_id"],
-        "venue": "ignored: the server stamps it",
-        "worker_id": worker_id,
-        "status": "ok",
-        "text": "not here",
-        "tokens_in": 3,
-        "tokens_out": 2,
-        "ms": 1.0,
-        "cost": "0",
-    }
-    result["sig"] = signing.result_sign(key, result)
-    end = {
-        "event_id": os.urandom(8).hex(),
-        "span_id": job["execute_span"],
-        "parent_id": job["submit_span"],
-        "name": "SubQuery.Execute",
-        "phase": "end",
-        "ts": time.time_ns(),
-        "status": "ok",
-        "depth": job["depth"],
-        "ms": 1.0,
-        "attrs": {"sq_id": job["sq_id"]},
-    }
-    return {"sq_id": job["sq_id"], "result": {**result, **changes}, "events": [end]}
-
-
 def _execute_events(run_id: str, enough: Callable[[list[dict]], bool], what: str) -> list[dict]:
     """The run's Execute span events, once the recorder has stored `enough` of them."""
 
@@ -321,15 +243,15 @@ def test_a_worker_of_version_2_gets_jobs_together_and_an_older_one_one_a_message
     web, venues
 ) -> None:
     for version, kind in ((2, "jobs"), (None, "job")):
-        wid, key = _registered(f"batch-{kind}", concurrency=4)
+        wid, key = registered_worker(f"batch-{kind}", concurrency=4)
         run_id = "rbatch" + os.urandom(4).hex()
         for i in range(1, 5):
             _queue_job(worker_queue(wid), run_id, f"{i}.1")
         with connect(ws_url(web), open_timeout=10) as ws:
-            assert _hello(ws, wid, key, version)["type"] == "welcome"
-            messages = _next(ws, {"job", "jobs"})
+            assert say_hello(ws, wid, key, version)["type"] == "welcome"
+            messages = next_messages(ws, {"job", "jobs"})
         assert {m["type"] for m in messages} == {kind}
-        assert sorted(j["sq_id"] for j in _jobs(messages)) == ["1.1", "2.1", "3.1", "4.1"]
+        assert sorted(j["sq_id"] for j in jobs_in(messages)) == ["1.1", "2.1", "3.1", "4.1"]
         if kind == "jobs":
             assert len(messages) < 4  # popped and sent together, not one by one
 
@@ -340,7 +262,7 @@ def test_a_bundle_that_reaches_a_gateway_workers_queue_is_sent_as_its_jobs(web, 
     between) was dropped as "not a sub-query task", its jobs left to time out."""
     from workers import wire
 
-    wid, key = _registered("bundled", concurrency=4)
+    wid, key = registered_worker("bundled", concurrency=4)
     run_id = "rbundle" + os.urandom(4).hex()
     jobs = [_job(run_id, f"{i}.1") for i in (1, 2, 3)]
     wire.push(
@@ -352,9 +274,9 @@ def test_a_bundle_that_reaches_a_gateway_workers_queue_is_sent_as_its_jobs(web, 
         per_trip=8,
     )
     with connect(ws_url(web), open_timeout=10) as ws:
-        assert _hello(ws, wid, key, 3)["type"] == "welcome"
-        messages = _next(ws, {"job", "jobs"})
-    assert sorted(j["sq_id"] for j in _jobs(messages)) == ["1.1", "2.1", "3.1"]
+        assert say_hello(ws, wid, key, 3)["type"] == "welcome"
+        messages = next_messages(ws, {"job", "jobs"})
+    assert sorted(j["sq_id"] for j in jobs_in(messages)) == ["1.1", "2.1", "3.1"]
 
 
 def test_a_worker_of_version_3_holds_a_buffer_and_its_queued_jobs_start_when_it_says(
@@ -365,14 +287,14 @@ def test_a_worker_of_version_3_holds_a_buffer_and_its_queued_jobs_start_when_it_
     them until the worker says it started one. A start said of a job that is not queued or
     not its own changes nothing; a queued job answered without its start said gets its
     span opened then; a lost worker's queued jobs are handed back with no span ended."""
-    wid, key = _registered("buffered", concurrency=4)
+    wid, key = registered_worker("buffered", concurrency=4)
     run_id = "rbuffer" + os.urandom(4).hex()
     for i in range(1, 9):
         _queue_job(worker_queue(wid), run_id, f"{i}.1")
     with connect(ws_url(web), open_timeout=10) as ws:
-        welcome = _hello(ws, wid, key, 3)
+        welcome = say_hello(ws, wid, key, 3)
         assert welcome["buffer"] == 2
-        jobs = {j["sq_id"]: j for j in _jobs(_next(ws, {"jobs"}))}
+        jobs = {j["sq_id"]: j for j in jobs_in(next_messages(ws, {"jobs"}))}
         assert len(jobs) == 6
         queued = sorted(sq for sq, j in jobs.items() if j.get("queued"))
         running = sorted(set(jobs) - set(queued))
@@ -400,17 +322,17 @@ def test_a_worker_of_version_3_holds_a_buffer_and_its_queued_jobs_start_when_it_
                 {
                     "type": "results",
                     "results": [
-                        _answer(jobs[running[0]], wid, key),
+                        signed_answer(jobs[running[0]], wid, key),
                         {"sq_id": first, "run_id": run_id, "started": True},
                     ],
                 }
             )
         )
-        (refill,) = _jobs(_next(ws, {"jobs"}))
+        (refill,) = jobs_in(next_messages(ws, {"jobs"}))
         assert refill["queued"] is True  # 4 running again, 1 queued: the buffer has room
         # The second queued job answered without its start said.
-        ws.send(json.dumps({"type": "results", "results": [_answer(jobs[second], wid, key)]}))
-        (last,) = _jobs(_next(ws, {"jobs"}))
+        ws.send(json.dumps({"type": "results", "results": [signed_answer(jobs[second], wid, key)]}))
+        (last,) = jobs_in(next_messages(ws, {"jobs"}))
         assert last["queued"] is True
         wait_until(lambda: ("ok", second) in claims(run_id), timeout=10, what="the second's answer")
     after = claims(run_id)[6:]
@@ -442,30 +364,30 @@ def test_a_result_that_breaks_the_protocol_is_refused_alone_and_the_rest_relayed
     the run's stream; each other one is named in `refused` with its error, the jobs it
     held are ended (their slots free, their Execute spans closed as errors), and the
     connection stays open."""
-    wid, key = _registered("refusee", concurrency=4)
+    wid, key = registered_worker("refusee", concurrency=4)
     run_id = "rrefuse" + os.urandom(4).hex()
     for i in range(1, 5):
         _queue_job(worker_queue(wid), run_id, f"{i}.1")
     with connect(ws_url(web), open_timeout=10) as ws:
-        assert _hello(ws, wid, key, 2)["type"] == "welcome"
-        jobs = {j["sq_id"]: j for j in _jobs(_next(ws, {"jobs"}))}
+        assert say_hello(ws, wid, key, 2)["type"] == "welcome"
+        jobs = {j["sq_id"]: j for j in jobs_in(next_messages(ws, {"jobs"}))}
         assert sorted(jobs) == ["1.1", "2.1", "3.1", "4.1"]
-        forged_event = _answer(jobs["3.1"], wid, key)
+        forged_event = signed_answer(jobs["3.1"], wid, key)
         forged_event["events"].append({"name": "Run.Done", "parent_id": "x"})
-        never_given = _answer({**jobs["1.1"], "sq_id": "9.1"}, wid, key)
+        never_given = signed_answer({**jobs["1.1"], "sq_id": "9.1"}, wid, key)
         items = [
-            _answer(jobs["1.1"], wid, key),
-            _answer(jobs["2.1"], wid, key, status="finished"),
+            signed_answer(jobs["1.1"], wid, key),
+            signed_answer(jobs["2.1"], wid, key, status="finished"),
             forged_event,
             never_given,
-            _answer(jobs["4.1"], wid, key),
+            signed_answer(jobs["4.1"], wid, key),
         ]
         ws.send(json.dumps({"type": "results", "results": items}))
-        (refused,) = _next(ws, {"refused", "error"})
+        (refused,) = next_messages(ws, {"refused", "error"})
         # The refused jobs' slots are free again: four more jobs fill all four.
         for i in range(5, 9):
             _queue_job(worker_queue(wid), run_id, f"{i}.1")
-        more = _jobs(_next(ws, {"job", "jobs"}))
+        more = jobs_in(next_messages(ws, {"job", "jobs"}))
 
     assert refused["type"] == "refused", refused
     why = {r["sq_id"]: r["error"] for r in refused["results"]}
@@ -500,49 +422,18 @@ def test_a_result_that_breaks_the_protocol_is_refused_alone_and_the_rest_relayed
     assert {ends[sq]["status"] for sq in ("5.1", "6.1", "7.1", "8.1")} == {"abandoned"}
 
 
-def _serve(ws, run, worker_id: str, key, forge: set[str]) -> dict[str, dict]:
-    """Answer every job of `run` until it is done, each batch in one `results` message;
-    the first answer for an sq_id in `forge` is signed with another key. Returns the jobs
-    answered, by sq_id."""
-    stranger = keys.generate()
-    answered: dict[str, dict] = {}
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        run.refresh_from_db()
-        if run.done:
-            return answered
-        jobs = _jobs(_next(ws, {"job", "jobs"}, wait_s=1))
-        items = []
-        for job in jobs:
-            forged = job["sq_id"] in forge and job["sq_id"] not in answered
-            items.append(_answer(job, worker_id, stranger if forged else key))
-            answered[job["sq_id"]] = job
-        if items:
-            ws.send(json.dumps({"type": "results", "results": items}))
-    raise AssertionError(f"run {run.id} did not finish")
-
-
-def _first_batch(ws, wid: str, key, venue: str, *, seed: int, timeout_s: float):
-    """Say hello as a version-2 worker, launch a fragment run on `venue` (no hedging), and
-    take the first jobs it sends: (the run, those jobs)."""
-    assert _hello(ws, wid, key, 2)["type"] == "welcome"
-    policy = {"subquery_timeout_s": timeout_s, "hedge": "off"}
-    run = launch(task="sniah", tokens=60_000, seed=seed, venues=[venue], policy=policy)
-    return run, _jobs(_next(ws, {"job", "jobs"}))
-
-
 def test_a_forged_signature_in_a_batch_loses_only_that_result(web, venues) -> None:
     """Signatures are checked one result at a time by the conductor, batch or not: the
     forged one is rejected (and its worker struck), the others in the same message count."""
-    wid, key = _registered("forger", venue="batchsig", concurrency=8)
+    wid, key = registered_worker("forger", venue="batchsig", concurrency=8)
     with connect(ws_url(web), open_timeout=10) as ws:
-        run, first = _first_batch(ws, wid, key, "batchsig", seed=4, timeout_s=4)
+        run, first = first_batch(ws, wid, key, "batchsig", seed=4, timeout_s=4)
         assert len(first) >= 2, first
         forged = first[0]["sq_id"]
         stranger = keys.generate()
-        items = [_answer(job, wid, stranger if job is first[0] else key) for job in first]
+        items = [signed_answer(job, wid, stranger if job is first[0] else key) for job in first]
         ws.send(json.dumps({"type": "results", "results": items}))
-        answered = _serve(ws, run, wid, key, forge=set())
+        answered = serve_run(ws, run, wid, key, forge=set())
 
     events = trace(run)
     rejected = [e for e in named(events, "SubQuery.Return") if e["status"] == "rejected"]
@@ -559,15 +450,16 @@ def test_a_refused_result_sends_its_job_elsewhere_at_once_not_at_its_timeout(web
     """A result the gateway refuses never reaches the conductor; the gateway tells it the
     job's holder will not answer, so the job is tried again now (a SubQuery.Retry naming
     the refusal) instead of when its sub-query timeout (60 s here) runs out."""
-    wid, key = _registered("refused-retry", venue="refretry", concurrency=8)
+    wid, key = registered_worker("refused-retry", venue="refretry", concurrency=8)
     with connect(ws_url(web), open_timeout=10) as ws:
-        run, first = _first_batch(ws, wid, key, "refretry", seed=5, timeout_s=60)
+        run, first = first_batch(ws, wid, key, "refretry", seed=5, timeout_s=60)
         items = [
-            _answer(job, wid, key, status="finished" if job is first[0] else "ok") for job in first
+            signed_answer(job, wid, key, status="finished" if job is first[0] else "ok")
+            for job in first
         ]
         sent_at = time.time()
         ws.send(json.dumps({"type": "results", "results": items}))
-        _serve(ws, run, wid, key, forge=set())
+        serve_run(ws, run, wid, key, forge=set())
         took = time.time() - sent_at
 
     run.refresh_from_db()
@@ -588,20 +480,20 @@ def test_a_result_with_impossible_figures_is_refused_alone_and_a_claim_is_paid_a
     report) was paid, and stored as Inf, which broke every page that sums costs. The bad
     reply is refused and struck and its job tried again at once; a claim is paid at most
     what the worker's price makes of its signed token counts."""
-    wid, key = _registered("malformed", venue="malformed", concurrency=8)
+    wid, key = registered_worker("malformed", venue="malformed", concurrency=8)
     with connect(ws_url(web), open_timeout=10) as ws:
-        run, first = _first_batch(ws, wid, key, "malformed", seed=6, timeout_s=60)
+        run, first = first_batch(ws, wid, key, "malformed", seed=6, timeout_s=60)
         assert len(first) >= 4, first
         bad = {
             first[0]["sq_id"]: {"tokens_in": 1.5},
             first[1]["sq_id"]: {"ms": "abc"},
             first[2]["sq_id"]: {"cost": "1e400"},
         }
-        items = [_answer(job, wid, key, **bad.get(job["sq_id"], {})) for job in first]
+        items = [signed_answer(job, wid, key, **bad.get(job["sq_id"], {})) for job in first]
         items[3]["result"]["cost"] = "123456"  # within bounds, far above its price
         sent_at = time.time()
         ws.send(json.dumps({"type": "results", "results": items}))
-        _serve(ws, run, wid, key, forge=set())
+        serve_run(ws, run, wid, key, forge=set())
         took = time.time() - sent_at
 
     run.refresh_from_db()
@@ -624,20 +516,20 @@ def test_a_claim_is_priced_by_the_model_asked_for_and_its_tokens_by_its_text(web
     had its $999,999 claims, with 1,000,000 signed tokens, paid in full, a $1 budget or
     not. The job's model prices it, and the tokens count at most what the prompt and the
     reply could hold."""
-    wid, key = _registered(
+    wid, key = registered_worker(
         "claimer-x", venue="pricey", concurrency=4, models=["zzz-unpriced", "frlm-sim-worker"]
     )
     with connect(ws_url(web), open_timeout=10) as ws:
-        run, first = _first_batch(ws, wid, key, "pricey", seed=8, timeout_s=60)
+        run, first = first_batch(ws, wid, key, "pricey", seed=8, timeout_s=60)
         items = []
         for job in first:
-            item = _answer(job, wid, key)
+            item = signed_answer(job, wid, key)
             claim = {k: v for k, v in item["result"].items() if k != "sig"}
             claim.update(tokens_in=1_000_000, tokens_out=1_000_000, cost="999999")
             item["result"] = {**claim, "sig": signing.result_sign(key, claim)}
             items.append(item)
         ws.send(json.dumps({"type": "results", "results": items}))
-        _serve(ws, run, wid, key, forge=set())
+        serve_run(ws, run, wid, key, forge=set())
     run.refresh_from_db()
     assert run.status == "succeeded", run.error
     assert run.cost < 1, run.cost

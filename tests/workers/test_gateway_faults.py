@@ -187,3 +187,66 @@ def test_killing_the_web_server_ends_the_spans_of_the_jobs_it_held(venues, tmp_p
             assert ends and {e["status"] for e in ends} == {"abandoned"}, ends
         finally:
             worker.kill()
+
+
+def test_a_web_server_restarted_at_once_has_the_jobs_its_workers_held_tried_again_now(
+    venues, tmp_path
+) -> None:
+    """Killed with -9 and back before its workers' presence lapses, the web server knows
+    none of the jobs the old one gave them: their results are refused there as not held, and
+    the conductor, seeing the worker present all along, waited each job's sub-query timeout
+    (60 s by default). The worker now returns, on its next session, every job of the dropped
+    one, and the conductor tries each again at once."""
+    from runs.models import Run
+    from runs.services import ContextSpec, run_create
+    from tests.ownstack import open_spans, own_stack
+    from workers.backends import model_spec
+    from workers.venues import live_workers
+
+    with own_stack(tmp_path, [], web=True) as own:
+        server = f"http://127.0.0.1:{own.web_port}"
+        worker = GatewayWorker(
+            server, "far", "far-returning", tmp_path, "--concurrency", "4",
+            "--sim-latency-ms", "1500",
+        )  # fmt: skip
+        try:
+            wait_until(
+                lambda: any(w["label"] == "far-returning" for w in live_workers(own.client, "far")),
+                timeout=60,
+                what="the worker in the own stack's presence",
+            )
+            run = run_create(
+                question=scripted("rs = llm_query_batched(['q %d' % i for i in range(8)])",
+                                  "FINAL(str(sum(not r.startswith('[frlm:') for r in rs)))"),
+                context=ContextSpec(text="x"), policy={"hedge": "off", "subquery_timeout_s": 60},
+                root_model=model_spec("sim", role="root"),
+                worker_model=model_spec("sim", role="worker"), venues=["far"],
+            )  # fmt: skip
+            own.launch_run(run.id)
+            wait_until(
+                lambda: any(e["name"] == "SubQuery.Execute" for e in own.events(run.id)),
+                timeout=60,
+                what="the worker to run a job",
+            )
+            own.kill("web", signal.SIGKILL)
+            killed_at = time.monotonic()
+            own.restart("web")
+
+            def ended() -> bool:
+                run.refresh_from_db()
+                return run.status in (Run.Status.SUCCEEDED, Run.Status.FAILED)
+
+            wait_until(ended, timeout=120, what="the run to end")
+            took = time.monotonic() - killed_at
+            assert run.status == Run.Status.SUCCEEDED, run.error
+            assert run.answer == "8", run.answer
+            assert took < 30, f"the run ended {took:.1f} s after the kill: its jobs waited"
+            retried = [
+                e for e in own.events(run.id)
+                if e["name"] == "SubQuery.Retry" and "returned" in e["attrs"].get("reason", "")
+            ]  # fmt: skip
+            assert retried, "no job was tried again for its worker's return"
+            assert not [e for e in open_spans(own.events(run.id)) if e["name"] ==
+                        "SubQuery.Execute"]  # fmt: skip
+        finally:
+            worker.kill()

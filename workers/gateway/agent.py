@@ -44,6 +44,7 @@ from workers.gateway.protocol import (
     encode,
     hello_claim,
     speaks_batches,
+    takes_returns,
 )
 from workers.jobs import Job, Result
 from workers.services import Registration
@@ -155,6 +156,11 @@ class GatewayAgent:
     _outbox: Outbox | None = None
     # Jobs in its buffer the server took back (`cancel`): skipped when their turn comes.
     _cancelled: set[tuple[str, str]] = field(default_factory=set)
+    # Jobs not answered yet, by the session that gave them: those of a session that
+    # dropped are given back on the next (protocol.py, version 4).
+    _given: dict[tuple[str, str], object] = field(default_factory=dict)
+    _given_lock: threading.Lock = field(default_factory=threading.Lock)
+    _returns: bool = False  # the server takes `returned`
 
     @property
     def worker_id(self) -> str:
@@ -237,16 +243,33 @@ class GatewayAgent:
                 )
             )
             self._batched = speaks_batches(challenge.get("version"))
+            self._returns = takes_returns(challenge.get("version"))
             welcome = self._expect(ws, "welcome")
             self._ws = ws
             self.sessions += 1
             session = self._session_token = object()
             try:
+                self._give_back(session)
                 self._converse(ws, pool, float(welcome.get("heartbeat_s") or 1.0), session)
             finally:
                 # Its jobs not started yet are the server's to give again, not this
                 # worker's to run late beside the next session's (_execute drops them).
                 self._session_token = None
+
+    def _give_back(self, session: object) -> None:
+        """Every job of a dropped session not answered on it, given back: the server now
+        connected never gave them and would refuse their results, and without a word the
+        conductor waits out their timeout (a web server killed and started again before
+        this worker's presence lapsed). To an older server, nothing is said."""
+        with self._given_lock:
+            stale = [key for key, given in self._given.items() if given is not session]
+            for key in stale:
+                del self._given[key]
+        if not stale or not self._returns:
+            return
+        jobs = [{"run_id": run_id, "sq_id": sq_id} for run_id, sq_id in stale[:MAX_RESULTS]]
+        self._send({"type": "returned", "jobs": jobs})
+        log.warning("gave back %d job(s) of the session that dropped", len(jobs))
 
     def _converse(
         self, ws: ClientConnection, pool: ThreadPoolExecutor, every: float, session: object
@@ -285,6 +308,8 @@ class GatewayAgent:
         if kind in ("job", "jobs"):
             for job in message["jobs"] if kind == "jobs" else [message["job"]]:
                 self.tally.begin(_tally_key(job))
+                with self._given_lock:
+                    self._given[(job["run_id"], job["sq_id"])] = session
                 pool.submit(self._execute, job, session)
         elif kind == "cancel":
             for item in message.get("jobs") or []:
@@ -325,21 +350,46 @@ class GatewayAgent:
 
     def _send_results(self, items: list[dict[str, Any]]) -> None:
         """Results in `results` messages to a server of version 2 (each encoded once), one
-        `done` a message to an older one."""
+        `done` a message to an older one; only those of jobs the live session gave (a
+        dropped one's were given back), and a job is answered once its result is sent."""
+        items, answered = self._of_this_session(items)
+        if not items:
+            return
         if not self._batched:
             for item in items:
                 self._send({"type": "done", **item})
-            return
-        ws = self._ws
-        if ws is None:
-            return
-        for text in batches([encode(item) for item in items], '"type":"results","results":'):
-            with self._send_lock:
-                try:
-                    ws.send(text)
-                except (OSError, websockets.exceptions.WebSocketException) as exc:
-                    log.warning("could not send %d result(s): %s", len(items), exc)
-                    return
+        else:
+            ws = self._ws
+            if ws is None:
+                return
+            for text in batches([encode(item) for item in items], '"type":"results","results":'):
+                with self._send_lock:
+                    try:
+                        ws.send(text)
+                    except (OSError, websockets.exceptions.WebSocketException) as exc:
+                        log.warning("could not send %d result(s): %s", len(items), exc)
+                        return
+        with self._given_lock:
+            for key in answered:
+                self._given.pop(key, None)
+
+    def _of_this_session(
+        self, items: list[dict[str, Any]]
+    ) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+        """The items of jobs the live session gave, and the keys of those that answer one."""
+        session = self._session_token
+        keep: list[dict[str, Any]] = []
+        answered: list[tuple[str, str]] = []
+        with self._given_lock:
+            for item in items:
+                run_id = item.get("run_id") or (item.get("result") or {}).get("run_id")
+                key = (str(run_id), str(item.get("sq_id")))
+                if session is None or self._given.get(key) is not session:
+                    continue
+                keep.append(item)
+                if "result" in item:
+                    answered.append(key)
+        return keep, answered
 
     def _sent_all(self) -> bool:
         return self._outbox is None or self._outbox.empty()
@@ -359,6 +409,8 @@ class GatewayAgent:
         if key in self._cancelled:
             # Taken back while it waited in the buffer: nobody wants it; not a word of it.
             self._cancelled.discard(key)
+            with self._given_lock:
+                self._given.pop(key, None)
             self.tally.end(_tally_key(job))
             return
         sent: dict[str, Any] = job  # type: ignore[assignment]  (the gateway's fields too)

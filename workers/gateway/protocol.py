@@ -8,7 +8,7 @@ server -> worker: challenge {nonce, version}, welcome {worker_id, venue, heartbe
 worker -> server: hello {worker_id, nonce, sig, slots, version}, done {sq_id, result,
     events: the Execute span's end and Env.LoadFragment instants}, results {results:
     [{sq_id, result, events} or {sq_id, run_id, started: true} (version 3), ...]}
-    (version 2), beat {figures}, pong {t}.
+    (version 2), returned {jobs: [{run_id, sq_id}]} (version 4), beat {figures}, pong {t}.
 
 Version 2 batches: jobs popped together go in one `jobs` message, and results that finish
 together in one `results` message, so the server spends one WebSocket message, one JSON
@@ -32,6 +32,16 @@ answered first, or the batch was cut) is taken back: the server drops it and say
 (`cancel`), and the worker skips it when its turn comes. A worker of version 2 gets no
 buffer.
 
+Version 4 lets a worker give jobs back. A session can drop with jobs unanswered: the path
+cut, or the web server killed and started again before the worker's presence lapsed. The
+server the worker reaches next never gave it those jobs and refuses their results as not
+held, and the conductor, seeing the worker present all along, would wait out each job's
+sub-query timeout. So the first message of the worker's next session, to a server of
+version 4, is `returned`: every job of the dropped session it has sent no result for on
+that session (at most MAX_RESULTS a session). The server tells each job's run (status
+`returned`, the worker stamped here) where the run's result stream exists, and the
+conductor tries a job again at once when its assignee returned it.
+
 WebSocket rather than HTTP long-poll: jobs reach a worker the moment they are queued, its
 results and heartbeats ride the same connection, and the server knows the instant the
 connection drops, which is what lets the conductor re-dispatch that worker's jobs at once.
@@ -44,9 +54,10 @@ from typing import Any
 
 from frlm_web import jsontext
 
-VERSION = 3
+VERSION = 4
 BATCH_VERSION = 2  # the first version with `jobs`, `results` and `refused`
 BUFFER_VERSION = 3  # the first with a work buffer: `queued` jobs, `started` items
+RETURN_VERSION = 4  # the first that takes `returned`
 PATH = "/ws/workers/gateway"
 # A job carries its fragments' text (at most workers.fragments.MAX_FRAGMENT_BYTES) and a
 # result a model's reply: both directions allow that much and no more.
@@ -100,6 +111,11 @@ def speaks_buffer(version: Any) -> bool:
     """Whether a peer that announced `version` holds queued jobs and says when it starts
     them."""
     return speaks_batches(version) and version >= BUFFER_VERSION
+
+
+def takes_returns(version: Any) -> bool:
+    """Whether a server that announced `version` takes `returned`."""
+    return speaks_batches(version) and version >= RETURN_VERSION
 
 
 def buffer_for(slots: int, share: float) -> int:

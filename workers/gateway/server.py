@@ -1,7 +1,8 @@
-"""The gateway's server side: a Channels consumer, one per connected worker.
+"""The gateway's server side: a worker's session (`WorkerLink`), one per connected worker.
 
-1. challenge: the worker proves it holds its registered key by signing a fresh nonce
-   (no strike when it cannot: an unauthenticated caller is nobody's fault but its own);
+1. challenge (workers/gateway/handshake.py): the worker proves it holds its registered key
+   by signing a fresh nonce (no strike when it cannot: an unauthenticated caller is
+   nobody's fault but its own);
 2. pump: while the worker has free slots, take as many jobs as it has free slots from its
    own queue, then its venue's (the same Redis lists Celery workers consume, so the
    conductor cannot tell the two kinds apart), tell the conductor who holds each, open
@@ -13,7 +14,10 @@
    dropped (workers/gateway/relay.py);
 4. watch: a ping each heartbeat measures the round trip; a worker silent past three
    heartbeats, or whose connection drops, leaves presence at once, and each run it held
-   work of is told to look (a `lost` hint), so the conductor re-dispatches within one read.
+   work of is told to look (a `lost` hint), so the conductor re-dispatches within one read;
+5. returns: a worker whose last session dropped gives back the jobs it held then (this
+   server never gave them, and would refuse their results), and each run is told
+   (`returned`), so its conductor sends them again now, not at their timeout.
 """
 
 from __future__ import annotations
@@ -25,30 +29,23 @@ import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
-from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
-from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from frlm_web import presence
 from frlm_web.redis_client import get_redis
 from traces.emitter import APPEND_LUA, append_args
-from workers import fragments, keys, services
+from workers import fragments, services
 from workers.gateway.aredis import async_redis
 from workers.gateway.protocol import (
     MAX_RESULTS,
-    VERSION,
     ProtocolError,
     batches,
     buffer_for,
-    decode,
     encode,
-    hello_claim,
-    speaks_batches,
-    speaks_buffer,
 )
 from workers.gateway.relay import Held, NotHeld, Relayed, checked, named, started
 from workers.jobs import Job, cancelled_key, encode_result, results_stream
@@ -56,10 +53,13 @@ from workers.models import Worker
 from workers.venues import Link, presence_group
 from workers.wire import POP_LUA, jobs_of
 
+if TYPE_CHECKING:
+    from workers.gateway.handshake import GatewayConsumer
+
 log = logging.getLogger(__name__)
 
 RunContext = Callable[[str], "str | None"]
-HELLO_TIMEOUT_S = 10.0
+ID_MAX = 64  # characters of a run's or a sub-query attempt's id a worker names
 PONG_WITHIN_S = 600.0  # a pong echoes a ping of this server: no older, never from the future
 # Seconds a pump waits on the queues before it looks again whether it should stop.
 POP_WAIT_S = 1
@@ -67,123 +67,6 @@ REFUSED_FIX = (
     "send each result as workers/gateway/protocol.py says: for a job this worker holds, "
     "with status ok, error or cancelled, ending only the Execute span it was given"
 )
-
-
-class GatewayConsumer(AsyncWebsocketConsumer):
-    """One worker's connection. Nothing but the challenge is answered before `hello`.
-    `run_context` (given by the URL routing: workers import nothing of runs) names a run's
-    context file."""
-
-    # No channel layer: nothing is sent to a worker through groups, and a layer would hold
-    # a Redis connection and a blocking pop per connected worker. (Channels gives a
-    # consumer no layer when its alias names none.)
-    channel_layer_alias = "no-channel-layer"
-
-    def __init__(self, *args: Any, run_context: RunContext, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.run_context = run_context
-
-    async def dispatch(self, message: dict[str, Any]) -> None:
-        """As Channels dispatches, without closing stale database connections in the sync
-        thread before every message (a thread hop per result): the handlers here reach the
-        database only through database_sync_to_async, which does that itself."""
-        handler = getattr(self, get_handler_name(message), None)
-        if handler is None:
-            raise ValueError(f"no handler for message type {message['type']}")
-        await handler(message)
-
-    async def connect(self) -> None:
-        self.link: WorkerLink | None = None
-        self._hello_timer: asyncio.TimerHandle | None = None
-        self.nonce = secrets.token_urlsafe(24)
-        client = self.scope.get("client") or ["", 0]
-        self.address = str(client[0] or "")
-        await self.accept()
-        retry = await sync_to_async(services.auth_throttle, thread_sensitive=False)(self.address)
-        if retry is not None:
-            await self.refuse(
-                4429, services.throttled_error(self.address), services.throttled_fix(retry)
-            )
-            return
-        await self.send(encode({"type": "challenge", "nonce": self.nonce, "version": VERSION}))
-        self._hello_timer = asyncio.get_running_loop().call_later(
-            HELLO_TIMEOUT_S, lambda: asyncio.ensure_future(self._no_hello())
-        )
-
-    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        try:
-            message = decode(text_data)
-            if self.link is None:
-                await self._hello(message)
-            else:
-                await self.link.on_message(message)
-        except ProtocolError as exc:
-            await self.refuse(4400, str(exc), "follow workers/gateway/protocol.py")
-
-    async def disconnect(self, code: int) -> None:
-        if self._hello_timer is not None:
-            self._hello_timer.cancel()
-        if self.link is not None:
-            await self.link.lost(f"its connection closed (code {code})")
-
-    async def refuse(self, code: int, error: str, fix: str) -> None:
-        log.warning("gateway: refused %s (%s): %s", self.address, self._who(), error)
-        await self.send(encode({"type": "error", "error": error, "fix": fix}))
-        await self.close(code=code)
-
-    async def unauthenticated(self, code: int, error: str, fix: str) -> None:
-        """A hello that proves nothing: counted against the address (as the worker API
-        counts its failures, workers.services.auth_failed), never against a worker."""
-        await sync_to_async(services.auth_failed, thread_sensitive=False)(self.address)
-        await self.refuse(code, error, fix)
-
-    def _who(self) -> str:
-        return self.link.worker.id if self.link else "before hello"
-
-    async def _no_hello(self) -> None:
-        if self.link is None:
-            await self.refuse(4408, f"no hello within {HELLO_TIMEOUT_S:g} s", "sign the nonce")
-
-    async def _hello(self, message: dict[str, Any]) -> None:
-        """The worker names itself and signs the nonce; the server checks it against the
-        key the worker registered, then starts serving it."""
-        if message.get("type") != "hello":
-            raise ProtocolError("the first message must be hello {worker_id, nonce, sig}")
-        worker_id, sig, slots = message.get("worker_id"), message.get("sig"), message.get("slots")
-        if not isinstance(worker_id, str) or not isinstance(sig, str):
-            raise ProtocolError("hello needs worker_id and sig, strings")
-        worker = await database_sync_to_async(_load_worker)(worker_id[:64])
-        fix = "register with an enrolment token (POST /api/workers/register), then say hello"
-        if worker is None:
-            await self.unauthenticated(4404, f"no worker {worker_id[:64]!r}", fix)
-            return
-        if worker.status == Worker.Status.DEREGISTERED:
-            await self.unauthenticated(4410, f"worker {worker.id} was deregistered", fix)
-            return
-        if not keys.verify(worker.public_key, hello_claim(worker.id, self.nonce), sig):
-            await self.unauthenticated(
-                4401,
-                "the signature does not match this worker's registered key",
-                "sign workers.gateway.protocol.hello_claim(worker_id, nonce) with the key "
-                "the worker registered",
-            )
-            return
-        if self._hello_timer is not None:
-            self._hello_timer.cancel()
-        if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
-            slots = worker.concurrency
-        self.link = WorkerLink(
-            self,
-            worker,
-            min(slots, worker.concurrency),
-            batched=speaks_batches(message.get("version")),
-            buffered=speaks_buffer(message.get("version")),
-        )
-        await self.link.start()
-
-
-def _load_worker(worker_id: str) -> Worker | None:
-    return Worker.objects.select_related("venue").filter(id=worker_id).first()
 
 
 class WorkerLink:
@@ -217,6 +100,7 @@ class WorkerLink:
         self.closed = False
         self.redis = async_redis()
         self.contexts: dict[str, str | None] = {}  # run id -> its context file (cached)
+        self.returned = 0  # jobs of a dropped session it gave back on this one (protocol.py)
 
     # --- life ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -454,6 +338,8 @@ class WorkerLink:
             await self._results(message)
         elif kind == "done":
             await self._done(message)
+        elif kind == "returned":
+            await self._returned(message)
         elif kind == "beat":
             await self._beat(message.get("figures"))
         elif kind == "pong":
@@ -518,6 +404,48 @@ class WorkerLink:
             await self.consumer.send(
                 encode({"type": "refused", "results": refused, "fix": REFUSED_FIX})
             )
+
+    async def _returned(self, message: dict[str, Any]) -> None:
+        """Jobs of a session that dropped, given back (version 4): each job's run is told
+        (status `returned`), so its conductor tries the job again now instead of at its
+        timeout. Only the runs' result streams that exist are written to, and the conductor
+        takes a return only from the job's assignee, so a worker can give back nothing but
+        its own jobs; a job this session holds is not given back."""
+        items = message.get("jobs")
+        if not isinstance(items, list) or not 1 <= len(items) <= MAX_RESULTS - self.returned:
+            raise ProtocolError(
+                f"returned must list 1 to {MAX_RESULTS} jobs in all over a session "
+                f"({self.returned} so far)"
+            )
+        keys: list[tuple[str, str]] = []
+        for item in items:
+            run_id = item.get("run_id") if isinstance(item, dict) else None
+            sq_id = item.get("sq_id") if isinstance(item, dict) else None
+            if not all(isinstance(v, str) and 0 < len(v) <= ID_MAX for v in (run_id, sq_id)):
+                raise ProtocolError(
+                    f"a returned job is {{run_id, sq_id}}, each a string of 1 to {ID_MAX} "
+                    "characters"
+                )
+            keys.append((run_id, sq_id))  # type: ignore[arg-type]
+        self.returned += len(items)
+        keys = [key for key in dict.fromkeys(keys) if key not in self.held]
+        if not keys:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for run_id, _ in keys:
+            pipe.exists(results_stream(run_id))
+        there = await pipe.execute()
+        pipe = self.redis.pipeline(transaction=False)
+        for (run_id, sq_id), exists in zip(keys, there, strict=True):
+            if exists:
+                given = {"run_id": run_id, "sq_id": sq_id, "status": "returned"}
+                pipe.xadd(results_stream(run_id), {**given, "worker_id": self.worker.id})
+        await pipe.execute()
+        log.warning(
+            "gateway: worker %s gave back %d job(s) of a session that dropped",
+            self.worker.id,
+            len(keys),
+        )
 
     async def _relay(
         self, relayed: list[Relayed], dropped: list[tuple[Held, str]], begun: list[Held]

@@ -18,6 +18,11 @@ from workers.models import Worker
 from workers.services import worker_strike
 from workers.signing import result_verify
 
+RETURNED = (
+    "returned it: its link to the web server dropped before it answered, and the server "
+    "it is connected to now cannot take that answer"
+)
+
 
 @dataclass(kw_only=True, eq=False)
 class Intake:
@@ -34,15 +39,21 @@ class Intake:
         to be tried again)."""
         status = result.get("status")
         wid = result.get("worker_id", "")
-        if status in ("ok", "error", "cancelled", "lost", "refused"):
+        running = None
+        if status in ("ok", "error", "cancelled", "lost", "refused", "returned"):
             # The worker ended its Execute span with this result, late or not (or, for
-            # `lost` and `refused`, the gateway that held the job did).
-            self.roster.executing.get(wid, {}).pop(result.get("sq_id", ""), None)
+            # `lost` and `refused`, the gateway that held the job did; a `returned` job's
+            # span is ended here).
+            running = self.roster.executing.get(wid, {}).pop(result.get("sq_id", ""), None)
         flight = wave.out.get(result.get("sq_id", ""))
+        if status == "returned" and running is not None:
+            running.abandon(self.emitter, wid, f"worker {wid} {RETURNED}")
         if flight is None:
             return None  # a late reply to an attempt that was already settled or replaced
         if self.scope.book is not None and self._held_by_book(result, flight, wave):
             return None
+        if status == "returned":
+            return self._returned(flight, wave, wid)
         if status == "lost":
             # Only a hint (the gateway's, that the holder's connection dropped): presence is
             # read again now, and liveness re-dispatches what a departed worker held.
@@ -165,6 +176,20 @@ class Intake:
         if not result_verify({**result, "run_id": self.scope.run_id}, key):
             return f"the result's signature is not worker {wid}'s"
         return None
+
+    def _returned(self, flight: Flight, wave: Wave, wid: str) -> Flight | None:
+        """A gateway worker gives back a job of a session that dropped (the web server was
+        killed and came back, or the path was cut) before it could answer: the server it
+        is connected to now never gave it the job and would refuse its result, and while
+        the worker stays present nothing else would send the job again before its
+        timeout. Tried again now, the way a lost worker's jobs are: neither its breakers
+        nor its reputation count it, since the link broke, not the worker. Only its
+        assignee can give a job back."""
+        if self._check_sender(flight, wid) is not None:
+            return None
+        self.attempts.abandon(flight, wave)
+        self.attempts.retry_or_settle(flight, "error", f"worker {wid} {RETURNED}", wave)
+        return flight
 
     def _again_now(self, flight: Flight, wave: Wave, reason: str) -> Flight:
         """Its holder will not answer it: the attempt is given up and the job tried again

@@ -118,17 +118,7 @@ class Liveness:
         and a gateway worker's whose server died with them (the server ends them itself
         when only the worker is lost, and says so: intake drops them then)."""
         for running in self.roster.executing.pop(wid, {}).values():
-            self.emitter.emit(
-                "SubQuery.Execute",
-                "end",
-                span_id=running.span_id,
-                parent=running.parent,
-                depth=running.depth,
-                status="abandoned",
-                venue=running.venue,
-                worker_id=wid,
-                error=reason,
-            )
+            running.abandon(self.emitter, wid, reason)
 
     def await_workers(self, wave: Wave) -> None:
         """While work waits and no venue has a live worker, wait a while for one to come back

@@ -15,7 +15,7 @@ from runs.engine.fanout.book import Book
 from runs.engine.policy import CHOICES, Policy
 from runs.trust.budget import Reservation
 from runs.trust.probes import Probe
-from traces.emitter import Span
+from traces.emitter import Emitter, Span
 from workers.backends import ModelSpec
 from workers.jobs import Result
 from workers.venues import LiveWorker
@@ -118,6 +118,21 @@ class Executing:
     parent: str | None  # the attempt's Submit span
     venue: str
     depth: int
+
+    def abandon(self, emitter: Emitter, worker_id: str, reason: str) -> None:
+        """End the span as abandoned: its worker will never end it (lost, or it returned
+        the job)."""
+        emitter.emit(
+            "SubQuery.Execute",
+            "end",
+            span_id=self.span_id,
+            parent=self.parent,
+            depth=self.depth,
+            status="abandoned",
+            venue=self.venue,
+            worker_id=worker_id,
+            error=reason,
+        )
 
 
 @dataclass

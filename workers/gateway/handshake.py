@@ -1,0 +1,150 @@
+"""The gateway's door: a Channels consumer per connection. Nothing but the challenge is
+answered before a hello signed with the worker's registered key; then the connection is
+the worker's session (workers/gateway/server.py, `WorkerLink`), and every message goes to
+it. A message that breaks the protocol closes the connection (4400) with what is wrong."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from channels.consumer import get_handler_name
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+
+from workers import keys, services
+from workers.gateway.protocol import (
+    VERSION,
+    ProtocolError,
+    decode,
+    encode,
+    hello_claim,
+    speaks_batches,
+    speaks_buffer,
+)
+from workers.gateway.server import RunContext, WorkerLink
+from workers.models import Worker
+
+log = logging.getLogger(__name__)
+
+HELLO_TIMEOUT_S = 10.0
+
+
+class GatewayConsumer(AsyncWebsocketConsumer):
+    """One worker's connection. Nothing but the challenge is answered before `hello`.
+    `run_context` (given by the URL routing: workers import nothing of runs) names a run's
+    context file."""
+
+    # No channel layer: nothing is sent to a worker through groups, and a layer would hold
+    # a Redis connection and a blocking pop per connected worker. (Channels gives a
+    # consumer no layer when its alias names none.)
+    channel_layer_alias = "no-channel-layer"
+
+    def __init__(self, *args: Any, run_context: RunContext, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.run_context = run_context
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        """As Channels dispatches, without closing stale database connections in the sync
+        thread before every message (a thread hop per result): the handlers here reach the
+        database only through database_sync_to_async, which does that itself."""
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"no handler for message type {message['type']}")
+        await handler(message)
+
+    async def connect(self) -> None:
+        self.link: WorkerLink | None = None
+        self._hello_timer: asyncio.TimerHandle | None = None
+        self.nonce = secrets.token_urlsafe(24)
+        client = self.scope.get("client") or ["", 0]
+        self.address = str(client[0] or "")
+        await self.accept()
+        retry = await sync_to_async(services.auth_throttle, thread_sensitive=False)(self.address)
+        if retry is not None:
+            await self.refuse(
+                4429, services.throttled_error(self.address), services.throttled_fix(retry)
+            )
+            return
+        await self.send(encode({"type": "challenge", "nonce": self.nonce, "version": VERSION}))
+        self._hello_timer = asyncio.get_running_loop().call_later(
+            HELLO_TIMEOUT_S, lambda: asyncio.ensure_future(self._no_hello())
+        )
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        try:
+            message = decode(text_data)
+            if self.link is None:
+                await self._hello(message)
+            else:
+                await self.link.on_message(message)
+        except ProtocolError as exc:
+            await self.refuse(4400, str(exc), "follow workers/gateway/protocol.py")
+
+    async def disconnect(self, code: int) -> None:
+        if self._hello_timer is not None:
+            self._hello_timer.cancel()
+        if self.link is not None:
+            await self.link.lost(f"its connection closed (code {code})")
+
+    async def refuse(self, code: int, error: str, fix: str) -> None:
+        log.warning("gateway: refused %s (%s): %s", self.address, self._who(), error)
+        await self.send(encode({"type": "error", "error": error, "fix": fix}))
+        await self.close(code=code)
+
+    async def unauthenticated(self, code: int, error: str, fix: str) -> None:
+        """A hello that proves nothing: counted against the address (as the worker API
+        counts its failures, workers.services.auth_failed), never against a worker."""
+        await sync_to_async(services.auth_failed, thread_sensitive=False)(self.address)
+        await self.refuse(code, error, fix)
+
+    def _who(self) -> str:
+        return self.link.worker.id if self.link else "before hello"
+
+    async def _no_hello(self) -> None:
+        if self.link is None:
+            await self.refuse(4408, f"no hello within {HELLO_TIMEOUT_S:g} s", "sign the nonce")
+
+    async def _hello(self, message: dict[str, Any]) -> None:
+        """The worker names itself and signs the nonce; the server checks it against the
+        key the worker registered, then starts serving it."""
+        if message.get("type") != "hello":
+            raise ProtocolError("the first message must be hello {worker_id, nonce, sig}")
+        worker_id, sig, slots = message.get("worker_id"), message.get("sig"), message.get("slots")
+        if not isinstance(worker_id, str) or not isinstance(sig, str):
+            raise ProtocolError("hello needs worker_id and sig, strings")
+        worker = await database_sync_to_async(_load_worker)(worker_id[:64])
+        fix = "register with an enrolment token (POST /api/workers/register), then say hello"
+        if worker is None:
+            await self.unauthenticated(4404, f"no worker {worker_id[:64]!r}", fix)
+            return
+        if worker.status == Worker.Status.DEREGISTERED:
+            await self.unauthenticated(4410, f"worker {worker.id} was deregistered", fix)
+            return
+        if not keys.verify(worker.public_key, hello_claim(worker.id, self.nonce), sig):
+            await self.unauthenticated(
+                4401,
+                "the signature does not match this worker's registered key",
+                "sign workers.gateway.protocol.hello_claim(worker_id, nonce) with the key "
+                "the worker registered",
+            )
+            return
+        if self._hello_timer is not None:
+            self._hello_timer.cancel()
+        if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
+            slots = worker.concurrency
+        self.link = WorkerLink(
+            self,
+            worker,
+            min(slots, worker.concurrency),
+            batched=speaks_batches(message.get("version")),
+            buffered=speaks_buffer(message.get("version")),
+        )
+        await self.link.start()
+
+
+def _load_worker(worker_id: str) -> Worker | None:
+    return Worker.objects.select_related("venue").filter(id=worker_id).first()
