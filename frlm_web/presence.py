@@ -22,18 +22,38 @@ def _info_key(group: str) -> str:
     return f"frlm:presence:{group}:info"
 
 
-def announce(client: redis.Redis, group: str, name: str, info: dict[str, Any]) -> None:
+def _barred_key(group: str, name: str) -> str:
+    return f"frlm:presence:{group}:barred:{name}"
+
+
+# The entry is written only while no bar is set on the name (withdraw(bar_s=...)): one
+# that beats after it was barred (a deregistered worker whose process has not heard yet)
+# is not announced again. 1 when announced.
+_ANNOUNCE_LUA = """
+if redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+return 1
+"""
+
+
+def announce(client: redis.Redis, group: str, name: str, info: dict[str, Any]) -> bool:
+    """Refresh the name's entry for FRLM_VENUE_HEARTBEAT_TTL_S; False, and nothing written,
+    while the name is barred."""
     expires = time.time() + settings.FRLM_VENUE_HEARTBEAT_TTL_S
-    pipe = client.pipeline()
-    pipe.zadd(_members_key(group), {name: expires})
-    pipe.hset(_info_key(group), name, json.dumps({**info, "name": name}))
-    pipe.execute()
+    keys = [_members_key(group), _info_key(group), _barred_key(group, name)]
+    args = [expires, name, json.dumps({**info, "name": name})]
+    return bool(client.eval(_ANNOUNCE_LUA, len(keys), *keys, *args))
 
 
-def withdraw(client: redis.Redis, group: str, name: str) -> None:
+def withdraw(client: redis.Redis, group: str, name: str, *, bar_s: float = 0) -> None:
+    """Take the name's entry out; with `bar_s`, keep it out that long, whatever it
+    announces meanwhile."""
     pipe = client.pipeline()
     pipe.zrem(_members_key(group), name)
     pipe.hdel(_info_key(group), name)
+    if bar_s > 0:
+        pipe.set(_barred_key(group, name), "1", px=int(bar_s * 1000))
     pipe.execute()
 
 

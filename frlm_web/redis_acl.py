@@ -139,8 +139,8 @@ ROLES: dict[str, str] = {
             # write only (the stream holds every run's prompts and replies).
             "+eval +incr %W~frlm:events ~frlm:seq:*",
             # An in-process worker's registration and heartbeats (workers/services.py)
-            # write its venue's presence.
-            "+zrem +zscore +zrangebyscore +hset +hdel +hget +hmget",
+            # write its venue's presence (an EVAL that looks for a bar first, with EXISTS).
+            "+zrem +zscore +zrangebyscore +hset +hdel +hget +hmget +exists",
             "~frlm:presence:venue:*",
         ]
     ),

@@ -39,6 +39,9 @@ MAX_MODELS = 64
 MAX_CONCURRENCY = 1024
 MAX_CONTEXT_TOKENS = 100_000_000
 MAX_PRICE = 1_000_000.0  # dollars per 1,000 tokens: anything above is a typo
+# How long a deregistered worker's id stays out of presence whatever it announces: far past
+# the FRLM_HEARTBEAT_WRITE_S within which whoever serves it writes its row and finds out.
+DEREGISTERED_BAR_S = 3600.0
 PRICE_STEP = Decimal("1e-12")  # the price columns' decimal_places (workers.models.Worker)
 REGISTRATION_FIELDS = (
     "name",
@@ -404,9 +407,9 @@ def _retire(worker: Worker, why: str) -> None:
     log.info("worker %s (%s) deregistered: %s", worker.id, worker.name, why)
 
 
-def _withdraw(worker: Worker) -> None:
+def _withdraw(worker: Worker, *, bar_s: float = 0) -> None:
     try:
-        presence.withdraw(get_redis(), presence_group(worker.venue.name), worker.id)
+        presence.withdraw(get_redis(), presence_group(worker.venue.name), worker.id, bar_s=bar_s)
     except redis.RedisError:
         log.warning("could not withdraw worker %s from presence: Redis is unreachable", worker.id)
 
@@ -541,7 +544,14 @@ def worker_heartbeat(worker: Worker, figures: Figures, link: Link | None = None)
             log.info("worker %s (%s) is back after being lost", worker.id, worker.name)
         worker.status, worker.last_heartbeat, worker.health = Worker.Status.ACTIVE, now, figures
     entry = live_entry(worker, figures, link)
-    presence.announce(get_redis(), presence_group(worker.venue.name), worker.id, dict(entry))
+    group = presence_group(worker.venue.name)
+    if not presence.announce(get_redis(), group, worker.id, dict(entry)):
+        # Barred at its deregistration: told now, not at its next write to the database
+        # (FRLM_HEARTBEAT_WRITE_S), which a gateway worker kept being served until.
+        raise WorkerGone(
+            f"worker {worker.id} was deregistered",
+            "stop this worker, or register again with an enrolment token",
+        )
     return entry
 
 
@@ -581,7 +591,9 @@ def worker_deregister(worker: Worker) -> bool:
         .exclude(status=Worker.Status.DEREGISTERED)
         .update(status=Worker.Status.DEREGISTERED, deregistered=timezone.now())
     )
-    _withdraw(worker)
+    # Barred from presence, so its next heartbeat (whichever process takes it) is refused at
+    # once: the process serving it holds its row as it was, active, until it writes again.
+    _withdraw(worker, bar_s=DEREGISTERED_BAR_S)
     queue_bindings_forget(get_redis(), [worker.id])
     if updated:
         worker.status = Worker.Status.DEREGISTERED

@@ -250,3 +250,43 @@ def test_a_web_server_restarted_at_once_has_the_jobs_its_workers_held_tried_agai
                         "SubQuery.Execute"]  # fmt: skip
         finally:
             worker.kill()
+
+
+def test_a_deregistered_worker_is_closed_at_its_next_beat(web, venues) -> None:
+    """Deregistered (an operator's `/workers` action, or its own leave) while connected, a
+    gateway worker was served until the server next wrote its beat to the database
+    (FRLM_HEARTBEAT_WRITE_S, 5 s): its beats put it back in presence meanwhile. It is now
+    told at its next beat and closed (4410)."""
+    import json
+
+    import websockets
+    from websockets.sync.client import connect
+
+    from frlm_web.redis_client import get_redis
+    from tests.gateway import registered_worker, say_hello
+    from workers.gateway.agent import ws_url
+    from workers.models import Worker
+    from workers.services import worker_deregister
+    from workers.venues import live_workers
+
+    wid, key = registered_worker("leaving", venue="deregnow")
+    with connect(ws_url(web), open_timeout=10) as ws:
+        assert say_hello(ws, wid, key, 4)["type"] == "welcome"
+        worker_deregister(Worker.objects.get(id=wid))
+        gone_at = time.monotonic()
+        told = None
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            while True:
+                ws.send(json.dumps({"type": "beat", "figures": {"inflight": 0}}))
+                try:
+                    message = json.loads(ws.recv(timeout=0.2))
+                except TimeoutError:
+                    continue
+                if message["type"] == "ping":
+                    ws.send(json.dumps({"type": "pong", "t": message["t"]}))
+                elif message["type"] == "error" and told is None:
+                    told = (time.monotonic() - gone_at, message)
+    assert told is not None and "deregistered" in told[1]["error"], told
+    assert told[0] < 2.0, f"told {told[0]:.1f} s after its deregistration"
+    assert closed.value.rcvd.code == 4410
+    assert wid not in {w["name"] for w in live_workers(get_redis(), "deregnow")}

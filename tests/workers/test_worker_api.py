@@ -499,3 +499,21 @@ def _fuzz(
             failures.append(f"{operation.method.upper()} {operation.path}: {status}")
 
     fuzz()
+
+
+def test_a_deregistered_worker_is_refused_at_its_next_beat_not_its_next_write(token):
+    """Whoever serves a worker (the gateway, the worker API) holds its row as it was when
+    the worker said hello, and wrote a beat to the database only every
+    FRLM_HEARTBEAT_WRITE_S: until then a deregistered worker's beats put it back in presence
+    and it was served (a review: about 5 s). Deregistration bars its id from presence."""
+    from workers.services import WorkerGone, figures_clean, worker_heartbeat
+
+    worker = joined(token, keys.generate())
+    figures = figures_clean({"inflight": 0})
+    worker_heartbeat(worker, figures)
+    held = Worker.objects.select_related("venue").get(id=worker.id)  # as a server holds it
+    assert worker.id in {w["name"] for w in live_workers(get_redis(), "apitest")}
+    worker_deregister(Worker.objects.get(id=worker.id))
+    with pytest.raises(WorkerGone, match="deregistered"):
+        worker_heartbeat(held, figures)
+    assert worker.id not in {w["name"] for w in live_workers(get_redis(), "apitest")}
