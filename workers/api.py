@@ -26,7 +26,7 @@ from workers import keys, services
 from workers.models import Worker
 from workers.openapi import schema
 from workers.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, request_claim, sha256_hex
-from workers.venues import Link
+from workers.venues import HTTP_ONLY, Link
 
 log = logging.getLogger(__name__)
 
@@ -268,7 +268,11 @@ def heartbeat(request: HttpRequest, worker: Worker) -> JsonResponse:
         return response
     try:
         figures = services.figures_clean(_json_body(request))
-        link: Link = {"connection": "broker", "address": _address(request)}
+        # A trusted venue's worker over HTTP consumes the broker's queues itself; an
+        # untrusted one is refused the broker, so its beats say it takes no work: were it
+        # announced as a broker worker, jobs queued for it would wait out their timeout.
+        connection = "broker" if worker.venue.trusted else HTTP_ONLY
+        link: Link = {"connection": connection, "address": _address(request)}
         entry = services.worker_heartbeat(worker, figures, link)
     except services.WorkerError as exc:
         return _from(exc)

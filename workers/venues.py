@@ -12,9 +12,10 @@ from workers.models import venue_queue
 
 
 class Link(TypedDict, total=False):
-    """How a worker reaches the server: `broker` (it consumes Celery queues itself) or
-    `gateway` (one WebSocket to the web server, workers/gateway), from which address, and
-    the round trip the gateway last measured."""
+    """How a worker reaches the server: `broker` (it consumes Celery queues itself),
+    `gateway` (one WebSocket to the web server, workers/gateway) or `http` (it beats over
+    the worker API and nothing else: an untrusted venue's worker, refused the broker, takes
+    no job that way), from which address, and the round trip the gateway last measured."""
 
     connection: str
     address: str
@@ -44,12 +45,22 @@ class LiveWorker(Link, total=False):
     pid: int
 
 
+HTTP_ONLY = "http"  # a Link's connection that takes no work
+
+
 def presence_group(venue: str) -> str:
     return f"venue:{venue}"
 
 
-def live_workers(client: redis.Redis, venue: str) -> list[LiveWorker]:
+def announced(client: redis.Redis, venue: str) -> list[LiveWorker]:
+    """Every worker of the venue beating now, those that can take no work included."""
     return presence.alive(client, presence_group(venue))  # type: ignore[return-value]
+
+
+def live_workers(client: redis.Redis, venue: str) -> list[LiveWorker]:
+    """The venue's workers beating now that can take work: what routing, the launcher and
+    capacity count. A worker that only beats over HTTP is not one (Link)."""
+    return [w for w in announced(client, venue) if w.get("connection") != HTTP_ONLY]
 
 
 def capacity(client: redis.Redis, venue: str) -> int:

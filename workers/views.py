@@ -28,7 +28,7 @@ from traces.views import api_view
 from workers import reputation
 from workers.models import Venue, Worker
 from workers.selectors import worker_names
-from workers.venues import live_workers, queued
+from workers.venues import HTTP_ONLY, announced, queued
 
 # Traces are read per segment file (about a millisecond each), so health looks at the
 # latest few runs only, and keeps the answer a few seconds.
@@ -54,7 +54,7 @@ class WorkerHealth(TypedDict):
     last_ms: float | None
     reputation: float | None  # the scheduler's score in (0, 1]; None before any evidence
     reputation_detail: dict[str, float | int | None] | None
-    connection: str | None  # gateway or broker, while it announces itself
+    connection: str | None  # gateway, broker or http (takes no work), while it announces itself
     address: str | None  # where it connects from, as the gateway saw it
     rtt_ms: float | None  # the gateway's last ping round trip
 
@@ -118,10 +118,13 @@ def venue_health(recent: list[str], running: list[str]) -> list[VenueHealth]:
     for venue in Venue.objects.all():
         workers: list[WorkerHealth] = []
         seen: set[str] = set()
-        for info in live_workers(client, venue.name):
+        for info in announced(client, venue.name):
             name = str(info.get("name"))
             seen.add(name)
-            worker = _worker(name, venue.name, True, int(info.get("concurrency", 1)), activity)
+            # One that takes no work (it beats over HTTP only) is shown, with no slots.
+            usable = info.get("connection") != HTTP_ONLY
+            slots = int(info.get("concurrency", 1)) if usable else 0
+            worker = _worker(name, venue.name, True, slots, activity)
             worker["label"] = str(info.get("label") or name)
             worker["connection"] = info.get("connection") or "broker"
             worker["address"] = info.get("address") or None

@@ -290,3 +290,59 @@ def test_a_deregistered_worker_is_closed_at_its_next_beat(web, venues) -> None:
     assert told[0] < 2.0, f"told {told[0]:.1f} s after its deregistration"
     assert closed.value.rcvd.code == 4410
     assert wid not in {w["name"] for w in live_workers(get_redis(), "deregnow")}
+
+
+def test_an_untrusted_worker_that_beats_only_over_http_gets_no_work(far, web) -> None:
+    """A worker of an untrusted venue takes jobs only over the gateway: the broker refuses
+    it. One that registers and beats over the HTTP API alone, as any holder of an enrolment
+    token can, was announced as a broker worker, and the scheduler queued jobs for it that
+    waited out their sub-query timeout while its beats kept it alive."""
+    import threading
+
+    from frlm_web.redis_client import get_redis
+    from tests.gateway import enrolment_token
+    from workers import keys
+    from workers.client import HttpControl
+    from workers.venues import announced, live_workers
+
+    far("far-working", "--sim-latency-ms", "10")
+    key = keys.generate()
+    control = HttpControl(web, enrolment_token("far"), key)
+    idle = control.register(
+        {
+            "name": "far-http-only",
+            "venue": "far",
+            "models": [],
+            "concurrency": 64,
+            "public_key": keys.public_b64(key),
+        }
+    )["worker_id"]
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.is_set():
+            control.heartbeat(idle, {"inflight": 0, "latency_ms": 1.0})
+            stop.wait(0.5)
+
+    beating = threading.Thread(target=beat, daemon=True)
+    beating.start()
+    try:
+        wait_until(
+            lambda: idle in {w["worker_id"] for w in announced(get_redis(), "far")},
+            what="the HTTP-only worker in presence",
+        )
+        # Shown as beating, and as taking no work.
+        assert idle not in {w["worker_id"] for w in live_workers(get_redis(), "far")}
+        policy = {"subquery_timeout_s": 20, "hedge": "off"}
+        run = launch(task="sniah", tokens=60_000, seed=11, venues=["far"], policy=policy)
+        started = time.monotonic()
+        run = finish(run, timeout=150)
+        took = time.monotonic() - started
+    finally:
+        stop.set()
+        beating.join(timeout=5)
+        control.deregister(idle)
+    assert run.status == "succeeded", run.error
+    assert took < 15, f"the run took {took:.0f} s: jobs waited on a worker that cannot take them"
+    sent = [e for e in named(trace(run), "SubQuery.Submit", "start")]
+    assert sent and all(e["attrs"].get("worker_id") != idle for e in sent)

@@ -29,7 +29,7 @@ from workers.services import (
     worker_strikes,
 )
 from workers.signing import request_claim
-from workers.venues import live_workers
+from workers.venues import announced, live_workers
 
 pytestmark = pytest.mark.usefixtures("stack", "api_failures_cleared")
 
@@ -267,11 +267,13 @@ def test_it_takes_signed_heartbeats_and_announces_the_worker(client, token):
         "heartbeat_s": 1.0,
         "load": 0.75,
     }
-    (live,) = live_workers(get_redis(), "apitest")
+    (live,) = announced(get_redis(), "apitest")
     assert live["name"] == live["worker_id"] == worker.id and live["label"] == "gpu-1"
     assert (live["inflight"], live["load"], live["memory_mb"]) == (3, 0.75, 120.5)
     assert (live["latency_ms"], live["pid"], live["queue"]) == (250.0, 4242, worker.queue)
     assert live["models"] == ["frlm-sim-worker"] and live["trusted"] is False
+    # An untrusted venue's worker is refused the broker: over HTTP alone it takes no work.
+    assert live["connection"] == "http" and live_workers(get_redis(), "apitest") == []
     worker.refresh_from_db()
     assert worker.last_heartbeat is not None and worker.health["inflight"] == 3
     bad = signed_post(client, path, {"inflight": -1, "memory_mb": "lots"}, key)
@@ -286,11 +288,11 @@ def test_it_makes_a_lost_worker_active_again_when_it_beats(client, token):
     assert worker_mark_lost(worker.id) is True
     assert worker_mark_lost(worker.id) is False  # only one caller makes it lost
     assert Worker.objects.get(id=worker.id).status == "lost"
-    assert live_workers(get_redis(), "apitest") == []
+    assert announced(get_redis(), "apitest") == []
     response = signed_post(client, f"/api/workers/{worker.id}/heartbeat", {"inflight": 1}, key)
     assert response.status_code == 200
     assert Worker.objects.get(id=worker.id).status == "active"
-    assert [w["worker_id"] for w in live_workers(get_redis(), "apitest")] == [worker.id]
+    assert [w["worker_id"] for w in announced(get_redis(), "apitest")] == [worker.id]
 
 
 def test_it_refuses_and_logs_requests_for_unknown_or_deregistered_workers(client, token, caplog):
@@ -320,7 +322,7 @@ def test_it_refuses_bad_signatures_without_counting_them_against_the_worker(clie
         assert "does not match" in response.json()["error"]
     assert unsigned.status_code == 401 and "X-FRLM-Signature" in unsigned.json()["error"]
     assert worker_strikes(worker.id) == 0  # whoever sent them is not known to be the worker
-    assert live_workers(get_redis(), "apitest") == []
+    assert announced(get_redis(), "apitest") == []
 
 
 def test_it_refuses_stale_and_replayed_requests(client, token):
@@ -340,12 +342,12 @@ def test_it_deregisters_a_worker_and_takes_it_out_of_presence(client, token):
     key = keys.generate()
     worker = joined(token, key)
     signed_post(client, f"/api/workers/{worker.id}/heartbeat", {}, key)
-    assert live_workers(get_redis(), "apitest")
+    assert announced(get_redis(), "apitest")
     response = signed_post(
         client, f"/api/workers/{worker.id}/deregister", {"reason": "maintenance"}, key
     )
     assert response.json() == {"worker_id": worker.id, "status": "deregistered"}
-    assert live_workers(get_redis(), "apitest") == []
+    assert announced(get_redis(), "apitest") == []
     worker.refresh_from_db()
     assert worker.status == "deregistered" and worker.deregistered is not None
     bad = signed_post(client, f"/api/workers/{worker.id}/deregister", {"why": 1}, key)
