@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from contextlib import contextmanager
 
 import pytest
 from django.conf import settings
@@ -137,56 +138,70 @@ def test_a_worker_whose_link_falls_silent_connects_again_and_takes_work(
         proxy.stop()
 
 
-def test_killing_the_web_server_ends_the_spans_of_the_jobs_it_held(venues, tmp_path) -> None:
-    """The gateway opens and ends its workers' Execute spans itself; killed with -9 it ended
-    none, and they stayed open for good (a review): the conductor, told of each span as
-    the job started, ends them as abandoned when it finds the worker gone."""
-    from tests.ownstack import open_spans, own_stack
+@contextmanager
+def _batch_on_an_own_stack(tmp_path, name: str, latency_ms: int, final: str, policy: dict):
+    """An own stack with its web server, one gateway worker of venue `far` (4 slots, each
+    reply taking `latency_ms`), and a run of 8 sub-queries on it, launched and running a
+    job: (the stack, the run)."""
+    from runs.services import ContextSpec, run_create
+    from tests.ownstack import own_stack
+    from workers.backends import model_spec
+    from workers.venues import live_workers
 
     with own_stack(tmp_path, [], web=True) as own:
         server = f"http://127.0.0.1:{own.web_port}"
         worker = GatewayWorker(
-            server, "far", "far-orphaned", tmp_path, "--concurrency", "4",
-            "--sim-latency-ms", "3000",
+            server, "far", name, tmp_path, "--concurrency", "4", "--sim-latency-ms",
+            str(latency_ms),
         )  # fmt: skip
         try:
-            from workers.venues import live_workers
-
             wait_until(
-                lambda: any(w["label"] == "far-orphaned" for w in live_workers(own.client, "far")),
+                lambda: any(w["label"] == name for w in live_workers(own.client, "far")),
                 timeout=60,
                 what="the worker in the own stack's presence",
             )
-            from runs.services import ContextSpec, run_create
-            from workers.backends import model_spec
-
             run = run_create(
                 question=scripted("rs = llm_query_batched(['q %d' % i for i in range(8)])",
-                                  "FINAL('x')"),
-                context=ContextSpec(text="x"), policy={"hedge": "off"},
+                                  final),
+                context=ContextSpec(text="x"), policy=policy,
                 root_model=model_spec("sim", role="root"),
                 worker_model=model_spec("sim", role="worker"), venues=["far"],
             )  # fmt: skip
             own.launch_run(run.id)
-
-            def executing() -> bool:
-                return any(e["name"] == "SubQuery.Execute" for e in own.events(run.id))
-
-            wait_until(executing, timeout=60, what="the worker to run a job")
-            own.kill("web", signal.SIGKILL)
             wait_until(
-                lambda: not [e for e in open_spans(own.events(run.id)) if e["name"] ==
-                             "SubQuery.Execute"],
-                timeout=60, what="the held jobs' Execute spans ended",
-            )  # fmt: skip
-            ends = [
-                e
-                for e in own.events(run.id)
-                if e["name"] == "SubQuery.Execute" and e["phase"] == "end"
-            ]
-            assert ends and {e["status"] for e in ends} == {"abandoned"}, ends
+                lambda: any(e["name"] == "SubQuery.Execute" for e in own.events(run.id)),
+                timeout=60,
+                what="the worker to run a job",
+            )
+            yield own, run
         finally:
             worker.kill()
+
+
+def _open_executes(events: list[dict]) -> list[dict]:
+    from tests.ownstack import open_spans
+
+    return [e for e in open_spans(events) if e["name"] == "SubQuery.Execute"]
+
+
+def test_killing_the_web_server_ends_the_spans_of_the_jobs_it_held(venues, tmp_path) -> None:
+    """The gateway opens and ends its workers' Execute spans itself; killed with -9 it ended
+    none, and they stayed open for good (a review): the conductor, told of each span as
+    the job started, ends them as abandoned when it finds the worker gone."""
+    with _batch_on_an_own_stack(tmp_path, "far-orphaned", 3000, "FINAL('x')", {"hedge": "off"}) as (
+        own,
+        run,
+    ):
+        own.kill("web", signal.SIGKILL)
+        wait_until(
+            lambda: not _open_executes(own.events(run.id)),
+            timeout=60,
+            what="the held jobs' Execute spans ended",
+        )
+        ends = [
+            e for e in own.events(run.id) if e["name"] == "SubQuery.Execute" and e["phase"] == "end"
+        ]
+        assert ends and {e["status"] for e in ends} == {"abandoned"}, ends
 
 
 def test_a_web_server_restarted_at_once_has_the_jobs_its_workers_held_tried_again_now(
@@ -198,58 +213,29 @@ def test_a_web_server_restarted_at_once_has_the_jobs_its_workers_held_tried_agai
     (60 s by default). The worker now returns, on its next session, every job of the dropped
     one, and the conductor tries each again at once."""
     from runs.models import Run
-    from runs.services import ContextSpec, run_create
-    from tests.ownstack import open_spans, own_stack
-    from workers.backends import model_spec
-    from workers.venues import live_workers
 
-    with own_stack(tmp_path, [], web=True) as own:
-        server = f"http://127.0.0.1:{own.web_port}"
-        worker = GatewayWorker(
-            server, "far", "far-returning", tmp_path, "--concurrency", "4",
-            "--sim-latency-ms", "1500",
-        )  # fmt: skip
-        try:
-            wait_until(
-                lambda: any(w["label"] == "far-returning" for w in live_workers(own.client, "far")),
-                timeout=60,
-                what="the worker in the own stack's presence",
-            )
-            run = run_create(
-                question=scripted("rs = llm_query_batched(['q %d' % i for i in range(8)])",
-                                  "FINAL(str(sum(not r.startswith('[frlm:') for r in rs)))"),
-                context=ContextSpec(text="x"), policy={"hedge": "off", "subquery_timeout_s": 60},
-                root_model=model_spec("sim", role="root"),
-                worker_model=model_spec("sim", role="worker"), venues=["far"],
-            )  # fmt: skip
-            own.launch_run(run.id)
-            wait_until(
-                lambda: any(e["name"] == "SubQuery.Execute" for e in own.events(run.id)),
-                timeout=60,
-                what="the worker to run a job",
-            )
-            own.kill("web", signal.SIGKILL)
-            killed_at = time.monotonic()
-            own.restart("web")
+    final = "FINAL(str(sum(not r.startswith('[frlm:') for r in rs)))"
+    policy = {"hedge": "off", "subquery_timeout_s": 60}
+    with _batch_on_an_own_stack(tmp_path, "far-returning", 1500, final, policy) as (own, run):
+        own.kill("web", signal.SIGKILL)
+        killed_at = time.monotonic()
+        own.restart("web")
 
-            def ended() -> bool:
-                run.refresh_from_db()
-                return run.status in (Run.Status.SUCCEEDED, Run.Status.FAILED)
+        def ended() -> bool:
+            run.refresh_from_db()
+            return run.status in (Run.Status.SUCCEEDED, Run.Status.FAILED)
 
-            wait_until(ended, timeout=120, what="the run to end")
-            took = time.monotonic() - killed_at
-            assert run.status == Run.Status.SUCCEEDED, run.error
-            assert run.answer == "8", run.answer
-            assert took < 30, f"the run ended {took:.1f} s after the kill: its jobs waited"
-            retried = [
-                e for e in own.events(run.id)
-                if e["name"] == "SubQuery.Retry" and "returned" in e["attrs"].get("reason", "")
-            ]  # fmt: skip
-            assert retried, "no job was tried again for its worker's return"
-            assert not [e for e in open_spans(own.events(run.id)) if e["name"] ==
-                        "SubQuery.Execute"]  # fmt: skip
-        finally:
-            worker.kill()
+        wait_until(ended, timeout=120, what="the run to end")
+        took = time.monotonic() - killed_at
+        assert run.status == Run.Status.SUCCEEDED, run.error
+        assert run.answer == "8", run.answer
+        assert took < 30, f"the run ended {took:.1f} s after the kill: its jobs waited"
+        retried = [
+            e for e in own.events(run.id)
+            if e["name"] == "SubQuery.Retry" and "returned" in e["attrs"].get("reason", "")
+        ]  # fmt: skip
+        assert retried, "no job was tried again for its worker's return"
+        assert not _open_executes(own.events(run.id))
 
 
 def test_a_deregistered_worker_is_closed_at_its_next_beat(web, venues) -> None:
