@@ -7,8 +7,8 @@ run page         from navigation to the run page of a 10,000-span run: the heade
                  context each load: an empty profile, no cache) and warm (reloads in one
                  context). Two deliveries of Plotly side by side, the page's code the same
                  in both: "now" (FRLM's 1.18 MB bundle of the three trace types the views
-                 draw, static/vendor/README.md, gzipped, preloaded, run and the views drawn
-                 once the waterfall is on screen) and "before" (the full
+                 draw, static/vendor/README.md, gzipped, fetched once the trace has come,
+                 run and the views drawn once the waterfall is on screen) and "before" (the full
                  4.8 MB bundle, plain, loaded with defer so the page waited for it), the
                  latter put in place by the browser's request routing (which turns the
                  browser's HTTP cache off: a cold load either way; the routed page costs
@@ -176,7 +176,7 @@ class ChannelTap:
 
 
 FULL_PLOTLY = os.path.join(os.path.dirname(plotly.__file__), "package_data", "plotly.min.js")
-PLOTLY_TAG = re.compile(r'<link rel="preload" href="(/vendor/[^"]+)" as="script" id="plotly-js">')
+PLOTLY_TAG = re.compile(r'<meta name="frlm-plotly" content="(/vendor/[^"]+)" id="plotly-js">')
 
 
 def route_delivery(context, run_id: str, before: bool) -> None:
@@ -188,7 +188,10 @@ def route_delivery(context, run_id: str, before: bool) -> None:
         response = route.fetch()
         html = response.text()
         if before:
-            html = PLOTLY_TAG.sub('<script src="/vendor/plotly.min.js" defer></script>', html)
+            tag = '<script src="/vendor/plotly.min.js" defer></script>'
+            html, found = PLOTLY_TAG.subn(tag, html)
+            if not found:
+                raise SystemExit("bench/ui.py: PLOTLY_TAG no longer finds Plotly in the run page")
         route.fulfill(response=response, body=html)
 
     context.route(f"**/runs/{run_id}", page)

@@ -28,11 +28,20 @@
     return typeof n === "number" && isFinite(n) ? n : null;
   };
 
-  function getJSON(url, asked) {
-    const response = asked || fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
-    return response.then((r) => {
+  function getJSON(url) {
+    return fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } }).then((r) => {
       if (!r.ok) throw new Error(url + ": HTTP " + r.status);
       return r.json();
+    });
+  }
+
+  /** The trace the page's head asked for ({ok, status, text}: templates/runs/run.html), or,
+      without one, asked for now. */
+  function storedTrace(url, asked) {
+    if (!asked) return getJSON(url);
+    return asked.then((a) => {
+      if (!a.ok) throw new Error(url + ": HTTP " + a.status);
+      return JSON.parse(a.text);
     });
   }
 
@@ -93,7 +102,7 @@
         // Asked for by the page's head (templates/runs/run.html) while the scripts loaded.
         const asked = global.FRLM_EVENTS;
         global.FRLM_EVENTS = null;
-        const data = await getJSON(this.d.eventsUrl, asked);
+        const data = await storedTrace(this.d.eventsUrl, asked);
         performance.mark("frlm:trace-parsed");
         this.receive(data.events, false);
         performance.mark("frlm:trace-indexed");
@@ -132,15 +141,15 @@
     }
 
     /** Run Plotly now that the header and the waterfall are on screen, and draw the views
-        once it has run. The page's head preloaded the bundle while the trace was on its
-        way; run as soon as it came, it held the main thread for up to a second of a cold
-        load on a slow machine, and the waterfall waited for it (bench/ui.py). Flow, SVG
-        of the page's own, is drawn without it. */
+        once it has run. The page's head fetched the bundle once the trace had come
+        (templates/runs/run.html); run as soon as it came, it held the main thread for up
+        to a second of a cold load on a slow machine, and the waterfall waited for it
+        (bench/ui.py). Flow, SVG of the page's own, is drawn without it. */
     awaitPlotly() {
       const link = document.getElementById("plotly-js");
       if (global.Plotly || !link) return;
       const script = document.createElement("script");
-      script.src = link.href;
+      script.src = link.content;
       script.addEventListener("load", () => {
         performance.mark("frlm:plotly-ran");
         this.viewsDirty = true;

@@ -384,3 +384,23 @@ def test_a_runs_header_and_views_count_what_it_paid_not_what_workers_claimed(pag
     )
     wait_for(page, "document.querySelector('[data-metric=cost]').textContent === '$0.0300'")
     assert page.inner_text("[data-metric=tokens]") == "300 / 4"
+
+
+def test_it_asks_for_the_trace_once_and_for_plotly_only_once_the_trace_has_come(page, web):
+    """The head preloads the trace and the page's fetch takes that answer (a fetch that did
+    not match the preload would ask twice); Plotly's 1.2 MB is asked for only once the trace
+    has come: fetched beside it, it held up the trace on a cold load (bench/ui.py)."""
+    run = finish(launch(question=scripted("FINAL('drawn')")))
+    assert run.status == "succeeded", run.error
+    seen: list[tuple[str, str]] = []
+    page.on("request", lambda r: seen.append(("asked", r.url)))
+    page.on("requestfinished", lambda r: seen.append(("came", r.url)))
+    page.goto(f"/runs/{run.id}")
+    page.wait_for_selector("#movie[data-interactive][data-views-ready]")
+    wait_for(page, "window.Plotly !== undefined")
+    events = f"/api/runs/{run.id}/events"
+    asked = [i for i, (what, url) in enumerate(seen) if what == "asked" and url.endswith(events)]
+    assert len(asked) == 1, seen
+    came = next(i for i, (what, url) in enumerate(seen) if what == "came" and url.endswith(events))
+    plotly = [i for i, (what, url) in enumerate(seen) if what == "asked" and "/plotly" in url]
+    assert plotly and min(plotly) > came, seen
