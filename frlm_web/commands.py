@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
@@ -86,6 +87,19 @@ def whole(low: int = 0, high: int | None = None) -> Callable[[str], int]:
 
     parse.__name__ = "whole number"
     return parse
+
+
+def http_url(text: str) -> str:
+    """An argparse type: an http:// or https:// URL with a host (a web server's address)."""
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(
+            f"takes an http:// or https:// URL, e.g. http://10.0.0.5:8000, not {text[:200]!r}"
+        )
+    return text
+
+
+http_url.__name__ = "URL"
 
 
 def assignment(text: str) -> str:

@@ -55,10 +55,16 @@ class LuaScript:
 
 
 def redis_available() -> bool:
+    """Whether Redis answers now: one try, no riding out (a command's check before it makes
+    anything; the riding client retried for a while and logged the outage over the
+    command's own one-line answer)."""
+    client = get_redis(ride_out=False)
     try:
-        return bool(get_redis().ping())
+        return bool(client.ping())
     except redis.RedisError:
         return False
+    finally:
+        client.close()
 
 
 # What a Redis that restarts or a network that blips raises: refused or reset

@@ -452,7 +452,10 @@ def stop_from_pidfiles(state_dir: Path, timeout: float = 20.0) -> list[str]:
     """Stop a stack started by another process (`frlm_down`): 1. say it is stopping (the
     supervisor starts nothing again from then on), 2. stop the supervisor, which stops
     the stack in order, 3. whatever still runs (the supervisor was gone, or slow):
-    everything else first, then redis, which the others need while they shut down."""
+    everything else first, then redis, which the others need while they shut down. A
+    data directory where no stack ever started has nothing to stop."""
+    if not state_dir.is_dir():
+        return []
     (state_dir / STOPPING_FILE).touch()
     stopped: list[str] = []
     pid = supervisor_pid(state_dir)

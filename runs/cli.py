@@ -1,9 +1,12 @@
-"""What the run commands (frlm_run, frlm_replay) share: waiting with a progress bar, and the
+"""What the run commands (frlm_run, frlm_replay) share: the checks before a run is made,
+handing it over, waiting with a progress bar (Ctrl-C or SIGTERM cancels the run), and the
 summary of a finished run."""
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -15,8 +18,51 @@ from runs.engine.progress import read_progress
 from runs.lease import leases_reap
 from runs.models import Run
 from runs.orphans import conductor_gone, runs_fail_orphaned
-from runs.services import run_cancel
+from runs.services import RunLaunchError, run_cancel, run_launch
 from runs.taskgen import answer_score
+
+
+def refuse_unless_ready() -> None:
+    """Before a run is made: Redis answers and a conductor is there to take the run, so
+    that no run is left queued for nobody while the command waits its whole --timeout."""
+    from frlm_web import presence
+    from frlm_web.redis_client import redis_available
+    from runs.orphans import CONDUCTOR_GROUP
+
+    if not redis_available():
+        raise CommandError("Redis is not reachable at FRLM_REDIS_URL; start it with `make up`")
+    if not presence.alive(get_redis(), CONDUCTOR_GROUP):
+        raise CommandError(
+            "no conductor is running; start everything with `make up` (or "
+            "`python manage.py frlm_conductor`)"
+        )
+
+
+def launch(run: Run) -> None:
+    """Hand the run to a conductor; one the broker does not take is failed, and said."""
+    try:
+        run_launch(run)
+    except RunLaunchError as exc:
+        raise CommandError(str(exc)) from None
+
+
+def watch(run: Run, timeout: float, *, show: bool) -> Run:
+    """wait_for, where Ctrl-C, and SIGTERM (a `timeout`, a CI job cancelled, a closed
+    terminal), cancel the run: it would otherwise go on spending with nobody waiting."""
+    main = threading.current_thread() is threading.main_thread()  # (call_command elsewhere)
+    previous = signal.signal(signal.SIGTERM, _interrupt) if main else None
+    try:
+        return wait_for(run, timeout, show=show)
+    except KeyboardInterrupt:
+        run_cancel(run)
+        raise CommandError(f"cancelled run {run.id}") from None
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def wait_for(run: Run, timeout: float, *, show: bool) -> Run:

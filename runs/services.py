@@ -7,6 +7,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 from frlm_web.redis_client import get_redis
 from runs.engine import context as ctx
@@ -32,6 +33,11 @@ class RunInputError(ValueError):
     def __init__(self, errors: dict[str, str]) -> None:
         super().__init__("; ".join(f"{k}: {v}" for k, v in errors.items()))
         self.errors = errors
+
+
+class RunLaunchError(RuntimeError):
+    """The run could not be handed to a conductor (the broker, Redis, did not take it); the
+    run is failed with the reason, not left queued for nobody."""
 
 
 @dataclass(frozen=True)
@@ -216,12 +222,27 @@ def run_replay(
 
 
 def run_launch(run: Run) -> None:
-    """Hand the run to a conductor once the row is committed."""
+    """Hand the run to a conductor once the row is committed. A broker that does not take
+    it (Redis down since the page or command looked) fails the run with the reason and
+    raises RunLaunchError, where the commit is: a run left queued would wait for ever."""
     # By name: importing runs.tasks would load the whole conductor engine (half a second of
     # a command's start) only to queue one message.
     from frlm_web.celery import app
 
-    transaction.on_commit(lambda: app.send_task(CONDUCT_TASK, args=[run.id]))
+    def send() -> None:
+        try:
+            app.send_task(CONDUCT_TASK, args=[run.id])
+        except Exception as exc:  # kombu's OperationalError and what lies under it
+            reason = (
+                f"could not be handed to a conductor: Redis did not take it ({exc}); "
+                "start the stack with `make up` and launch it again"
+            )
+            Run.objects.filter(id=run.id, status=Run.Status.QUEUED).update(
+                status=Run.Status.FAILED, error=reason, finished=timezone.now()
+            )
+            raise RunLaunchError(f"run {run.id} {reason}") from exc
+
+    transaction.on_commit(send)
 
 
 def run_cancel(run: Run) -> None:

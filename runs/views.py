@@ -28,7 +28,14 @@ from runs.models import Run
 from runs.program_templates import PROGRAM_TEMPLATES
 from runs.sandbox import isolation_problem
 from runs.selectors import visible_runs
-from runs.services import RunInputError, run_cancel, run_create, run_launch, run_replay
+from runs.services import (
+    RunInputError,
+    RunLaunchError,
+    run_cancel,
+    run_create,
+    run_launch,
+    run_replay,
+)
 from traces.diff import TraceDiffError, run_diff
 from traces.selectors import run_worker_ids
 from workers.models import Venue
@@ -206,6 +213,8 @@ def run_new(request: HttpRequest) -> HttpResponse:
             place_errors(form, exc)
         except ValueError as exc:  # a model spec the backends refuse
             form.add_error(None, str(exc))
+        except RunLaunchError as exc:  # what was typed is kept: send it again once it is up
+            form.add_error(None, str(exc))
         else:
             return redirect("run", run_id=run.id)
     ctx = {
@@ -293,6 +302,9 @@ def run_replay_view(request: HttpRequest, run_id: str) -> HttpResponse:
     except RunInputError as exc:
         for field, message in exc.errors.items():
             form.add_error(field if field in form.fields else None, f"{field}: {message}")
+        return _replay_refused(request, source, form)
+    except RunLaunchError as exc:
+        form.add_error(None, str(exc))
         return _replay_refused(request, source, form)
     return redirect("run", run_id=copy.id)
 

@@ -83,6 +83,22 @@ def manage(*args: str) -> subprocess.CompletedProcess:
         # The form of a setting is the option's own (exit 1 before, a review).
         (["frlm_run", "--task", "sniah", "--policy", "quorum"], "argument --policy: takes KEY="),
         (["frlm_replay", "rabc", "--set", "=3"], "argument --set: takes KEY=VALUE"),
+        # Ranges and forms that were checked in code, with exit 1 (a review).
+        (
+            ["frlm_worker", "--venue", "local", "--concurrency", "100000"],
+            "argument --concurrency: takes a whole number from 1 to 1024",
+        ),
+        (["frlm_swarm", "--workers", "300"], "argument --workers: takes a whole number from 1"),
+        (["frlm_prune", "--older-than", "30x"], "argument --older-than: takes an age like 30d"),
+        (["frlm_prune", "--older-than", "36501d"], "argument --older-than: takes an age of at"),
+        (
+            ["frlm_worker", "--venue", "local", "--server", "ftp://x"],
+            "argument --server: takes an http:// or https:// URL",
+        ),
+        (["frlm_worker", "--venue", "Local"], "argument --venue: takes a venue name"),
+        (["frlm_worker", "--venue", "a", "--name", "a/b"], "argument --name: takes 1 to 64"),
+        (["frlm_swarm", "--venue", "a b"], "argument --venue: takes a venue name"),
+        (["frlm_token", "--venue", "a", "--label", "x" * 101], "argument --label: takes at most"),
     ],
 )
 def test_it_refuses_bad_arguments_in_one_line_with_exit_2(args, says):

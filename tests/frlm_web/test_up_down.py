@@ -77,3 +77,11 @@ def test_it_restarts_what_dies_and_stops_for_good(operator_env):
     time.sleep(2)  # longer than the supervisor's first delay: nothing comes back
     assert [pid for pid in running if pid_alive(pid)] == []
     assert "FRLM web is not up" in manage(operator_env, "frlm_status")
+
+
+def test_frlm_down_where_nothing_ever_started_says_so(tmp_path: Path):
+    """A fresh checkout, or another FRLM_DATA_DIR: `make down` ended in a FileNotFoundError
+    traceback on stack/stopping (exit 1) instead of its own answer (a review)."""
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "frlm_web.settings"}
+    env["FRLM_DATA_DIR"] = str(tmp_path)
+    assert "nothing was running" in manage(env, "frlm_down", timeout=60)

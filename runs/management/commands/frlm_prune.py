@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import argparse
 import re
 from datetime import timedelta
 
@@ -18,6 +19,22 @@ _UNITS = {"d": "days", "h": "hours", "m": "minutes"}
 _MAX_AGE = timedelta(days=36500)
 
 
+def age(text: str) -> timedelta:
+    """An argparse type: an age such as 30d, 12h or 90m, at most a century."""
+    match = _AGE.match(text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"takes an age like 30d, 12h or 90m, not {text[:100]!r}")
+    count, unit = int(match.group(1)), match.group(2)
+    if count > _MAX_AGE / timedelta(**{_UNITS[unit]: 1}):
+        raise argparse.ArgumentTypeError(
+            f"takes an age of at most 36500d (a century, 876000h, 52560000m), not {text!r}"
+        )
+    return timedelta(**{_UNITS[unit]: count})
+
+
+age.__name__ = "age"
+
+
 class Command(FrlmCommand):
     help = (
         "Remove the trace events of runs that finished longer ago than --older-than, the "
@@ -27,7 +44,7 @@ class Command(FrlmCommand):
     )
 
     def add_arguments(self, parser) -> None:
-        parser.add_argument("--older-than", required=True, help="an age: 30d, 12h or 90m")
+        parser.add_argument("--older-than", required=True, type=age, help="an age: 30d, 12h or 90m")
         parser.add_argument("--dry-run", action="store_true", help="say what would go")
         parser.add_argument(
             "--json",
@@ -36,20 +53,15 @@ class Command(FrlmCommand):
             help="print what was (or would be) removed as one JSON object",
         )
 
-    def handle(self, *args, older_than: str, dry_run: bool, as_json: bool, **options) -> None:
-        match = _AGE.match(older_than.strip())
-        if not match:
-            raise CommandError(
-                f"--older-than takes an age like 30d, 12h or 90m, not {older_than!r}"
-            )
-        count, unit = int(match.group(1)), match.group(2)
-        if count > _MAX_AGE / timedelta(**{_UNITS[unit]: 1}):
-            raise CommandError(
-                f"--older-than may be at most 36500d (a century, 876000h, 52560000m), "
-                f"not {older_than!r}"
-            )
-        age = timedelta(**{_UNITS[unit]: count})
-        cutoff = timezone.now() - age
+    def handle(
+        self, *args, older_than: timedelta | str, dry_run: bool, as_json: bool, **options
+    ) -> None:
+        if isinstance(older_than, str):  # call_command(older_than="30d") passes it unparsed
+            try:
+                older_than = age(older_than)
+            except argparse.ArgumentTypeError as exc:
+                raise CommandError(f"--older-than {exc}") from None
+        cutoff = timezone.now() - older_than
         old = list(Run.objects.filter(finished__lt=cutoff).values_list("id", flat=True))
         copies = retention.context_copies(old)
         result = prune(old, dry_run=dry_run)

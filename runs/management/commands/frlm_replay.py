@@ -57,10 +57,10 @@ class Command(FrlmCommand):
 
     def handle(self, *args, run_id: str, **o: Any) -> None:
         # Imported here, not with the module: `--help` and a bad flag answer at once.
-        from runs.cli import format_summary, summarise, wait_for
+        from runs.cli import format_summary, launch, refuse_unless_ready, summarise, watch
         from runs.engine.policy import PolicyError, parse_assignments
         from runs.models import Run
-        from runs.services import RunInputError, run_launch, run_replay
+        from runs.services import RunInputError, run_replay
         from workers.backends import model_spec
 
         try:
@@ -69,6 +69,7 @@ class Command(FrlmCommand):
             raise CommandError(
                 f"no run {run_id!r}; `python manage.py frlm_runs` lists them"
             ) from None
+        refuse_unless_ready()
         try:
             changes = parse_assignments(o["set"], "--set")
             root = worker = None
@@ -91,11 +92,11 @@ class Command(FrlmCommand):
             raise CommandError("\n".join(f"{k}: {v}" for k, v in exc.errors.items())) from exc
         except (ValueError, PolicyError) as exc:
             raise CommandError(str(exc)) from exc
-        run_launch(run)
+        launch(run)
         if o["no_wait"]:
             self.stdout.write(run.id)
             return
-        run = wait_for(run, o["timeout"], show=not o["json"])
+        run = watch(run, o["timeout"], show=not o["json"])
         summary = summarise(run)
         self.stdout.write(json.dumps(summary) if o["json"] else format_summary(summary))
         if run.status != Run.Status.SUCCEEDED:

@@ -68,19 +68,14 @@ class Command(FrlmCommand):
         )
 
     def handle(self, *args, **o: Any) -> None:
-        from runs.cli import format_summary, summarise, wait_for
+        from runs.cli import format_summary, summarise, watch
         from runs.models import Run
-        from runs.services import run_cancel
 
         run = self.create(o)
         if o["no_wait"]:
             self.stdout.write(run.id)
             return
-        try:
-            run = wait_for(run, o["timeout"], show=not o["json"])
-        except KeyboardInterrupt:
-            run_cancel(run)
-            raise CommandError(f"cancelled run {run.id}") from None
+        run = watch(run, o["timeout"], show=not o["json"])
         summary = summarise(run)
         if o["json"]:
             self.stdout.write(json.dumps(summary, indent=None))
@@ -90,20 +85,12 @@ class Command(FrlmCommand):
             sys.exit(1)
 
     def create(self, o: dict[str, Any]) -> Run:
-        from frlm_web import presence
-        from frlm_web.redis_client import get_redis, redis_available
+        from runs.cli import launch, refuse_unless_ready
         from runs.engine.policy import PolicyError, parse_assignments
-        from runs.orphans import CONDUCTOR_GROUP
-        from runs.services import ContextSpec, RunInputError, run_create, run_launch
+        from runs.services import ContextSpec, RunInputError, run_create
         from workers.backends import model_spec
 
-        if not redis_available():
-            raise CommandError("Redis is not reachable at FRLM_REDIS_URL; start it with `make up`")
-        if not presence.alive(get_redis(), CONDUCTOR_GROUP):
-            raise CommandError(
-                "no conductor is running; start everything with `make up` (or "
-                "`python manage.py frlm_conductor`)"
-            )
+        refuse_unless_ready()
         if o["task"] and o["context"]:
             raise CommandError("give either --task or --context, not both")
         if not o["task"] and not o["context"]:
@@ -144,5 +131,5 @@ class Command(FrlmCommand):
             )
         except RunInputError as exc:
             raise CommandError("\n".join(f"--{k}: {v}" for k, v in exc.errors.items())) from exc
-        run_launch(run)
+        launch(run)
         return run

@@ -5,11 +5,10 @@ import time
 from pathlib import Path
 
 from django.conf import settings
-from django.core.exceptions import ValidationError
 from django.core.management.base import CommandError
 
 from frlm_web.commands import FrlmCommand, number, whole
-from workers.models import venue_name_validator
+from workers.management.arguments import venue_name
 from workers.swarm import ProfileFileError, Swarm, profile_load, profile_names
 
 
@@ -21,8 +20,8 @@ class Command(FrlmCommand):
     )
 
     def add_arguments(self, parser) -> None:
-        parser.add_argument("--workers", type=whole(1), default=8, help="how many devices")
-        parser.add_argument("--venue", default="edge", help="the venue they join")
+        parser.add_argument("--workers", type=whole(1, 256), default=8, help="how many devices")
+        parser.add_argument("--venue", default="edge", type=venue_name, help="the venue they join")
         parser.add_argument(
             "--profile",
             default="edge",
@@ -39,12 +38,6 @@ class Command(FrlmCommand):
     def handle(self, *args, workers: int, venue: str, profile: str, seed: int, **options) -> None:
         """1. check the arguments and the profile, 2. start the devices, 3. supervise them
         (churn, restarts) until told to stop, 4. stop them all cleanly."""
-        try:
-            venue_name_validator(venue)
-        except ValidationError as exc:
-            raise CommandError(f"--venue {venue!r}: {exc.messages[0]}") from exc
-        if not 1 <= workers <= 256:
-            raise CommandError("--workers must be between 1 and 256")
         try:
             loaded = profile_load(profile)
         except ProfileFileError as exc:

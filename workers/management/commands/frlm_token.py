@@ -1,12 +1,13 @@
 from __future__ import annotations
 
+import argparse
 from datetime import timedelta
 
-from django.core.exceptions import ValidationError
 from django.core.management.base import CommandError
 
 from frlm_web.commands import FrlmCommand, number
-from workers.models import Venue, venue_defaults, venue_name_validator
+from workers.management.arguments import venue_name
+from workers.models import Venue, venue_defaults
 from workers.services import token_create
 
 
@@ -18,7 +19,9 @@ class Command(FrlmCommand):
     )
 
     def add_arguments(self, parser) -> None:
-        parser.add_argument("--venue", required=True, help="venue name; created if missing")
+        parser.add_argument(
+            "--venue", required=True, type=venue_name, help="venue name; created if missing"
+        )
         parser.add_argument(
             "--kind",
             choices=[k for k, _ in Venue.Kind.choices],
@@ -37,7 +40,12 @@ class Command(FrlmCommand):
             default=None,
             help="expires after this many hours, at most a year (default: never)",
         )
-        parser.add_argument("--label", default="", help="a note: who or what the token is for")
+        parser.add_argument(
+            "--label",
+            default="",
+            type=_label,
+            help="a note: who or what the token is for (at most 100 characters)",
+        )
         parser.add_argument(
             "--json",
             dest="as_json",
@@ -56,14 +64,6 @@ class Command(FrlmCommand):
         as_json: bool,
         **_,
     ) -> None:
-        try:
-            venue_name_validator(venue)
-        except ValidationError as exc:
-            raise CommandError(f"--venue {venue!r}: {exc.messages[0]}") from exc
-        if ttl_hours is not None and not 0 < ttl_hours <= 24 * 366:
-            raise CommandError("--ttl-hours must be more than 0 and at most a year (8784)")
-        if len(label) > 100:
-            raise CommandError("--label is at most 100 characters")
         # A token lets workers of other machines join: a venue it creates is trusted only
         # when asked. A typo or a new name used to make a trusted local venue (a review).
         if kind is None and venue not in Venue.Kind.values:
@@ -102,3 +102,12 @@ class Command(FrlmCommand):
         expires = f"expires {token.expires:%Y-%m-%d %H:%M} UTC" if token.expires else "no expiry"
         self.stderr.write(f"enrolment token for venue {venue!r} ({expires}); shown only now:")
         self.stdout.write(plaintext)
+
+
+def _label(text: str) -> str:
+    if len(text) > 100:
+        raise argparse.ArgumentTypeError(f"takes at most 100 characters, not {len(text)}")
+    return text
+
+
+_label.__name__ = "label"

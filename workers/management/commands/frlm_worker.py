@@ -4,17 +4,16 @@ import json
 import os
 import socket
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from django.conf import settings
-from django.core.exceptions import ValidationError
 from django.core.management.base import CommandError
 
-from frlm_web.commands import FrlmCommand, number, rate, whole
+from frlm_web.commands import FrlmCommand, http_url, number, rate, whole
 from workers.client import Control, ControlError, HttpControl, LocalControl
 from workers.gateway.agent import GatewayAgent, GatewayRefused, own_simulated_model
 from workers.keys import public_b64
-from workers.models import Venue, venue_defaults, venue_name_validator
+from workers.management.arguments import venue_name, worker_name
+from workers.models import Venue, venue_defaults
 from workers.runtime import WorkerRuntime, default_key_file, load_key
 from workers.services import MAX_CONCURRENCY, NAME_RE, Registration
 
@@ -41,9 +40,12 @@ class Command(FrlmCommand):
     )
 
     def add_arguments(self, parser) -> None:
-        parser.add_argument("--venue", required=True, help="venue name, e.g. local or edge")
+        parser.add_argument(
+            "--venue", required=True, type=venue_name, help="venue name, e.g. local or edge"
+        )
         parser.add_argument(
             "--server",
+            type=http_url,
             default=None,
             help="the FRLM web server's URL (e.g. http://10.0.0.5:8000); without it the "
             "worker registers in-process, on this machine's database",
@@ -78,9 +80,15 @@ class Command(FrlmCommand):
             default=None,
             help="the venue's kind when this creates it (default: from its name)",
         )
-        parser.add_argument("--concurrency", type=whole(1), default=16, help="sub-queries at once")
+        parser.add_argument(
+            "--concurrency",
+            type=whole(1, MAX_CONCURRENCY),
+            default=16,
+            help="sub-queries at once",
+        )
         parser.add_argument(
             "--name",
+            type=worker_name,
             default=None,
             help="worker name, unique in its venue (default: venue-host-pid)",
         )
@@ -167,25 +175,12 @@ class Command(FrlmCommand):
         """1. check the arguments, 2. set up the model backend and simulated profile,
         3. choose in-process or HTTP registration, 4. run the worker until it stops."""
         venue = options["venue"]
-        try:
-            venue_name_validator(venue)
-        except ValidationError as exc:
-            raise CommandError(f"--venue {venue!r}: {exc.messages[0]}") from exc
         concurrency = options["concurrency"]
-        if not 1 <= concurrency <= MAX_CONCURRENCY:
-            raise CommandError(f"--concurrency must be between 1 and {MAX_CONCURRENCY}")
         name = options["name"] or f"{venue}-{socket.gethostname()}-{os.getpid()}"
-        if not NAME_RE.match(name):
+        if not NAME_RE.match(name):  # the default, made of this host's name
             raise CommandError(
                 f"--name {name!r}: 1 to 64 letters, digits, '.', '-' or '_', starting with a "
                 "letter or digit"
-            )
-        server = options["server"]
-        if server is not None and urlsplit(server).scheme not in ("http", "https"):
-            # Checked before anything starts (the simulated model did, before a review).
-            raise CommandError(
-                f"--server {server[:200]!r} is not an http:// or https:// URL; give the web "
-                "server's URL, e.g. http://10.0.0.5:8000"
             )
         models = self._backend(options)
         self._sim_profile(options)
