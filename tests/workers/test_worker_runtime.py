@@ -267,7 +267,7 @@ def test_it_refuses_to_start_with_a_bad_token(stack, server, subprocess_env):
     # Not a URL: said before anything starts, once (a review saw the simulated model start
     # first, and "protocol.." from the joined message).
     bad = frlm_worker(subprocess_env, "--venue", "rtremote", "--server", "notaurl", "--token", "x")
-    assert bad.returncode != 0 and "is not an http:// or https:// URL" in bad.stderr
+    assert bad.returncode == 2 and "--server: takes an http:// or https:// URL" in bad.stderr
     assert "simulated model" not in bad.stdout + bad.stderr and ".." not in bad.stderr
 
 
