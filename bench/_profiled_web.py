@@ -1,5 +1,6 @@
-"""daphne under cProfile, for `bench/federation.py --profile-web FILE`: the profile of the web
-process's event loop (where the gateway's consumers run) over the batches a bench chooses.
+"""The web server (frlm_web/web_server.py, daphne) under cProfile, for `bench/federation.py
+--profile-web FILE`: the profile of the web process's event loop (where the gateway's
+consumers run) over the batches a bench chooses.
 
     python bench/_profiled_web.py FILE <daphne's arguments>
 
@@ -33,9 +34,9 @@ def main() -> None:
     signal.signal(signal.SIGUSR1, start)
     signal.signal(signal.SIGUSR2, stop)
     sys.argv = ["daphne", *sys.argv[2:]]
-    from daphne.cli import CommandLineInterface  # noqa: PLC0415 - after the argv is set
+    from frlm_web.web_server import main as serve  # noqa: PLC0415 - after the argv is set
 
-    CommandLineInterface.entrypoint()
+    serve()
 
 
 if __name__ == "__main__":

@@ -159,7 +159,7 @@ class Federation:
             procs = plan()
             for proc in procs:
                 if proc.name == "web":
-                    assert proc.argv[1:3] == ["-m", "daphne"], proc.argv
+                    assert proc.argv[1:3] == ["-m", "frlm_web.web_server"], proc.argv
                     shim = str(Path(__file__).with_name("_profiled_web.py"))
                     proc.argv = [proc.argv[0], shim, str(out), *proc.argv[3:]]
             return procs

@@ -290,6 +290,9 @@ FRLM_HEARTBEAT_WRITE_S = envfloat("FRLM_HEARTBEAT_WRITE_S", 5.0)
 FRLM_GATEWAY_SILENCE_S = envfloat("FRLM_GATEWAY_SILENCE_S", 3.0)
 FRLM_API_CLOCK_SKEW_S = envfloat("FRLM_API_CLOCK_SKEW_S", 60.0)
 FRLM_API_MAX_BODY = envint("FRLM_API_MAX_BODY", 64 * 1024)
+# The longest request body the web server reads at all (frlm_web/web_server.py): the
+# launcher's upload (runs.forms.UPLOAD_MAX_BYTES, 64 MiB) and a MiB for the form's fields.
+FRLM_HTTP_MAX_BODY = envint("FRLM_HTTP_MAX_BODY", 65 * 1024 * 1024)
 # Requests to the worker API that fail to authenticate, counted per source address: past
 # the limit within the window, that address is answered 429 until the window ends.
 FRLM_API_FAIL_LIMIT = envint("FRLM_API_FAIL_LIMIT", 20)

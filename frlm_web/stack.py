@@ -72,7 +72,8 @@ WS_HANDSHAKE_S = 30
 
 
 def web_proc(port: int, host: str | None = None) -> Proc:
-    """The web server (daphne: HTTP and WebSockets), on loopback unless FRLM_WEB_HOST (or
+    """The web server (daphne: HTTP and WebSockets, request bodies bounded by
+    frlm_web/web_server.py), on loopback unless FRLM_WEB_HOST (or
     `host`) names another address: workers on other machines reach it there. Its WebSocket
     messages may be as large as a gateway job with its fragments (daphne's default: 1 MiB).
     Behind the HTTPS proxy (FRLM_HTTPS) a request's address is the one the proxy forwards:
@@ -88,7 +89,7 @@ def web_proc(port: int, host: str | None = None) -> Proc:
         [
             sys.executable,
             "-m",
-            "daphne",
+            "frlm_web.web_server",  # daphne, its request bodies bounded
             "-b",
             host,
             "-p",

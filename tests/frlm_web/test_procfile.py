@@ -78,7 +78,7 @@ def test_each_management_command_exists_and_takes_its_flags(name):
 
 def test_the_web_process_is_daphne_as_the_stack_starts_it():
     _env, argv = argv_of(processes()["web"])
-    assert argv[:3] == ["python", "-m", "daphne"], argv
+    assert argv[:3] == ["python", "-m", "frlm_web.web_server"], argv
     args = CommandLineInterface().parser.parse_args(argv[3:])
     assert args.application == "frlm_web.asgi:application"
     # A gateway job with its fragments fits in one WebSocket message (frlm_web/stack.py).

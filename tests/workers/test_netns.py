@@ -64,7 +64,7 @@ def public_web(stack: Stack, hosts: list[netlab.Host]) -> Iterator[int]:
     }
     log = open(stack.state_dir / "logs" / "web-public.log", "ab")  # noqa: SIM115
     proc = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "0.0.0.0", "-p", str(port)]
+        [sys.executable, "-m", "frlm_web.web_server", "-b", "0.0.0.0", "-p", str(port)]
         + ["frlm_web.asgi:application"],
         cwd=settings.BASE_DIR,
         env=env,
