@@ -245,8 +245,13 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         return await sync_to_async(live.stored_wire, thread_sensitive=False)(self.run_id, after_seq)
 
 
+SEQ_MAX = 2**62  # as the HTTP side takes (traces/views.py, _int)
+
+
 def _seq(raw: Any) -> int:
+    """A seq the page sent: 0 for what is not one, never past SEQ_MAX (1e999 raised
+    OverflowError, and a 61-digit number DuckDB's refusal, out of the consumer)."""
     try:
-        return max(0, int(raw))
-    except (TypeError, ValueError):
+        return max(0, min(SEQ_MAX, int(raw)))
+    except (TypeError, ValueError, OverflowError):
         return 0
