@@ -22,7 +22,8 @@ def _info_key(group: str) -> str:
     return f"frlm:presence:{group}:info"
 
 
-def _barred_key(group: str, name: str) -> str:
+def barred_key(group: str, name: str) -> str:
+    """Set while the name may not announce itself (withdrawn with a bar: deregistered)."""
     return f"frlm:presence:{group}:barred:{name}"
 
 
@@ -41,7 +42,7 @@ def announce(client: redis.Redis, group: str, name: str, info: dict[str, Any]) -
     """Refresh the name's entry for FRLM_VENUE_HEARTBEAT_TTL_S; False, and nothing written,
     while the name is barred."""
     expires = time.time() + settings.FRLM_VENUE_HEARTBEAT_TTL_S
-    keys = [_members_key(group), _info_key(group), _barred_key(group, name)]
+    keys = [_members_key(group), _info_key(group), barred_key(group, name)]
     args = [expires, name, json.dumps({**info, "name": name})]
     return bool(client.eval(_ANNOUNCE_LUA, len(keys), *keys, *args))
 
@@ -53,7 +54,7 @@ def withdraw(client: redis.Redis, group: str, name: str, *, bar_s: float = 0) ->
     pipe.zrem(_members_key(group), name)
     pipe.hdel(_info_key(group), name)
     if bar_s > 0:
-        pipe.set(_barred_key(group, name), "1", px=int(bar_s * 1000))
+        pipe.set(barred_key(group, name), "1", px=int(bar_s * 1000))
     pipe.execute()
 
 

@@ -257,6 +257,9 @@ def serve_run(ws, run, worker_id: str, key, forge: set[str]) -> dict[str, dict]:
         run.refresh_from_db()
         if run.done:
             return answered
+        # A beat each second, as the agent sends: a worker that beats no more is dropped
+        # once its presence would have lapsed (FRLM_VENUE_HEARTBEAT_TTL_S).
+        ws.send(json.dumps({"type": "beat", "figures": {"inflight": 0, "memory_mb": 1.0}}))
         jobs = jobs_in(next_messages(ws, {"job", "jobs"}, wait_s=1))
         items = []
         for job in jobs:

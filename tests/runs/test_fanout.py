@@ -41,6 +41,12 @@ def test_it_runs_a_batch_in_parallel_across_venues(venues):
     assert {e["venue"] for e in named(events, "SubQuery.Execute", "end")} == {"local", "edge"}
     # 32 sub-queries of 300 ms on 16 slots: about 0.6 s of model time, not 9.6 s.
     assert run.wall_ms < 6000
+    # Its result stream is let go once the run is over (every run's stayed for good).
+    from frlm_web.redis_client import get_redis
+    from runs.engine.fanout.transport import RESULTS_KEEP_S
+    from workers.jobs import results_stream
+
+    assert 0 < get_redis().ttl(results_stream(run.id)) <= RESULTS_KEEP_S
 
 
 def test_it_proceeds_at_quorum_and_cancels_stragglers(venues):

@@ -159,6 +159,7 @@ class GatewayAgent:
     # Jobs not answered yet, by the session that gave them: those of a session that
     # dropped are given back on the next (protocol.py, version 4).
     _given: dict[tuple[str, str], object] = field(default_factory=dict)
+    _grants: dict[tuple[str, str], str] = field(default_factory=dict)  # each given job's
     _given_lock: threading.Lock = field(default_factory=threading.Lock)
     _returns: bool = False  # the server takes `returned`
 
@@ -263,11 +264,18 @@ class GatewayAgent:
         this worker's presence lapsed). To an older server, nothing is said."""
         with self._given_lock:
             stale = [key for key, given in self._given.items() if given is not session]
+            grants = [self._grants.pop(key, "") for key in stale]
             for key in stale:
                 del self._given[key]
         if not stale or not self._returns:
             return
-        jobs = [{"run_id": run_id, "sq_id": sq_id} for run_id, sq_id in stale[:MAX_RESULTS]]
+        jobs = [
+            {"run_id": run_id, "sq_id": sq_id, "grant": grant}
+            for (run_id, sq_id), grant in zip(stale, grants, strict=True)
+            if grant
+        ][:MAX_RESULTS]
+        if not jobs:
+            return
         self._send({"type": "returned", "jobs": jobs})
         log.warning("gave back %d job(s) of the session that dropped", len(jobs))
 
@@ -310,6 +318,8 @@ class GatewayAgent:
                 self.tally.begin(_tally_key(job))
                 with self._given_lock:
                     self._given[(job["run_id"], job["sq_id"])] = session
+                    if isinstance(job.get("grant"), str):
+                        self._grants[(job["run_id"], job["sq_id"])] = job["grant"]
                 pool.submit(self._execute, job, session)
         elif kind == "cancel":
             for item in message.get("jobs") or []:
@@ -372,6 +382,7 @@ class GatewayAgent:
         with self._given_lock:
             for key in answered:
                 self._given.pop(key, None)
+                self._grants.pop(key, None)
 
     def _of_this_session(
         self, items: list[dict[str, Any]]
@@ -411,6 +422,7 @@ class GatewayAgent:
             self._cancelled.discard(key)
             with self._given_lock:
                 self._given.pop(key, None)
+                self._grants.pop(key, None)
             self.tally.end(_tally_key(job))
             return
         sent: dict[str, Any] = job  # type: ignore[assignment]  (the gateway's fields too)

@@ -42,6 +42,14 @@ that session (at most MAX_RESULTS a session). The server tells each job's run (s
 `returned`, the worker stamped here) where the run's result stream exists, and the
 conductor tries a job again at once when its assignee returned it.
 
+Version 5 makes a return provable. Each job the server gives carries `grant`, a MAC of the
+worker's id, the run and the job under the server's secret (every web process of a
+deployment shares it, so a server started again checks what the last one gave); a
+returned item names it, and one without a grant for this worker is ignored. A version 4
+return named any job of any run whose result stream was there: a worker never given a job
+grew any run's stream without end, and on a shared queue one worker gave back another's
+jobs (a review). Returns go only to a server of version 5.
+
 WebSocket rather than HTTP long-poll: jobs reach a worker the moment they are queued, its
 results and heartbeats ride the same connection, and the server knows the instant the
 connection drops, which is what lets the conductor re-dispatch that worker's jobs at once.
@@ -54,10 +62,10 @@ from typing import Any
 
 from frlm_web import jsontext
 
-VERSION = 4
+VERSION = 5
 BATCH_VERSION = 2  # the first version with `jobs`, `results` and `refused`
 BUFFER_VERSION = 3  # the first with a work buffer: `queued` jobs, `started` items
-RETURN_VERSION = 4  # the first that takes `returned`
+RETURN_VERSION = 5  # the first that takes `returned` (each job's `grant` named: version 5)
 PATH = "/ws/workers/gateway"
 # A job carries its fragments' text (at most workers.fragments.MAX_FRAGMENT_BYTES) and a
 # result a model's reply: both directions allow that much and no more.

@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import os
 import secrets
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from django.conf import settings
+from django.utils.crypto import salted_hmac
 
 from frlm_web import presence
 from frlm_web.redis_client import get_redis
@@ -94,6 +96,7 @@ class WorkerLink:
         self.room = asyncio.Event()
         self.draining = False
         self.heard = time.monotonic()
+        self.beaten = time.monotonic()  # its last beat: its presence lives on them
         self.rtt_ms: float | None = None
         self.heartbeat_s = float(settings.FRLM_WORKER_HEARTBEAT_S)
         self.tasks: list[asyncio.Task] = []
@@ -271,6 +274,7 @@ class WorkerLink:
             outgoing = [dict(job) for job, _ in going]
         for job, (_, held) in zip(outgoing, going, strict=True):
             job["execute_span"] = held.execute_span
+            job["grant"] = grant_for(self.worker.id, held.run_id, held.sq_id)
             if held.queued:
                 job["queued"] = True
         if not self.batched:
@@ -341,6 +345,7 @@ class WorkerLink:
         elif kind == "returned":
             await self._returned(message)
         elif kind == "beat":
+            self.beaten = time.monotonic()
             await self._beat(message.get("figures"))
         elif kind == "pong":
             sent = message.get("t")
@@ -406,11 +411,12 @@ class WorkerLink:
             )
 
     async def _returned(self, message: dict[str, Any]) -> None:
-        """Jobs of a session that dropped, given back (version 4): each job's run is told
+        """Jobs of a session that dropped, given back (version 5): each job's run is told
         (status `returned`), so its conductor tries the job again now instead of at its
-        timeout. Only the runs' result streams that exist are written to, and the conductor
-        takes a return only from the job's assignee, so a worker can give back nothing but
-        its own jobs; a job this session holds is not given back."""
+        timeout. Only a job named with its grant (a MAC this server's secret made for this
+        worker when a server gave it the job, grant_for) is, and only where the run's
+        result stream exists; the conductor takes a return only from the job's holder. A
+        job this session holds is not given back."""
         items = message.get("jobs")
         if not isinstance(items, list) or not 1 <= len(items) <= MAX_RESULTS - self.returned:
             raise ProtocolError(
@@ -418,16 +424,26 @@ class WorkerLink:
                 f"({self.returned} so far)"
             )
         keys: list[tuple[str, str]] = []
+        forged = 0
         for item in items:
-            run_id = item.get("run_id") if isinstance(item, dict) else None
-            sq_id = item.get("sq_id") if isinstance(item, dict) else None
-            if not all(isinstance(v, str) and 0 < len(v) <= ID_MAX for v in (run_id, sq_id)):
+            fields = [item.get(k) if isinstance(item, dict) else None for k in RETURN_FIELDS]
+            if not all(isinstance(v, str) and 0 < len(v) <= ID_MAX for v in fields):
                 raise ProtocolError(
-                    f"a returned job is {{run_id, sq_id}}, each a string of 1 to {ID_MAX} "
-                    "characters"
+                    "a returned job is {run_id, sq_id, grant}, each a string of 1 to "
+                    f"{ID_MAX} characters (the grant as its job came with it)"
                 )
-            keys.append((run_id, sq_id))  # type: ignore[arg-type]
+            run_id, sq_id, grant = fields
+            if hmac.compare_digest(grant, grant_for(self.worker.id, run_id, sq_id)):
+                keys.append((run_id, sq_id))  # type: ignore[arg-type]
+            else:
+                forged += 1
         self.returned += len(items)
+        if forged:
+            log.warning(
+                "gateway: worker %s gave back %d job(s) it was not given; ignored",
+                self.worker.id,
+                forged,
+            )
         keys = [key for key in dict.fromkeys(keys) if key not in self.held]
         if not keys:
             return
@@ -562,16 +578,45 @@ class WorkerLink:
             await self.consumer.refuse(4410, str(exc), exc.fix)
 
     async def _watch(self) -> None:
-        """A ping each heartbeat; silence past FRLM_GATEWAY_SILENCE_S is a loss."""
+        """A ping each heartbeat; silence past FRLM_GATEWAY_SILENCE_S is a loss, and so is
+        a worker that sends no beat for its presence's life (answering pings keeps a socket,
+        not a presence), or that was deregistered meanwhile: one that beat no more kept its
+        session and its pump took jobs the conductor then refused to hear of, which waited
+        out their timeout (a review)."""
         limit = float(settings.FRLM_GATEWAY_SILENCE_S)
+        beat_limit = float(settings.FRLM_VENUE_HEARTBEAT_TTL_S)
+        group = presence_group(self.venue)
         while True:
             await asyncio.sleep(self.heartbeat_s)
             if time.monotonic() - self.heard > limit:
                 await self.lost(f"it was silent for more than {limit:g} s")
                 await self.consumer.close(code=4408)
                 return
+            if time.monotonic() - self.beaten > beat_limit:
+                await self.lost(f"it sent no heartbeat for more than {beat_limit:g} s")
+                await self.consumer.close(code=4408)
+                return
+            if await self.redis.exists(presence.barred_key(group, self.worker.id)):
+                await self.consumer.refuse(
+                    4410,
+                    f"worker {self.worker.id} was deregistered",
+                    "stop this worker, or register again with an enrolment token",
+                )
+                return
             await self.consumer.send(encode({"type": "ping", "t": time.monotonic()}))
             await self._check_waiting()
+
+
+RETURN_FIELDS = ("run_id", "sq_id", "grant")
+GRANT_SALT = "frlm.gateway.grant"
+
+
+def grant_for(worker_id: str, run_id: str, sq_id: str) -> str:
+    """What proves a job was given to this worker (protocol version 5): a MAC of the three
+    under the deployment's secret, so a server started again checks what the last one
+    gave. 128 bits: unguessable, and short on the wire."""
+    message = f"{worker_id}\0{run_id}\0{sq_id}"
+    return salted_hmac(GRANT_SALT, message, algorithm="sha256").hexdigest()[:32]
 
 
 def _withdraw(venue: str, worker_id: str) -> None:

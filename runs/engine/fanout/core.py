@@ -270,13 +270,15 @@ class Fanout:
     def close(self) -> None:
         """At the run's end: replies of batches whose REPL check never came back (the cell
         failed before it) are paid for as they stand, unverified, so no work goes unreceipted;
-        Execute spans a dead worker left open on settled attempts are ended."""
+        Execute spans a dead worker left open on settled attempts are ended, and the run's
+        result stream is let go (Transport.retire)."""
         with self.emitter.batch():
             for state in self._deferred.values():
                 for flight in state.replied:
                     self.spending.pay(flight)
             self.liveness.settle_executing()
         self._deferred.clear()
+        self.transport.retire()
 
     # --- the life of a batch ---------------------------------------------------------
     def _call_tier(

@@ -183,9 +183,10 @@ class Intake:
         is connected to now never gave it the job and would refuse its result, and while
         the worker stays present nothing else would send the job again before its
         timeout. Tried again now, the way a lost worker's jobs are: neither its breakers
-        nor its reputation count it, since the link broke, not the worker. Only its
-        assignee can give a job back."""
-        if self._check_sender(flight, wid) is not None:
+        nor its reputation count it, since the link broke, not the worker. Only its holder
+        can give a job back: its assignee, or, on a shared queue, the worker whose claim
+        (queued or started) was taken; any live worker of the venue could (a review)."""
+        if not wid or wid != (flight.assigned or flight.worker_id):
             return None
         self.attempts.abandon(flight, wave)
         self.attempts.retry_or_settle(flight, "error", f"worker {wid} {RETURNED}", wave)

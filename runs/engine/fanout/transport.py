@@ -24,6 +24,7 @@ DISPATCH_FLUSH = 8
 # a plan, a publish) per read, on the CPU the workers need at that very moment to start
 # their next jobs. So the first reply of a clump waits this long for the rest of it.
 GATHER_S = 0.02
+RESULTS_KEEP_S = 600  # a run's result stream, after its end (Transport.retire)
 
 
 class Transport:
@@ -90,6 +91,12 @@ class Transport:
                 result = decode_result(fields)
                 result["at"] = now - max(0, newest - _stream_ms(entry_id)) / 1000
                 yield result
+
+    def retire(self) -> None:
+        """At the run's end its result stream is read no more: kept RESULTS_KEEP_S (a late
+        reply, a debugging look), then gone. Every run left its stream for good, and late
+        writes (a worker's results, a gateway's returns) only added to it."""
+        self.client.expire(self.stream, RESULTS_KEEP_S)
 
     def revoke(self, gone: list[Flight]) -> None:
         """Workers skip cancelled jobs they have not started; Celery drops queued ones."""

@@ -1,0 +1,218 @@
+"""A hostile gateway worker (a review): what it can do to other workers' jobs and to the
+server's state with the protocol's `returned` message."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import websockets
+from websockets.sync.client import connect
+
+from frlm_web.redis_client import get_redis
+from tests.gateway import (
+    jobs_in,
+    named,
+    next_messages,
+    registered_worker,
+    say_hello,
+    signed_answer,
+)
+from tests.helpers import launch, trace
+from workers.gateway.agent import ws_url
+from workers.jobs import results_stream
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def tend(socks, seconds: float, *, quiet: frozenset[int] = frozenset()) -> list[dict]:
+    """Keep scripted workers present for `seconds`: each answers the server's pings and
+    beats (presence lapses after FRLM_VENUE_HEARTBEAT_TTL_S without beats); the jobs they
+    are sent, each tagged with the index of its socket."""
+    got: list[dict] = []
+    deadline = time.monotonic() + seconds
+    while True:
+        for i, ws in enumerate(socks):
+            try:
+                if i not in quiet:  # a quiet one answers pings only
+                    beat = {"type": "beat", "figures": {"inflight": 0, "memory_mb": 1.0}}
+                    ws.send(json.dumps(beat))
+                for message in next_messages(ws, {"job", "jobs"}, wait_s=0.25):
+                    for job in jobs_in([message]):
+                        got.append({**job, "_sock": i})
+            except websockets.exceptions.ConnectionClosed:
+                time.sleep(0.25)  # closed by the server: nothing more comes on it
+        if time.monotonic() >= deadline:
+            return got
+
+
+def serve_beating(ws, run, worker_id: str, key, limit_s: float = 150) -> None:
+    """Answer every job of `run` until it is done, beating meanwhile (serve_run does not
+    beat, so over a long run its worker leaves presence)."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        run.refresh_from_db()
+        if run.done:
+            return
+        items = [signed_answer(job, worker_id, key) for job in tend([ws], 0.3)]
+        if items:
+            ws.send(json.dumps({"type": "results", "results": items}))
+    raise AssertionError(f"run {run.id} did not finish")
+
+
+def test_a_worker_cannot_give_back_a_shared_queue_job_another_worker_holds(web, venues) -> None:
+    """routing=shared: jobs go on the venue's queue, with no assignee. A second worker of
+    the same venue, which never held them, names the jobs the first one holds (their
+    sq_ids are "<index>.<attempt>", its run id it learns from any job of the run) in a
+    `returned` message. The conductor must not take that as the holder's return: it
+    abandons the holder's attempts and sends them again, so the holder's work is thrown
+    away (not paid) and, returned again on each attempt, the sub-queries fail."""
+    venue = "sharedgb"
+    wid, key = registered_worker("sholder", venue=venue, concurrency=16)
+    thief, thief_key = registered_worker("sthief", venue=venue, concurrency=1)
+    policy = {"subquery_timeout_s": 60, "hedge": "off", "routing": "shared"}
+    with (
+        connect(ws_url(web), open_timeout=10) as ws,
+        connect(ws_url(web), open_timeout=10) as other,
+    ):
+        assert say_hello(ws, wid, key, 2)["type"] == "welcome"
+        # Version 2: no work buffer, so the thief holds one job at most.
+        assert say_hello(other, thief, thief_key, 2)["type"] == "welcome"
+        tend([ws, other], 1.5)
+        run = launch(task="sniah", tokens=60_000, seed=11, venues=[venue], policy=policy)
+        got = []
+        deadline = time.monotonic() + 60
+        while not got and time.monotonic() < deadline:
+            got = tend([ws, other], 0.5)
+        got += tend([ws, other], 1.0)
+        first = [job for job in got if job["_sock"] == 0]
+        mine = [job for job in got if job["_sock"] == 1]
+        assert first, f"the holder got no job ({len(mine)} for the thief)"
+        # Even with the grants the holder's jobs came with (the thief cannot see them): a
+        # grant proves the job was given to the worker it was made for.
+        jobs = [{k: job[k] for k in ("run_id", "sq_id", "grant")} for job in first]
+        other.send(json.dumps({"type": "returned", "jobs": jobs}))
+        tend([ws, other], 3.0)  # the conductor reads the returns
+        # Their second attempts' ids need no seeing: "<index>.2". Given back too, the
+        # sub-queries are out of attempts (max_retries 1).
+        again = [
+            {"run_id": run.id, "sq_id": j["sq_id"].split(".")[0] + ".2", "grant": "0" * 32}
+            for j in first
+        ]
+        other.send(json.dumps({"type": "returned", "jobs": again}))
+        tend([ws, other], 3.0)
+        # The holder answers what it was given; the thief too; the holder serves the rest.
+        ws.send(
+            json.dumps({"type": "results", "results": [signed_answer(j, wid, key) for j in first]})
+        )
+        if mine:
+            other.send(
+                json.dumps(
+                    {
+                        "type": "results",
+                        "results": [signed_answer(j, thief, thief_key) for j in mine],
+                    }
+                )
+            )
+        other.close()
+        serve_beating(ws, run, wid, key)
+
+    run.refresh_from_db()
+    events = trace(run)
+    held = {job["sq_id"] for job in first}
+    failed = [
+        e
+        for e in named(events, "SubQuery.Submit", "end")
+        if e["status"] != "ok" and thief in str(e["attrs"])
+    ]
+    retried = [
+        e
+        for e in named(events, "SubQuery.Retry")
+        if "returned" in str(e["attrs"].get("reason", "")) and thief in e["attrs"]["reason"]
+    ]
+    assert not retried, (
+        f"a stranger's return of {len(held)} job(s) another worker held sent "
+        f"{len(retried)} of them again ({len(failed)} sub-queries failed on its returns; "
+        f"run {run.status}): {retried[0]['attrs']['reason'][:60]}"
+    )
+
+
+def test_returns_of_jobs_never_given_do_not_grow_a_runs_stream_without_bound(web, venues) -> None:
+    """A run's result stream outlives the run (nothing deletes or trims it). A worker that
+    was never given a job of that run sends `returned` for made-up sq_ids: MAX_RESULTS a
+    session, and sessions are free (a hello is one signature), so over a few reconnects the
+    stream of a run that ended long ago grows by as many entries as it likes."""
+    from workers.gateway.protocol import MAX_RESULTS
+
+    run_id = "rold" + time.strftime("%H%M%S") + "x"
+    stream = results_stream(run_id)
+    client = get_redis()
+    client.delete(stream)
+    # What a run leaves behind: its stream, with the results it read long ago.
+    client.xadd(stream, {"run_id": run_id, "sq_id": "1.1", "status": "ok", "worker_id": "w0"})
+    before = client.xlen(stream)
+    stranger, key = registered_worker("flooder", venue="flood", concurrency=1)
+    sessions = 4
+    for session in range(sessions):
+        with connect(ws_url(web), open_timeout=10) as ws:
+            assert say_hello(ws, stranger, key, 4)["type"] == "welcome"
+            jobs = [
+                {"run_id": run_id, "sq_id": f"{session}{i}.1", "grant": "0" * 32}
+                for i in range(MAX_RESULTS)
+            ]
+            ws.send(json.dumps({"type": "returned", "jobs": jobs}))
+            next_messages(ws, {"nothing"}, wait_s=1.0)  # what it would write is written
+    grown = client.xlen(stream) - before
+    client.delete(stream)
+    assert grown == 0, (
+        f"a worker never given a job of run {run_id} added {grown} entries to its result "
+        f"stream over {sessions} sessions ({MAX_RESULTS} a session, sessions unlimited)"
+    )
+
+
+def test_a_deregistered_worker_that_never_beats_gets_no_more_jobs(web, venues) -> None:
+    """A worker deregistered (over the API, or by its operator) while its gateway session is
+    open is refused at its next beat (WorkerGone, 4410). One that never beats again, but
+    answers every ping (so it is never silent), keeps its session, and its pump keeps
+    taking jobs off its venue's shared queue: jobs the conductor then refuses to hear of
+    (their holder is no live worker), which wait out their sub-query timeout."""
+    from workers import services
+    from workers.models import Worker
+
+    venue = "deregq"
+    wid, key = registered_worker("dholder", venue=venue, concurrency=2)
+    gone, gone_key = registered_worker("dgone", venue=venue, concurrency=4)
+    policy = {"subquery_timeout_s": 30, "hedge": "off", "routing": "shared"}
+    with (
+        connect(ws_url(web), open_timeout=10) as ws,
+        connect(ws_url(web), open_timeout=10) as other,
+    ):
+        assert say_hello(ws, wid, key, 2)["type"] == "welcome"
+        assert say_hello(other, gone, gone_key, 2)["type"] == "welcome"
+        tend([ws, other], 1.0)
+        services.worker_deregister(Worker.objects.select_related("venue").get(id=gone))
+        tend([ws, other], 1.0, quiet=frozenset({1}))
+        run = launch(task="sniah", tokens=60_000, seed=12, venues=[venue], policy=policy)
+        got: list[dict] = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(j["_sock"] == 0 for j in got):
+            got += tend([ws, other], 0.5, quiet=frozenset({1}))
+        got += tend([ws, other], 2.0, quiet=frozenset({1}))
+        taken = [job["sq_id"] for job in got if job["_sock"] == 1]
+        run_id = run.id
+        t0 = time.monotonic()
+        for job in got:
+            if job["_sock"] == 0:
+                ws.send(json.dumps({"type": "results", "results": [signed_answer(job, wid, key)]}))
+        other.close()
+        serve_beating(ws, run, wid, key)
+        waited = time.monotonic() - t0
+    events = trace(run)
+    timed_out = sorted({e["attrs"].get("sq_id") for e in named(events, "SubQuery.Timeout")})
+    assert not taken, (
+        f"worker {gone}, deregistered, was still given {len(taken)} job(s) of run {run_id} "
+        f"over its open session: {taken[:6]}; the conductor refused its claims, so "
+        f"{timed_out} waited out their {policy['subquery_timeout_s']} s timeout "
+        f"(the rest of the run took {waited:.0f} s)"
+    )
