@@ -161,29 +161,40 @@ def _running(query) -> Run:
     )
 
 
+def _interrupted(cmd: list[str], runs, env: dict[str, str], sig=signal.SIGINT):
+    """Start the command, send it `sig` once its run is running, and wait for the run to
+    end: (the run, the command's process, what it wrote on stderr)."""
+    from tests.helpers import wait_until
+
+    proc = _started(cmd, env)
+    try:
+        run = _running(runs)
+        time.sleep(1.0)
+        proc.send_signal(sig)
+        _out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    run = wait_until(
+        lambda: (lambda r: r if r.done else None)(Run.objects.get(id=run.id)),
+        timeout=60,
+        what="the run to end",
+    )
+    return run, proc, err
+
+
 @pytest.mark.stack
 def test_ctrl_c_during_a_replay_cancels_the_replay(venues, subprocess_env):
     """frlm_run cancels its run on Ctrl-C ("cancelled run R", exit 1); frlm_replay has no
     such handler: Ctrl-C prints a KeyboardInterrupt traceback and the replay it launched
     runs on to its end, unwatched, on the conductor and the workers."""
-    from tests.helpers import finish, launch, scripted, wait_until
+    from tests.helpers import finish, launch, scripted
 
     slow = scripted("import time\ntime.sleep(8)\nprint('slept')", "FINAL('done')")
     original = finish(launch(question=slow, venues=["local"]))
     assert original.status == "succeeded", original.error
-    proc = _started(["frlm_replay", original.id], subprocess_env)
-    try:
-        copy = _running(Run.objects.filter(replay_of=original))
-        time.sleep(1.0)
-        proc.send_signal(signal.SIGINT)
-        _out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    copy = wait_until(
-        lambda: (lambda r: r if r.done else None)(Run.objects.get(id=copy.id)),
-        timeout=60,
-        what="the replay to end",
+    copy, proc, err = _interrupted(
+        ["frlm_replay", original.id], Run.objects.filter(replay_of=original), subprocess_env
     )
     seen = (copy.status, copy.answer, proc.returncode, "Traceback" in err, err[-200:])
     assert copy.status == Run.Status.CANCELLED, seen
@@ -196,28 +207,17 @@ def test_a_signal_during_frlm_run_cancels_the_run(venues, subprocess_env, contex
     """Ctrl-C cancels frlm_run's run; SIGTERM (what `timeout 60 manage.py frlm_run ...`,
     a CI job's cancel or a closing tmux pane sends) kills the command and leaves its run
     going on the conductor and the workers, spending, with nobody waiting for it."""
-    from tests.helpers import scripted, wait_until
+    from tests.helpers import scripted
 
     notes = context_root / "notes.txt"
     notes.write_text("The launch window opens on Tuesday.\n")
     slow = scripted("import time\ntime.sleep(8)\nprint('slept')", "FINAL('done')")
     before = set(Run.objects.values_list("id", flat=True))
-    proc = _started(
+    run, proc, _err = _interrupted(
         ["frlm_run", "--question", slow, "--context", str(notes), "--venues", "local"],
+        Run.objects.exclude(id__in=before),
         subprocess_env,
-    )
-    try:
-        run = _running(Run.objects.exclude(id__in=before))
-        time.sleep(1.0)
-        proc.send_signal(sig)
-        _out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    run = wait_until(
-        lambda: (lambda r: r if r.done else None)(Run.objects.get(id=run.id)),
-        timeout=60,
-        what="the run to end",
+        sig,
     )
     assert run.status == Run.Status.CANCELLED, (run.status, run.answer, proc.returncode)
 

@@ -144,7 +144,9 @@ class WorkerLink:
         for task in self.tasks:
             if task is not current:
                 task.cancel()
-        await sync_to_async(_withdraw, thread_sensitive=False)(self.venue, self.worker.id)
+        # The runs are told, and the spans ended, before the worker leaves presence: a
+        # conductor that saw it gone first ended those spans itself, with its own reason,
+        # and the trace had each twice (seen in CI).
         if self.held:
             pipe = self.redis.pipeline(transaction=False)
             ends = []
@@ -158,6 +160,7 @@ class WorkerLink:
             if ends:
                 pipe.eval(APPEND_LUA, 0, *append_args(ends))  # type: ignore[arg-type]
             await pipe.execute()
+        await sync_to_async(_withdraw, thread_sensitive=False)(self.venue, self.worker.id)
         log.warning(
             "gateway: worker %s left: %s; it held %d job(s)", self.worker.id, why, len(self.held)
         )

@@ -36,6 +36,9 @@ LIVENESS_EVERY_S = 1.0
 # queues a job only where it would finish soonest, and an untrusted worker reserves no more
 # than its prefetch of one per slot.
 QUEUE_MARGIN = 1.0
+# After a gateway's word that a worker dropped: presence read at every refresh this long
+# (the gateway tells the runs first, then withdraws the worker).
+LOOK_AGAIN_S = 0.5
 # A worker's measured latency older than this says little about it now (its load, and the
 # machine's, have changed since), and a worker the scheduler stopped using for a slow
 # moment would never be measured again: past it the worker is planned at the fleet's
@@ -88,13 +91,14 @@ class Router:
             max_price_ratio=policy.max_price_ratio,
         )
         self._checked = 0.0
+        self._watch_until = 0.0  # presence read at every refresh until then (look_again)
         self._turn = 0  # round-robin position
 
     def refresh(self, *, force: bool = False) -> None:
         """Who is live on the run's venues, their reputations and their breakers: read at
         most every LIVENESS_EVERY_S, three round trips in all."""
         now = time.monotonic()
-        if not force and now - self._checked < LIVENESS_EVERY_S:
+        if not force and now - self._checked < LIVENESS_EVERY_S and now >= self._watch_until:
             return
         self._checked = now
         roster, names = self.roster, self.scope.venue_names
@@ -120,9 +124,10 @@ class Router:
             )
 
     def look_again(self) -> None:
-        """Read presence at the next refresh, however recent the last: a worker is said
-        to have gone (the gateway saw its connection drop)."""
-        self._checked = float("-inf")
+        """Read presence at each refresh for LOOK_AGAIN_S, however recent the last: a worker
+        is said to have gone (the gateway saw its connection drop, and withdraws it from
+        presence just after telling the runs)."""
+        self._watch_until = time.monotonic() + LOOK_AGAIN_S
 
     def any_credit(self) -> bool:
         """Whether any venue has a live worker to take jobs. A venue whose last worker's
