@@ -139,3 +139,33 @@ def test_it_finishes_the_work_of_a_worker_killed_mid_run(stack, venues, consumer
         assert lost and all(e["venue"] == "local" for e in lost)
     finally:
         stack.kill(proc.name)
+
+
+def test_it_takes_a_shared_queue_jobs_return_only_from_its_holder(stack, venues):
+    """A `returned` word for a job on a shared queue, stamped with another live worker of the
+    run (a trusted broker worker may write to a run's result stream): the conductor took it
+    from any live worker of the run's venues, ended the holder's attempt and sent the job
+    again (a review). It takes it only from the worker whose claim it took."""
+    from frlm_web.redis_client import get_redis
+    from workers.jobs import encode_result, results_stream
+
+    policy = {"routing": "shared", "hedge": "off", "subquery_timeout_s": 60}
+    run = launch(
+        question=scripted(batch_program(8)), worker_sim={"latency_ms": 2000}, policy=policy
+    )
+    client, stream = get_redis(), results_stream(run.id)
+
+    def started() -> dict | None:
+        for _, fields in client.xrange(stream, "-", "+"):
+            if fields.get(b"status") == b"started":
+                return {k.decode(): v.decode() for k, v in fields.items()}
+        return None
+
+    claim = wait_until(started, timeout=60, what="a job started")
+    other = next(w["id"] for w in stack.worker_rows if w["id"] != claim["worker_id"])
+    word = {"run_id": run.id, "sq_id": claim["sq_id"], "status": "returned", "worker_id": other}
+    client.xadd(stream, encode_result(word))  # type: ignore[arg-type]
+    run = finish(run)
+    assert run.status == "succeeded", run.error
+    reasons = [e["attrs"]["reason"] for e in named(trace(run), "SubQuery.Retry")]
+    assert not [r for r in reasons if "returned" in r], reasons
