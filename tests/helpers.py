@@ -31,6 +31,15 @@ def wait_until(
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+def local_venue():
+    """The venue `local` as registration makes it, trusted: a test's own row of that name
+    is the one the stack's workers restore theirs into after the tables are emptied (one
+    made untrusted left a stack worker untrusted, and the trust tests after it failed)."""
+    from workers.models import Venue, venue_defaults
+
+    return Venue.objects.get_or_create(name="local", defaults=venue_defaults("local"))[0]
+
+
 def scripted(*cells: str) -> str:
     """A question that makes the simulated root model write exactly these cells, in order."""
     return "Run this program.\n" + "\n".join(f"```repl\n{cell.strip()}\n```" for cell in cells)

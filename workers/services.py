@@ -540,6 +540,12 @@ def worker_heartbeat(worker: Worker, figures: Figures, link: Link | None = None)
     )
     if due:
         _note_heartbeat(worker, now, figures)
+        # The process holds the row from its registration; the operator may have changed
+        # the venue's trust since, and presence must say the trust it has now.
+        # (Read through the row: a row put back after the tables were emptied may name
+        # another venue row of the same name than the one this process holds.)
+        trusted = Worker.objects.filter(id=worker.id).values_list("venue__trusted", flat=True)
+        worker.venue.trusted = bool(trusted.first())
         if worker.status == Worker.Status.LOST:
             log.info("worker %s (%s) is back after being lost", worker.id, worker.name)
         worker.status, worker.last_heartbeat, worker.health = Worker.Status.ACTIVE, now, figures

@@ -17,8 +17,8 @@ from django.core.management import CommandError, call_command, get_commands, loa
 
 from runs.models import Run
 from runs.services import ContextSpec, RunInputError, run_create
+from tests.helpers import local_venue
 from workers.backends import model_spec
-from workers.models import Venue
 
 FRLM_COMMANDS = sorted(name for name in get_commands() if name.startswith("frlm_"))
 
@@ -126,7 +126,7 @@ def test_it_says_where_to_look_for_an_unknown_run_in_frlm_diff():
 @pytest.mark.django_db
 def test_it_does_not_call_the_question_empty_when_the_task_failed(settings):
     settings.FRLM_SANDBOX_ISOLATION = "none"
-    Venue.objects.get_or_create(name="local", defaults={"kind": "local"})
+    local_venue()
     with pytest.raises(RunInputError) as refused:
         run_create(
             question="",
@@ -144,7 +144,7 @@ def test_a_task_asked_another_question_has_no_expected_answer(settings):
     """A run over a task's context asking the user's own question was scored against the
     task's answer, to a question it was never asked (found by a review)."""
     settings.FRLM_SANDBOX_ISOLATION = "none"
-    Venue.objects.get_or_create(name="local", defaults={"kind": "local"})
+    local_venue()
 
     def made(question: str):
         return run_create(

@@ -8,7 +8,7 @@ import json
 from django.test import Client
 
 from tests.conftest import TEST_VENUES
-from tests.helpers import finish, launch, scripted, stack_worker_ids, trace
+from tests.helpers import finish, launch, local_venue, scripted, stack_worker_ids, trace
 from tests.pages.helpers import SLOW_WORKERS, make_user, shot, slow_question, wait_for
 from workers.models import Worker
 
@@ -158,9 +158,7 @@ def test_a_registered_worker_that_never_connected_reads_consistently(staff):
     places (a review)."""
     from decimal import Decimal
 
-    from workers.models import Venue
-
-    venue, _ = Venue.objects.get_or_create(name="local")
+    venue = local_venue()
     idle = Worker.objects.create(
         name="never-came", venue=venue, public_key="k" * 44, price_in=Decimal("0.1")
     )

@@ -46,9 +46,9 @@ def refusal(path: str | Path) -> str:
 
 @pytest.fixture
 def local(db) -> None:
-    from workers.models import Venue
+    from tests.helpers import local_venue
 
-    Venue.objects.get_or_create(name="local")
+    local_venue()
 
 
 @pytest.fixture

@@ -247,10 +247,10 @@ def test_it_refuses_an_empty_or_binary_context_before_the_run(
     tmp_path: Path, settings: pytest.FixtureRequest, content: bytes, message: str
 ) -> None:
     from runs.services import ContextSpec, RunInputError, run_create
+    from tests.helpers import local_venue
     from workers.backends import model_spec
-    from workers.models import Venue
 
-    Venue.objects.get_or_create(name="local")
+    local_venue()
     settings.FRLM_CONTEXT_ROOTS = [tmp_path]  # type: ignore[attr-defined]
     path = tmp_path / "context.bin"
     path.write_bytes(content)

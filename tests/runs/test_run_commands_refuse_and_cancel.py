@@ -17,7 +17,7 @@ from django.conf import settings
 
 from frlm_web.stack import free_port
 from runs.models import Run
-from workers.models import Venue
+from tests.helpers import local_venue
 
 
 def finished_run_with_a_trace() -> Run:
@@ -27,7 +27,7 @@ def finished_run_with_a_trace() -> Run:
     from traces.emitter import Emitter
     from traces.recorder import _write_segment
 
-    Venue.objects.get_or_create(name="local", defaults={"kind": "local"})
+    local_venue()
     path = context_dir() / "review-cli.txt"
     path.write_text("hello\n")
     sim_root = {"kind": "sim", "model": "frlm-sim-root", "base_url": "http://127.0.0.1:1"}
@@ -240,7 +240,7 @@ def test_a_run_the_broker_does_not_take_is_failed_with_the_reason(monkeypatch):
     from runs.services import ContextSpec, RunLaunchError, run_create, run_launch
     from workers.backends import model_spec
 
-    Venue.objects.get_or_create(name="local", defaults={"kind": "local"})
+    local_venue()
     run = run_create(
         question="q",
         context=ContextSpec(text="some context"),

@@ -519,3 +519,27 @@ def test_a_deregistered_worker_is_refused_at_its_next_beat_not_its_next_write(to
     with pytest.raises(WorkerGone, match="deregistered"):
         worker_heartbeat(held, figures)
     assert worker.id not in {w["name"] for w in live_workers(get_redis(), "apitest")}
+
+
+def test_a_venues_trust_changed_by_the_operator_reaches_presence_at_the_next_write(venue, token):
+    """A worker process holds its row, venue and all, from its registration (an in-process
+    worker, a gateway connection): its presence said the trust the venue had then, for
+    good. An operator who withdrew a venue's trust left its workers validating others; a
+    stack worker that restored its row while a test's venue of the same name was untrusted
+    stayed untrusted for the rest of the CI session (six trust tests failed). The trust is
+    read again at each heartbeat that writes the row (FRLM_HEARTBEAT_WRITE_S)."""
+    from workers.services import figures_clean, worker_heartbeat
+
+    worker = joined(token, keys.generate())
+
+    def beat_trust() -> bool:
+        worker.last_heartbeat = None  # this beat writes the row
+        worker_heartbeat(worker, figures_clean({"inflight": 0}))
+        (live,) = announced(get_redis(), "apitest")
+        return live["trusted"]
+
+    assert beat_trust() is False
+    Venue.objects.filter(id=venue.id).update(trusted=True)
+    assert beat_trust() is True
+    Venue.objects.filter(id=venue.id).update(trusted=False)
+    assert beat_trust() is False
