@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, Protocol, TypedDict
 
@@ -21,6 +23,11 @@ from workers.services import Figures, Registration
 from workers.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, request_claim
 
 log = logging.getLogger(__name__)
+
+# The most a stopping worker waits for its last beat and its deregistration. With Redis or
+# the server gone, each waited a minute or more and SIGTERM seemed ignored: a supervisor's
+# grace ran out (a review's workers, their stack gone, outlived 8 s of SIGTERM).
+LEAVE_S = 5.0
 
 
 class Registered(TypedDict):
@@ -165,6 +172,16 @@ class HttpControl:
                 str(data.get("challenge") or ""),
             )
         return data
+
+
+def within(seconds: float, step: Callable[[], None], name: str) -> bool:
+    """Run `step` on a daemon thread and wait for it at most `seconds`: False if it is
+    still running then (left to the process's exit). A stopping worker's last calls go
+    through it, so a Redis or server that does not answer cannot hold the exit."""
+    thread = threading.Thread(target=step, name=name, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return not thread.is_alive()
 
 
 class LocalControl:

@@ -30,7 +30,7 @@ from frlm_web import collector
 from frlm_web.redis_client import get_redis
 from workers import keys, signing, slots
 from workers.alive import ALIVE_ENV, AliveLine
-from workers.client import Control, ControlError, Registered
+from workers.client import LEAVE_S, Control, ControlError, Registered, within
 from workers.services import Registration
 from workers.slots import Tally
 
@@ -171,11 +171,20 @@ class WorkerRuntime:
         slots.current().draining = True
 
     def _shutdown(self, **_: Any) -> None:
-        """The pool has finished its work: stop beating, then leave."""
+        """The pool has finished its work: stop beating, then leave, within LEAVE_S."""
         self.stopping.set()
         if self._thread is not None:
-            self._thread.join(timeout=10)
-        self.leave()
+            # A beat waiting out a Redis outage (get_redis rides one out for a minute)
+            # is given up: the thread is a daemon, and a beat after the deregistration is
+            # refused (the worker is barred from presence).
+            self._thread.join(timeout=LEAVE_S / 2)
+        if not within(LEAVE_S, self.leave, "frlm-leave"):
+            log.error(
+                "could not deregister within %g s (Redis or the server is not answering); "
+                "leaving without: the conductor sees this worker gone when its alive line "
+                "or presence lapses",
+                LEAVE_S,
+            )
         if self._alive is not None:
             self._alive.stop()
 

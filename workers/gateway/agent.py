@@ -32,7 +32,7 @@ from frlm_web import collector
 from traces.emitter import Emitter, Event, Span
 from workers import keys, signing
 from workers.backends import ModelError, ModelSpec, chat
-from workers.client import HttpControl, Registered
+from workers.client import LEAVE_S, HttpControl, Registered, within
 from workers.execution import ok_result, reply_fields, served, signed
 from workers.gateway.protocol import (
     MAX_MESSAGE_BYTES,
@@ -54,6 +54,7 @@ from workers.slots import Tally
 log = logging.getLogger(__name__)
 
 RECONNECT_S = (0.2, 0.5, 1.0, 2.0, 5.0)  # waits between attempts, the last repeated
+BACK_OFF_POLL_S = 0.1  # how soon a signal ends a wait between attempts
 RECV_WAIT_S = 0.5  # how often the receive loop looks up from the socket
 # The server pings every heartbeat: this many heartbeats (and at least SILENT_MIN_S) with
 # nothing from it is a dead path whose TCP is still up (a NAT that lost its mapping), and
@@ -211,8 +212,19 @@ class GatewayAgent:
                     wait = RECONNECT_S[min(attempt, len(RECONNECT_S) - 1)]
                     attempt += 1
                     log.warning("gateway connection lost (%s); connecting again in %g s", exc, wait)
-                    self.stopped.wait(wait)
+                    self._back_off(wait)
         self.leave()
+
+    def _back_off(self, wait: float) -> None:
+        """Wait before connecting again, cut short by a signal: with the server gone, a
+        SIGTERM waited out the back-off (5 s) before the worker left. Polled, since the
+        handler may only set a flag (an Event's lock may be held under it)."""
+        until = time.monotonic() + wait
+        while not self.draining and not self.stopped.is_set():
+            left = until - time.monotonic()
+            if left <= 0:
+                return
+            self.stopped.wait(min(left, BACK_OFF_POLL_S))
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         log.warning("signal %d: finishing what this worker holds, then leaving", signum)
@@ -498,8 +510,18 @@ class GatewayAgent:
 
     # --- leaving ------------------------------------------------------------------------
     def leave(self) -> None:
+        """Close the session and deregister, within LEAVE_S: a server that does not answer
+        (another host gone dark) cannot hold the exit."""
         if self._ws is not None:
             self._ws.close()
+        if not within(LEAVE_S, self._deregister, "frlm-leave"):
+            log.error(
+                "could not deregister within %g s (the server is not answering); leaving "
+                "without: the gateway drops a worker whose beats stop",
+                LEAVE_S,
+            )
+
+    def _deregister(self) -> None:
         try:
             self.control.deregister(self.worker_id)
             log.warning("worker %s deregistered", self.worker_id)

@@ -1,0 +1,76 @@
+"""A worker told to stop (SIGTERM) stops within seconds when what it talks to is gone: a
+broker worker whose Redis was killed with -9, a gateway worker whose web server was. Each
+waited first: the broker worker a minute and more on its last beat and its deregistration
+(the Redis client rides out an outage), the gateway worker its back-off between attempts
+to connect again. A review's workers, their stack gone, outlived 8 s of SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from frlm_web import presence
+from frlm_web.stack import VenueSpec
+from tests.gateway import GatewayWorker
+from tests.helpers import wait_until
+from tests.ownstack import own_stack
+from workers.venues import live_workers
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _stop_took(proc: subprocess.Popen, limit: float) -> float:
+    """SIGTERM to the process's group, and the seconds until it exited (killed with -9
+    past `limit`, so a failure leaves nothing behind)."""
+    sent = time.monotonic()
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    return time.monotonic() - sent
+
+
+def test_a_broker_worker_whose_redis_was_killed_stops_within_seconds(venues, tmp_path) -> None:
+    spec = VenueSpec("local", concurrency=2, worker_name="stop-w1")
+    with own_stack(tmp_path, [spec]) as own:
+        wait_until(
+            lambda: any(w["label"] == "stop-w1" for w in presence.alive(own.client, "venue:local")),
+            timeout=60,
+            what="the worker in presence",
+        )
+        own.kill("redis", signal.SIGKILL)
+        time.sleep(1.5)  # a beat or two meets the outage
+        worker = own.procs["worker-stop-w1"].popen
+        took = _stop_took(worker, 40)
+        log = own.log_tail("worker-stop-w1", 30)
+        assert took < 12, f"stopped {took:.1f} s after SIGTERM:\n{log}"
+        assert "could not deregister" in log, log
+
+
+def test_a_gateway_worker_whose_server_was_killed_stops_at_once(venues, tmp_path) -> None:
+    with own_stack(tmp_path, [], web=True) as own:
+        server = f"http://127.0.0.1:{own.web_port}"
+        worker = GatewayWorker(server, "far", "stop-far", tmp_path, "--concurrency", "2")
+        try:
+            wait_until(
+                lambda: any(w["label"] == "stop-far" for w in live_workers(own.client, "far")),
+                timeout=60,
+                what="the worker in the own stack's presence",
+            )
+            own.kill("web", signal.SIGKILL)
+            # Its longest wait between attempts to connect again (5 s) has begun.
+            wait_until(
+                lambda: "connecting again in 5 s" in worker.log.read_text(errors="replace"),
+                timeout=60,
+                what="the worker's back-off to reach 5 s",
+            )
+            took = _stop_took(worker.proc, 30)
+        finally:
+            worker.kill()
+        assert took < 2.5, f"stopped {took:.1f} s after SIGTERM:\n{worker.log.read_text()[-2000:]}"
