@@ -169,3 +169,47 @@ def test_it_takes_a_shared_queue_jobs_return_only_from_its_holder(stack, venues)
     assert run.status == "succeeded", run.error
     reasons = [e["attrs"]["reason"] for e in named(trace(run), "SubQuery.Retry")]
     assert not [r for r in reasons if "returned" in r], reasons
+
+
+def test_a_worker_that_joins_mid_run_takes_queued_jobs_without_a_strike(stack, venues):
+    """A worker that joins while a run's jobs wait on its venue's shared queue claims one at
+    once, before the conductor reads presence again (every second): it was refused as not
+    live, with a strike against its reputation, and its claim was not taken (a review).
+    Presence is now read again before a sender is refused."""
+    from frlm_web.redis_client import get_redis
+    from traces import store
+    from workers.services import worker_strikes
+    from workers.venues import live_workers
+
+    first = stack.venue_proc(VenueSpec("joiner", concurrency=2, worker_name="joiner-first"))
+    late = stack.venue_proc(VenueSpec("joiner", concurrency=4, worker_name="joiner-late"))
+    stack.launch(first)
+    stack.wait_ready(first, 60)
+    try:
+        policy = {"routing": "shared", "hedge": "off", "subquery_timeout_s": 60}
+        run = launch(
+            question=scripted(batch_program(16)),
+            venues=["joiner"],
+            worker_sim={"latency_ms": 1500},
+            policy=policy,
+        )
+        wait_until(
+            lambda: any(e["name"] == "SubQuery.Execute" for e in store.read_events(run.id)),
+            timeout=60,
+            what="the first worker to start jobs",
+        )
+        stack.launch(late)
+        stack.wait_ready(late, 60)
+        run = finish(run, timeout=120)
+        assert run.status == "succeeded", run.error
+        events = trace(run)
+        joined = live_workers(get_redis(), "joiner")
+        (late_id,) = [w["worker_id"] for w in joined if w["label"] == "joiner-late"]
+        rejected = [e for e in named(events, "SubQuery.Return") if e["status"] == "rejected"]
+        assert not rejected, [e["attrs"]["reason"] for e in rejected]
+        ran = {e["worker_id"] for e in named(events, "SubQuery.Execute", "end")}
+        assert late_id in ran, "the late worker took no queued job"
+        assert worker_strikes(late_id) == 0
+    finally:
+        stack.kill(first.name)
+        stack.kill(late.name)

@@ -163,11 +163,16 @@ class Intake:
         if flight.assigned:
             if wid != flight.assigned:
                 return f"{wid or 'an unnamed worker'} answered for {flight.assigned}"
-        elif (
-            wid not in self.roster.live.get(flight.venue, set()) and wid not in self.roster.workers
+        elif not self._live(flight.venue, wid) and not (
+            # One that joined since presence was read claims a queued job at once: it was
+            # refused and struck for that (a review). Presence is read again first.
+            self.router.read_again() and self._live(flight.venue, wid)
         ):
             return f"{wid or 'an unnamed worker'} is not a live worker of venue {flight.venue}"
         return None
+
+    def _live(self, venue: str, wid: str) -> bool:
+        return wid in self.roster.live.get(venue, set()) or wid in self.roster.workers
 
     def _check_signature(self, result: Result, wid: str) -> str | None:
         key = self.public_key(wid)

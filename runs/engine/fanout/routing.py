@@ -30,6 +30,7 @@ from workers.reputation import Observation, Reputation, Reputations
 
 # How often the liveness of workers holding jobs is checked, in seconds.
 LIVENESS_EVERY_S = 1.0
+REREAD_S = 0.1  # presence read again for an unknown sender at most this often
 # Jobs queued at a venue beyond its slots, as a fraction of them: one per slot, because a
 # batch's replies come in clumps (its sub-queries start together and take alike), so every
 # slot needs its next job waiting while the refill is on its way. The scheduler still
@@ -122,6 +123,16 @@ class Router:
                 f"no live worker on the run's venues ({', '.join(names)}); start one "
                 f"with `python manage.py frlm_worker --venue {names[0]}` or `make up`"
             )
+
+    def read_again(self) -> bool:
+        """Read presence now, if it was not read in the last REREAD_S: a worker unknown to
+        the roster may have joined since (it was read up to LIVENESS_EVERY_S ago). False
+        when it was read that recently."""
+        if time.monotonic() - self._checked < REREAD_S:
+            return False
+        self._checked = 0.0
+        self.refresh()
+        return True
 
     def look_again(self) -> None:
         """Read presence at each refresh for LOOK_AGAIN_S, however recent the last: a worker
