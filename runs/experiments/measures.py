@@ -126,7 +126,10 @@ GRID = 21
 def budget_curve(trace: RunTrace, cap: float | None) -> list[float] | None:
     """The share of its budget the run had spent at each of GRID evenly spaced moments of
     its wall clock: of its cap when it had one, else of what it spent in the end. Spending
-    is each model call's cost at its end (root turns and workers' calls)."""
+    is what the run paid, when it paid it: each root turn's cost and each settled
+    sub-query's (its Submit span's end). A worker's Execute span says what the worker
+    claims, up to $1,000,000 (workers/gateway/relay.py), which nobody pays: summed, one
+    run that paid $0.0002 of a $0.01 cap was drawn at 10^8 times its cap (a review)."""
     bounds = trace.bounds()
     if bounds is None:
         return None
@@ -134,7 +137,7 @@ def budget_curve(trace: RunTrace, cap: float | None) -> list[float] | None:
     costs = sorted(
         (e["ts"], float(e["cost"] or 0))
         for e in trace.events
-        if e["phase"] == "end" and e["name"] in ("Run.Decode", "SubQuery.Execute")
+        if e["phase"] == "end" and e["name"] in ("Run.Decode", "SubQuery.Submit")
     )
     total = sum(c for _, c in costs)
     whole = cap if cap else total
