@@ -137,16 +137,40 @@ def _describe(document: Any) -> str:
 # --- the run ------------------------------------------------------------------------------
 
 
+# What the parsers raise for a file beyond the errors they name: a field of the wrong type,
+# a number out of range (Infinity, 1e300 seconds, the year 1), JSON nested past the parser's
+# recursion. Nineteen such files of a review each ended the command with a traceback; they
+# are refused in one line, and nothing is written.
+UNREADABLE = (
+    ValueError,
+    TypeError,
+    AttributeError,
+    KeyError,
+    IndexError,
+    OverflowError,
+    RecursionError,
+)
+
+
 def run_import(path: Path, *, wait_s: float = 30.0) -> ImportOutcome:
     """1. parse and check the whole file (nothing is written before it all fits), 2. save
     the run as the trace ends, 3. send every event in one atomic append, 4. wait for the
     recorder to store them; if it does not, the run fails with that reason."""
-    trace = trace_file_parse(path)
     run_id = new_run_id()
-    events = to_events(trace, run_id)
+    try:
+        trace = trace_file_parse(path)
+        events = to_events(trace, run_id)
+        fields = run_fields(events, path)
+    except InterchangeError:
+        raise
+    except UNREADABLE as exc:
+        raise InterchangeError(
+            f"the file is not a trace FRLM can read ({type(exc).__name__}: "
+            f"{str(exc)[:200]}); {EXPECTED}"
+        ) from None
     client = get_redis()
     with transaction.atomic():
-        run = Run.objects.create(id=run_id, **run_fields(events, path))
+        run = Run.objects.create(id=run_id, **fields)
         emitter = Emitter(client, run_id, venue=None)
         emitter.enabled = True  # an import exists to write its events
         # Last in the transaction: if Redis refuses them, the run row goes too.
