@@ -7,9 +7,12 @@ sha256, and puts the text where the marker was; the conductor never holds it.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import re
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, TypedDict
 
 from frlm_web import jsontext
@@ -19,6 +22,7 @@ MARKER_TEXT = "<<frlm:fragment {}>>"
 MARKER_OPEN = "<<frlm:fragment "  # a prompt without it carries no fragment
 # One sub-query's fragments together: a worker model reads far less than this.
 MAX_FRAGMENT_BYTES = 32 * 1024 * 1024
+COPY_CHUNK = 1 << 20  # what a fragment copied to a file is read and written by
 
 
 class FragmentRef(TypedDict):
@@ -125,11 +129,50 @@ def fill(prompt: str) -> tuple[str, list[Loaded]]:
 
 
 def read(ref: FragmentRef) -> str:
+    """The fragment's text, checked against its sha256 (FragmentError if it is not there
+    or not the same)."""
     start, end = ref["bytes"]
+    data = b"".join(_chunks(ref, max(1, end - start)))
+    return data.decode("utf-8", errors="replace")
+
+
+def copy(ref: FragmentRef, target: Path) -> int:
+    """The fragment's text, as `read` gives it, written to `target` COPY_CHUNK at a time:
+    a child RLM's context may be most of a context of gigabytes, which the conductor read
+    whole, as bytes and again as text (a review). Returns its length in characters; the
+    target is removed when the fragment fails its checks."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    chars = 0
+    try:
+        with open(target, "w", encoding="utf-8") as out:
+            for data in _chunks(ref, COPY_CHUNK):
+                text = decoder.decode(data)
+                chars += len(text)
+                out.write(text)
+            text = decoder.decode(b"", final=True)
+            chars += len(text)
+            out.write(text)
+    except BaseException:
+        target.unlink(missing_ok=True)
+        raise
+    return chars
+
+
+def _chunks(ref: FragmentRef, size: int) -> Iterator[bytes]:
+    """The fragment's bytes, `size` at a time; past the last, FragmentError unless they
+    were all there and match the sha256."""
+    start, end = ref["bytes"]
+    digest, left = hashlib.sha256(), end - start
     try:
         with open(ref["path"], "rb") as handle:
             handle.seek(start)
-            data = handle.read(end - start)
+            while left > 0:
+                data = handle.read(min(size, left))
+                if not data:
+                    break
+                digest.update(data)
+                left -= len(data)
+                yield data
     except FileNotFoundError as exc:
         raise FragmentError(
             f"the fragment's file {ref['path']} is not on this worker; fragments need the "
@@ -137,14 +180,13 @@ def read(ref: FragmentRef) -> str:
         ) from exc
     except OSError as exc:
         raise FragmentError(f"the fragment's file {ref['path']} cannot be read: {exc}") from exc
-    if len(data) != end - start:
+    if left:
         raise FragmentError(
             f"the fragment bytes {start}:{end} lie beyond the end of {ref['path']}; the "
             "context changed since the run started"
         )
-    if hashlib.sha256(data).hexdigest() != ref["sha256"]:
+    if digest.hexdigest() != ref["sha256"]:
         raise FragmentError(
             f"the fragment bytes {start}:{end} of {ref['path']} do not match their sha256; "
             "the context changed since the run started"
         )
-    return data.decode("utf-8", errors="replace")

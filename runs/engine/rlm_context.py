@@ -91,11 +91,10 @@ def child_context(value: Any, fragment_paths: set[str]) -> ChildContext:
 
 
 def _fragment_file(ref: fragments.FragmentRef, target: Path) -> RlmContext:
-    """A child RLM's context made of one fragment: its bytes copied (checked against the
-    sha256), so the child's REPL reads a file of its own."""
+    """A child RLM's context made of one fragment: its bytes copied a chunk at a time
+    (checked against the sha256), so the child's REPL reads a file of its own."""
     try:
-        text = fragments.read(ref)
+        chars = fragments.copy(ref, target)
     except fragments.FragmentError as exc:
         raise SandboxCallError(f"rlm_query(context=...): {exc}") from exc
-    target.write_text(text, encoding="utf-8")
-    return RlmContext(target, len(text))
+    return RlmContext(target, chars)

@@ -117,6 +117,40 @@ def test_it_makes_fragments_a_worker_loads_and_checks(tmp_path: Path) -> None:
         fragments.fill(prompt)
 
 
+def test_a_child_rlms_fragment_is_copied_in_bounded_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rlm_query(q, context=fragment) copies the fragment to the child's own file, in the
+    conductor, which serves every user's runs: it read the range whole, as bytes and again
+    as text (a review: one line of REPL code over a context of gigabytes cost the conductor
+    that many gigabytes). The copy streams; multibyte characters across its chunks and a
+    changed context still come out as `read` gives them."""
+    import tracemalloc
+
+    from runs.engine.rlm_context import _fragment_file
+    from runs.sandbox import SandboxCallError
+
+    monkeypatch.setattr(fragments, "COPY_CHUNK", 1 << 16, raising=False)
+    text = random_text(7, 1_000_000) * 3 + "é" * 500_000
+    path, context = write(tmp_path, text)
+    fragment = context.fragment(5, len(text))
+    ref = fragments.parse_ref(json.dumps(fragment.ref()))
+    target = tmp_path / "child.txt"
+    tracemalloc.start()
+    try:
+        chars = _fragment_file(ref, target).chars
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert chars == len(text) - 5 and target.read_text(encoding="utf-8") == text[5:]
+    size = path.stat().st_size
+    assert peak < size / 4, f"peak {peak:,} bytes to copy {size:,}"
+    path.write_text(text.replace("é", "e"), encoding="utf-8")
+    with pytest.raises(SandboxCallError, match="the context changed since the run"):
+        _fragment_file(ref, target)
+    assert not target.exists()
+
+
 @pytest.mark.parametrize(
     "marker, message",
     [
