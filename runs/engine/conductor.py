@@ -378,6 +378,11 @@ class Conductor:
         rlm.span = span.span_id
         try:
             result = sandbox.execute(code)
+        except BaseException as exc:
+            # Whatever stops the run here (a cancel, an error of the host's) ends the cell's
+            # span with it: one was left open for good (a review).
+            span.end("error", error=f"{type(exc).__name__}: {exc}"[:300])
+            raise
         finally:
             rlm.span = rlm.parent
         if self.calls.abort is not None:

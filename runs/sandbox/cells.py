@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -75,4 +76,23 @@ def _signal_of(exit_code: int, isolation_kind: str) -> int | None:
         return -exit_code
     if isolation_kind == "bwrap" and 128 < exit_code < 128 + signal.NSIG:
         return exit_code - 128
+    return None
+
+
+DONE_ERRORS = (None, "exception", "memory")
+
+
+def done_problem(done: dict[str, Any]) -> str | None:
+    """What is wrong with a cell's "done" (child.py's protocol), or None: the REPL's code may
+    have been rewritten by the cell it ran, so nothing in it is taken on trust."""
+    cpu = done.get("cpu_s")
+    if cpu is not None and (
+        isinstance(cpu, bool) or not isinstance(cpu, int | float) or not 0 <= cpu < 1e9
+    ):
+        return f"cpu_s is {str(cpu)[:40]!r}, not a number of seconds"
+    if done.get("error") not in DONE_ERRORS:
+        return f"error is {str(done.get('error'))[:40]!r}, not one of {DONE_ERRORS}"
+    for key in ("exc_type", "exc_message", "final"):
+        if done.get(key) is not None and not isinstance(done[key], str):
+            return f"{key} is a {type(done[key]).__name__}, not text"
     return None

@@ -29,7 +29,13 @@ from typing import Any, Literal
 
 from runs.sandbox import bwrap, seccomp
 from runs.sandbox.accounting import nproc_limit, tree_cpu_seconds
-from runs.sandbox.cells import CellResult, SandboxLimits, cell_error_message, death_verdict
+from runs.sandbox.cells import (
+    CellResult,
+    SandboxLimits,
+    cell_error_message,
+    death_verdict,
+    done_problem,
+)
 from runs.sandbox.lazytext import file_identity
 from runs.sandbox.pids import PidsLimit
 from runs.sandbox.pipes import Capture, ReplProcess, render_outputs
@@ -216,6 +222,13 @@ class Sandbox:
             if message.get("type") == "done":
                 if message.get("cell") != cell:
                     logger.warning("REPL process sent a 'done' for another cell: forged")
+                    return "protocol"
+                problem = done_problem(message)
+                if problem:
+                    # The cell's code can rewrite the loop that sends it: taken on trust, a
+                    # CPU figure of "not a number" failed the run with an internal error
+                    # and left its cell's span open (a review).
+                    logger.warning("REPL process sent a 'done' that is not one: %s", problem)
                     return "protocol"
                 child.drain(out, err)
                 return message

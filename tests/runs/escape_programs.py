@@ -377,6 +377,14 @@ PROGRAMS = [
         ended("crashed", None),
     ),
     Program(
+        # The cell's code runs in the REPL loop's own interpreter and can rewrite what its
+        # "done" says. A CPU figure of "not a number" raised out of the host, failed the
+        # run with an internal error and left its cell's span open (a review).
+        "rewrite the loop's 'done' message",
+        "import sys\nsys.modules['__main__'].cpu_seconds = lambda: 'not a number'\nprint('x')",
+        ended("crashed"),
+    ),
+    Program(
         "replace the REPL with a shell",
         "import os\nos.execv('/bin/sh', ['sh', '-c', 'echo shell; sleep 30'])",
         ended("crashed", "timeout"),
