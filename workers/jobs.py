@@ -51,6 +51,10 @@ class Result(TypedDict, total=False):
     alive: str  # a "started": "1" when the worker holds an alive line (workers/alive.py)
     at: float  # the conductor's: when it reached the stream (runs/engine/fanout/transport.py)
     malformed: str  # the conductor's: which figures were out of type or range (decode_result)
+    # The conductor's: the token counts it believes of an ok reply, those of `tokens_in` and
+    # `tokens_out` (the worker's signed word) that its prompt and text could hold
+    # (runs/engine/fanout/spending.py, fair_tokens): what the run's totals add up.
+    counted: tuple[int, int]
 
 
 RESULT_FIELDS_INT = ("tokens_in", "tokens_out")

@@ -292,8 +292,10 @@ class Attempts:
         if result is not None:
             outcome.text = result.get("text", "")
             outcome.worker_id = result.get("worker_id", "")
-            outcome.tokens_in = result.get("tokens_in", 0)
-            outcome.tokens_out = result.get("tokens_out", 0)
+            outcome.tokens_in, outcome.tokens_out = result.get("counted") or (
+                result.get("tokens_in", 0),
+                result.get("tokens_out", 0),
+            )
             outcome.cost = result.get("cost") or ZERO
             outcome.ms = result.get("ms", 0.0)
         self.totals.settled += 1

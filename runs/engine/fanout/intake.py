@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from runs.engine.fanout.attempts import Attempts
 from runs.engine.fanout.hedging import Hedger
 from runs.engine.fanout.routing import Router
+from runs.engine.fanout.spending import fair_tokens
 from runs.engine.fanout.state import Executing, Flight, Roster, Scope, Totals, Wave
 from traces.emitter import Emitter
 from workers.jobs import Result
@@ -22,6 +23,11 @@ RETURNED = (
     "returned it: its link to the web server dropped before it answered, and the server "
     "it is connected to now cannot take that answer"
 )
+
+
+# How far from its deadline a job must be for a worker's `cancelled` of it, unasked, to
+# count against the worker.
+DROP_SLACK_S = 5.0
 
 
 @dataclass(kw_only=True, eq=False)
@@ -99,6 +105,7 @@ class Intake:
             return None
         if status == "ok":
             result["cost"] = self.attempts.spending.fair_cost(result, flight.prompt)
+            result["counted"] = fair_tokens(result, flight.prompt)
         self.attempts.release(flight, wave, spent=result if status == "ok" else None)
         # How long it ran, not how long it queued: the scheduler adds the queue itself.
         end = result.get("at") or time.time()
@@ -109,19 +116,27 @@ class Intake:
                 self.hedger.latency.add(
                     flight.venue, (end - flight.started_at) * 1000, flight.worker_id
                 )
-            self.totals.add_tokens(
-                result.get("tokens_in", 0), result.get("tokens_out", 0), result.get("cost")
-            )
+            self.totals.add_tokens(*result["counted"], result.get("cost"))
             self.attempts.settle(flight, "ok", result=result)
             self.hedger.drop_twin(flight, wave)
         elif status == "error":
             self.router.observe(flight, False)
             self.attempts.retry_or_settle(flight, "error", result.get("error", "failed"), wave)
         else:
+            if self._dropped_unasked(flight):
+                # A failure, as an error is: a worker that dropped every job it took so kept
+                # a spotless record and breaker, and its share of every run (a review).
+                self.router.observe(flight, False)
             self.attempts.retry_or_settle(
                 flight, "error", "the worker dropped the job as expired or cancelled", wave
             )
         return flight
+
+    def _dropped_unasked(self, flight: Flight) -> bool:
+        """A worker said `cancelled` of a job nobody cancelled, well before its deadline
+        (a worker's clock may be a little off the conductor's)."""
+        revoked = flight.sq_id in self.attempts.transport.revoked
+        return not revoked and time.time() < flight.deadline - DROP_SLACK_S
 
     def _held_by_book(self, result: Result, flight: Flight, wave: Wave) -> bool:
         """Whether a full replay's reply waits or goes unheard, as the recording's did

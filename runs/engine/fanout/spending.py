@@ -21,6 +21,20 @@ TOKENS_PER_CHAR = 4
 TEMPLATE_TOKENS = 64
 
 
+def fair_tokens(result: Result, prompt: str) -> tuple[int, int]:
+    """The token counts of a reply the run believes: the worker's, never more than its
+    prompt and text could hold (TOKENS_PER_CHAR tokens a character, and a template's
+    worth). A review's four one-line replies claimed a billion tokens each, and the run's
+    totals read four billion."""
+    prompt_chars = 4 * fragments.prompt_tokens(prompt)  # its fragments read in
+    read = TOKENS_PER_CHAR * prompt_chars + TEMPLATE_TOKENS
+    wrote = TOKENS_PER_CHAR * len(str(result.get("text", ""))) + TEMPLATE_TOKENS
+    return (
+        min(int(result.get("tokens_in", 0)), read),
+        min(int(result.get("tokens_out", 0)), wrote),
+    )
+
+
 @dataclass(kw_only=True, eq=False)
 class Spending:
     scope: Scope
@@ -59,10 +73,14 @@ class Spending:
         if spent is None:
             self.accounts.release(reservation, **where)
         else:
+            tokens_in, tokens_out = spent.get("counted") or (
+                int(spent.get("tokens_in", 0)),
+                int(spent.get("tokens_out", 0)),
+            )
             self.accounts.settle(
                 reservation,
-                tokens_in=int(spent.get("tokens_in", 0)),
-                tokens_out=int(spent.get("tokens_out", 0)),
+                tokens_in=tokens_in,
+                tokens_out=tokens_out,
                 cost=spent.get("cost"),
                 **where,
             )
@@ -86,16 +104,8 @@ class Spending:
         price = self.worker_price(str(result.get("worker_id", "")))
         if not price.per_1k_in and not price.per_1k_out:
             return ZERO
-        prompt_chars = 4 * fragments.prompt_tokens(prompt)  # its fragments read in
-        read = TOKENS_PER_CHAR * prompt_chars + TEMPLATE_TOKENS
-        wrote = TOKENS_PER_CHAR * len(str(result.get("text", ""))) + TEMPLATE_TOKENS
-        most = cost_at(
-            price.per_1k_in,
-            price.per_1k_out,
-            min(int(result.get("tokens_in", 0)), read),
-            min(int(result.get("tokens_out", 0)), wrote),
-        )
-        return min(claimed, most)
+        tokens_in, tokens_out = fair_tokens(result, prompt)
+        return min(claimed, cost_at(price.per_1k_in, price.per_1k_out, tokens_in, tokens_out))
 
     def pay(self, flight: Flight) -> None:
         """The receipt of a reply by its verdict (runs.trust.accounts.RunAccounts.receipt)."""

@@ -35,6 +35,7 @@ class Transport:
         self.client = client
         self.policy = policy
         self.stream = results_stream(run_id)
+        self.revoked: set[str] = set()  # the attempts it cancelled (sq ids)
         self.last_id = "0-0"
         self.reply_to = app.thread_oid  # as Celery's publish names this process's thread
         self.sender = wire.origin()
@@ -102,6 +103,7 @@ class Transport:
         """Workers skip cancelled jobs they have not started; Celery drops queued ones."""
         if not gone:
             return
+        self.revoked.update(f.sq_id for f in gone)
         self.client.sadd(cancelled_key(self.run_id), *[f.sq_id for f in gone])
         self.client.expire(cancelled_key(self.run_id), 86_400)
         # A bundle's task id is its other jobs' too: its worker finds this one in the set.

@@ -1,0 +1,163 @@
+"""What a hostile gateway worker, speaking the protocol by hand, claims of its work: the
+tokens it says it used, the budget its replies are paid from, the jobs it says were
+cancelled. Each test failed on the code before its fix (a review)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+from websockets.sync.client import connect
+
+from frlm_web.redis_client import get_redis
+from tests.gateway import jobs_in, named, next_messages, registered_worker, say_hello
+from tests.helpers import finish, launch, scripted, trace
+from workers import reputation, signing
+from workers.gateway.agent import ws_url
+
+pytestmark = pytest.mark.timeout(300)
+
+PROMPTS = (
+    "['Where is station %d?\\nStation %d is north of the river.' % (i, i) for i in range({n})]"
+)
+
+
+def batch_question(n: int) -> str:
+    return scripted(
+        f"rs = llm_query_batched({PROMPTS.format(n=n)})\n"
+        "FINAL('%d replies' % sum(not r.startswith('[frlm:') for r in rs))"
+    )
+
+
+def answer(
+    job: dict, worker_id: str, key, *, text: str, tokens_in: int, tokens_out: int, cost: str = "0"
+) -> dict:
+    """A result signed over exactly what it claims (tokens included), and its span's end."""
+    result = {
+        "run_id": job["run_id"],
+        "sq_id": job["sq_id"],
+        "worker_id": worker_id,
+        "status": "ok",
+        "text": text,
+        "tokens_in": tokens_in,
+        "tokens_out": tokens_out,
+        "ms": 1.0,
+        "cost": cost,
+    }
+    result["sig"] = signing.result_sign(key, result)
+    end = {
+        "event_id": os.urandom(8).hex(),
+        "span_id": job["execute_span"],
+        "parent_id": job["submit_span"],
+        "name": "SubQuery.Execute",
+        "phase": "end",
+        "ts": time.time_ns(),
+        "status": "ok",
+        "depth": job["depth"],
+        "ms": 1.0,
+        "attrs": {"sq_id": job["sq_id"]},
+    }
+    return {"sq_id": job["sq_id"], "result": result, "events": [end]}
+
+
+def beat(ws) -> None:
+    ws.send(json.dumps({"type": "beat", "figures": {"inflight": 0, "memory_mb": 1.0}}))
+
+
+def test_a_worker_that_drops_every_job_it_is_given_as_cancelled_pays_for_it_in_its_record(
+    web, venues
+) -> None:
+    """A worker may answer `cancelled`: it found the job cancelled (a hedge's twin won, the
+    batch was cut) or past its deadline as it came to start it. The conductor takes that
+    word as it is: the job is tried again elsewhere, and neither the worker's breaker nor
+    its completion record hears of it. A worker that takes every job it is given and at once
+    says `cancelled`, of jobs nobody cancelled and long before their deadline, costs each
+    of them an attempt and a round trip, for ever: its breaker never opens and its record
+    stays that of a worker nobody has seen fail (with two of them on two venues, a
+    sub-query's attempts run out on them and it fails)."""
+    venue = "dropvenue"
+    wid, key = registered_worker("dropper", venue=venue, concurrency=8)
+    get_redis().delete(reputation.rep_key(wid))
+    policy = {"hedge": "off", "subquery_timeout_s": 60}
+    dropped: list[str] = []
+    with connect(ws_url(web), open_timeout=10) as ws:
+        run = launch(question=batch_question(24), venues=[venue, "edge"], policy=policy)
+        assert say_hello(ws, wid, key, 2)["type"] == "welcome"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            run.refresh_from_db()
+            if run.done:
+                break
+            beat(ws)
+            items = []
+            for job in jobs_in(next_messages(ws, {"job", "jobs"}, wait_s=0.5)):
+                assert job["deadline"] > time.time() + 30  # nowhere near its deadline
+                items.append(
+                    {
+                        "sq_id": job["sq_id"],
+                        "result": {
+                            "run_id": job["run_id"],
+                            "sq_id": job["sq_id"],
+                            "status": "cancelled",
+                        },
+                    }
+                )
+                dropped.append(job["sq_id"])
+            if items:
+                ws.send(json.dumps({"type": "results", "results": items}))
+    run = finish(run)
+    assert run.status == "succeeded", run.error
+    events = trace(run)
+    cancelled_by_conductor = named(events, "SubQuery.Cancel")
+    assert dropped and not cancelled_by_conductor, (dropped, cancelled_by_conductor)
+    rep = reputation.load(get_redis(), [wid])[wid]
+    completion = rep.mean("completion")
+    assert completion is not None and completion < 1.0, (
+        f"worker {wid} took {len(dropped)} jobs nobody cancelled, each far from its "
+        f"deadline, and dropped every one as `cancelled`; its record: {rep.as_dict()}"
+    )
+
+
+def test_a_runs_token_counts_are_not_a_workers_unbounded_claim(web, venues) -> None:
+    """What a reply costs is held to four tokens a character of its prompt and of its text
+    (spending.fair_cost): a worker's token counts beyond that are not believed. Its token
+    counts are taken as they are all the same into the run's totals (Run.tokens_in /
+    tokens_out, the run page's header and Submit spans, Table 2's tokens per solved task):
+    four one-line replies claimed at a billion tokens each make the run read 4 billion."""
+    venue = "tokvenue"
+    wid, key = registered_worker("tokclaimer", venue=venue, concurrency=4)
+    policy = {"hedge": "off", "subquery_timeout_s": 60}
+    with connect(ws_url(web), open_timeout=10) as ws:
+        run = launch(question=batch_question(4), venues=[venue], policy=policy)
+        assert say_hello(ws, wid, key, 2)["type"] == "welcome"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            run.refresh_from_db()
+            if run.done:
+                break
+            beat(ws)
+            jobs = jobs_in(next_messages(ws, {"job", "jobs"}, wait_s=1))
+            items = [
+                answer(
+                    job,
+                    wid,
+                    key,
+                    text=job["prompt"].splitlines()[-1],
+                    tokens_in=10**9,
+                    tokens_out=10**9,
+                    cost="0.001",
+                )
+                for job in jobs
+            ]
+            if items:
+                ws.send(json.dumps({"type": "results", "results": items}))
+    run = finish(run)
+    assert run.status == "succeeded", run.error
+    # Four replies of ~40 characters: 4 x (4 x 40 + 64) tokens at the very most, and the
+    # root's turns, a few thousand.
+    assert run.tokens_out < 1_000_000, (
+        f"run {run.id} records {run.tokens_out:,} tokens out (and {run.tokens_in:,} in) for "
+        f"four one-line replies; its cost, held to the bound, is ${run.cost}"
+    )
