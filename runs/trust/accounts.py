@@ -196,7 +196,8 @@ class RunAccounts:
         cost: Decimal | None,
         parent: str | None,
         depth: int,
-    ) -> None:
+    ) -> Decimal:
+        """Settle the reservation; what is paid (its caps may cut a reply's cost)."""
         settlement = self.budget.settle(
             reservation.id, tokens_in=tokens_in, tokens_out=tokens_out, cost=cost
         )
@@ -204,12 +205,12 @@ class RunAccounts:
             root = not reservation.subquery
             mean, n = self._tokens_out[root]
             self._tokens_out[root] = (mean + (tokens_out - mean) / (n + 1), n + 1)
-        if not self.announce:
-            return
-        self.emitter.instant(
-            "Budget.Settle", parent=parent, depth=depth, attrs=dict(settlement.attrs)
-        )
-        self._alerts(settlement.alerts, parent, depth)
+        if self.announce:
+            self.emitter.instant(
+                "Budget.Settle", parent=parent, depth=depth, attrs=dict(settlement.attrs)
+            )
+            self._alerts(settlement.alerts, parent, depth)
+        return money(settlement.cost)
 
     def release(self, reservation: budget.Reservation, *, parent: str | None, depth: int) -> None:
         settlement = self.budget.release(reservation.id)

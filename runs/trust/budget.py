@@ -12,7 +12,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Literal, TypedDict
+from typing import Literal, NotRequired, TypedDict
 
 from frlm_web.money import ZERO, cost_at, money, money_str
 
@@ -100,6 +100,8 @@ class SettleAttrs(TypedDict):
     run_settled: str  # dollars, frlm_web.money.money_str
     run_committed: str  # dollars, frlm_web.money.money_str
     run_cap: str | None
+    # A worker's reply the caps cut: what it asked, where `cost` is what it was paid.
+    claimed: NotRequired[str]
 
 
 class AlertAttrs(TypedDict):
@@ -314,8 +316,12 @@ class Budget:
         cost: Decimal | None = None,
     ) -> Settlement:
         """Replace a reservation by what was spent: `cost` when the caller knows it, else
-        the tokens at the reserved price. Spending may pass a cap (the money is gone); the
-        next reservation is then refused."""
+        the tokens at the reserved price. A worker's reply is paid at most what its caps
+        have left (Settlement.cost says what; the attrs' `claimed` what it asked): each
+        dispatch reserves an estimate, and a review's worker that wrote long replies with
+        the most tokens its text could hold settled each at 62 times its reservation, a
+        $0.05 run paying $0.157. A root turn's cost is the conductor's own model call: it
+        may pass a cap (the money is gone), and the next reservation is then refused."""
         with self._lock:
             reservation = self._take(reservation_id)
             actual = (
@@ -328,7 +334,15 @@ class Budget:
                     tokens_out,
                 )
             )
-            return self._close(reservation, tokens_in, tokens_out, actual, released=False)
+            paid = actual
+            if reservation.subquery:
+                for scope, key, cap in self._caps(reservation.subquery, reservation.provider):
+                    if cap is not None:
+                        paid = min(paid, max(ZERO, cap - self._account(scope, key).settled))
+            settlement = self._close(reservation, tokens_in, tokens_out, paid, released=False)
+            if paid < actual:
+                settlement.attrs["claimed"] = money_str(actual)
+            return settlement
 
     def release(self, reservation_id: str) -> Settlement:
         """Give a reservation back unspent: its sub-query was never sent, or was cancelled

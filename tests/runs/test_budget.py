@@ -123,13 +123,23 @@ def test_it_names_the_run_cap_first_when_several_are_reached():
     assert refused.value.scope == "run"
 
 
-def test_it_refuses_the_next_reservation_once_spending_passed_the_cap():
-    budget = Budget("r1", Caps(run=1.0))
+def test_it_pays_a_worker_no_more_than_the_caps_leave_and_refuses_what_comes_next():
+    """A worker's reply that overruns its reservation is paid what the caps have left, and
+    says what it asked; the root's own turn (no sub-query) is the conductor's model call,
+    whose money is gone: it passes the cap. Either way the next reservation is refused."""
+    budget = Budget("r1", Caps(run=1.0, subquery=0.9))
     held = reserve(budget)
-    budget.settle(held.id, tokens_in=0, tokens_out=0, cost=1.2)  # the worker overran
-    assert budget.fill()["run"]["fraction"] == pytest.approx(1.2)
+    settled = budget.settle(held.id, tokens_in=0, tokens_out=0, cost=1.2)  # it overran
+    assert settled.cost == D("0.9") and settled.attrs["claimed"] == "1.2"
+    assert budget.fill()["run"]["fraction"] == pytest.approx(0.9)
     with pytest.raises(BudgetRefused):
         reserve(budget, tokens_in=1, tokens_out=0)
+    root = Budget("r2", Caps(run=1.0))
+    turn = reserve(root, "", tokens_in=1, tokens_out=1)
+    assert root.settle(turn.id, tokens_in=0, tokens_out=0, cost=1.2).cost == D("1.2")
+    assert root.fill()["run"]["fraction"] == pytest.approx(1.2)
+    with pytest.raises(BudgetRefused):
+        reserve(root, tokens_in=1, tokens_out=0)
 
 
 def test_it_alerts_once_per_cap_when_committed_spending_crosses_80_percent():

@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 import os
 import time
+from decimal import Decimal
 
 import pytest
 from websockets.sync.client import connect
 
+from frlm_web.money import money
 from frlm_web.redis_client import get_redis
 from tests.gateway import jobs_in, named, next_messages, registered_worker, say_hello
 from tests.helpers import finish, launch, scripted, trace
@@ -161,3 +163,55 @@ def test_a_runs_token_counts_are_not_a_workers_unbounded_claim(web, venues) -> N
         f"run {run.id} records {run.tokens_out:,} tokens out (and {run.tokens_in:,} in) for "
         f"four one-line replies; its cost, held to the bound, is ${run.cost}"
     )
+
+
+def test_a_worker_inflating_a_whole_batch_overruns_the_run_budget_by_one_reply_at_most(
+    web, venues
+) -> None:
+    """Every dispatch reserves its estimate (the prompt's tokens, the usual reply length)
+    against the run's cap; the reply settles at the worker's claim, bounded only by four
+    tokens a character of the prompt and of the reply it chose to write. A worker handed a
+    whole batch at once (16 slots) answers every job with a long reply and the bound's
+    tokens: each settled far past its reservation, none was refused, and a $0.05 cap was
+    passed by eleven replies' worth. A worker's reply is now paid at most what the caps
+    have left; only the root's own turns may pass the cap."""
+    venue = "hogvenue"
+    wid, key = registered_worker("hog", venue=venue, concurrency=16)
+    cap = Decimal("0.05")
+    policy = {"hedge": "off", "subquery_timeout_s": 60, "budget_usd": float(cap)}
+    with connect(ws_url(web), open_timeout=10) as ws:
+        run = launch(question=batch_question(16), venues=[venue], policy=policy)
+        assert say_hello(ws, wid, key, 2)["type"] == "welcome"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            run.refresh_from_db()
+            if run.done:
+                break
+            beat(ws)
+            jobs = jobs_in(next_messages(ws, {"job", "jobs"}, wait_s=1))
+            items = [
+                answer(job, wid, key, text="x" * 4000, tokens_in=10**6, tokens_out=10**6, cost="1")
+                for job in jobs
+            ]
+            if items:
+                ws.send(json.dumps({"type": "results", "results": items}))
+    run = finish(run)
+    events = trace(run)
+    settles = [
+        money(e["attrs"]["cost"])
+        for e in named(events, "Budget.Settle")
+        if e["attrs"]["subquery"] and not e["attrs"]["released"]
+    ]
+    assert settles, f"no reply settled ({run.status}: {run.error})"
+    settled = money(run.accounts["budget"]["run"]["settled"])
+    one_reply = max(settles)
+    assert settled <= cap + one_reply, (
+        f"run {run.id} ({run.status}) with a ${cap} cap settled ${settled}: "
+        f"{len(settles)} replies of up to ${one_reply} each, reserved at "
+        f"${named(events, 'Budget.Reserve')[-1]['attrs']['amount']} each; the cap was passed "
+        f"by {(settled - cap) / one_reply:.1f} replies' worth"
+    )
+    paid = sum(money(r["attrs"]["receipt"]["paid"]) for r in named(events, "Receipt.Emit"))
+    assert paid <= cap, f"the worker was paid ${paid} under a ${cap} cap"
+    cut = [e for e in named(events, "Budget.Settle") if "claimed" in e["attrs"]]
+    assert cut and all(money(e["attrs"]["claimed"]) > money(e["attrs"]["cost"]) for e in cut)

@@ -77,7 +77,8 @@ class Spending:
                 int(spent.get("tokens_in", 0)),
                 int(spent.get("tokens_out", 0)),
             )
-            self.accounts.settle(
+            # What the caps let it be paid: its receipt and the run's totals say that.
+            spent["cost"] = self.accounts.settle(
                 reservation,
                 tokens_in=tokens_in,
                 tokens_out=tokens_out,
