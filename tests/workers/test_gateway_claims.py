@@ -215,3 +215,52 @@ def test_a_worker_inflating_a_whole_batch_overruns_the_run_budget_by_one_reply_a
     assert paid <= cap, f"the worker was paid ${paid} under a ${cap} cap"
     cut = [e for e in named(events, "Budget.Settle") if "claimed" in e["attrs"]]
     assert cut and all(money(e["attrs"]["claimed"]) > money(e["attrs"]["cost"]) for e in cut)
+
+
+def test_a_worker_that_says_it_started_a_job_only_as_it_answers_is_measured_as_slow_as_it_is(
+    web, venues
+) -> None:
+    """A worker of protocol version 3 holds a job beyond its slots `queued`, and says when
+    it starts it (a `started` item); the conductor measures its latency from that word. A
+    slow worker (0.4 s a job, one slot) that says `started` in the same message as the
+    job's result is measured at about 0 ms a job: the router's latency EWMA (what the
+    scheduler ranks workers by, and hedging's windows) calls it the fastest worker there
+    is, and it attracts work it is slow to do. A queued job now starts, at the latest, when
+    a slot frees for it."""
+    venue = "fakefast"
+    wid, key = registered_worker("quickliar", venue=venue, concurrency=1)
+    get_redis().delete(reputation.rep_key(wid))
+    policy = {"hedge": "off", "subquery_timeout_s": 60}
+    took: list[float] = []
+    with connect(ws_url(web), open_timeout=10) as ws:
+        run = launch(question=batch_question(12), venues=[venue], policy=policy)
+        assert say_hello(ws, wid, key, 3)["type"] == "welcome"
+        waiting: list[dict] = []
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline:
+            run.refresh_from_db()
+            if run.done:
+                break
+            beat(ws)
+            waiting += jobs_in(next_messages(ws, {"job", "jobs"}, wait_s=0.3))
+            if not waiting:
+                continue
+            job = waiting.pop(0)
+            began = time.monotonic()
+            time.sleep(0.4)  # the model call, one at a time
+            items = []
+            if job.get("queued"):
+                # Its start said only now, with its result.
+                items.append({"run_id": job["run_id"], "sq_id": job["sq_id"], "started": True})
+            line = job["prompt"].splitlines()[-1]
+            items.append(answer(job, wid, key, text=line, tokens_in=20, tokens_out=10))
+            ws.send(json.dumps({"type": "results", "results": items}))
+            took.append(time.monotonic() - began)
+    run = finish(run)
+    assert run.status == "succeeded", run.error
+    rep = reputation.load(get_redis(), [wid])[wid]
+    assert len(took) >= 12 and min(took) >= 0.4
+    assert rep.latency_ms is not None and rep.latency_ms >= 200, (
+        f"a worker that took at least 400 ms on each of its {len(took)} jobs is measured at "
+        f"{rep.latency_ms} ms (EWMA): it said `started` with each queued job's result"
+    )

@@ -49,7 +49,15 @@ from workers.gateway.protocol import (
     buffer_for,
     encode,
 )
-from workers.gateway.relay import Held, NotHeld, Relayed, checked, named, started
+from workers.gateway.relay import (
+    Held,
+    NotHeld,
+    Relayed,
+    checked,
+    named,
+    slots_freed,
+    started,
+)
 from workers.jobs import Job, cancelled_key, encode_result, results_stream
 from workers.models import Worker
 from workers.venues import Link, presence_group
@@ -478,6 +486,7 @@ class WorkerLink:
         # A queued job answered (or refused) without its start said opens its span now:
         # no span of the trace is left without its start.
         answered = [*(one.held for one in relayed), *(held for held, _ in dropped)]
+        begun = [*begun, *slots_freed(self.held, answered, begun)]
         unsaid = [held for held in answered if held.queued]
         for held in unsaid:
             held.queued = False
