@@ -250,7 +250,11 @@ class ReplCalls:
             venue="conductor",
         )
         with tempfile.TemporaryDirectory(dir=settings.FRLM_SANDBOX_DIR) as tmp:
-            sub = child.file(context, Path(tmp) / "context.txt")
+            try:
+                sub = child.file(context, Path(tmp) / "context.txt")
+            except SandboxCallError as exc:  # its fragment failed its checks: span ended
+                span.end("error", error=str(exc))
+                raise
             try:
                 answer = self.rlm(prompt, sub, depth=depth + 1, parent=span.span_id)
             except RunAbort as exc:

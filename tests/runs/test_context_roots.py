@@ -249,3 +249,43 @@ def test_the_gateway_still_serves_fragments_of_the_runs_context_only(
         assert "not a context of run rgate" in _filled(job(path), run_context)["error"]
     # The run's own file is served (its bytes must still match their sha256).
     assert "do not match their sha256" in _filled(job(own), run_context)["error"]
+
+
+def test_a_child_rlm_over_a_fragment_of_a_changed_context_is_refused_and_its_span_ended(
+    venues, context_root: Path
+) -> None:
+    """rlm_query(context=fragment) checks the fragment as it copies it for the child. The
+    copy's refusal left the call's Submit span open for good: it was made before the span's
+    try (found while reviewing the copy)."""
+    from tests.helpers import trace, wait_until
+    from traces import store
+
+    path = context_root / "notes.txt"
+    path.write_text("The launch window opens on Tuesday.\n" * 20)
+    cell = (
+        "f = context.fragment(0, 20)\n"
+        "f.sha256\n"
+        "import time\n"
+        "time.sleep(4)\n"
+        "try:\n"
+        "    FINAL('answered: ' + rlm_query('q', context=f))\n"
+        "except RuntimeError as exc:\n"
+        "    FINAL('refused: ' + str(exc))\n"
+    )
+    with transaction.atomic():
+        run = create(path, scripted(cell))
+        run_launch(run)
+    wait_until(
+        lambda: any(e["name"] == "Repl.Exec" for e in store.read_events(run.id)),
+        timeout=60,
+        what="the cell to start",
+    )
+    with open(path, "r+b") as handle:  # the same file, changed in place
+        handle.write(b"THE")
+    run = finish(run)
+    assert run.status == "succeeded", run.error
+    assert run.answer.startswith("refused: ") and "changed" in run.answer, run.answer
+    events = trace(run)
+    ended = {e["span_id"] for e in events if e["phase"] == "end"}
+    open_ = [e["name"] for e in events if e["phase"] == "start" and e["span_id"] not in ended]
+    assert not open_, open_
