@@ -215,9 +215,10 @@ def jobs_in(messages: list[dict]) -> list[dict]:
     return [j for m in messages for j in (m["jobs"] if m["type"] == "jobs" else [m["job"]])]
 
 
-def signed_answer(job: dict, worker_id: str, key, **changes) -> dict:
+def signed_answer(job: dict, worker_id: str, key, claim: dict | None = None, **changes) -> dict:
     """A worker's signed answer to `job` and the end of its Execute span, as the agent
-    sends them; `changes` alter the result after it is signed."""
+    sends them; `claim` is signed with it (text, token counts, cost), `changes` alter the
+    result after it is signed."""
     result = {
         "run_id": job["run_id"],
         "sq_id": job["sq_id"],
@@ -229,6 +230,7 @@ def signed_answer(job: dict, worker_id: str, key, **changes) -> dict:
         "tokens_out": 2,
         "ms": 1.0,
         "cost": "0",
+        **(claim or {}),
     }
     result["sig"] = signing.result_sign(key, result)
     end = {

@@ -5,7 +5,6 @@ cancelled. Each test failed on the code before its fix (a review)."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from decimal import Decimal
 
@@ -14,9 +13,16 @@ from websockets.sync.client import connect
 
 from frlm_web.money import money
 from frlm_web.redis_client import get_redis
-from tests.gateway import jobs_in, named, next_messages, registered_worker, say_hello
+from tests.gateway import (
+    jobs_in,
+    named,
+    next_messages,
+    registered_worker,
+    say_hello,
+    signed_answer,
+)
 from tests.helpers import finish, launch, scripted, trace
-from workers import reputation, signing
+from workers import reputation
 from workers.gateway.agent import ws_url
 
 pytestmark = pytest.mark.timeout(300)
@@ -33,35 +39,23 @@ def batch_question(n: int) -> str:
     )
 
 
-def answer(
-    job: dict, worker_id: str, key, *, text: str, tokens_in: int, tokens_out: int, cost: str = "0"
-) -> dict:
+def answer(job: dict, worker_id: str, key, **claim) -> dict:
     """A result signed over exactly what it claims (tokens included), and its span's end."""
-    result = {
-        "run_id": job["run_id"],
-        "sq_id": job["sq_id"],
-        "worker_id": worker_id,
-        "status": "ok",
-        "text": text,
-        "tokens_in": tokens_in,
-        "tokens_out": tokens_out,
-        "ms": 1.0,
-        "cost": cost,
-    }
-    result["sig"] = signing.result_sign(key, result)
-    end = {
-        "event_id": os.urandom(8).hex(),
-        "span_id": job["execute_span"],
-        "parent_id": job["submit_span"],
-        "name": "SubQuery.Execute",
-        "phase": "end",
-        "ts": time.time_ns(),
-        "status": "ok",
-        "depth": job["depth"],
-        "ms": 1.0,
-        "attrs": {"sq_id": job["sq_id"]},
-    }
-    return {"sq_id": job["sq_id"], "result": result, "events": [end]}
+    return signed_answer(job, worker_id, key, claim=claim)
+
+
+def answer_every_job(ws, run, reply) -> None:
+    """Beat, and answer each job given with `reply(job)` in one `results` message, until
+    the run is done."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        run.refresh_from_db()
+        if run.done:
+            return
+        beat(ws)
+        items = [reply(job) for job in jobs_in(next_messages(ws, {"job", "jobs"}, wait_s=1))]
+        if items:
+            ws.send(json.dumps({"type": "results", "results": items}))
 
 
 def beat(ws) -> None:
@@ -87,28 +81,14 @@ def test_a_worker_that_drops_every_job_it_is_given_as_cancelled_pays_for_it_in_i
     with connect(ws_url(web), open_timeout=10) as ws:
         run = launch(question=batch_question(24), venues=[venue, "edge"], policy=policy)
         assert say_hello(ws, wid, key, 2)["type"] == "welcome"
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            run.refresh_from_db()
-            if run.done:
-                break
-            beat(ws)
-            items = []
-            for job in jobs_in(next_messages(ws, {"job", "jobs"}, wait_s=0.5)):
-                assert job["deadline"] > time.time() + 30  # nowhere near its deadline
-                items.append(
-                    {
-                        "sq_id": job["sq_id"],
-                        "result": {
-                            "run_id": job["run_id"],
-                            "sq_id": job["sq_id"],
-                            "status": "cancelled",
-                        },
-                    }
-                )
-                dropped.append(job["sq_id"])
-            if items:
-                ws.send(json.dumps({"type": "results", "results": items}))
+
+        def drop(job: dict) -> dict:
+            assert job["deadline"] > time.time() + 30  # nowhere near its deadline
+            dropped.append(job["sq_id"])
+            said = {"run_id": job["run_id"], "sq_id": job["sq_id"], "status": "cancelled"}
+            return {"sq_id": job["sq_id"], "result": said}
+
+        answer_every_job(ws, run, drop)
     run = finish(run)
     assert run.status == "succeeded", run.error
     events = trace(run)
@@ -134,27 +114,14 @@ def test_a_runs_token_counts_are_not_a_workers_unbounded_claim(web, venues) -> N
     with connect(ws_url(web), open_timeout=10) as ws:
         run = launch(question=batch_question(4), venues=[venue], policy=policy)
         assert say_hello(ws, wid, key, 2)["type"] == "welcome"
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            run.refresh_from_db()
-            if run.done:
-                break
-            beat(ws)
-            jobs = jobs_in(next_messages(ws, {"job", "jobs"}, wait_s=1))
-            items = [
-                answer(
-                    job,
-                    wid,
-                    key,
-                    text=job["prompt"].splitlines()[-1],
-                    tokens_in=10**9,
-                    tokens_out=10**9,
-                    cost="0.001",
-                )
-                for job in jobs
-            ]
-            if items:
-                ws.send(json.dumps({"type": "results", "results": items}))
+        answer_every_job(
+            ws,
+            run,
+            lambda job: answer(
+                job, wid, key, text=job["prompt"].splitlines()[-1],
+                tokens_in=10**9, tokens_out=10**9, cost="0.001",
+            ),
+        )  # fmt: skip
     run = finish(run)
     assert run.status == "succeeded", run.error
     # Four replies of ~40 characters: 4 x (4 x 40 + 64) tokens at the very most, and the
@@ -182,19 +149,13 @@ def test_a_worker_inflating_a_whole_batch_overruns_the_run_budget_by_one_reply_a
     with connect(ws_url(web), open_timeout=10) as ws:
         run = launch(question=batch_question(16), venues=[venue], policy=policy)
         assert say_hello(ws, wid, key, 2)["type"] == "welcome"
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            run.refresh_from_db()
-            if run.done:
-                break
-            beat(ws)
-            jobs = jobs_in(next_messages(ws, {"job", "jobs"}, wait_s=1))
-            items = [
-                answer(job, wid, key, text="x" * 4000, tokens_in=10**6, tokens_out=10**6, cost="1")
-                for job in jobs
-            ]
-            if items:
-                ws.send(json.dumps({"type": "results", "results": items}))
+        answer_every_job(
+            ws,
+            run,
+            lambda job: answer(
+                job, wid, key, text="x" * 4000, tokens_in=10**6, tokens_out=10**6, cost="1"
+            ),
+        )
     run = finish(run)
     events = trace(run)
     settles = [
