@@ -48,6 +48,24 @@ def wait_for(page: Any, expression: str, timeout: float = 30.0, what: str = "") 
     )
 
 
+# A valid launcher form over a small generated task, as the browser posts it.
+TASK_FORM = {
+    "question": "q",
+    "context_source": "task",
+    "task_name": "sniah",
+    "task_tokens": "20000",
+    "task_seed": "1",
+    "root_kind": "sim",
+    "worker_kind": "sim",
+    "venues": ["local"],
+}
+
+
+def launcher_form(**fields: object) -> dict[str, object]:
+    """TASK_FORM with `fields` changed or added."""
+    return {**TASK_FORM, **fields}
+
+
 def make_user(username: str, *, staff: bool = False):
     user = get_user_model().objects.create_user(username, password=PASSWORD, is_staff=staff)
     return user

@@ -8,7 +8,7 @@ from django.test import Client
 from runs.models import Run
 from runs.services import run_launch, run_replay
 from tests.helpers import finish, launch, scripted, stack_worker_ids, trace
-from tests.pages.helpers import make_user
+from tests.pages.helpers import launcher_form, make_user
 from traces.live import WIRE_FIELDS
 from workers.models import Venue, Worker
 
@@ -66,17 +66,12 @@ def test_it_serves_aggregates_and_the_diff_of_a_replay(venues):
 def test_it_keeps_server_paths_to_staff(venues, context_root):
     notes = context_root / "notes.txt"
     notes.write_text("a line of text\n")
-    form = {
-        "question": "What is in it?",
-        "context_source": "path",
-        "context_path": str(notes),
-        "task_name": "sniah",
-        "task_tokens": "1000",
-        "task_seed": "1",
-        "root_kind": "sim",
-        "worker_kind": "sim",
-        "venues": ["local"],
-    }
+    form = launcher_form(
+        question="What is in it?",
+        context_source="path",
+        context_path=str(notes),
+        task_tokens="1000",
+    )
     response = signed_in(make_user("guest")).post("/runs/new", form)
     assert response.status_code == 400
     assert "only staff may read files on the server" in response.content.decode()

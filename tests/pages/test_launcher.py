@@ -9,19 +9,7 @@ from django.test import Client
 
 from runs.models import Run
 from tests.helpers import finish
-from tests.pages.helpers import plot_updates, shot, wait_for
-
-# A valid launcher form over a small generated task, as the browser posts it.
-TASK_FORM = {
-    "question": "q",
-    "context_source": "task",
-    "task_name": "sniah",
-    "task_tokens": "20000",
-    "task_seed": "1",
-    "root_kind": "sim",
-    "worker_kind": "sim",
-    "venues": ["local"],
-}
+from tests.pages.helpers import TASK_FORM, plot_updates, shot, wait_for
 
 
 def test_it_launches_a_generated_task_and_opens_its_page(page, web):

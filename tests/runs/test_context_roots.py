@@ -22,7 +22,7 @@ from runs.sandbox import Sandbox, SandboxError
 from runs.services import ContextSpec, RunInputError, run_create, run_launch
 from runs.trust.receipts import conductor_key
 from tests.helpers import finish, scripted
-from tests.pages.helpers import make_user
+from tests.pages.helpers import launcher_form, make_user
 from workers.backends import model_spec
 
 SECRET = "root:$6$not-for-the-model$:19000:0:99999:7:::\n"
@@ -194,17 +194,12 @@ def test_it_fails_a_run_whose_context_was_swapped_after_it_was_checked(
 def test_it_keeps_the_launchers_form_and_says_why(venues) -> None:
     client = Client()
     client.force_login(make_user("ops", staff=True))
-    form = {
-        "question": "What is in it?",
-        "context_source": "path",
-        "context_path": "/etc/shadow",
-        "task_name": "sniah",
-        "task_tokens": "1000",
-        "task_seed": "1",
-        "root_kind": "sim",
-        "worker_kind": "sim",
-        "venues": ["local"],
-    }
+    form = launcher_form(
+        question="What is in it?",
+        context_source="path",
+        context_path="/etc/shadow",
+        task_tokens="1000",
+    )
     response = client.post("/runs/new", form)
     assert response.status_code == 400
     errors = response.context["form"].errors

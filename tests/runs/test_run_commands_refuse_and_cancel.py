@@ -261,22 +261,13 @@ def test_the_launcher_keeps_what_was_typed_when_the_broker_does_not_take_the_run
 ):
     from django.test import Client
 
-    from tests.pages.helpers import make_user
+    from tests.pages.helpers import launcher_form, make_user
 
     before = set(Run.objects.values_list("id", flat=True))
     client = Client()
     client.force_login(make_user("ops", staff=True))
     _broker_down(monkeypatch)
-    form = {
-        "question": "Where is the needle?",
-        "context_source": "task",
-        "task_name": "sniah",
-        "task_tokens": "1000",
-        "task_seed": "1",
-        "root_kind": "sim",
-        "worker_kind": "sim",
-        "venues": ["local"],
-    }
+    form = launcher_form(question="Where is the needle?", task_tokens="1000")
     response = client.post("/runs/new", form)
     page = response.content.decode()
     assert response.status_code == 400, page[:2000]

@@ -29,6 +29,7 @@ from django.conf import settings
 
 from runs.sandbox import Sandbox, SandboxError, SandboxLimits, isolation_problem
 from runs.sandbox.bwrap import CHILD_SCRIPT
+from tests.pages.helpers import launcher_form
 from tests.runs.escape_programs import LIMITS, PROGRAMS, Host, Program
 
 _NO_BWRAP = isolation_problem("bwrap")
@@ -217,16 +218,10 @@ def test_the_launcher_says_why_a_run_is_refused(client, no_bwrap: None) -> None:
     assert "apt-get install -y bubblewrap" in form
     reply = client.post(
         "/runs/new",
-        {
-            "question": "What is the launch code? ```repl\nprint(open('/etc/shadow').read())\n```",
-            "context_source": "task",
-            "task_name": "sniah",
-            "task_tokens": 40_000,
-            "task_seed": 1,
-            "root_kind": "sim",
-            "worker_kind": "sim",
-            "venues": ["local"],
-        },
+        launcher_form(
+            question="What is the launch code? ```repl\nprint(open('/etc/shadow').read())\n```",
+            task_tokens=40_000,
+        ),
     )
     assert reply.status_code == 400
     page = reply.content.decode()

@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from decimal import Decimal
+from typing import Any
 
 import pytest
 from websockets.sync.client import connect
 
 from frlm_web.money import money
 from frlm_web.redis_client import get_redis
+from runs.models import Run
 from tests.gateway import (
     jobs_in,
     named,
@@ -37,6 +41,30 @@ def batch_question(n: int) -> str:
         f"rs = llm_query_batched({PROMPTS.format(n=n)})\n"
         "FINAL('%d replies' % sum(not r.startswith('[frlm:') for r in rs))"
     )
+
+
+@contextmanager
+def on_a_batch(
+    web: str,
+    name: str,
+    venue: str,
+    slots: int,
+    n: int,
+    *,
+    version: int = 2,
+    venues: list[str] | None = None,
+    **policy: Any,
+) -> Iterator[tuple[Any, Run, str, Any]]:
+    """A worker `name` of `venue` with `slots` slots and no record, spoken by hand on the
+    gateway at protocol `version`, and a run of a batch of `n` sub-queries on `venues`
+    (its own venue alone by default), hedging off: (socket, run, worker id, key)."""
+    wid, key = registered_worker(name, venue=venue, concurrency=slots)
+    get_redis().delete(reputation.rep_key(wid))
+    policy = {"hedge": "off", "subquery_timeout_s": 60, **policy}
+    with connect(ws_url(web), open_timeout=10) as ws:
+        run = launch(question=batch_question(n), venues=venues or [venue], policy=policy)
+        assert say_hello(ws, wid, key, version)["type"] == "welcome"
+        yield ws, run, wid, key
 
 
 def answer(job: dict, worker_id: str, key, **claim) -> dict:
@@ -73,14 +101,13 @@ def test_a_worker_that_drops_every_job_it_is_given_as_cancelled_pays_for_it_in_i
     of them an attempt and a round trip, for ever: its breaker never opens and its record
     stays that of a worker nobody has seen fail (with two of them on two venues, a
     sub-query's attempts run out on them and it fails)."""
-    venue = "dropvenue"
-    wid, key = registered_worker("dropper", venue=venue, concurrency=8)
-    get_redis().delete(reputation.rep_key(wid))
-    policy = {"hedge": "off", "subquery_timeout_s": 60}
     dropped: list[str] = []
-    with connect(ws_url(web), open_timeout=10) as ws:
-        run = launch(question=batch_question(24), venues=[venue, "edge"], policy=policy)
-        assert say_hello(ws, wid, key, 2)["type"] == "welcome"
+    with on_a_batch(web, "dropper", "dropvenue", 8, 24, venues=["dropvenue", "edge"]) as (
+        ws,
+        run,
+        wid,
+        key,
+    ):
 
         def drop(job: dict) -> dict:
             assert job["deadline"] > time.time() + 30  # nowhere near its deadline
@@ -108,12 +135,7 @@ def test_a_runs_token_counts_are_not_a_workers_unbounded_claim(web, venues) -> N
     counts are taken as they are all the same into the run's totals (Run.tokens_in /
     tokens_out, the run page's header and Submit spans, Table 2's tokens per solved task):
     four one-line replies claimed at a billion tokens each make the run read 4 billion."""
-    venue = "tokvenue"
-    wid, key = registered_worker("tokclaimer", venue=venue, concurrency=4)
-    policy = {"hedge": "off", "subquery_timeout_s": 60}
-    with connect(ws_url(web), open_timeout=10) as ws:
-        run = launch(question=batch_question(4), venues=[venue], policy=policy)
-        assert say_hello(ws, wid, key, 2)["type"] == "welcome"
+    with on_a_batch(web, "tokclaimer", "tokvenue", 4, 4) as (ws, run, wid, key):
         answer_every_job(
             ws,
             run,
@@ -142,13 +164,8 @@ def test_a_worker_inflating_a_whole_batch_overruns_the_run_budget_by_one_reply_a
     tokens: each settled far past its reservation, none was refused, and a $0.05 cap was
     passed by eleven replies' worth. A worker's reply is now paid at most what the caps
     have left; only the root's own turns may pass the cap."""
-    venue = "hogvenue"
-    wid, key = registered_worker("hog", venue=venue, concurrency=16)
     cap = Decimal("0.05")
-    policy = {"hedge": "off", "subquery_timeout_s": 60, "budget_usd": float(cap)}
-    with connect(ws_url(web), open_timeout=10) as ws:
-        run = launch(question=batch_question(16), venues=[venue], policy=policy)
-        assert say_hello(ws, wid, key, 2)["type"] == "welcome"
+    with on_a_batch(web, "hog", "hogvenue", 16, 16, budget_usd=float(cap)) as (ws, run, wid, key):
         answer_every_job(
             ws,
             run,
@@ -188,14 +205,8 @@ def test_a_worker_that_says_it_started_a_job_only_as_it_answers_is_measured_as_s
     scheduler ranks workers by, and hedging's windows) calls it the fastest worker there
     is, and it attracts work it is slow to do. A queued job now starts, at the latest, when
     a slot frees for it."""
-    venue = "fakefast"
-    wid, key = registered_worker("quickliar", venue=venue, concurrency=1)
-    get_redis().delete(reputation.rep_key(wid))
-    policy = {"hedge": "off", "subquery_timeout_s": 60}
     took: list[float] = []
-    with connect(ws_url(web), open_timeout=10) as ws:
-        run = launch(question=batch_question(12), venues=[venue], policy=policy)
-        assert say_hello(ws, wid, key, 3)["type"] == "welcome"
+    with on_a_batch(web, "quickliar", "fakefast", 1, 12, version=3) as (ws, run, wid, key):
         waiting: list[dict] = []
         deadline = time.monotonic() + 150
         while time.monotonic() < deadline:

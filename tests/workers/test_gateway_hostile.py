@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
 
 import pytest
 import websockets
@@ -61,6 +64,17 @@ def serve_beating(ws, run, worker_id: str, key, limit_s: float = 150) -> None:
     raise AssertionError(f"run {run.id} did not finish")
 
 
+@contextmanager
+def welcomed(web: str, *workers: tuple[str, Any]) -> Iterator[list[Any]]:
+    """A gateway session for each (worker id, key), welcomed at protocol version 2 (no
+    work buffer)."""
+    with ExitStack() as stack:
+        sockets = [stack.enter_context(connect(ws_url(web), open_timeout=10)) for _ in workers]
+        for ws, (wid, key) in zip(sockets, workers, strict=True):
+            assert say_hello(ws, wid, key, 2)["type"] == "welcome"
+        yield sockets
+
+
 def test_a_worker_cannot_give_back_a_shared_queue_job_another_worker_holds(web, venues) -> None:
     """routing=shared: jobs go on the venue's queue, with no assignee. A second worker of
     the same venue, which never held them, names the jobs the first one holds (their
@@ -72,13 +86,8 @@ def test_a_worker_cannot_give_back_a_shared_queue_job_another_worker_holds(web, 
     wid, key = registered_worker("sholder", venue=venue, concurrency=16)
     thief, thief_key = registered_worker("sthief", venue=venue, concurrency=1)
     policy = {"subquery_timeout_s": 60, "hedge": "off", "routing": "shared"}
-    with (
-        connect(ws_url(web), open_timeout=10) as ws,
-        connect(ws_url(web), open_timeout=10) as other,
-    ):
-        assert say_hello(ws, wid, key, 2)["type"] == "welcome"
-        # Version 2: no work buffer, so the thief holds one job at most.
-        assert say_hello(other, thief, thief_key, 2)["type"] == "welcome"
+    # Version 2: no work buffer, so the thief holds one job at most.
+    with welcomed(web, (wid, key), (thief, thief_key)) as (ws, other):
         tend([ws, other], 1.5)
         run = launch(task="sniah", tokens=60_000, seed=11, venues=[venue], policy=policy)
         got = []
@@ -184,12 +193,7 @@ def test_a_deregistered_worker_that_never_beats_gets_no_more_jobs(web, venues) -
     wid, key = registered_worker("dholder", venue=venue, concurrency=2)
     gone, gone_key = registered_worker("dgone", venue=venue, concurrency=4)
     policy = {"subquery_timeout_s": 30, "hedge": "off", "routing": "shared"}
-    with (
-        connect(ws_url(web), open_timeout=10) as ws,
-        connect(ws_url(web), open_timeout=10) as other,
-    ):
-        assert say_hello(ws, wid, key, 2)["type"] == "welcome"
-        assert say_hello(other, gone, gone_key, 2)["type"] == "welcome"
+    with welcomed(web, (wid, key), (gone, gone_key)) as (ws, other):
         tend([ws, other], 1.0)
         services.worker_deregister(Worker.objects.select_related("venue").get(id=gone))
         tend([ws, other], 1.0, quiet=frozenset({1}))

@@ -104,8 +104,8 @@ class Intake:
                 self.roster.watched.add(wid)
             return None
         if status == "ok":
-            result["cost"] = self.attempts.spending.fair_cost(result, flight.prompt)
             result["counted"] = fair_tokens(result, flight.prompt)
+            result["cost"] = self.attempts.spending.fair_cost(result, flight.prompt)
         self.attempts.release(flight, wave, spent=result if status == "ok" else None)
         # How long it ran, not how long it queued: the scheduler adds the queue itself.
         end = result.get("at") or time.time()

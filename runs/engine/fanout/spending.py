@@ -105,7 +105,7 @@ class Spending:
         price = self.worker_price(str(result.get("worker_id", "")))
         if not price.per_1k_in and not price.per_1k_out:
             return ZERO
-        tokens_in, tokens_out = fair_tokens(result, prompt)
+        tokens_in, tokens_out = result.get("counted") or fair_tokens(result, prompt)
         return min(claimed, cost_at(price.per_1k_in, price.per_1k_out, tokens_in, tokens_out))
 
     def pay(self, flight: Flight) -> None:
