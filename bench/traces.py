@@ -79,7 +79,6 @@ def synthetic_run(client: redis.Redis, run_id: str, spans: int, *, payload_every
                     )
                 ]
                 emitter._held.extend(worker_events)  # the worker's end, in this batch
-                emitter.instant("SubQuery.Return", parent=submit.span_id, sq=i)
                 submit.end("ok", tokens_in=6000, tokens_out=3)
                 made += 2
             cell.end(payload="output")

@@ -7,7 +7,6 @@ so `seq` order is the stream's order even when many processes emit for one run.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import time
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from typing import Any
 
 import redis
 
+from frlm_web import fastjson
 from frlm_web.redis_client import LuaScript
 from traces import caps
 from traces.schema import Event
@@ -57,9 +57,8 @@ return #ARGV / 4
 _TRACK_SCRIPT = LuaScript(TRACK_LUA)
 
 
-# One encoder for every event: json.dumps with options builds a new one per call.
-_encode = json.JSONEncoder(separators=(",", ":"), default=str).encode
-_encode_plain = json.JSONEncoder(separators=(",", ":")).encode
+# Every event is encoded on the emitting process's hot path (frlm_web/fastjson.py).
+_encode = fastjson.dumps
 
 
 def append_args(events: list[Event]) -> list[str]:
@@ -77,7 +76,7 @@ def track_args(events: list[Event]) -> list[str]:
     for event in events:
         phase = event["phase"]
         if phase == "start":
-            open_ = _encode_plain(
+            open_ = _encode(
                 {
                     key: event.get(key)
                     for key in ("name", "parent_id", "depth", "ts", "venue", "worker_id")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
 import os
 from pathlib import Path
@@ -54,7 +55,10 @@ def generate() -> Ed25519PrivateKey:
     return Ed25519PrivateKey.generate()
 
 
+@functools.lru_cache(maxsize=64)
 def public_b64(key: Ed25519PrivateKey) -> str:
+    """The public half of `key`, as registered (cached: the conductor names its key in every
+    receipt it countersigns)."""
     raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return base64.b64encode(raw).decode("ascii")
 
@@ -82,6 +86,14 @@ def public_from_b64(text: str) -> Ed25519PublicKey:
     """The public key in `text`, or BadKey saying what is wrong with it."""
     if not isinstance(text, str):
         raise BadKey("public_key must be a string: base64 of the 32-byte ed25519 key")
+    return _public_key(text)
+
+
+# The conductor checks every result's signature with its worker's key: loading the key
+# each time was 3% of its CPU at 1 ms model latency (issue 18). A key that fails is not
+# kept (lru_cache keeps no exception).
+@functools.lru_cache(maxsize=4096)
+def _public_key(text: str) -> Ed25519PublicKey:
     try:
         raw = _b64_strict(text)
     except (binascii.Error, ValueError) as exc:

@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 
 import redis
 
+from frlm_web import fastjson
 from workers.jobs import Job
 
 TASK = "workers.subquery_execute"  # workers.tasks.subquery_execute's registered name
@@ -151,11 +152,11 @@ def job_of(raw: bytes | str) -> tuple[str, Job]:
     """The task name and sub-query job in a message on a queue's list: a JSON envelope whose
     body is the base64 of the task's [args, kwargs, embed] (Celery's message protocol 2),
     whoever wrote it."""
-    envelope = json.loads(raw)
+    envelope = fastjson.loads(raw)
     body = envelope["body"]
     if envelope.get("properties", {}).get("body_encoding") == "base64":
         body = base64.b64decode(body)
-    args, _kwargs, _embed = json.loads(body)
+    args, _kwargs, _embed = fastjson.loads(body)
     return str(envelope.get("headers", {}).get("task", "")), args[0]
 
 

@@ -117,7 +117,7 @@ def test_it_exports_a_run_as_otlp_that_the_protobuf_schema_accepts(real_run, sub
     assert "Run.Done" in [e["name"] for e in root["events"]]
     submit = by_name["SubQuery.Submit"]
     assert execute["parentSpanId"] == submit["spanId"]
-    assert "SubQuery.Return" in [e["name"] for e in submit["events"]]
+    assert "Receipt.Emit" in [e["name"] for e in submit["events"]]  # an instant: a span event
 
 
 def test_it_exports_span_kinds_messages_tokens_and_cost_for_llm_viewers(real_run, subprocess_env):

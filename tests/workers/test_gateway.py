@@ -440,7 +440,9 @@ def test_a_forged_signature_in_a_batch_loses_only_that_result(web, venues) -> No
     assert [(e["attrs"]["sq_id"], e["worker_id"]) for e in rejected] == [(forged, wid)]
     assert "signature is not worker" in rejected[0]["attrs"]["reason"]
     accepted = [
-        e for e in named(events, "SubQuery.Return") if e["status"] == "ok" and e["worker_id"] == wid
+        e
+        for e in named(events, "SubQuery.Submit", "end")
+        if e["status"] == "ok" and e["worker_id"] == wid
     ]
     assert len(accepted) >= len(first) - 1 + len(answered) > 0
     assert get_redis().get(strikes_key(wid)) is not None

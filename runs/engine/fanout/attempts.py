@@ -314,16 +314,9 @@ class Attempts:
             else:
                 self.spending.pay(owner)
         span = flight.span or self.open_span(flight)  # never sent: its span opens and ends
-        self.emitter.instant(
-            "SubQuery.Return",
-            parent=span.span_id,
-            depth=self.scope.depth,
-            status="ok" if status == "ok" else ("cancelled" if status == "cancelled" else "error"),
-            venue=flight.venue or None,
-            worker_id=outcome.worker_id or None,
-            sq=outcome.index,
-            attempts=outcome.attempts,
-        )
+        # The span's end is the attempt's return: its status, worker and figures. An
+        # instant beside it (SubQuery.Return, kept for a result refused, intake.py) said
+        # the same again and was a seventh of a sub-query's events (issue 18).
         span.end(
             status if status in {"ok", "timeout", "cancelled"} else "error",
             payload=outcome.text if status == "ok" else None,
