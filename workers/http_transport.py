@@ -1,5 +1,5 @@
-"""The bytes under the openai client: an httpx transport over kept-alive `http.client`
-connections, one per thread and endpoint.
+"""The bytes under the openai client: an httpx transport over kept-alive HTTP/1.1
+connections (workers/http11.py), one per thread and endpoint.
 
 Every model call goes through the openai SDK (workers/backends.py), which builds the request,
 sends the key, retries and maps errors. Under it, httpx's own transport (httpcore and h11)
@@ -25,6 +25,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from workers import http11
+
 
 def _timeouts(request: httpx.Request) -> tuple[float | None, float | None]:
     """The connect and read timeouts the client set on this request."""
@@ -33,7 +35,7 @@ def _timeouts(request: httpx.Request) -> tuple[float | None, float | None]:
 
 
 class KeptAliveTransport(httpx.BaseTransport):
-    """An httpx transport over one `http.client` connection per thread and endpoint, kept
+    """An httpx transport over one HTTP/1.1 connection per thread and endpoint, kept
     alive between requests. A connection the server closed while it was idle is opened
     again once for the same request (that is not a failure of the endpoint); any other
     failure is raised as the httpx error the SDK maps (a timeout, a refused or broken
@@ -41,7 +43,7 @@ class KeptAliveTransport(httpx.BaseTransport):
 
     def __init__(self) -> None:
         self._local = threading.local()
-        self._all: set[http.client.HTTPConnection] = set()  # open ones, to close at the end
+        self._all: set[http11.Connection] = set()  # open ones, to close at the end
         self._lock = threading.Lock()
         self._context: ssl.SSLContext | None = None
 
@@ -53,24 +55,19 @@ class KeptAliveTransport(httpx.BaseTransport):
             self._context = httpx.create_ssl_context()
         return self._context
 
-    def _pool(self) -> dict[tuple[str, str, int], http.client.HTTPConnection]:
+    def _pool(self) -> dict[tuple[str, str, int], http11.Connection]:
         pool = getattr(self._local, "pool", None)
         if pool is None:
             pool = self._local.pool = {}
         return pool
 
-    def _connection(self, url: httpx.URL, connect_s: float | None) -> http.client.HTTPConnection:
+    def _connection(self, url: httpx.URL) -> http11.Connection:
         key = (url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80))
         pool = self._pool()
         conn = pool.get(key)
         if conn is None:
-            if url.scheme == "https":
-                conn = http.client.HTTPSConnection(
-                    url.host, key[2], timeout=connect_s, context=self._tls()
-                )
-            else:
-                conn = http.client.HTTPConnection(url.host, key[2], timeout=connect_s)
-            pool[key] = conn
+            tls = self._tls() if url.scheme == "https" else None
+            conn = pool[key] = http11.Connection(url.host, key[2], tls)
             with self._lock:
                 self._all.add(conn)
         return conn
@@ -89,19 +86,12 @@ class KeptAliveTransport(httpx.BaseTransport):
         target = url.raw_path.decode("ascii")
         body = request.read()
         for fresh in (False, True):
-            conn = self._connection(url, connect_s)
+            conn = self._connection(url)
             reused = not fresh and conn.sock is not None
             try:
                 if conn.sock is None:
-                    conn.timeout = connect_s
-                    conn.connect()
-                conn.sock.settimeout(read_s)
-                conn.putrequest(request.method, target, skip_host=True, skip_accept_encoding=True)
-                for name, value in request.headers.raw:
-                    conn.putheader(name, value)
-                conn.endheaders(body or None)
-                response = conn.getresponse()
-                content = response.read()
+                    conn.open(connect_s)
+                reply = conn.exchange(request.method, target, request.headers.raw, body, read_s)
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
                 self._drop(url)
                 if reused:
@@ -119,12 +109,12 @@ class KeptAliveTransport(httpx.BaseTransport):
                 self._drop(url)
                 kind = httpx.ReadError if connected else httpx.ConnectError
                 raise kind(str(exc) or type(exc).__name__, request=request) from exc
-            if response.will_close:
+            if reply.will_close:
                 self._drop(url)
             return httpx.Response(
-                response.status,
-                headers=response.getheaders(),
-                stream=httpx.ByteStream(content),
+                reply.status,
+                headers=reply.headers,
+                stream=httpx.ByteStream(reply.content),
                 extensions={"http_version": b"HTTP/1.1"},
                 request=request,
             )
