@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from django.conf import settings
 
+from frlm_web import fastjson
 from traces.schema import RUN_ID
 
 if TYPE_CHECKING:
@@ -268,7 +269,9 @@ def _fold_columns(run_id: str, key: list[list[Any]]) -> list[dict[str, list[Any]
     columns = _columns_many(run_id, [(_SPANS_SQL, None), (_INSTANTS_SQL, None)])
     spans = columns[0] if columns else {}
     if spans and all(end is not None for end in spans["end_ns"]):
-        write_beside(run_id, TREE_CACHE, key, json.dumps(columns, separators=(",", ":")).encode())
+        # orjson: the standard library's encoder was a sixth of the recorder's CPU in a
+        # fanout of a 1 ms model (issue 18), folding each run as it went quiet.
+        write_beside(run_id, TREE_CACHE, key, fastjson.dumps(columns).encode())
     return columns
 
 
