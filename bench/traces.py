@@ -12,6 +12,7 @@ tracing overhead         a fanout batch with events on and off, at 1 ms model la
                          time, target < 2%)
 
   .venv/bin/python bench/traces.py [--events 200000] [--repeat 3] [--skip-overhead] [--quick]
+                                   [--overhead-only] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -236,11 +237,31 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="drains of the recorder")
     parser.add_argument("--skip-overhead", action="store_true")
     parser.add_argument("--quick", action="store_true", help="fewer events and tries")
+    parser.add_argument(
+        "--overhead-only", action="store_true", help="only the tracing overhead, not the store"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="traced/untraced pairs per latency (default 2, quick 1): at 1 ms one pair's "
+        "ratio swings by ±10%%, so a figure near the target needs more",
+    )
     args = parser.parse_args()
     stop_on_signals()
     if args.quick:
         args.events, args.repeat = 50_000, 1
+    rounds = args.rounds or (1 if args.quick else 2)
+    if not args.overhead_only:
+        store_part(args)
+    if not args.skip_overhead:
+        quick = args.quick
+        overhead(1, 500 if quick else 2000, 1 if quick else 3, rounds)
+        overhead(200, 64 if quick else 256, 1 if quick else 5, rounds)
 
+
+def store_part(args: argparse.Namespace) -> None:
+    """The recorder's drain of a filled stream, then the span tree and diff of its runs."""
     port = free_port()
     server = subprocess.Popen(
         ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"],
@@ -295,10 +316,6 @@ def main() -> None:
     )
     if diff_s is not None:
         print(f"  diff of two such runs    {diff_s * 1000:10.1f} ms       (target < 1,000 ms)")
-    if not args.skip_overhead:
-        quick = args.quick
-        overhead(1, 500 if quick else 2000, 1 if quick else 3, 1 if quick else 2)
-        overhead(200, 64 if quick else 256, 1 if quick else 5, 1 if quick else 2)
 
 
 if __name__ == "__main__":
