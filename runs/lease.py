@@ -176,8 +176,16 @@ def leases_reap(client: redis.Redis, *, by: str) -> list[str]:
             continue
         holder = client.hget(HOLDERS_KEY, run_id)
         holder = holder.decode() if isinstance(holder, bytes) else (holder or "")
-        if run_abandon(client, run_id, lapsed_message(holder), by=by):
-            failed.append(run_id)
+        try:
+            if run_abandon(client, run_id, lapsed_message(holder), by=by):
+                failed.append(run_id)
+        except Exception:
+            # The database or Redis failed it half-way (SQLite locked under load): the
+            # lapse goes back in the set for the next round, this watcher's or another's.
+            # Taken out for good, it left the run `running` with its conductor dead.
+            log.exception("run %s: its lapsed lease could not be acted on; next round", run_id)
+            client.zadd(LEASES_KEY, {run_id: 0}, nx=True)
+            continue
         client.hdel(HOLDERS_KEY, run_id)
     return failed
 

@@ -164,3 +164,43 @@ def test_a_holder_takes_back_a_lease_lost_with_redis_but_not_one_taken_from_it(s
     finally:
         client.zrem(LEASES_KEY, "lease-t1")
         client.delete(reaped_key("lease-t1"), "frlm:run:lease-t1:cancel")
+
+
+def test_a_lapse_the_watcher_could_not_act_on_is_acted_on_at_its_next_round(
+    stack, venues, monkeypatch
+):
+    """The watcher took a lapsed lease out of the set before failing its run: a database
+    locked at that moment (SQLite under load) lost the lapse for good, and the run stayed
+    `running` with its conductor dead. (A CI run once waited in vain for the web server to
+    fail a dead conductor's run; its logs were gone, and this is one way that happens.)"""
+    from urllib.parse import urlsplit
+
+    import redis
+    from django.db import OperationalError
+
+    from runs import lease
+    from runs.models import Run
+
+    run = _create("FINAL('x')", ["local"])
+    Run.objects.filter(id=run.id).update(status=Run.Status.RUNNING)
+    # A database of the session's Redis that no process watches: the stack's conductor
+    # reaps the leases of the usual one every second, and would take this lapse first.
+    url = urlsplit(settings.REDIS_URL)._replace(path="/15").geturl()
+    client = redis.Redis.from_url(url)
+    client.zadd(lease.LEASES_KEY, {run.id: time.time() - 1})
+    client.hset(lease.HOLDERS_KEY, run.id, "conductor-9:1")
+    real = lease.run_abandon
+
+    def locked(*_args, **_kwargs):
+        raise OperationalError("database is locked")
+
+    try:
+        monkeypatch.setattr(lease, "run_abandon", locked)
+        assert lease.leases_reap(client, by="web-t") == []
+        assert Run.objects.get(id=run.id).status == Run.Status.RUNNING
+        monkeypatch.setattr(lease, "run_abandon", real)
+        assert lease.leases_reap(client, by="web-t") == [run.id]
+        failed = Run.objects.get(id=run.id)
+        assert failed.status == Run.Status.FAILED and "conductor-9:1" in failed.error
+    finally:
+        client.flushdb()
