@@ -24,12 +24,13 @@ _OPTIONS = orjson.OPT_NON_STR_KEYS
 _slow = json.JSONEncoder(separators=(",", ":"), default=str).encode
 
 
-def dumps(obj: Any) -> str:
-    """Compact JSON text; what JSON cannot hold becomes its str() (a Decimal, a Path)."""
+def dumps(obj: Any) -> bytes:
+    """Compact JSON as UTF-8 bytes (what Redis and a file take, so it is never decoded only
+    to be encoded again); what JSON cannot hold becomes its str() (a Decimal, a Path)."""
     try:
-        return orjson.dumps(obj, default=str, option=_OPTIONS).decode("utf-8")
+        return orjson.dumps(obj, default=str, option=_OPTIONS)
     except TypeError:  # orjson.JSONEncodeError: an int past 64 bits, a key of odd type
-        return _slow(obj)
+        return _slow(obj).encode("utf-8")
 
 
 def loads(text: str | bytes) -> Any:

@@ -61,18 +61,18 @@ _TRACK_SCRIPT = LuaScript(TRACK_LUA)
 _encode = fastjson.dumps
 
 
-def append_args(events: list[Event]) -> list[str]:
+def append_args(events: list[Event]) -> list[str | bytes]:
     """APPEND_LUA's arguments for these events: run id and JSON of each in turn."""
-    args: list[str] = []
+    args: list[str | bytes] = []
     for event in events:
         args.append(event["run_id"])
         args.append(_encode(event))
     return args
 
 
-def track_args(events: list[Event]) -> list[str]:
+def track_args(events: list[Event]) -> list[str | bytes]:
     """TRACK_LUA's arguments for these events."""
-    args: list[str] = []
+    args: list[str | bytes] = []
     for event in events:
         phase = event["phase"]
         if phase == "start":

@@ -271,7 +271,7 @@ def _fold_columns(run_id: str, key: list[list[Any]]) -> list[dict[str, list[Any]
     if spans and all(end is not None for end in spans["end_ns"]):
         # orjson: the standard library's encoder was a sixth of the recorder's CPU in a
         # fanout of a 1 ms model (issue 18), folding each run as it went quiet.
-        write_beside(run_id, TREE_CACHE, key, fastjson.dumps(columns).encode())
+        write_beside(run_id, TREE_CACHE, key, fastjson.dumps(columns))
     return columns
 
 
