@@ -692,3 +692,43 @@ def test_it_judges_randomly_damaged_events_at_once_as_event_by_event(client):
     for row in rows_a + rows_b:
         row["attrs"] = json.loads(row["attrs"])
     assert rows_a == rows_b
+
+
+def test_threads_read_their_own_runs_through_one_database(client, monkeypatch):
+    """Django runs each request's view on a thread of its own: every thread gets its own
+    connection (its own `ev` view) to one database, opened once, not one per thread."""
+    runs = [f"rThr{n}" for n in range(6)]
+    for n, run_id in enumerate(runs):
+        emitter = Emitter(client, run_id)
+        with emitter.span("Run.Init"):
+            for _ in range(n):
+                emitter.instant("Env.LoadFragment", chars=1)
+    recorder = Recorder(client)
+    recorder.ensure_group()
+    recorder.step()
+
+    import duckdb
+
+    opened = []
+    real_connect = duckdb.connect
+    monkeypatch.setattr(store, "_database", None, raising=False)
+
+    def connect(*args, **kwargs):
+        opened.append(1)
+        return real_connect(*args, **kwargs)
+
+    monkeypatch.setattr(duckdb, "connect", connect)
+    seen: dict[str, list[int]] = {}
+    barrier = threading.Barrier(len(runs))
+
+    def read(run_id: str) -> None:
+        barrier.wait()
+        seen[run_id] = [store.event_count(run_id) for _ in range(20)]
+
+    threads = [threading.Thread(target=read, args=(r,)) for r in runs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert seen == {run_id: [n + 2] * 20 for n, run_id in enumerate(runs)}
+    assert len(opened) == 1
