@@ -90,7 +90,9 @@
       if (phase === "start") {
         if (s.i1 < 0 && !s.started) { s.started = true; this.open++; }
         s.i0 = i; s.t0 = r[F.T];
-        if (r[F.ATTRS]) s.attrs = Object.assign(s.attrs || {}, r[F.ATTRS]);
+        // A span made from this event holds its attrs already (not copied onto themselves).
+        const attrs = r[F.ATTRS];
+        if (attrs && attrs !== s.attrs) s.attrs = Object.assign(s.attrs || {}, attrs);
       } else if (phase === "end") {
         if (s.started && s.i1 < 0) this.open--;
         s.i1 = i; s.t1 = r[F.T]; s.status = r[F.STATUS];

@@ -54,6 +54,8 @@
       venues: new Map(),    // name -> {inflight, ok, failed, cancelled, submitted}
       workers: new Map(),   // name -> {venue, inflight, calls, errors, lat: [], err: [], n: [], lastErrBin}
       flows: new Map(),     // "from\u0000to" -> count
+      flowKeys: new Map(),  // from -> to -> the key in flows
+      nodes: new Map(),     // prefix -> name -> prefix + name
       submitVenue: new Map(), // submit span -> venue it went to
       executed: new Set(),  // submit spans with an Execute started
       lastBin: 0,
@@ -93,20 +95,42 @@
     return A;
   }
 
+  // tally's helpers, apart from it: closures made per event were a good part of a cold
+  // load's garbage (20,000 events, bench/ui.py).
+  function venueOf(A, name) {
+    let v = A.venues.get(name);
+    if (!v) { v = { inflight: 0, ok: 0, failed: 0, cancelled: 0, submitted: 0 }; A.venues.set(name, v); }
+    return v;
+  }
+
+  function workerOf(A, name, vn) {
+    let w = A.workers.get(name);
+    if (!w) { w = perWorker(A, vn); A.workers.set(name, w); }
+    if (vn && !w.venue) w.venue = vn;
+    return w;
+  }
+
+  /** A flow node's name ("venue:" + name), made once per node, not per event. */
+  function nodeOf(A, prefix, name) {
+    let names = A.nodes.get(prefix);
+    if (!names) { names = new Map(); A.nodes.set(prefix, names); }
+    let node = names.get(name);
+    if (node === undefined) { node = prefix + name; names.set(name, node); }
+    return node;
+  }
+
+  /** Count one more move from node a to node b (a and b as "venue:x", "worker:y", ...);
+      the pair's key is made once per pair, not per event. */
+  function flowTo(A, a, b) {
+    let to = A.flowKeys.get(a);
+    if (!to) { to = new Map(); A.flowKeys.set(a, to); }
+    let key = to.get(b);
+    if (key === undefined) { key = a + "\u0000" + b; to.set(b, key); }
+    A.flows.set(key, (A.flows.get(key) || 0) + 1);
+  }
+
   function tally(A, r) {
     const t0 = A.t0, nb = A.nb, binMs = A.binMs;
-    const venue = (name) => {
-      let v = A.venues.get(name);
-      if (!v) { v = { inflight: 0, ok: 0, failed: 0, cancelled: 0, submitted: 0 }; A.venues.set(name, v); }
-      return v;
-    };
-    const worker = (name, vn) => {
-      let w = A.workers.get(name);
-      if (!w) { w = perWorker(A, vn); A.workers.set(name, w); }
-      if (vn && !w.venue) w.venue = vn;
-      return w;
-    };
-    const flow = (a, b) => { const key = a + "\u0000" + b; A.flows.set(key, (A.flows.get(key) || 0) + 1); };
     const name = r[F.NAME], phase = r[F.PHASE];
     const b = Math.max(0, Math.min(nb - 1, Math.floor((r[F.T] - t0) / binMs)));
     A.lastBin = b;
@@ -127,16 +151,16 @@
         const vn = r[F.VENUE] || "?";
         A.submitted++; A.dispatch[b]++;
         A.submitVenue.set(r[F.SPAN], vn);
-        const v = venue(vn); v.inflight++; v.submitted++;
-        flow("conductor", "venue:" + vn);
+        const v = venueOf(A, vn); v.inflight++; v.submitted++;
+        flowTo(A, "conductor", nodeOf(A, "venue:", vn));
       } else if (phase === "end") {
         const st = r[F.STATUS];
         const vn = A.submitVenue.get(r[F.SPAN]) || r[F.VENUE] || "?";
-        const v = venue(vn); v.inflight = Math.max(0, v.inflight - 1);
+        const v = venueOf(A, vn); v.inflight = Math.max(0, v.inflight - 1);
         if (st === "ok") { A.ok++; v.ok++; A.done[b]++; }
         else if (st === "cancelled") { A.cancelled++; v.cancelled++; A.failed[b]++; }
         else { if (st === "timeout") A.timeout++; else A.error++; v.failed++; A.failed[b]++; }
-        if (!A.executed.has(r[F.SPAN])) flow("venue:" + vn, "out:not run (" + st + ")");
+        if (!A.executed.has(r[F.SPAN])) flowTo(A, "venue:" + vn, "out:not run (" + st + ")");
         // What the run paid for the reply (the conductor's fair cost, in the Submit's end
         // columns): the run's own totals add these and its turns, never a worker's claim
         // on its Execute, nor a hedge's loser that ran on.
@@ -146,19 +170,19 @@
     } else if (name === "SubQuery.Retry" && phase === "instant") {
       const attrs = r[F.ATTRS] || {};
       if (attrs.venue && attrs.from_venue) {
-        const from = venue(attrs.from_venue), to = venue(attrs.venue);
+        const from = venueOf(A, attrs.from_venue), to = venueOf(A, attrs.venue);
         from.inflight = Math.max(0, from.inflight - 1); to.inflight++;
         A.submitVenue.set(r[F.PARENT], attrs.venue);
         A.dispatch[b]++;
-        flow("conductor", "venue:" + attrs.venue);
+        flowTo(A, "conductor", "venue:" + attrs.venue);
       }
     } else if (name === "SubQuery.Execute") {
       const wn = r[F.WORKER] || "?";
-      const w = worker(wn, r[F.VENUE]);
+      const w = workerOf(A, wn, r[F.VENUE]);
       if (phase === "start") {
         w.inflight++;
         A.executed.add(r[F.PARENT]);
-        flow("venue:" + (r[F.VENUE] || "?"), "worker:" + wn);
+        flowTo(A, nodeOf(A, "venue:", r[F.VENUE] || "?"), nodeOf(A, "worker:", wn));
       } else if (phase === "end") {
         w.inflight = Math.max(0, w.inflight - 1);
         w.calls++;
@@ -167,7 +191,7 @@
         if (r[F.MS] != null) { w.latSum[b] += r[F.MS]; }
         w.latN[b]++;
         if ((r[F.ATTRS] || {}).replayed) A.cache.hits++;
-        flow("worker:" + wn, "out:" + (st === "ok" ? "results back" : st));
+        flowTo(A, nodeOf(A, "worker:", wn), st === "ok" ? "out:results back" : nodeOf(A, "out:", st));
       }
     } else if (name === "Memory.CacheHit") {
       A.cache.hits++;
@@ -191,7 +215,7 @@
       R.paid += num(receipt.paid) || 0;  // what the reply earned: nothing if judged wrong
       const verdict = String(receipt.verdict || "no verdict");
       R.verdicts.set(verdict, (R.verdicts.get(verdict) || 0) + 1);
-      flow("worker:" + (r[F.WORKER] || receipt.worker || "?"), "out:receipts");
+      flowTo(A, nodeOf(A, "worker:", r[F.WORKER] || receipt.worker || "?"), "out:receipts");
     } else if (name.startsWith("Verify.")) {
       const V = A.verify, tier = String((r[F.ATTRS] || {}).tier || name.slice(7).toLowerCase());
       V.events++;

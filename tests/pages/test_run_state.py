@@ -202,6 +202,16 @@ def test_it_plays_a_finished_run_back_with_header_and_views_at_the_clock(page, w
     page.keyboard.press("End")
     wait(page, f"({AGREE})().status === 'succeeded'", what="the end")
     assert page.evaluate(AGREE)["subqueries"] == "8"
+    # The flow view's tally, counted again from the start after the seek back.
+    flows = page.evaluate(
+        "Object.fromEntries([...frlmMovie.A.flows]"
+        ".map(([k, n]) => [k.replace('\\u0000', ' > '), n]))"
+    )
+    assert flows == {
+        "conductor > venue:edge": 8,
+        "venue:edge > worker:w-state-2": 8,
+        "worker:w-state-2 > out:results back": 8,
+    }
     assert page.locator("path[d*='NaN']").count() == 0
     assert not console, console
 
