@@ -375,8 +375,8 @@
       }
       this.updateHeader(t);
       if (rowsChanged) {
-        this.setText(this.counts, `${T.events.length.toLocaleString()} events · ${T.spans.size.toLocaleString()} spans`);
-        this.setText(this.wfInfo, `${(this.rows || []).length.toLocaleString()} shown`);
+        this.setText(this.counts, `${FRLM.fmtCount(T.events.length)} events · ${FRLM.fmtCount(T.spans.size)} spans`);
+        this.setText(this.wfInfo, `${FRLM.fmtCount((this.rows || []).length)} shown`);
       }
     }
 
@@ -405,9 +405,9 @@
       this.lastHeader = key;
       const set = (name, text) => this.setText(document.querySelector(`[data-metric=${name}]`), text);
       set("wall", FRLM.fmtMs(wallMs));
-      set("subqueries", D ? settled.toLocaleString() + (failed ? ` (${failed.toLocaleString()} failed)` : "") : `${settled.toLocaleString()}/${A.submitted.toLocaleString()}`);
-      set("turns", A.turns.toLocaleString());
-      set("tokens", `${Math.round(tin).toLocaleString()} / ${Math.round(tout).toLocaleString()}`);
+      set("subqueries", D ? FRLM.fmtCount(settled) + (failed ? ` (${FRLM.fmtCount(failed)} failed)` : "") : `${FRLM.fmtCount(settled)}/${FRLM.fmtCount(A.submitted)}`);
+      set("turns", FRLM.fmtCount(A.turns));
+      set("tokens", `${FRLM.fmtCount(Math.round(tin))} / ${FRLM.fmtCount(Math.round(tout))}`);
       set("cost", "$" + cost.toFixed(4));
       const pill = document.getElementById("run-status");
       if (pill && pill.dataset.status !== A.status) {
@@ -440,7 +440,7 @@
       };
       const R = A.receipts, V = A.verify;
       const verdicts = [...R.verdicts].map(([v, n]) => `${n} ${v}`).join(" · ");
-      set("receipts", R.count ? R.count.toLocaleString() : "none");
+      set("receipts", R.count ? FRLM.fmtCount(R.count) : "none");
       const paid = R.count ? `$${R.paid.toFixed(4)} paid${verdicts ? " · " + verdicts : ""}` : "";
       set("receipt-detail", paid, paid);
       if (!V.events) {

@@ -19,7 +19,7 @@
   }
 
   function money(v) { return v == null ? null : "$" + Number(v).toFixed(6); }
-  function count(v) { return v == null ? null : Number(v).toLocaleString(); }
+  function count(v) { return v == null ? null : FRLM.fmtCount(Number(v)); }
 
   /** An attribute's value: a scalar as text, a small object or list as a nested table,
       anything deeper as wrapped JSON in a box that scrolls (never wider than the panel). */
@@ -123,7 +123,7 @@
       this.current = b;
       const sum = b.summary || FRLM.WaterfallRows.batchSummary(b, this.movie.trace.events.length);
       const head = el("div", "detail-head");
-      head.append(el("span", "span-name", `batch ${b.number}`), el("span", "muted", `${sum.count.toLocaleString()} sub-queries`));
+      head.append(el("span", "span-name", `batch ${b.number}`), el("span", "muted", `${FRLM.fmtCount(sum.count)} sub-queries`));
       const workers = new Map();
       for (const s of b.members) for (const kid of s.kids) if (kid.worker) workers.set(kid.worker, (workers.get(kid.worker) || 0) + 1);
       const names = FRLM.workers;
@@ -221,7 +221,7 @@
       overview.classList.add("overview");
       const out = [head, nav, jumps, overview];
       const attrs = Object.entries(d.attrs || {}).filter(([k, v]) => v !== null && !(sq && k === "routing"));
-      if (attrs.length) out.push(this._section("attributes", "Attributes", table(attrs.sort((a, b) => a[0].localeCompare(b[0])), 0)));
+      if (attrs.length) out.push(this._section("attributes", "Attributes", table(attrs.sort((a, b) => FRLM.byText(a[0], b[0])), 0)));
       for (const p of PARTS) if (parts[p]) out.push(parts[p]);
       if (sq && sq.attempts.length) out.push(this._section("attempts", "Attempts", this._attempts(sq.attempts)));
       if (sq && sq.budget.length) out.push(this._section("budget", "Budget", this._instants(sq.budget)));
@@ -236,7 +236,7 @@
       const text = (label, payload, cls) => {
         const box = el("div", "payload");
         const h = el("div", "payload-head");
-        h.append(el("span", "muted small", `${payload.chars.toLocaleString()} chars${payload.truncated ? " (first " + payload.text.length.toLocaleString() + " shown)" : ""}`));
+        h.append(el("span", "muted small", `${FRLM.fmtCount(payload.chars)} chars${payload.truncated ? " (first " + FRLM.fmtCount(payload.text.length) + " shown)" : ""}`));
         box.append(h, el("pre", "payload-text " + cls, payload.text == null ? "(not in the blob store)" : payload.text));
         return box;
       };
@@ -258,7 +258,7 @@
       if (sq && sq.verdicts.length) parts.verdicts = this._section("verdicts", "Verdicts", this._instants(sq.verdicts));
       if (sq && sq.receipts.length) {
         const box = el("div");
-        for (const rc of sq.receipts) box.append(table(Object.entries(rc.attrs).sort((a, b) => a[0].localeCompare(b[0])), 0));
+        for (const rc of sq.receipts) box.append(table(Object.entries(rc.attrs).sort((a, b) => FRLM.byText(a[0], b[0])), 0));
         parts.receipt = this._section("receipt", sq.receipts.length > 1 ? `Receipts (${sq.receipts.length})` : "Receipt", box);
       }
       return parts;

@@ -384,7 +384,7 @@
             font: { size: 10, color: B.alerts.length || B.refused ? C.err : B.events ? C.gold : C.muted },
           },
           {
-            text: `${A.ok + A.error + A.timeout + A.cancelled}/${A.submitted} settled · tokens ${(A.tin + A.tout).toLocaleString()} · cost $${A.cost.toFixed(4)}`
+            text: `${A.ok + A.error + A.timeout + A.cancelled}/${A.submitted} settled · tokens ${FRLM.fmtCount(A.tin + A.tout)} · cost $${A.cost.toFixed(4)}`
               + (A.cache.hits + A.cache.misses ? `<br>cache ${A.cache.hits} hit${A.cache.hits === 1 ? "" : "s"}, ${A.cache.misses} miss${A.cache.misses === 1 ? "" : "es"}` : ""),
             xref: "paper", yref: "paper", x: 1, y: 0.57, xanchor: "right", yanchor: "bottom", showarrow: false,
             font: { size: 10, color: C.fg },
@@ -443,9 +443,9 @@
       const cols = [[], [], [], []];
       for (const n of nodes.values()) { n.v = Math.max(n.vin, n.vout, 1); cols[n.col].push(n); }
       const ORDER = { "results back": 0, receipts: 1 };
-      cols[1].sort((x, y) => x.name.localeCompare(y.name));
-      cols[2].sort((x, y) => x.name.localeCompare(y.name));
-      cols[3].sort((x, y) => (ORDER[x.name] ?? 2) - (ORDER[y.name] ?? 2) || x.name.localeCompare(y.name));
+      cols[1].sort((x, y) => FRLM.byText(x.name, y.name));
+      cols[2].sort((x, y) => FRLM.byText(x.name, y.name));
+      cols[3].sort((x, y) => (ORDER[x.name] ?? 2) - (ORDER[y.name] ?? 2) || FRLM.byText(x.name, y.name));
       const PAD = 4, NODE_W = 8, TOP = 4, LABEL_W = 92;
       const usable = H - 2 * TOP;
       const scale = Math.min(...cols.filter((c) => c.length).map((c) => (usable - PAD * (c.length - 1)) / c.reduce((t, n) => t + n.v, 0)));
@@ -466,7 +466,7 @@
         l.a.outOff += w; l.b.inOff += w;
         const x0 = l.a.x + NODE_W, x1 = l.b.x, xm = (x0 + x1) / 2;
         const path = mk("path", { d: `M${x0.toFixed(1)},${y0.toFixed(1)}C${xm.toFixed(1)},${y0.toFixed(1)} ${xm.toFixed(1)},${y1.toFixed(1)} ${x1.toFixed(1)},${y1.toFixed(1)}`, stroke: l.b.kind === "out" ? outColor(l.b.name) : "#8b949e", "stroke-width": w.toFixed(1), "stroke-opacity": l.b.kind === "out" ? 0.35 : 0.25, fill: "none" });
-        path.append(mk("title", {}, `${l.a.name} → ${l.b.name}: ${l.v.toLocaleString()}`));
+        path.append(mk("title", {}, `${l.a.name} → ${l.b.name}: ${FRLM.fmtCount(l.v)}`));
         g.append(path);
       }
       svg.append(g);
@@ -475,7 +475,7 @@
         const group = mk("g", { class: "node" });
         const shown = n.kind === "worker" ? wname(n.name) : n.name;
         const who = n.kind === "worker" ? `${shown} (${wtitle(n.name)})` : n.name;
-        group.append(mk("title", {}, `${n.kind === "out" ? "" : n.kind + " "}${who}: ${n.vin.toLocaleString()} in · ${n.vout.toLocaleString()} out`));
+        group.append(mk("title", {}, `${n.kind === "out" ? "" : n.kind + " "}${who}: ${FRLM.fmtCount(n.vin)} in · ${FRLM.fmtCount(n.vout)} out`));
         group.append(mk("rect", { x: n.x, y: n.y.toFixed(1), width: NODE_W, height: n.h.toFixed(1), fill: color(n) }));
         svg.append(group);
         if (n.h < 9 && nodes.size > 6) continue;  // too thin to label without overlapping
@@ -492,7 +492,7 @@
     /** Heat: latency (left) and error rate (right) per worker over time, side by side on
         one worker axis. */
     heat(A, xs, cx, xEnd) {
-      const names = [...A.workers.keys()].sort((a, b) => String(wname(a)).localeCompare(String(wname(b))));
+      const names = [...A.workers.keys()].sort((a, b) => FRLM.byText(String(wname(a)), String(wname(b))));
       const shown = names.map((id) => esc(wname(id)));
       const lat = [], err = [];
       for (const name of names) {

@@ -39,9 +39,9 @@
 
   /** A batch's summary in one line: "118 done · 2 failed · 3 open · p50 1.2 s · p95 3.4 s · $0.0123". */
   function batchText(sum) {
-    const parts = [sum.done.toLocaleString() + " done"];
-    if (sum.failed) parts.push(sum.failed.toLocaleString() + " failed");
-    if (sum.open) parts.push(sum.open.toLocaleString() + " open");
+    const parts = [FRLM.fmtCount(sum.done) + " done"];
+    if (sum.failed) parts.push(FRLM.fmtCount(sum.failed) + " failed");
+    if (sum.open) parts.push(FRLM.fmtCount(sum.open) + " open");
     if (sum.p50 != null) parts.push("p50 " + fmtMs(sum.p50), "p95 " + fmtMs(sum.p95));
     if (sum.cost) parts.push("$" + sum.cost.toFixed(4));
     return parts.join(" · ");
@@ -158,7 +158,7 @@
       const fill = (sel, values, text, title) => {
         if (!renamed && sel.options.length === values.size + 1) return;
         const current = sel.value;
-        const opts = [...values].map((v) => [v, text(v)]).sort((a, b) => a[1].localeCompare(b[1]));
+        const opts = [...values].map((v) => [v, text(v)]).sort((a, b) => FRLM.byText(a[1], b[1]));
         sel.replaceChildren(sel.options[0]);
         for (const [v, t] of opts) { const o = new Option(t, v); if (title) o.title = title(v); sel.append(o); }
         sel.value = current;
@@ -176,8 +176,8 @@
       this.pinned = out.pinned;
       this.matched = out.matched;
       const text = out.matched == null
-        ? (out.rows.length === out.total ? "" : `${out.rows.length.toLocaleString()} rows · ${out.total.toLocaleString()} spans`)
-        : `${out.matched.toLocaleString()} of ${out.total.toLocaleString()} spans match`;
+        ? (out.rows.length === out.total ? "" : `${FRLM.fmtCount(out.rows.length)} rows · ${FRLM.fmtCount(out.total)} spans`)
+        : `${FRLM.fmtCount(out.matched)} of ${FRLM.fmtCount(out.total)} spans match`;
       if (this.countEl.textContent !== text) this.countEl.textContent = text;
       this.el.dataset.shown = String(this.rows.length);
     }
@@ -267,7 +267,7 @@
         ax.fillText(fmtMs(t - origin), x + 3, axisH / 2 - 1);
       }
       ax.fillStyle = "#7d8896";
-      ax.fillText(this.source.length.toLocaleString() + " spans" + (this.zoom ? "  · zoomed (double-click: fit)" : ""), 6, axisH / 2);
+      ax.fillText(FRLM.fmtCount(this.source.length) + " spans" + (this.zoom ? "  · zoomed (double-click: fit)" : ""), 6, axisH / 2);
 
       // rows in view: the canvas sticks to the top of the scroller; the spacer under it
       // makes up the rest of the rows' height.
@@ -422,7 +422,7 @@
       ctx.fillStyle = "#e6edf3";
       ctx.save();
       ctx.beginPath(); ctx.rect(0, y, labelW, rowH); ctx.clip();
-      ctx.fillText(`batch ${b.number} · ${sum.count.toLocaleString()} sub-queries`, indent + 10, y + rowH / 2);
+      ctx.fillText(`batch ${b.number} · ${FRLM.fmtCount(sum.count)} sub-queries`, indent + 10, y + rowH / 2);
       ctx.restore();
       const x0 = this.x(b.t0, w);
       const end = sum.t1 != null ? sum.t1 : (cursor != null ? cursor : this.view.tEnd);

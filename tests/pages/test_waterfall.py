@@ -241,6 +241,16 @@ def test_it_narrows_a_2000_span_waterfall_by_search_and_filters(page, web, staff
     page.select_option("#waterfall .wf-venue", "edge")
     assert shown() == 2000
     shot(page, "22-waterfall-filtered-venue")
+    # The page writes counts and orders names without the browser's ICU (its first use
+    # cost a cold load 25-45 ms): the same text as the browser's own English, and an order
+    # that folds case.
+    differ = page.evaluate(
+        """() => [0, 7, 999, 1000, 2003, 12345, -1234, 1234567, 1234.5, 98765432.125, NaN]
+            .filter(n => FRLM.fmtCount(n) !== n.toLocaleString('en-US'))"""
+    )
+    assert differ == []
+    names = page.evaluate("['edge-b', 'Edge-a', 'local', 'datacenter'].sort(FRLM.byText)")
+    assert names == ["datacenter", "Edge-a", "edge-b", "local"]
 
 
 def test_it_folds_a_batch_into_one_row_that_opens(page, web, staff, venues):
