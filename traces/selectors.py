@@ -18,13 +18,12 @@ def _runs_query(run_ids: list[str], sql: str, params: list[Any] | None = None) -
     files = [str(p) for run_id in run_ids for p in sorted(store.run_dir(run_id).glob("*.parquet"))]
     if not files:
         return []
+    con = store._connection()  # this thread's, to the process's one database
     for attempt in range(2):
-        con = duckdb.connect()
         try:
             # The file list comes from our own globs of checked run ids, never user text.
-            con.execute(
-                f"CREATE VIEW ev AS SELECT * FROM read_parquet({files!r}, union_by_name=true)"  # noqa: S608
-            )
+            view = f"SELECT * FROM read_parquet({files!r}, union_by_name=true)"  # noqa: S608
+            con.execute(f"CREATE OR REPLACE TEMP VIEW ev AS {view}")
             table = con.sql(sql, params=params or None).to_arrow_table()
             return table.to_pylist()
         except duckdb.IOException:
@@ -36,8 +35,6 @@ def _runs_query(run_ids: list[str], sql: str, params: list[Any] | None = None) -
                 for run_id in run_ids
                 for p in sorted(store.run_dir(run_id).glob("*.parquet"))
             ]
-        finally:
-            con.close()
     return []
 
 
@@ -145,9 +142,20 @@ def runs_events(run_ids: list[str], names: list[str]) -> list[dict[str, Any]]:
     return rows
 
 
+WORKERS_CACHE = "worker-ids.json"
+
+
 def run_worker_ids(run_id: str) -> list[str]:
-    """The workers that appear in one run's trace, for naming them on its page."""
+    """The workers that appear in one run's trace, for naming them on its page: kept beside
+    its segments (store.read_beside) for the next page load, which then reads a small file
+    instead of querying every segment (a third of the run page's 24 ms)."""
+    key, cached = store.read_beside(run_id, WORKERS_CACHE)
+    if cached is not None:
+        return json.loads(cached)
     rows = store._query(
         run_id, "SELECT DISTINCT worker_id FROM ev WHERE worker_id IS NOT NULL ORDER BY 1"
     )
-    return [row["worker_id"] for row in rows]
+    ids = [row["worker_id"] for row in rows]
+    if key:
+        store.write_beside(run_id, WORKERS_CACHE, key, json.dumps(ids).encode())
+    return ids

@@ -107,3 +107,33 @@ def test_a_cancelled_execution_is_not_a_workers_error(stack, settings, tmp_path)
         assert (activity["w2"]["calls"], activity["w2"]["errors"]) == (4, 1)
     finally:
         client.flushdb()
+
+
+def test_a_runs_workers_are_kept_beside_it_until_another_segment_comes(stack, settings, tmp_path):
+    """The run page names the run's workers from a file beside its segments; an event
+    stored later (a worker that ended after the run) makes that file stale."""
+    from traces.selectors import WORKERS_CACHE, run_worker_ids
+
+    settings.FRLM_TRACE_DIR = tmp_path / "traces"
+    client = redis.Redis.from_url(stack.redis_url.rsplit("/", 1)[0] + "/6")
+    client.flushdb()
+    recorder = Recorder(client)
+    recorder.ensure_group()
+    conductor = Emitter(client, "rW")
+    run = conductor.start("Run.Init")
+    submit = conductor.start("SubQuery.Submit", parent=run.span_id, venue="edge")
+    Emitter(client, "rW", venue="edge", worker_id="w-b").instant("Env.LoadFragment")
+    Emitter(client, "rW", venue="edge", worker_id="w-a").instant("Env.LoadFragment")
+    recorder.step()
+    try:
+        assert run_worker_ids("rW") == ["w-a", "w-b"]
+        cache = store.run_dir("rW") / WORKERS_CACHE
+        assert cache.exists()
+        cache.write_bytes(cache.read_bytes().replace(b'"w-a"', b'"w-kept"'))
+        assert run_worker_ids("rW") == ["w-kept", "w-b"]  # read from the file
+        Emitter(client, "rW", venue="edge", worker_id="w-c").instant("Env.LoadFragment")
+        submit.end("ok")
+        recorder.step()
+        assert run_worker_ids("rW") == ["w-a", "w-b", "w-c"]
+    finally:
+        client.flushdb()
