@@ -14,7 +14,12 @@ run page         from navigation to the run page of a 10,000-span run: the heade
                  browser's HTTP cache off: a cold load either way; the routed page costs
                  "before" a little extra); warm loads of the page as it is served. Also the
                  page's own marks, median of the cold loads: the trace parsed, indexed, the
-                 first frame, Plotly run, and each view's first draw
+                 first frame, Plotly run, and each view's first draw. With
+                 --scripts-from DIR, "before" is instead the page's own scripts
+                 (static/frlm/*.js) as DIR has them, a checkout of another commit, and
+                 "now" those of this checkout, both put in place by the routing: a change
+                 to the page's code measured side by side in one run, the loads
+                 alternated (cold loads here vary by ±70 ms from one minute to the next)
 live latency     from an event's emission to its appearance in the page at 2,000 events/s
                  (target p95 < 100 ms): the waterfall frame that draws the event's span,
                  scrolled into view, has been painted. The page follows the newest spans (the
@@ -179,6 +184,26 @@ FULL_PLOTLY = os.path.join(os.path.dirname(plotly.__file__), "package_data", "pl
 PLOTLY_TAG = re.compile(r'<meta name="frlm-plotly" content="(/vendor/[^"]+)" id="plotly-js">')
 
 
+SCRIPTS = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "static", "frlm"
+)
+
+
+def route_scripts(context, directory: str) -> None:
+    """Serve the page's own scripts (static/frlm/*.js) from `directory`."""
+    for name in sorted(os.listdir(directory)):
+        if not name.endswith(".js"):
+            continue
+        with open(os.path.join(directory, name), "rb") as f:
+            body = f.read()
+        context.route(
+            f"**/static/frlm/{name}",
+            lambda route, request=None, body=body: route.fulfill(
+                body=body, headers={"Content-Type": "text/javascript"}
+            ),
+        )
+
+
 def route_delivery(context, run_id: str, before: bool) -> None:
     """Route the run page (and Plotly) through the browser's request routing: as served
     ("now"), or with the full bundle, plain and deferred, as the page loaded it before."""
@@ -248,13 +273,20 @@ def time_load(page, run_id: str) -> tuple[float, float, dict[str, float]]:
     )
 
 
-def time_cold(browser, base: str, cookie: dict, run_id: str, before: bool, loads: int) -> list:
-    """Loads each in a fresh context (an empty cache), routed as `before` says."""
+def time_cold(
+    browser, base: str, cookie: dict, run_id: str, before: bool, loads: int, scripts_from: str
+) -> list:
+    """Loads each in a fresh context (an empty cache), routed as `before` says: with
+    `scripts_from`, the page's scripts from there (before) or from this checkout (now)."""
     times = []
     for _ in range(loads):
         context = browser.new_context(viewport={"width": 1600, "height": 1000}, base_url=base)
         context.add_cookies([cookie])
-        if before:  # "now" is the page as served: no routing, so a truly cold cache
+        if scripts_from:
+            route_scripts(
+                context, os.path.join(scripts_from, "static", "frlm") if before else SCRIPTS
+            )
+        elif before:  # "now" is the page as served: no routing, so a truly cold cache
             route_delivery(context, run_id, before)
         times.append(time_load(context.new_page(), run_id))
         context.close()
@@ -334,7 +366,15 @@ def main() -> None:
     parser.add_argument(
         "--quick", action="store_true", help="2,000 spans, 3 s live, 2 loads: a few minutes"
     )
+    parser.add_argument(
+        "--scripts-from",
+        metavar="DIR",
+        default="",
+        help="a checkout (git worktree add DIR REV) whose static/frlm scripts are 'before'",
+    )
     args = parser.parse_args()
+    if args.scripts_from and not os.path.isdir(os.path.join(args.scripts_from, "static", "frlm")):
+        parser.error(f"--scripts-from {args.scripts_from}: no static/frlm there; give a checkout")
     if args.quick:
         args.spans, args.seconds, args.loads = min(args.spans, 2000), 3.0, 2
     stop_on_signals()
@@ -395,8 +435,8 @@ def main() -> None:
             # Cold, the two deliveries alternated so that the machine's load falls on both.
             cold_now, cold_before = [], []
             for _ in range(args.loads):
-                cold_now += time_cold(browser, base, cookie, big.id, False, 1)
-                cold_before += time_cold(browser, base, cookie, big.id, True, 1)
+                cold_now += time_cold(browser, base, cookie, big.id, False, 1, args.scripts_from)
+                cold_before += time_cold(browser, base, cookie, big.id, True, 1, args.scripts_from)
             shown = page.evaluate("frlmMovie.trace.spans.size")
             scroll_start = time.perf_counter()
             page.evaluate(
@@ -434,6 +474,13 @@ def main() -> None:
         return values[min(len(values) - 1, int(p * len(values)))] if values else float("nan")
 
     print(f"run page of {spans_stored:,} spans ({emitted:,} events), {shown:,} spans on the page")
+    if args.scripts_from:
+        print(
+            f"  before: the page's scripts of {args.scripts_from}; now: this checkout's"
+            " (both routed)"
+        )
+    else:
+        print("  before: Plotly's full bundle, plain and deferred; now: the page as served")
 
     def line(label: str, times: list, which: int, target: str = "") -> None:
         values = [t[which] for t in times]
