@@ -184,13 +184,12 @@ FULL_PLOTLY = os.path.join(os.path.dirname(plotly.__file__), "package_data", "pl
 PLOTLY_TAG = re.compile(r'<meta name="frlm-plotly" content="(/vendor/[^"]+)" id="plotly-js">')
 
 
-SCRIPTS = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "static", "frlm"
-)
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def route_scripts(context, directory: str) -> None:
-    """Serve the page's own scripts (static/frlm/*.js) from `directory`."""
+def route_scripts(context, checkout: str) -> None:
+    """Serve the page's own scripts (static/frlm/*.js) from `checkout`."""
+    directory = os.path.join(checkout, "static", "frlm")
     for name in sorted(os.listdir(directory)):
         if not name.endswith(".js"):
             continue
@@ -283,9 +282,7 @@ def time_cold(
         context = browser.new_context(viewport={"width": 1600, "height": 1000}, base_url=base)
         context.add_cookies([cookie])
         if scripts_from:
-            route_scripts(
-                context, os.path.join(scripts_from, "static", "frlm") if before else SCRIPTS
-            )
+            route_scripts(context, scripts_from if before else CHECKOUT)
         elif before:  # "now" is the page as served: no routing, so a truly cold cache
             route_delivery(context, run_id, before)
         times.append(time_load(context.new_page(), run_id))

@@ -160,7 +160,7 @@
         if (st === "ok") { A.ok++; v.ok++; A.done[b]++; }
         else if (st === "cancelled") { A.cancelled++; v.cancelled++; A.failed[b]++; }
         else { if (st === "timeout") A.timeout++; else A.error++; v.failed++; A.failed[b]++; }
-        if (!A.executed.has(r[F.SPAN])) flowTo(A, "venue:" + vn, "out:not run (" + st + ")");
+        if (!A.executed.has(r[F.SPAN])) flowTo(A, nodeOf(A, "venue:", vn), "out:not run (" + st + ")");
         // What the run paid for the reply (the conductor's fair cost, in the Submit's end
         // columns): the run's own totals add these and its turns, never a worker's claim
         // on its Execute, nor a hedge's loser that ran on.
@@ -174,7 +174,7 @@
         from.inflight = Math.max(0, from.inflight - 1); to.inflight++;
         A.submitVenue.set(r[F.PARENT], attrs.venue);
         A.dispatch[b]++;
-        flowTo(A, "conductor", "venue:" + attrs.venue);
+        flowTo(A, "conductor", nodeOf(A, "venue:", attrs.venue));
       }
     } else if (name === "SubQuery.Execute") {
       const wn = r[F.WORKER] || "?";
