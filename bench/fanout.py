@@ -14,7 +14,8 @@ model server from W threads, with no FRLM, Celery or tracing at all.
 `--bundle-max 1,16` runs each try once with each value of policy.bundle_max, in turn, so
 sending every job alone and bundling a trusted worker's jobs are measured side by side.
 `--consumer celery,frlm` does the same for the venue workers' consumer (frlm_worker
---consumer): the stack then holds a local and an edge venue per consumer (`local-celery`,
+--consumer; `frlm-threads` is FRLM's consumer with a thread per slot instead of one event
+loop): the stack then holds a local and an edge venue per consumer (`local-celery`,
 `edge-frlm`...), and each try runs the batch on each pair in turn; the stack's CPU then
 includes the idle pair's, which is small and falls on both.
 `--collector frozen,python` starts a stack per setting of the processes' cycle collector
@@ -155,7 +156,8 @@ def main() -> None:
     parser.add_argument(
         "--consumer",
         default="",
-        help="comma-separated consumers of the venue workers, e.g. celery,frlm: each try runs "
+        help="comma-separated consumers of the venue workers, e.g. celery,frlm or "
+        "frlm,frlm-threads: each try runs "
         "on each in turn, side by side; default: FRLM_WORKER_CONSUMER",
     )
     parser.add_argument(
@@ -189,8 +191,8 @@ def main() -> None:
         parser.error("--collector takes frozen and/or python, e.g. frozen,python")
 
     consumers = [c for c in args.consumer.split(",") if c] or [""]
-    if any(c not in ("", "celery", "frlm") for c in consumers):
-        parser.error("--consumer takes celery and/or frlm, e.g. celery,frlm")
+    if any(c not in ("", "celery", "frlm", "frlm-threads") for c in consumers):
+        parser.error("--consumer takes celery, frlm and/or frlm-threads, e.g. frlm,frlm-threads")
 
     sim = {"latency_ms": args.latency_ms, "spread": 0}
     half = args.slots // 2
@@ -259,7 +261,7 @@ def main() -> None:
         consumer = venue.consumer or settings.FRLM_WORKER_CONSUMER
         holds = (
             "takes jobs only for free slots"
-            if consumer == "frlm"
+            if consumer.startswith("frlm")
             else f"prefetches {prefetch} job(s) per slot"
         )
         print(

@@ -237,13 +237,18 @@ if FRLM_MODEL_TRANSPORT not in {"kept-alive", "httpx"}:
 # Celery messages a venue worker holds per slot (its prefetch multiplier).
 FRLM_WORKER_PREFETCH = envint("FRLM_WORKER_PREFETCH", 2)
 # Whose loop takes a broker worker's jobs (frlm_worker --consumer): FRLM's own
-# (workers/consumer.py: less CPU per job, nothing held beyond free slots), or Celery's,
-# the default while FRLM_CELERY_EVENTS is on, since only Celery's sends Flower task events.
+# (workers/consumer.py: less CPU per job, nothing held beyond free slots; its slots are
+# tasks of an event loop, workers/aslots.py, or with frlm-threads a thread each), or
+# Celery's, the default while FRLM_CELERY_EVENTS is on, since only Celery's sends Flower
+# task events.
 FRLM_WORKER_CONSUMER = os.environ.get("FRLM_WORKER_CONSUMER") or (
     "celery" if FRLM_CELERY_EVENTS else "frlm"
 )
-if FRLM_WORKER_CONSUMER not in {"celery", "frlm"}:
-    raise ValueError(f"FRLM_WORKER_CONSUMER={FRLM_WORKER_CONSUMER!r}: use frlm or celery")
+WORKER_CONSUMERS = ("frlm", "frlm-threads", "celery")
+if FRLM_WORKER_CONSUMER not in WORKER_CONSUMERS:
+    raise ValueError(
+        f"FRLM_WORKER_CONSUMER={FRLM_WORKER_CONSUMER!r}: use {', '.join(WORKER_CONSUMERS)}"
+    )
 # A gateway worker's work buffer: jobs it holds beyond its slots, as a share of them (at
 # least one when above 0; 0: it holds one job per slot). workers/gateway/protocol.py.
 FRLM_GATEWAY_BUFFER = envfloat("FRLM_GATEWAY_BUFFER", 0.5)

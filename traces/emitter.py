@@ -93,6 +93,22 @@ def track_args(events: list[Event]) -> list[str | bytes]:
     return args
 
 
+def tracing() -> bool:
+    """Whether events are sent: off only to measure what tracing costs (bench/), and a run
+    without events has no trace."""
+    return os.environ.get("FRLM_TRACE_EVENTS", "1") != "0"
+
+
+def append(events: list[Event], client: redis.Redis | redis.client.Pipeline) -> None:
+    """Append events of any runs to the stream now, or queue them on a pipeline."""
+    if events and tracing():
+        _append(events, client)
+
+
+def _append(events: list[Event], client: redis.Redis | redis.client.Pipeline) -> None:
+    _APPEND_SCRIPT(keys=[], args=append_args(events), client=client)
+
+
 def new_id() -> str:
     """16 random hex digits (64 bits; a uuid4's first 16 digits held 60 and cost more)."""
     return os.urandom(8).hex()
@@ -169,8 +185,7 @@ class Emitter:
         self.venue = venue
         self.worker_id = worker_id
         self._held: list[Event] | None = None
-        # Off only to measure what tracing costs (bench/): a run without events has no trace.
-        self.enabled = os.environ.get("FRLM_TRACE_EVENTS", "1") != "0"
+        self.enabled = tracing()
 
     def build(
         self,
@@ -243,9 +258,7 @@ class Emitter:
                 client=self.client if pipe is None else pipe,
             )
             return
-        _APPEND_SCRIPT(
-            keys=[], args=append_args(events), client=self.client if pipe is None else pipe
-        )
+        _append(events, self.client if pipe is None else pipe)
 
     @contextmanager
     def batch(self, pipe: redis.client.Pipeline | None = None) -> Iterator[None]:

@@ -17,6 +17,7 @@ back to httpx's transport everywhere."""
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import ssl
 import threading
@@ -26,6 +27,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from workers import http11
+from workers.ahttp11 import AsyncConnection
 
 
 def _timeouts(request: httpx.Request) -> tuple[float | None, float | None]:
@@ -62,7 +64,7 @@ class KeptAliveTransport(httpx.BaseTransport):
         return pool
 
     def _connection(self, url: httpx.URL) -> http11.Connection:
-        key = (url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80))
+        key = _endpoint(url)
         pool = self._pool()
         conn = pool.get(key)
         if conn is None:
@@ -73,8 +75,7 @@ class KeptAliveTransport(httpx.BaseTransport):
         return conn
 
     def _drop(self, url: httpx.URL) -> None:
-        key = (url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80))
-        conn = self._pool().pop(key, None)
+        conn = self._pool().pop(_endpoint(url), None)
         if conn is not None:
             conn.close()
             with self._lock:
@@ -92,37 +93,105 @@ class KeptAliveTransport(httpx.BaseTransport):
                 if conn.sock is None:
                     conn.open(connect_s)
                 reply = conn.exchange(request.method, target, request.headers.raw, body, read_s)
-            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
+            except _FAILURES as exc:
+                connected = conn.sock is not None
                 self._drop(url)
-                if reused:
+                if reused and isinstance(exc, _IDLE_CLOSED):
                     continue  # the server closed the idle connection: open it again, once
-                raise httpx.RemoteProtocolError(
-                    str(exc) or type(exc).__name__, request=request
-                ) from exc
-            except TimeoutError as exc:
-                connected = conn.sock is not None
-                self._drop(url)
-                kind = httpx.ReadTimeout if connected else httpx.ConnectTimeout
-                raise kind(str(exc) or "timed out", request=request) from exc
-            except (OSError, http.client.HTTPException) as exc:
-                connected = conn.sock is not None
-                self._drop(url)
-                kind = httpx.ReadError if connected else httpx.ConnectError
-                raise kind(str(exc) or type(exc).__name__, request=request) from exc
+                raise _failure(exc, request, connected) from exc
             if reply.will_close:
                 self._drop(url)
-            return httpx.Response(
-                reply.status,
-                headers=reply.headers,
-                stream=httpx.ByteStream(reply.content),
-                extensions={"http_version": b"HTTP/1.1"},
-                request=request,
-            )
+            return _response(reply, request)
         raise AssertionError("unreachable")  # the loop returns or raises
 
     def close(self) -> None:
         with self._lock:
             conns, self._all = self._all, set()
+        for conn in conns:
+            conn.close()
+
+
+# A request on a kept connection that the server had closed while it was idle.
+_IDLE_CLOSED = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
+_FAILURES = (OSError, http.client.HTTPException)  # TimeoutError is an OSError
+
+
+def _failure(exc: BaseException, request: httpx.Request, connected: bool) -> httpx.HTTPError:
+    """The httpx error the SDK maps for a failed exchange: a broken or refused connection,
+    a timeout, a reply that is not HTTP."""
+    if isinstance(exc, _IDLE_CLOSED):
+        return httpx.RemoteProtocolError(str(exc) or type(exc).__name__, request=request)
+    if isinstance(exc, TimeoutError):
+        kind = httpx.ReadTimeout if connected else httpx.ConnectTimeout
+        return kind(str(exc) or "timed out", request=request)
+    kind = httpx.ReadError if connected else httpx.ConnectError
+    return kind(str(exc) or type(exc).__name__, request=request)
+
+
+def _response(reply: http11.Reply, request: httpx.Request) -> httpx.Response:
+    return httpx.Response(
+        reply.status,
+        headers=reply.headers,
+        stream=httpx.ByteStream(reply.content),
+        extensions={"http_version": b"HTTP/1.1"},
+        request=request,
+    )
+
+
+def _endpoint(url: httpx.URL) -> tuple[str, str, int]:
+    return (url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80))
+
+
+class AsyncKeptAliveTransport(httpx.AsyncBaseTransport):
+    """The same for an asyncio worker (workers/aslots.py): its connections, kept alive
+    between requests, are shared by the loop's tasks, one request at a time each; a task
+    takes an idle one or opens another. Bound to the event loop that first uses it."""
+
+    def __init__(self) -> None:
+        self._idle: dict[tuple[str, str, int], list[AsyncConnection]] = {}
+        self._all: set[AsyncConnection] = set()
+        self._context: ssl.SSLContext | None = None
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        connect_s, read_s = _timeouts(request)
+        url = request.url
+        key = _endpoint(url)
+        target = url.raw_path.decode("ascii")
+        body = await request.aread()
+        for fresh in (False, True):
+            idle = self._idle.setdefault(key, [])
+            if idle and not fresh:
+                conn, reused = idle.pop(), True
+            else:
+                if self._context is None and url.scheme == "https":
+                    self._context = httpx.create_ssl_context()
+                conn, reused = AsyncConnection(url.host, key[2], self._context), False
+                self._all.add(conn)
+            try:
+                if not conn.open_:
+                    await conn.open(connect_s)
+                reply = await conn.exchange(
+                    request.method, target, request.headers.raw, body, read_s
+                )
+            except (*_FAILURES, asyncio.CancelledError) as exc:
+                connected = conn.open_
+                conn.close()
+                self._all.discard(conn)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise  # the caller gave up: a half-read reply leaves nothing to reuse
+                if reused and isinstance(exc, _IDLE_CLOSED):
+                    continue  # the server closed the idle connection: open it again, once
+                raise _failure(exc, request, connected) from exc
+            if reply.will_close:
+                conn.close()
+                self._all.discard(conn)
+            else:
+                idle.append(conn)
+            return _response(reply, request)
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    async def aclose(self) -> None:
+        conns, self._all, self._idle = self._all, set(), {}
         for conn in conns:
             conn.close()
 
@@ -145,6 +214,13 @@ def for_url(base_url: str, setting: str = "kept-alive") -> httpx.BaseTransport |
     if not base_url.startswith(("http://", "https://")):
         return None
     return KeptAliveTransport()
+
+
+def for_url_async(base_url: str, setting: str = "kept-alive") -> httpx.AsyncBaseTransport | None:
+    """The same for an asyncio worker's client."""
+    if for_url(base_url, setting) is None:
+        return None
+    return AsyncKeptAliveTransport()
 
 
 class _NoCookies(httpx.Cookies):
@@ -178,3 +254,15 @@ class ModelHTTPClient(httpx.Client):
     @cookies.setter
     def cookies(self, _value: object) -> None:
         pass  # nothing to keep
+
+
+class AsyncModelHTTPClient(httpx.AsyncClient):
+    """ModelHTTPClient's twin under the SDK's AsyncOpenAI: no cookie jar either."""
+
+    @property
+    def cookies(self) -> httpx.Cookies:
+        return _NO_COOKIES
+
+    @cookies.setter
+    def cookies(self, _value: object) -> None:
+        pass

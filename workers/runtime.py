@@ -8,10 +8,12 @@ re-dispatches whatever it had prefetched but not started)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
 import threading
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ from frlm_web.redis_client import get_redis
 from workers import keys, signing, slots
 from workers.alive import ALIVE_ENV, AliveLine
 from workers.client import LEAVE_S, Control, ControlError, Registered, within
+from workers.jobs import Job
 from workers.services import Registration
 from workers.slots import Tally
 
@@ -96,7 +99,7 @@ class WorkerRuntime:
         from workers.backends import preload
 
         preload()  # the model client, before the first job
-        if self.consumer == "frlm":
+        if self.consumer in ("frlm", "frlm-threads"):
             self._consume(reg)
             return
         self._connect()
@@ -119,8 +122,10 @@ class WorkerRuntime:
         """FRLM's own consumer on the worker's queues (workers/consumer.py) until SIGTERM or
         SIGINT, which drain it as Celery's warm shutdown does: nothing more is taken, what
         runs finishes, then the worker leaves."""
+        from workers.aslots import LoopSlots
         from workers.consumer import QueueConsumer
-        from workers.tasks import execute
+        from workers.delivery import Delivery
+        from workers.jobrun import open_jobs
 
         def on_signal(signum: int, _frame: Any) -> None:
             # Flags only: the handler runs between two bytecodes of the main thread, which
@@ -131,15 +136,31 @@ class WorkerRuntime:
         signal.signal(signal.SIGINT, on_signal)
         self._ready()
         collector.settle()  # what it loaded to start is never walked again
+        client = get_redis()
+        deliver = Delivery(client)
+
+        on_loop = self.consumer == "frlm"
+
+        def opener(jobs: list[Job]) -> list[Callable[[], bool | Awaitable[bool]] | None]:
+            opened = open_jobs(client, jobs, deliver, deliver.round_trip)
+            return [
+                None if o is None else functools.partial(o.awork if on_loop else o.work, deliver)
+                for o in opened
+            ]
+
         try:
             QueueConsumer(
                 get_redis(ride_out=False),
                 [reg["queue"], reg["venue_queue"]],
                 slots.current(),
-                execute,
+                opener,
+                runner=LoopSlots(slots.current()) if on_loop else None,
             ).run(lambda: self.draining)
         finally:
             log.warning("worker: draining")
+            # What the slots handed over goes out before the worker leaves.
+            if not deliver.close(LEAVE_S):
+                log.error("worker: results still undelivered after %g s; leaving", LEAVE_S)
             self._shutdown()
 
     def _open_alive_line(self, worker_id: str) -> None:

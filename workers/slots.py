@@ -20,7 +20,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from workers.jobs import Job
 from workers.services import Figures
 
 LATENCY_WINDOW = 50  # sub-queries the reported latency is the median of
@@ -127,11 +126,12 @@ class Slots:
         self.tally.end(token, record=ran)
         self.free.release()
 
-    def run(self, token: str, job: Job, execute: Callable[[Job], bool]) -> None:
-        """Run `job` in the slot `token` holds, then free it."""
+    def run(self, token: str, work: Callable[[], bool]) -> None:
+        """Run a job's `work` (whether it called its model) in the slot `token` holds, then
+        free it."""
         ran = False
         try:
-            ran = execute(job)
+            ran = work()
         finally:
             self.leave(token, ran=ran)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import redis
 
 from workers import consumer as consumer_module
-from workers.consumer import QueueConsumer
+from workers.consumer import QueueConsumer, one_by_one
 from workers.slots import Slots
 
 
@@ -40,7 +40,9 @@ def test_a_failed_pop_gives_back_each_slot_once_and_the_consumer_goes_on(monkeyp
     monkeypatch.setattr(consumer_module, "OUTAGE_PAUSE_S", 0.0)
     slots = Slots(4)
     client = FailingBrpop(failures=2)
-    loop = QueueConsumer(client, ["worker.w1", "venue.v"], slots, lambda job: True, wait_s=0.01)
+    loop = QueueConsumer(
+        client, ["worker.w1", "venue.v"], slots, one_by_one(lambda job: True), wait_s=0.01
+    )
     # Before the fix the failed BRPOP gave back all four slots after three had gone back
     # already: the BoundedSemaphore raised ValueError and the worker stopped.
     loop.run(lambda: client.brpops >= 4)

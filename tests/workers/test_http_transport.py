@@ -1,9 +1,12 @@
 """workers/http_transport.py under the openai client, against real HTTP/1.1 servers on
 loopback: connections kept alive and reopened, bodies the way servers send them, and each
-failure raised as the error the SDK maps."""
+failure raised as the error the SDK maps. The cases through the SDK run twice: a thread's
+OpenAI over KeptAliveTransport, and an event loop's AsyncOpenAI over
+AsyncKeptAliveTransport (an asyncio worker's, workers/aslots.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import socket
@@ -19,8 +22,13 @@ import pytest
 
 from frlm_web.stack import free_port
 from tests.helpers import http_serving
-from workers.backends import ModelError, ModelSpec, chat
-from workers.http_transport import KeptAliveTransport, ModelHTTPClient, for_url
+from workers.backends import ModelError, ModelSpec, achat, chat
+from workers.http_transport import (
+    AsyncKeptAliveTransport,
+    KeptAliveTransport,
+    ModelHTTPClient,
+    for_url,
+)
 
 MESSAGES = [{"role": "user", "content": "What is 2 + 2?"}]
 REPLY = json.dumps(
@@ -71,7 +79,32 @@ def server(mode: str = "plain", delay_s: float = 0.0) -> Iterator[tuple[str, dic
         yield url, seen
 
 
-def client(url: str, timeout: float = 10.0, retries: int = 0) -> openai.OpenAI:
+class OnALoop:
+    """AsyncOpenAI over AsyncKeptAliveTransport, called from the test's thread through an
+    event loop of its own."""
+
+    def __init__(self, url: str, timeout: float, retries: int) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.sdk = openai.AsyncOpenAI(
+            base_url=url,
+            api_key="sk-test",
+            timeout=timeout,
+            max_retries=retries,
+            http_client=httpx.AsyncClient(transport=AsyncKeptAliveTransport(), timeout=timeout),
+        )
+
+    def post(self, *args, **kwargs) -> httpx.Response:
+        return self.loop.run_until_complete(self.sdk.post(*args, **kwargs))
+
+
+@pytest.fixture(params=["threads", "asyncio"])
+def kind(request) -> str:
+    return request.param
+
+
+def client(url: str, timeout: float = 10.0, retries: int = 0, *, kind: str = "threads"):
+    if kind == "asyncio":
+        return OnALoop(url, timeout, retries)
     return openai.OpenAI(
         base_url=url,
         api_key="sk-test",
@@ -81,14 +114,14 @@ def client(url: str, timeout: float = 10.0, retries: int = 0) -> openai.OpenAI:
     )
 
 
-def post(sdk: openai.OpenAI) -> dict:
+def post(sdk: openai.OpenAI | OnALoop) -> dict:
     body = {"model": "m", "messages": MESSAGES}
     return sdk.post("/chat/completions", body=body, cast_to=httpx.Response).json()
 
 
-def test_it_keeps_one_connection_alive_per_thread_and_sends_the_sdks_headers():
+def test_it_keeps_one_connection_alive_per_thread_and_sends_the_sdks_headers(kind):
     with server() as (url, seen):
-        sdk = client(url)
+        sdk = client(url, kind=kind)
         replies = [post(sdk) for _ in range(5)]
     assert all(r["choices"][0]["message"]["content"] == "4" for r in replies)
     assert seen["requests"] == 5 and len(seen["connections"]) == 1
@@ -98,9 +131,9 @@ def test_it_keeps_one_connection_alive_per_thread_and_sends_the_sdks_headers():
     assert headers["x-stainless-lang"] == "python"  # the SDK's own, passed through as they are
 
 
-def test_a_connection_the_server_closed_while_idle_is_opened_again_not_retried():
+def test_a_connection_the_server_closed_while_idle_is_opened_again_not_retried(kind):
     with server("close_idle") as (url, seen):
-        sdk = client(url, retries=0)  # a retry would fail the test: there are none
+        sdk = client(url, retries=0, kind=kind)  # a retry would fail the test: there are none
         for _ in range(3):
             assert post(sdk)["usage"]["prompt_tokens"] == 7
             time.sleep(0.05)  # the server's close arrives while the connection idles
@@ -112,27 +145,30 @@ def test_a_connection_the_server_closed_while_idle_is_opened_again_not_retried()
 
 
 @pytest.mark.parametrize("mode", ["gzip", "chunked"])
-def test_it_hands_the_body_to_httpx_as_sent_and_httpx_decodes_it(mode: str):
+def test_it_hands_the_body_to_httpx_as_sent_and_httpx_decodes_it(mode: str, kind):
     with server(mode) as (url, _):
-        assert post(client(url))["choices"][0]["message"]["content"] == "4"
+        assert post(client(url, kind=kind))["choices"][0]["message"]["content"] == "4"
 
 
-def test_a_reply_slower_than_the_timeout_is_the_sdks_timeout_error():
+def test_a_reply_slower_than_the_timeout_is_the_sdks_timeout_error(kind):
     with server(delay_s=1.0) as (url, _):
         with pytest.raises(openai.APITimeoutError):
-            post(client(url, timeout=0.2))
+            post(client(url, timeout=0.2, kind=kind))
 
 
-def test_a_refused_connection_is_the_sdks_connection_error_and_a_clear_model_error():
+def test_a_refused_connection_is_the_sdks_connection_error_and_a_clear_model_error(kind):
     url = f"http://127.0.0.1:{free_port()}/v1"
     with pytest.raises(openai.APIConnectionError) as caught:
-        post(client(url))
+        post(client(url, kind=kind))
     assert not isinstance(caught.value, openai.APITimeoutError)
     with pytest.raises(ModelError, match="cannot reach the model endpoint"):
-        chat(ModelSpec("openai", "m", url), MESSAGES, retries=0)
+        if kind == "asyncio":
+            asyncio.run(achat(ModelSpec("openai", "m", url), MESSAGES, retries=0))
+        else:
+            chat(ModelSpec("openai", "m", url), MESSAGES, retries=0)
 
 
-def test_a_server_that_hangs_up_mid_reply_is_a_connection_error():
+def test_a_server_that_hangs_up_mid_reply_is_a_connection_error(kind):
     """Not a kept-alive connection gone stale: a fresh one, cut while the reply is read."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -147,7 +183,7 @@ def test_a_server_that_hangs_up_mid_reply_is_a_connection_error():
     threading.Thread(target=cut, daemon=True).start()
     try:
         with pytest.raises(openai.APIConnectionError):
-            post(client(f"http://127.0.0.1:{listener.getsockname()[1]}/v1"))
+            post(client(f"http://127.0.0.1:{listener.getsockname()[1]}/v1", kind=kind))
     finally:
         listener.close()
 

@@ -192,8 +192,9 @@ def test_it_registers_over_http_beats_consumes_signs_and_leaves_on_sigterm(
         stack.kill(proc.name)
 
 
-# Both consumers of a broker worker's queues: Celery's and FRLM's own (workers/consumer.py).
-CONSUMERS = pytest.mark.parametrize("consumer", ["celery", "frlm"])
+# The consumers of a broker worker's queues: Celery's and FRLM's own (workers/consumer.py),
+# whose slots are tasks of an event loop (workers/aslots.py) or threads (frlm-threads).
+CONSUMERS = pytest.mark.parametrize("consumer", ["celery", "frlm", "frlm-threads"])
 
 
 @CONSUMERS

@@ -66,11 +66,13 @@ class Command(FrlmCommand):
         )
         parser.add_argument(
             "--consumer",
-            choices=["celery", "frlm"],
+            choices=list(settings.WORKER_CONSUMERS),
             default=settings.FRLM_WORKER_CONSUMER,
             help="a broker worker's loop: `frlm` (FRLM's own: it takes jobs off its queues only "
-            "for free slots, as many at once as are free, and spends less CPU per job; "
-            "bench/fanout.py --consumer celery,frlm) or `celery` (Celery's worker: prefetch, "
+            "for free slots, as many at once as are free, runs them as tasks of one event "
+            "loop, and spends less CPU per job; bench/fanout.py --consumer celery,frlm), "
+            "`frlm-threads` (the same with a thread per slot) or `celery` (Celery's worker: "
+            "prefetch, "
             "remote control, task events for Flower). Default: FRLM_WORKER_CONSUMER, else "
             "frlm, or celery with FRLM_CELERY_EVENTS=1",
         )
