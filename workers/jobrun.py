@@ -19,6 +19,7 @@ end together paid them one after another before the last slot's next job could s
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import Callable
@@ -95,7 +96,13 @@ class Opened:
         """`work` as a task of an asyncio worker (workers/aslots.py)."""
         loaded: list[Event] = []
         try:
-            prompt, loaded = self._load_fragments()
+            if fragments.refs(self.job["prompt"]):
+                # Read and checked off the loop: a fragment of a large context takes
+                # milliseconds of file reading and hashing, which the loop's other jobs,
+                # each waiting on its reply, would wait out one after another.
+                prompt, loaded = await asyncio.to_thread(self._load_fragments)
+            else:
+                prompt = self.job["prompt"]
             reply = await achat(self.spec, _asking(prompt), **self._options())
         except (fragments.FragmentError, ModelError) as exc:
             return self._failed(deliver, str(exc), loaded)

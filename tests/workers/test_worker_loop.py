@@ -6,6 +6,7 @@ and all of them on a drain (workers/delivery.py), and slots run as tasks of one 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
@@ -184,3 +185,47 @@ def test_an_idle_loop_slots_shuts_down_at_once():
     loop.shutdown()
     assert time.monotonic() - started < 1.0
     assert not loop._thread.is_alive()
+
+
+def test_a_jobs_fragments_are_read_off_the_loop_and_reach_the_model(stack, tmp_path, monkeypatch):
+    """A fragment of a large context takes milliseconds to read and hash: on the loop, the
+    other jobs' replies would wait for it."""
+    import hashlib
+
+    from workers import jobrun
+    from workers.fragments import MARKER_TEXT
+
+    text = "The launch window opens at 0600 on Tuesday. " * 200
+    path = tmp_path / "context.txt"
+    path.write_text(text)
+    data = text.encode()
+    ref = {
+        "path": str(path),
+        "chars": [0, len(text)],
+        "bytes": [0, len(data)],
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
+    marker = MARKER_TEXT.format(json.dumps(ref))
+    run_id = "jl" + uuid.uuid4().hex[:10]
+    readers: list[str] = []
+    load = jobrun.Opened._load_fragments
+
+    def spied(self):
+        readers.append(threading.current_thread().name)
+        return load(self)
+
+    monkeypatch.setattr(jobrun.Opened, "_load_fragments", spied)
+    delivered = []
+    deliver = lambda *item: delivered.append(item)  # noqa: E731
+    (opened,) = open_jobs(
+        get_redis(), [job(run_id, "1.1", f"When does it open? {marker}")], deliver
+    )
+    loop = LoopSlots(Slots(1))
+    assert loop.slots.take(1, 1.0) == 1
+    loop.start([(loop.slots.begin(), lambda: opened.awork(deliver))])
+    loop.shutdown()
+    assert readers and readers[0] != "frlm-slots"
+    ((events, _stream, result),) = delivered
+    assert result["status"] == "ok", result
+    assert [e["name"] for e in events] == ["Env.LoadFragment", "SubQuery.Execute"]
+    assert events[0]["bytes"] == len(data)
