@@ -12,8 +12,9 @@ delivery, and the conductor sends that elsewhere when the worker's alive line dr
 The jobs run in the worker's slots (workers/slots.py) through the same steps as a Celery
 task's (workers/jobrun.py), but the jobs taken together are opened together, in one round
 trip, and their results go out with the others that finished meanwhile
-(workers/delivery.py); a bundle's extra jobs wait for slots as they do in the task. Celery's remote
-control does not reach this loop: a revoked job is found in its run's cancelled set as it
+(workers/delivery.py); a bundle's extra jobs wait for slots as they do in the task. The
+slots are tasks of an event loop (workers/aslots.py) or threads (`ThreadSlots`). Celery's
+remote control does not reach this loop: a revoked job is found in its run's cancelled set as it
 starts, as every job is. A message that is not a sub-query task is dropped, and said."""
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ from workers.slots import Slots
 log = logging.getLogger(__name__)
 
 _POP = LuaScript(wire.POP_LUA)
-# Jobs taken together, opened together: per job, the rest of its work (run on a slot's
-# thread; whether it called its model), or None where it ended as it opened
-# (workers/jobrun.py's open_jobs).
+# Jobs taken together, opened together: per job, the rest of its work (what the Runner
+# runs: a function on a slot's thread or a coroutine function on the loop; whether it
+# called its model), or None where it ended as it opened (workers/jobrun.py's open_jobs).
 Opener = Callable[[list[Job]], list[Any]]
 
 
