@@ -75,7 +75,11 @@ def test_jobs_waiting_in_a_slow_workers_buffer_are_hedged_not_waited_for(far) ->
     assert (last - first) / 1e9 < 7.0, (last - first) / 1e9
     # Its first round ends at about 6 s; the buffer it held was taken back, so it is idle
     # a heartbeat or two later (it ran them until 12 s before the server took them back).
-    assert (slow.entry() or {}).get("inflight", 0) > 0  # still in its first round
+    # Still in its first round when the run is over: checked only while it must be. On a
+    # loaded CI machine the run and the trace's read once took until its first round had
+    # ended and its heartbeat said so (1.2 s here, on an idle one).
+    if time.monotonic() - started < 5.0:
+        assert (slow.entry() or {}).get("inflight", 0) > 0
     wait_until(
         lambda: (slow.entry() or {}).get("inflight") == 0,
         timeout=max(1.0, started + 9.5 - time.monotonic()),
