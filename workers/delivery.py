@@ -22,6 +22,7 @@ import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -35,8 +36,22 @@ log = logging.getLogger(__name__)
 MOST = 64  # results in one round trip
 _STOP = None
 
-_Delivery = tuple[list[Event], str, Result]
-_Open = tuple[Callable[[Any], None], "Future[list[Any]]"]
+
+@dataclass(slots=True)
+class _Result:
+    """A slot's finished job, handed over: its events, its run's result stream, its result."""
+
+    events: list[Event]
+    stream: str
+    result: Result
+
+
+@dataclass(slots=True)
+class _Open:
+    """The consumer's ask: the commands `fill` queues, their replies set on `future`."""
+
+    fill: Callable[[Any], None]
+    future: Future[list[Any]]
 
 
 class Delivery:
@@ -45,18 +60,18 @@ class Delivery:
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
-        self._items: queue.SimpleQueue[_Delivery | _Open | None] = queue.SimpleQueue()
+        self._items: queue.SimpleQueue[_Result | _Open | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="frlm-delivery", daemon=True)
         self._thread.start()
 
     def __call__(self, events: list[Event], stream: str, result: Result) -> None:
-        self._items.put((events, stream, result))
+        self._items.put(_Result(events, stream, result))
 
     def round_trip(self, fill: Callable[[Any], None]) -> list[Any]:
         """The replies to the commands `fill` queues on a pipeline, sent after the results
         handed over before it (a RoundTrip, workers/jobrun.py); raises what Redis raised."""
         future: Future[list[Any]] = Future()
-        self._items.put((fill, future))
+        self._items.put(_Open(fill, future))
         return future.result()
 
     def close(self, timeout: float | None = None) -> bool:
@@ -69,7 +84,7 @@ class Delivery:
         stopping = False
         while not stopping:
             item = self._items.get()
-            batch = []
+            batch: list[_Result | _Open] = []
             while item is not _STOP:
                 batch.append(item)
                 if len(batch) >= MOST:
@@ -86,20 +101,20 @@ class Delivery:
             except Exception as exc:  # a bug: said, and no caller is left waiting on it
                 log.exception("worker: a round trip failed")
                 for item in batch:
-                    if len(item) == 2 and not item[1].done():  # type: ignore[arg-type,union-attr]
-                        item[1].set_exception(exc)  # type: ignore[index,union-attr]
+                    if isinstance(item, _Open) and not item.future.done():
+                        item.future.set_exception(exc)
 
-    def _send(self, batch: list[_Delivery | _Open]) -> None:
-        results = [item for item in batch if len(item) == 3]
-        opens = [item for item in batch if len(item) == 2]
+    def _send(self, batch: list[_Result | _Open]) -> None:
+        results = [item for item in batch if isinstance(item, _Result)]
+        opens = [item for item in batch if isinstance(item, _Open)]
         pipe = self.client.pipeline(transaction=False)
-        append([event for events, _s, _r in results for event in events], pipe)  # type: ignore[misc]
-        for _events, stream, result in results:  # type: ignore[misc]
-            pipe.xadd(stream, encode_result(result))
+        append([event for item in results for event in item.events], pipe)
+        for item in results:
+            pipe.xadd(item.stream, encode_result(item.result))  # type: ignore[arg-type]
         spans = []
-        for fill, _future in opens:  # type: ignore[misc]
+        for ask in opens:
             begin = len(pipe)
-            fill(pipe)
+            ask.fill(pipe)
             spans.append((begin, len(pipe)))
         try:
             replies = pipe.execute()
@@ -109,8 +124,8 @@ class Delivery:
             # timeouts, as for a worker that died; the jobs being opened are not started.
             if results:
                 log.error("worker: %d result(s) could not be delivered: %s", len(results), exc)
-            for _fill, future in opens:  # type: ignore[misc]
-                future.set_exception(exc)
+            for ask in opens:
+                ask.future.set_exception(exc)
             return
-        for (_fill, future), (begin, end) in zip(opens, spans, strict=True):  # type: ignore[misc]
-            future.set_result(replies[begin:end])
+        for ask, (begin, end) in zip(opens, spans, strict=True):
+            ask.future.set_result(replies[begin:end])

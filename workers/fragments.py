@@ -43,6 +43,11 @@ class Loaded(TypedDict):
     ms: float
 
 
+def carries(prompt: str) -> bool:
+    """Whether a prompt has a fragment marker, well formed or not (`fill` reads and checks it)."""
+    return MARKER_OPEN in prompt
+
+
 def refs(prompt: str) -> list[FragmentRef]:
     """The fragment references in a prompt, checked for shape; FragmentError if malformed."""
     found: list[FragmentRef] = []

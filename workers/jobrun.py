@@ -96,7 +96,7 @@ class Opened:
         """`work` as a task of an asyncio worker (workers/aslots.py)."""
         loaded: list[Event] = []
         try:
-            if fragments.refs(self.job["prompt"]):
+            if fragments.carries(self.job["prompt"]):
                 # Read and checked off the loop: a fragment of a large context takes
                 # milliseconds of file reading and hashing, which the loop's other jobs,
                 # each waiting on its reply, would wait out one after another.
@@ -228,20 +228,16 @@ def open_jobs(
             pipe.xadd(o.stream, encode_result(started))  # type: ignore[arg-type]
 
     cancelled = (send or round_trip_now(client))(fill)[: len(live)]
+    ended: set[Opened] = set()
     for o, gone in zip(live, cancelled, strict=True):
         if gone:
             o.finish(deliver, {**o.base, "status": "cancelled"}, "cancelled")
-    return [o if o is not None and not gone else None for o, gone in _flags(opened, cancelled)]
+            ended.add(o)
+    return [None if o in ended else o for o in opened]
 
 
 def _asking(prompt: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": prompt}]
-
-
-def _flags(opened: list[Opened | None], cancelled: list[Any]) -> list[tuple[Opened | None, bool]]:
-    """Each entry of `opened` with whether it was found cancelled (None entries: False)."""
-    found = iter(cancelled)
-    return [(o, bool(next(found)) if o is not None else False) for o in opened]
 
 
 def execute(job: Job) -> bool:
