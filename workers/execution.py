@@ -4,6 +4,7 @@ configuration, build the result, attest when asked, sign."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from typing import Any
@@ -37,9 +38,8 @@ def served(spec: ModelSpec) -> ModelSpec:
             spec.sim,
             {**spec.replay, "live": own_live.to_dict() if own_live else None},
         )
-    raw = os.environ.get("FRLM_WORKER_BACKEND")
-    if raw:
-        own = json.loads(raw)
+    own = _own_backend(os.environ.get("FRLM_WORKER_BACKEND") or "")
+    if own:
         return ModelSpec(own["kind"], own["model"] or spec.model, own["base_url"], spec.sim)
     if spec.kind == "sim":
         return ModelSpec("sim", spec.model, settings.FRLM_SIM_URL, spec.sim)
@@ -51,6 +51,12 @@ def served(spec: ModelSpec) -> ModelSpec:
             "with (FRLM_ENDPOINTS, FRLM_OPENAI_BASE_URL, or frlm_worker --base-url)"
         )
     return spec
+
+
+@functools.lru_cache(maxsize=4)
+def _own_backend(raw: str) -> dict[str, Any] | None:
+    """FRLM_WORKER_BACKEND's value, parsed once, not once per job."""
+    return json.loads(raw) if raw else None
 
 
 def reply_fields(reply: ChatResult) -> dict[str, Any]:

@@ -106,3 +106,16 @@ def test_a_replay_job_answers_from_the_reply_it_carries_not_the_cassette(monkeyp
         chat(spec, [{"role": "user", "content": "other"}], recorded=carried)
     assert loads == ["r-none"]
     cassette.cassette_forget()
+
+
+@pytest.mark.parametrize("text", ["Grüße, 東京 🚀", "a lone surrogate \ud800 stays"])
+def test_the_body_goes_as_json_and_any_text_arrives_as_written(text: str) -> None:
+    """The request is encoded by FRLM (orjson, the standard library for what it refuses)
+    and sent as it is by the client: it must still say it is JSON and carry every text."""
+    messages = [{"role": "user", "content": text}]
+    with endpoint(lambda _: (200, completion(text))) as (url, seen):
+        reply = chat(ModelSpec("openai", "m", url), messages, retries=0)
+    (request,) = seen
+    assert request["headers"]["content-type"] == "application/json"
+    assert request["body"]["messages"] == messages
+    assert reply.text == text

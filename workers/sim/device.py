@@ -5,6 +5,7 @@ any other model alone and gives a simulated one this device's profile."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
@@ -23,6 +24,13 @@ _OPENING = {"last": -float("inf"), "count": 0}  # the latest job begun; jobs sin
 _OPENING_LOCK = threading.Lock()
 
 
+@functools.lru_cache(maxsize=4)
+def _parsed(raw: str) -> dict[str, Any]:
+    """FRLM_SIM_PROFILE's value, parsed once (it was parsed per job: 1.6% of a worker's CPU
+    at 1 ms model latency). Callers copy it."""
+    return json.loads(raw) if raw else {}
+
+
 def device_profile() -> dict[str, Any]:
     """This worker's simulated device, for a job it begins now. A turncoat (lie_after_s)
     answers honestly until that many seconds after it started, then lies at its lie_rate:
@@ -30,8 +38,7 @@ def device_profile() -> dict[str, Any]:
     check gate (honest_first) answers honestly the first jobs it begins after a pause of
     BATCH_PAUSE_S, a batch's first (so its first answer of the batch is honest, whichever
     comes back first), and lies on the others."""
-    raw = os.environ.get("FRLM_SIM_PROFILE")
-    profile = json.loads(raw) if raw else {}
+    profile = dict(_parsed(os.environ.get("FRLM_SIM_PROFILE") or ""))
     lie_after = profile.pop("lie_after_s", None)
     if lie_after is not None and time.monotonic() - _STARTED < float(lie_after):
         profile["lie_rate"] = 0.0
