@@ -31,6 +31,48 @@ class OwnStack(Stack):
         with app.connection_for_write(url=self.redis_url) as conn:
             app.send_task("runs.conduct", args=[run_id], queue="runs", connection=conn)
 
+    def launch_counting_run(self, n: int, venue: str) -> str:
+        """Create and launch a run of one batch of `n` sub-queries on `venue` (three retries
+        each), whose answer is how many came back with a reply; its id."""
+        from runs.services import ContextSpec, run_create
+        from tests.helpers import scripted
+        from workers.backends import model_spec
+
+        program = f"rs = llm_query_batched(['question %d' % i for i in range({n})])\n"
+        program += "FINAL(str(sum(1 for r in rs if r and not r.startswith('[frlm'))))"
+        run = run_create(
+            question=scripted(program),
+            context=ContextSpec(text="x"),
+            policy={"max_retries": 3},
+            root_model=model_spec("sim", role="root"),
+            worker_model=model_spec("sim", role="worker"),
+            venues=[venue],
+        )
+        self.launch_run(run.id)
+        return run.id
+
+    def ended(self, run_id: str, timeout: float = 120) -> tuple[Any, list[dict[str, Any]]]:
+        """The run once it has ended, and its events once its span has: the run's row is
+        written before its last events (Run.Done, then its span's end)."""
+        from runs.models import Run
+        from tests.helpers import wait_until
+
+        def done() -> Run | None:
+            found = Run.objects.get(id=run_id)
+            return found if found.done else None
+
+        run = wait_until(done, timeout=timeout, what="the run to end")
+        events = wait_until(
+            lambda: (
+                (ev := self.events(run_id))
+                and any(e["name"] == "Run.Init" and e["phase"] == "end" for e in ev)
+                and ev
+            ),
+            timeout=10,
+            what="the run's span to end",
+        )
+        return run, events
+
     def events(self, run_id: str) -> list[dict[str, Any]]:
         """The run's events in stream order."""
         out = []

@@ -11,7 +11,7 @@ import pytest
 
 from frlm_web import presence
 from frlm_web.stack import VenueSpec
-from tests.helpers import scripted, wait_until
+from tests.helpers import wait_until
 from tests.ownstack import open_spans, own_stack
 
 pytestmark = [pytest.mark.stack]
@@ -20,10 +20,6 @@ N = 48
 
 
 def test_it_sends_a_killed_workers_jobs_elsewhere_and_ends_its_spans(stack, venues, tmp_path):
-    from runs.models import Run
-    from runs.services import ContextSpec, run_create
-    from workers.backends import model_spec
-
     pair = [
         VenueSpec("local", concurrency=4, sim={"latency_ms": 400}, worker_name=f"fail-w{i}")
         for i in (1, 2)
@@ -31,46 +27,20 @@ def test_it_sends_a_killed_workers_jobs_elsewhere_and_ends_its_spans(stack, venu
     with own_stack(tmp_path, pair) as own:
         ids = {w["label"]: w["worker_id"] for w in presence.alive(own.client, "venue:local")}
         victim = ids["fail-w1"]
-        program = f"rs = llm_query_batched(['question %d' % i for i in range({N})])\n"
-        program += "FINAL(str(sum(1 for r in rs if r and not r.startswith('[frlm'))))"
-        run = run_create(
-            question=scripted(program),
-            context=ContextSpec(text="x"),
-            policy={"max_retries": 3},
-            root_model=model_spec("sim", role="root"),
-            worker_model=model_spec("sim", role="worker"),
-            venues=["local"],
-        )
-        own.launch_run(run.id)
+        run_id = own.launch_counting_run(N, "local")
 
         def victim_busy() -> bool:
             return any(
                 e["name"] == "SubQuery.Execute" and e["worker_id"] == victim
-                for e in own.events(run.id)
+                for e in own.events(run_id)
             )
 
         wait_until(victim_busy, timeout=60, every=0.02, what="the victim's first job")
         own.kill("worker-fail-w1", signal.SIGKILL)
         killed_ns = time.time_ns()
-
-        def done() -> Run | None:
-            found = Run.objects.get(id=run.id)
-            return found if found.done else None
-
-        run = wait_until(done, timeout=120, what="the run to end")
+        run, events = own.ended(run_id)
         assert run.status == "succeeded", run.error
         assert run.answer == str(N)
-        # The run's row is written before its last events (Run.Done, then its span's end):
-        # read the stream once the run's span has ended.
-        events = wait_until(
-            lambda: (
-                (ev := own.events(run.id))
-                and any(e["name"] == "Run.Init" and e["phase"] == "end" for e in ev)
-                and ev
-            ),
-            timeout=10,
-            what="the run's span to end",
-        )
         (lost,) = [e for e in events if e["name"] == "Worker.Lost"]
         assert lost["worker_id"] == victim
         abandoned = [

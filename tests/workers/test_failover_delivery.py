@@ -23,7 +23,7 @@ from django.conf import settings
 
 from frlm_web import presence
 from frlm_web.stack import VenueSpec
-from tests.helpers import scripted, wait_until
+from tests.helpers import wait_until
 from tests.ownstack import open_spans, own_stack
 
 pytestmark = [pytest.mark.stack]
@@ -93,10 +93,6 @@ def via(url: str, port: int) -> str:
 
 
 def test_results_a_killed_worker_had_not_delivered_are_run_again_elsewhere(stack, tmp_path):
-    from runs.models import Run
-    from runs.services import ContextSpec, run_create
-    from workers.backends import model_spec
-
     other = VenueSpec(
         "local", concurrency=4, sim={"latency_ms": LATENCY_MS}, worker_name="deliver-w2"
     )
@@ -120,22 +116,12 @@ def test_results_a_killed_worker_had_not_delivered_are_run_again_elsewhere(stack
                 return next((w["worker_id"] for w in alive if w["label"] == "deliver-w1"), None)
 
             victim = wait_until(registered, timeout=60, what="the victim worker to register")
-            program = f"rs = llm_query_batched(['question %d' % i for i in range({N})])\n"
-            program += "FINAL(str(sum(1 for r in rs if r and not r.startswith('[frlm'))))"
-            run = run_create(
-                question=scripted(program),
-                context=ContextSpec(text="x"),
-                policy={"max_retries": 3},
-                root_model=model_spec("sim", role="root"),
-                worker_model=model_spec("sim", role="worker"),
-                venues=["local"],
-            )
-            own.launch_run(run.id)
+            run_id = own.launch_counting_run(N, "local")
 
             def victim_started() -> list[dict]:
                 return [
                     e
-                    for e in own.events(run.id)
+                    for e in own.events(run_id)
                     if e["name"] == "SubQuery.Execute"
                     and e["phase"] == "start"
                     and e["worker_id"] == victim
@@ -150,11 +136,7 @@ def test_results_a_killed_worker_had_not_delivered_are_run_again_elsewhere(stack
             victim_proc.send_signal(signal.SIGKILL)
             victim_proc.wait(timeout=30)
 
-            def done() -> Run | None:
-                found = Run.objects.get(id=run.id)
-                return found if found.done else None
-
-            run = wait_until(done, timeout=120, what="the run to end")
+            run, events = own.ended(run_id)
         finally:
             if victim_proc.poll() is None:
                 victim_proc.kill()
@@ -164,15 +146,6 @@ def test_results_a_killed_worker_had_not_delivered_are_run_again_elsewhere(stack
         assert run.status == "succeeded", run.error
         assert run.answer == str(N)
         assert proxy.held > 0  # the victim did send something that never arrived
-        events = wait_until(
-            lambda: (
-                (ev := own.events(run.id))
-                and any(e["name"] == "Run.Init" and e["phase"] == "end" for e in ev)
-                and ev
-            ),
-            timeout=10,
-            what="the run's span to end",
-        )
         (lost,) = [e for e in events if e["name"] == "Worker.Lost"]
         assert lost["worker_id"] == victim
         executes = [e for e in events if e["name"] == "SubQuery.Execute"]
