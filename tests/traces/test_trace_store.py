@@ -8,21 +8,11 @@ import threading
 import time
 
 import pytest
-import redis
 
-from traces import blobs, live, store
+from tests.traces.redisdb import private_redis  # noqa: F401 - the `client` fixture
+from traces import blobs, store
 from traces.emitter import DEAD_LETTER_STREAM, EVENTS_STREAM, Emitter
 from traces.recorder import GROUP, Recorder, RecorderBusy, _decode, _write_segment
-
-
-@pytest.fixture
-def client(stack, settings, tmp_path):
-    settings.FRLM_TRACE_DIR = tmp_path / "traces"
-    url = stack.redis_url.rsplit("/", 1)[0] + "/5"
-    conn = redis.Redis.from_url(url)
-    conn.flushdb()
-    yield conn
-    conn.flushdb()
 
 
 def test_it_stores_spans_in_stream_order_with_payloads(client):
@@ -571,91 +561,6 @@ def test_it_ignores_an_index_record_torn_by_a_kill_and_stores_its_text_again(cli
     kept, again = store.read_events("rK")
     assert blobs.blob_get(kept["payload_ref"]) == "kept"
     assert blobs.blob_get(again["payload_ref"]) == "torn"
-
-
-class Collected:
-    """Stands in for traces.live.Publisher: what the forwarder hands over."""
-
-    def __init__(self) -> None:
-        self.events: list[dict] = []
-
-    def forward(self, events: list[dict]) -> None:
-        self.events.extend(events)
-
-
-def test_it_keeps_stream_entries_until_the_live_forwarder_has_read_them(client):
-    from traces.forwarder import Forwarder
-
-    collected = Collected()
-    forwarder = Forwarder(client, publisher=collected, block_ms=10)
-    forwarder.start_at_end()
-    forwarder.heartbeat()
-    live.watch(client, "rF")  # a page has the run open
-    emitter = Emitter(client, "rF")
-    emitter.instant("Budget.Alert", payload="secret")
-    client.xadd(EVENTS_STREAM, {"seq": 2, "e": json.dumps({"run_id": "rF", "name": "Nope"})})
-    emitter.instant("Run.Done")
-    recorder = Recorder(client)
-    recorder.ensure_group()
-
-    assert recorder.step() == 2
-    assert client.xlen(EVENTS_STREAM) == 3  # stored, but the forwarder has not read them
-
-    assert forwarder.step() == 2  # the event that does not fit is not forwarded
-    assert [e["name"] for e in collected.events] == ["Budget.Alert", "Run.Done"]
-    recorder.trim()
-    assert client.xlen(EVENTS_STREAM) == 0
-
-
-def test_it_forwards_only_runs_a_page_watches_and_stores_every_run(client):
-    from traces.forwarder import Forwarder
-
-    collected = Collected()
-    forwarder = Forwarder(client, publisher=collected, block_ms=10)
-    forwarder.start_at_end()
-    forwarder.heartbeat()
-    live.watch(client, "rSeen")
-    live.watch(client, "rGone", now=time.time() - live.WATCH_TTL_S - 1)  # a page long closed
-    for run in ("rSeen", "rAlone", "rGone"):
-        Emitter(client, run).instant("Run.Done")
-    recorder = Recorder(client)
-    recorder.ensure_group()
-    assert recorder.step() == 3  # the store takes every run
-
-    assert forwarder.step() == 1
-    assert [e["run_id"] for e in collected.events] == ["rSeen"]
-    recorder.trim()
-    assert client.xlen(EVENTS_STREAM) == 0  # passed over is read all the same
-
-
-def test_with_no_page_watching_the_forwarder_reads_nothing_and_holds_nothing_back(client):
-    from traces.forwarder import Forwarder
-
-    collected = Collected()
-    forwarder = Forwarder(client, publisher=collected, block_ms=10)
-    forwarder.start_at_end()
-    forwarder.heartbeat()
-    for n in range(50):
-        Emitter(client, "rNobody").instant("Memory.CacheHit", payload=f"line {n}")
-    recorder = Recorder(client)
-    recorder.ensure_group()
-    assert recorder.step() == 50
-
-    assert forwarder.step() == 0
-    assert collected.events == []
-    live_group = next(
-        g for g in client.xinfo_groups(EVENTS_STREAM) if g["name"] in (b"live", "live")
-    )
-    assert (
-        live_group["last-delivered-id"] == client.xinfo_stream(EVENTS_STREAM)["last-generated-id"]
-    )
-    recorder.trim()
-    assert client.xlen(EVENTS_STREAM) == 0
-    # A page opens the run: what is emitted from then on is forwarded.
-    live.watch(client, "rNobody")
-    Emitter(client, "rNobody").instant("Run.Done")
-    assert forwarder.step() == 1
-    assert [e["name"] for e in collected.events] == ["Run.Done"]
 
 
 def test_it_judges_randomly_damaged_events_at_once_as_event_by_event(client):
