@@ -6,23 +6,13 @@ positives known-answer probes make are shown apart from the other verifiers'."""
 from __future__ import annotations
 
 import pytest
-import redis
 
 from runs.experiments.measures import load_traces, verdicts
 from runs.experiments.tables import detection_table
+from tests.redisdb import private_redis  # noqa: F401 - the `client` fixture
 from traces.emitter import Emitter
 from traces.recorder import Recorder
 from workers.models import Venue, Worker
-
-
-@pytest.fixture
-def client(stack, settings, tmp_path):
-    settings.FRLM_TRACE_DIR = tmp_path / "traces"
-    url = stack.redis_url.rsplit("/", 1)[0] + "/5"
-    conn = redis.Redis.from_url(url)
-    conn.flushdb()
-    yield conn
-    conn.flushdb()
 
 
 def _worker(venue: Venue, name: str) -> str:

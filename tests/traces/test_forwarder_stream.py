@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import time
 
-from tests.traces.redisdb import private_redis  # noqa: F401 - the `client` fixture
+from tests.redisdb import private_redis  # noqa: F401 - the `client` fixture
 from traces import live
 from traces.emitter import EVENTS_STREAM, Emitter
 from traces.recorder import Recorder

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.traces.redisdb import private_redis  # noqa: F401 - the `client` fixture
+from tests.redisdb import private_redis  # noqa: F401 - the `client` fixture
 from traces import blobs, store
 from traces.emitter import DEAD_LETTER_STREAM, EVENTS_STREAM, Emitter
 from traces.recorder import GROUP, Recorder, RecorderBusy, _decode, _write_segment

@@ -1,5 +1,6 @@
-"""The fixture the store's and the forwarder's tests share: a real Redis, in a database of
-its own (5) so the stack's recorder does not compete, and a trace folder of the test's."""
+"""The `client` fixture of tests that run the emitter and a recorder of their own: a real
+Redis, in a database of its own (5) so the stack's recorder does not compete, and a trace
+folder of the test's."""
 
 from __future__ import annotations
 
