@@ -25,7 +25,9 @@ batch waits on the sub-queries it held up; the median of the tries shows it more
 best.
 
 Each try prints sub-queries/s beside the harness floor's, and the stack's CPU per
-sub-query by process (the simulated model left out of the total).
+sub-query by process (the simulated model left out of the total). The best try's CPU also
+gives the machine's ceiling: the sub-queries/s its cores allow at that CPU per sub-query
+with no waiting at all, and the CPU per sub-query 0.8 of the floor would leave the stack.
 
 By default the venues are set up as the product sets them up: `local` trusted (its worker
 prefetches FRLM_WORKER_PREFETCH jobs per slot), `edge` untrusted (one job per slot, as
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -133,6 +136,23 @@ def harness_floor(n: int, slots: int, latency_ms: float, *, procs: int = 1) -> f
     if failed:
         raise SystemExit(f"the harness floor's requests failed: {failed[0] or 'no answer'}")
     return elapsed
+
+
+def ceiling(cpu: dict[str, float], n: int, floor: float) -> str:
+    """What the machine's cores allow at this CPU per sub-query: the batch cannot go faster
+    than the cores can do its work, however little the processes wait on each other; and
+    what 0.8 of the floor's throughput (issue 18) would ask of the stack here."""
+    cores = len(os.sched_getaffinity(0))
+    total_ms = sum(cpu.values()) * 1000 / n
+    model_ms = cpu.get("simserver", 0.0) * 1000 / n
+    most = cores * 1000 / total_ms
+    budget_ms = cores * 1000 / (0.8 * n / floor)
+    return (
+        f"      CPU ceiling: {total_ms:.2f} ms per sub-query with the simulated model's "
+        f"{model_ms:.2f}, on {cores} cores: at most {most:,.0f} sub-queries/s with no waiting "
+        f"({most * floor / n:.2f} of the floor); 0.8 of the floor needs at most "
+        f"{budget_ms:.2f} ms in all, so {budget_ms - model_ms:.2f} ms of stack"
+    )
 
 
 def ratio(t: float, ideal: float) -> str:
@@ -303,6 +323,7 @@ def main() -> None:
             f"throughput   stack CPU {cpu_ms[len(cpu_ms) // 2]:.2f} ms per sub-query (median); "
             f"median of {len(mine)} tries {median:.3f} s ({ratio(median, ideal).strip()})"
         )
+        print(ceiling(min(mine, key=lambda b: b[0])[2], args.n, floor))
     best = min(t for t, *_ in batches)
     if sequential is not None:
         t, failed, _ = sequential
