@@ -142,6 +142,11 @@ ROLES: dict[str, str] = {
             # write its venue's presence (an EVAL that looks for a bar first, with EXISTS).
             "+zrem +zscore +zrangebyscore +hset +hdel +hget +hmget +exists",
             "~frlm:presence:venue:*",
+            # Deregistering, it bars its entry for a while (SET with PX, presence.withdraw)
+            # so a late beat cannot bring it back: SET on the bar keys alone, a selector.
+            # Without it the whole withdrawal failed and the entry stood until it lapsed,
+            # routable (tests/workers/test_worker_stop.py).
+            "(+set ~frlm:presence:venue:*:barred:*)",
         ]
     ),
     # The simulated model server needs no Redis.

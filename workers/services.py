@@ -410,8 +410,13 @@ def _retire(worker: Worker, why: str) -> None:
 def _withdraw(worker: Worker, *, bar_s: float = 0) -> None:
     try:
         presence.withdraw(get_redis(), presence_group(worker.venue.name), worker.id, bar_s=bar_s)
-    except redis.RedisError:
-        log.warning("could not withdraw worker %s from presence: Redis is unreachable", worker.id)
+    except redis.RedisError as exc:
+        log.warning(
+            "could not withdraw worker %s from presence (%s): its entry lapses by itself "
+            "within FRLM_VENUE_HEARTBEAT_TTL_S",
+            worker.id,
+            exc,
+        )
 
 
 # Celery's consumer of a broker worker declares its own queue `worker.<id>` with an exchange

@@ -65,6 +65,8 @@ def test_it_gives_the_worker_its_own_credentials_and_not_the_servers_secret(stac
         pytest.param(lambda c: c.delete(circuit_key("worker:w1")), id="close-breaker"),
         pytest.param(lambda c: c.hset(circuit_key("venue:edge"), "state", "closed"), id="breaker"),
         pytest.param(lambda c: c.set("frlm:budget:r1", 0), id="budget"),
+        # It may set its own presence bar (SET on the bar keys alone), nothing else there.
+        pytest.param(lambda c: c.set("frlm:presence:venue:edge", "x"), id="clobber-presence"),
         pytest.param(lambda c: c.set("frlm:api:sig:x", 1), id="replay-cache"),
         pytest.param(lambda c: c.get("frlm:run:r1:progress"), id="read-progress"),
         pytest.param(lambda c: c.set("frlm:run:r1:cancel", 1), id="cancel-a-run"),

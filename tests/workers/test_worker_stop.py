@@ -1,4 +1,5 @@
-"""A worker told to stop (SIGTERM) stops within seconds when what it talks to is gone: a
+"""A worker told to stop (SIGTERM) leaves presence as it goes, so no run sends it work it
+will never do; and it stops within seconds when what it talks to is gone: a
 broker worker whose Redis was killed with -9, a gateway worker whose web server was. Each
 waited first: the broker worker a minute and more on its last beat and its deregistration
 (the Redis client rides out an outage), the gateway worker its back-off between attempts
@@ -34,6 +35,35 @@ def _stop_took(proc: subprocess.Popen, limit: float) -> float:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     return time.monotonic() - sent
+
+
+def test_a_broker_worker_told_to_stop_leaves_presence_as_it_goes(venues, tmp_path) -> None:
+    """Its deregistration takes its entry out of presence with its own Redis user (a
+    broker worker registers in-process). Its user could not set the bar that keeps the
+    entry out, so the whole withdrawal failed ("Redis is unreachable", it said), and the
+    entry stood until it expired: a replay started meanwhile sent a worker's share of its
+    jobs to it, and each waited for the worker to be found lost (bench/replay.py)."""
+    spec = VenueSpec("local", concurrency=2, worker_name="stop-w2")
+    with own_stack(tmp_path, [spec]) as own:
+        wait_until(
+            lambda: any(w["label"] == "stop-w2" for w in presence.alive(own.client, "venue:local")),
+            timeout=60,
+            what="the worker in presence",
+        )
+        worker_id = next(
+            w["name"] for w in presence.alive(own.client, "venue:local") if w["label"] == "stop-w2"
+        )
+        own.client.acl_log_reset()
+        took = _stop_took(own.procs["worker-stop-w2"].popen, 30)
+        log = own.log_tail("worker-stop-w2", 30)
+        # Gone now, not left to lapse (the stack's entries last 3 s past their last beat).
+        assert presence.entry(own.client, "venue:local", worker_id) is None, log
+        assert took < 10, log
+        assert "could not withdraw" not in log, log
+        # Its role may not delete its queue's bindings (queue_bindings_forget leaves them
+        # to the sweep); nothing of presence may be refused.
+        refused = [e.get("object") for e in own.client.acl_log()]
+        assert not [o for o in refused if o in ("set", "zrem", "hdel") or "presence" in o], refused
 
 
 def test_a_broker_worker_whose_redis_was_killed_stops_within_seconds(venues, tmp_path) -> None:
