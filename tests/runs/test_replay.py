@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
 from collections import Counter
 
 import pytest
+from django.test import override_settings
 
+from frlm_web import presence
+from frlm_web.redis_client import get_redis
 from runs.models import Run
 from tests.helpers import finish, launch, named, scripted, trace
 from traces import store
 from traces.diff import run_diff
+from workers.venues import presence_group
 
 pytestmark = [pytest.mark.stack]
 
@@ -235,3 +241,39 @@ def test_a_full_replay_times_out_the_recorded_attempts_and_diffs_clean(
     assert Counter(e["attrs"]["sq_id"] for e in named(after, "SubQuery.Timeout")) == timeouts
     assert len(named(after, "SubQuery.Retry")) == len(named(before, "SubQuery.Retry"))
     assert run_diff(original.id, copy.id)["first_divergence"] is None
+
+
+def test_a_replay_whose_worker_dies_answers_its_jobs_on_another(swarm_factory, subprocess_env):
+    """A worker of the replay dies (-9) as it starts: the recording's workers did not, so
+    the book has no attempt for the retries that follow. They go, carrying the recorded
+    reply, and the replay ends at once; withheld as attempts no recorded worker started,
+    each waited out its sub-query's timeout (bench/replay.py: 39 of them, 61 s)."""
+    swarm = swarm_factory("relost", 2, latency=40)
+    batch = "rs = llm_query_batched(['l %d' % i for i in range(16)])\nprint(len(rs))"
+    policy = {"explore": 0, "hedge": "off", "subquery_timeout_s": 20}
+    original = finish(
+        launch(question=scripted(batch, "FINAL('done')"), venues=["relost"], policy=policy)
+    )
+    assert original.status == "succeeded", original.error
+    settled(original)
+
+    # The construction: the dead worker's presence entry still stands (the product's lasts
+    # FRLM_VENUE_HEARTBEAT_TTL_S past its last beat), so the replay gives it a share of its
+    # jobs; its alive line has dropped, so the replay finds it lost and tries them again.
+    dead = swarm.wait_up()[0]
+    os.kill(int(dead["pid"]), signal.SIGKILL)
+    with override_settings(FRLM_VENUE_HEARTBEAT_TTL_S=30):
+        presence.announce(get_redis(), presence_group("relost"), dead["name"], dead)
+
+    done = replay(subprocess_env, original.id, "--json")
+    assert done.returncode == 0, done.stderr
+    copy = Run.objects.get(id=json.loads(done.stdout)["run_id"])
+    events = settled(copy)
+    lost = [e for e in named(events, "SubQuery.Retry") if "was lost" in e["attrs"]["reason"]]
+    assert lost, "the replay should have sent jobs to the dead worker (the construction)"
+    assert not named(events, "SubQuery.Timeout")
+    ends = named(events, "SubQuery.Submit", "end")
+    assert len(ends) == 16 and all(e["status"] == "ok" for e in ends), Counter(
+        e["status"] for e in ends
+    )
+    assert copy.status == "succeeded" and copy.wall_ms < 15_000, (copy.status, copy.wall_ms)
