@@ -105,9 +105,9 @@ class Book:
         the replay's is not published either. Only for an attempt the recording sent and
         gave up while it was out (cut off, timed out, or another attempt answered): any
         other the replay needs answered. One the recording never made is the replay's own
-        (a retry after its worker was lost, which a recording's workers need not have
-        been): it goes, and its job carries the recorded reply. Withheld, it waited out
-        the sub-query's timeout (bench/replay.py: 39 of them, 61 s)."""
+        (a retry after the replay lost a worker where the recording lost none): it goes,
+        and its job carries the recorded reply. Withheld, it waited out the sub-query's
+        timeout (bench/replay.py: 39 of them, 61 s)."""
         if place in self.fates or place not in self.made:
             return False
         given_up = place in self.cut_out or place in self.losers or place in self.timeouts
