@@ -13,6 +13,7 @@ import subprocess
 import time
 
 import pytest
+import redis
 
 from frlm_web import presence
 from frlm_web.stack import VenueSpec
@@ -37,6 +38,15 @@ def _stop_took(proc: subprocess.Popen, limit: float) -> float:
     return time.monotonic() - sent
 
 
+def _in_presence(client: redis.Redis, label: str) -> dict:
+    """The presence entry of the `local` worker named `label`, once it has one."""
+
+    def entry() -> dict | None:
+        return next((w for w in presence.alive(client, "venue:local") if w["label"] == label), None)
+
+    return wait_until(entry, timeout=60, what=f"{label} in presence")
+
+
 def test_a_broker_worker_told_to_stop_leaves_presence_as_it_goes(venues, tmp_path) -> None:
     """Its deregistration takes its entry out of presence with its own Redis user (a
     broker worker registers in-process). Its user could not set the bar that keeps the
@@ -45,14 +55,7 @@ def test_a_broker_worker_told_to_stop_leaves_presence_as_it_goes(venues, tmp_pat
     jobs to it, and each waited for the worker to be found lost (bench/replay.py)."""
     spec = VenueSpec("local", concurrency=2, worker_name="stop-w2")
     with own_stack(tmp_path, [spec]) as own:
-        wait_until(
-            lambda: any(w["label"] == "stop-w2" for w in presence.alive(own.client, "venue:local")),
-            timeout=60,
-            what="the worker in presence",
-        )
-        worker_id = next(
-            w["name"] for w in presence.alive(own.client, "venue:local") if w["label"] == "stop-w2"
-        )
+        worker_id = _in_presence(own.client, "stop-w2")["name"]
         own.client.acl_log_reset()
         took = _stop_took(own.procs["worker-stop-w2"].popen, 30)
         log = own.log_tail("worker-stop-w2", 30)
@@ -69,11 +72,7 @@ def test_a_broker_worker_told_to_stop_leaves_presence_as_it_goes(venues, tmp_pat
 def test_a_broker_worker_whose_redis_was_killed_stops_within_seconds(venues, tmp_path) -> None:
     spec = VenueSpec("local", concurrency=2, worker_name="stop-w1")
     with own_stack(tmp_path, [spec]) as own:
-        wait_until(
-            lambda: any(w["label"] == "stop-w1" for w in presence.alive(own.client, "venue:local")),
-            timeout=60,
-            what="the worker in presence",
-        )
+        _in_presence(own.client, "stop-w1")
         own.kill("redis", signal.SIGKILL)
         time.sleep(1.5)  # a beat or two meets the outage
         worker = own.procs["worker-stop-w1"].popen
