@@ -17,11 +17,17 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import django
 
+# The project's packages before this folder's modules: bench/traces.py is not the app
+# `traces` (run as a script, this folder comes first on the path, and Django's setup took
+# the bench for the app and failed).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "frlm_web.settings_isolated")
 django.setup()
 
