@@ -66,9 +66,10 @@ def _alive(pid: int, started: int) -> bool:
     return stat is not None and stat[2] == started and stat[1] != "Z"
 
 
-def _data_dir(tree: dict[int, int]) -> Path:
+def _instance_dir(tree: dict[int, int]) -> Path | None:
     """The bench's private data directory, as its stack's processes inherited it (the
-    bench's own /proc environ is the one it started with, before it made the directory)."""
+    bench's own /proc environ is the one it started with, before it made the directory);
+    None once none of them is left to tell."""
     for pid in tree:
         try:
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
@@ -77,7 +78,13 @@ def _data_dir(tree: dict[int, int]) -> Path:
         for item in environ:
             if item.startswith(b"FRLM_TEST_SESSION_DIR="):
                 return Path(item.split(b"=", 1)[1].decode())
-    raise AssertionError("no process of the bench's stack names its data directory")
+    return None
+
+
+def _data_dir(tree: dict[int, int]) -> Path:
+    found = _instance_dir(tree)
+    assert found is not None, "no process of the bench's stack names its data directory"
+    return found
 
 
 def _kill_mid_run(
@@ -102,8 +109,26 @@ def _kill_mid_run(
     bench.send_signal(signum)
 
 
-def _left_running(tree: dict[int, int]) -> list[str]:
-    return [f"{pid} {_cmdline(pid)[:120]}" for pid, started in tree.items() if _alive(pid, started)]
+def _of_instance(data: Path) -> dict[int, int]:
+    """Every process whose environment names the bench's data directory, wherever it hangs
+    now: one its parent left behind is no longer under the bench."""
+    marker = f"FRLM_TEST_SESSION_DIR={data}".encode()
+    found = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if marker in (entry / "environ").read_bytes().split(b"\0"):
+                stat = _stat(int(entry.name))
+                if stat is not None:
+                    found[int(entry.name)] = stat[2]
+        except OSError:
+            continue
+    return found
+
+
+def _left_running(seen: dict[int, int], data: Path) -> list[str]:
+    """What still runs of the processes seen under the bench or of its instance."""
+    every = {**seen, **_of_instance(data)}
+    return [f"{pid} {_cmdline(pid)[:120]}" for pid, t in every.items() if _alive(pid, t)]
 
 
 @contextmanager
@@ -129,7 +154,9 @@ def _bench(script: str, *args: str) -> Iterator[tuple[subprocess.Popen[str], dic
         if bench.poll() is None:
             bench.kill()
             bench.wait()
-        for pid, started in seen.items():
+        data = _instance_dir(seen)
+        left = {**seen, **(_of_instance(data) if data is not None else {})}
+        for pid, started in left.items():
             if _alive(pid, started):
                 os.kill(pid, signal.SIGKILL)
 
@@ -144,7 +171,9 @@ def test_a_fanout_bench_killed_mid_run_leaves_nothing_behind(signum: int) -> Non
         _kill_mid_run(bench, signum, has=kinds, seen=seen)
         data = _data_dir(seen)
         out, _ = bench.communicate(timeout=90)
-        wait_until(lambda: not _left_running(seen), timeout=10, what="the stack's processes to end")
+        wait_until(
+            lambda: not _left_running(seen, data), timeout=10, what="the stack's processes to end"
+        )
         assert not data.exists(), f"{data} is left behind"
         assert bench.returncode == 128 + signum, out
 
@@ -158,8 +187,11 @@ def test_a_federation_bench_killed_mid_run_deletes_its_hosts() -> None:
         _kill_mid_run(bench, signal.SIGTERM, has=["frlm_worker", "--connect gateway"], seen=seen)
         owned = re.compile(rf"{netlab.PREFIX}[0-9a-f]{{6}}-{bench.pid}-")
         assert owned.search(_netns()), "the bench made no host of its own"
+        data = _data_dir(seen)
         out, _ = bench.communicate(timeout=120)
-        wait_until(lambda: not _left_running(seen), timeout=10, what="the hosts' processes to end")
+        wait_until(
+            lambda: not _left_running(seen, data), timeout=10, what="the hosts' processes to end"
+        )
         assert not owned.search(_netns()), _netns()
         assert bench.returncode == 128 + signal.SIGTERM, out
 
