@@ -40,7 +40,7 @@ from runs.engine.turns import RootTurns
 from runs.lease import keeper, open_spans_key
 from runs.models import Run
 from runs.orphans import CONDUCTOR_GROUP
-from runs.sandbox import CellResult, Sandbox, SandboxLimits
+from runs.sandbox import CellResult, CellStopped, Sandbox, SandboxLimits
 from traces import caps
 from traces.emitter import Emitter, Span
 from workers.backends import ModelSpec
@@ -187,8 +187,11 @@ class Conductor:
             reason = partial_reason(self.totals, self.fanout.accounts, answered=False)
             raise RunAbort(reason, status=Run.Status.PARTIAL)
 
+    def cancel_pending(self) -> bool:
+        return cancel_requested(self.client, self.run.id)
+
     def check_cancelled(self) -> None:
-        if cancel_requested(self.client, self.run.id):
+        if self.cancel_pending():
             raise RunAbort("the run was cancelled", status=Run.Status.CANCELLED)
 
     def finish(self, status: str, answer: str, error: str, wall_ms: float, run_span: Span) -> None:
@@ -377,7 +380,13 @@ class Conductor:
         )
         rlm.span = span.span_id
         try:
-            result = sandbox.execute(code)
+            # A cancel ends the cell within a quarter of a second, whatever its code does
+            # (a long loop or sleep used to hold the run, its conductor slot and its
+            # spending until the cell's wall clock).
+            result = sandbox.execute(code, stop=self.cancel_pending)
+        except CellStopped as exc:
+            span.end("error", error=f"cancelled: the cell was {exc}")
+            raise RunAbort("the run was cancelled", status=Run.Status.CANCELLED) from None
         except BaseException as exc:
             # Whatever stops the run here (a cancel, an error of the host's) ends the cell's
             # span with it: one was left open for good (a review).

@@ -58,10 +58,18 @@ UNISOLATED = "NOT ISOLATED"
 # The REPL reads the conductor's offset index, or, without one, makes it in one streaming
 # pass over the context: seconds for a few GB, not minutes.
 _START_TIMEOUT_S = 60.0
+# How often a running cell asks whether it should stop (`execute`'s `stop`): a cancelled
+# run's cell is ended within this, not at its wall clock.
+STOP_POLL_S = 0.25
 
 
 class SandboxError(RuntimeError):
     """The sandbox itself cannot work (bubblewrap missing, the REPL does not start, misuse)."""
+
+
+class CellStopped(Exception):
+    """The cell was ended from outside (`execute`'s `stop` said so) before it finished; its
+    REPL was thrown away, and the next cell gets a fresh one."""
 
 
 def _check_identity(context_fd: int, index_fd: int, path: Path) -> None:
@@ -145,7 +153,10 @@ class Sandbox:
             self.close()
             raise
 
-    def execute(self, code: str) -> CellResult:
+    def execute(self, code: str, *, stop: Callable[[], bool] | None = None) -> CellResult:
+        """Run one cell. `stop`, if given, is asked every STOP_POLL_S while the cell's code
+        runs (not while a call of it is served here); once it says yes the cell's REPL is
+        killed and CellStopped raised."""
         if self._closed or self._scratch is None:
             raise SandboxError("the Sandbox is not running; call start() first")
         started = time.monotonic()
@@ -162,7 +173,7 @@ class Sandbox:
         cell = secrets.token_hex(8)
         child.queue(encode({"type": "exec", "code": code, "cell": cell}))
         try:
-            outcome = self._run_cell(child, out, err, cell)
+            outcome = self._run_cell(child, out, err, cell, stop)
         except BaseException:
             # Interrupted from outside (KeyboardInterrupt, a task time limit) in mid-cell: the
             # REPL's state is unknown, so the next cell gets a fresh one.
@@ -171,6 +182,10 @@ class Sandbox:
             raise
         if isinstance(outcome, dict):
             return self._finished(outcome, out, err, started, restarted)
+        if outcome == "stopped":
+            self._child = None
+            child.kill()
+            raise CellStopped(f"stopped after {time.monotonic() - started:.1f} s")
         return self._killed(outcome, out, err, started)
 
     def fold(self, text: str) -> int:
@@ -203,14 +218,22 @@ class Sandbox:
     # -- running a cell ----------------------------------------------------------------------
 
     def _run_cell(
-        self, child: ReplProcess, out: Capture, err: Capture, cell: str
-    ) -> dict[str, Any] | Literal["timeout", "died", "protocol"]:
+        self,
+        child: ReplProcess,
+        out: Capture,
+        err: Capture,
+        cell: str,
+        stop: Callable[[], bool] | None,
+    ) -> dict[str, Any] | Literal["timeout", "died", "protocol", "stopped"]:
         """Pump the pipes until the cell is done; the clock stops while the handler runs."""
         used = 0.0
         while True:
             segment_start = time.monotonic()
+            wait = self._limits.cell_wall_s - used
+            if stop is not None:
+                wait = min(wait, STOP_POLL_S)
             try:
-                message = child.next_message(self._limits.cell_wall_s - used, out, err)
+                message = child.next_message(wait, out, err)
             except ChildDied:
                 return "died"
             except ProtocolError as exc:
@@ -218,6 +241,10 @@ class Sandbox:
                 return "protocol"
             used += time.monotonic() - segment_start
             if message is None:
+                if stop is not None and stop():
+                    return "stopped"
+                if used < self._limits.cell_wall_s:
+                    continue
                 return "timeout"
             if message.get("type") == "done":
                 if message.get("cell") != cell:

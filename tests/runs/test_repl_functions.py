@@ -3,10 +3,12 @@ workers and the simulated model, driven by scripted root programs."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.helpers import finish, launch, named, scripted, trace
-from traces import blobs
+from traces import blobs, store
 
 pytestmark = [pytest.mark.stack]
 
@@ -168,6 +170,31 @@ def test_it_kills_a_cell_past_its_wall_clock_and_goes_on(venues):
         e for e in named(events, "Repl.Exec", "end") if e["attrs"].get("error") == "timeout"
     ]
     assert timed_out and timed_out[0]["attrs"]["restarted"] is True
+
+
+def test_a_cancel_ends_a_running_cell_at_once(venues):
+    """A run cancelled while its cell's own code runs (a sleep, a long loop) ends within a
+    second or so, not at the cell's wall clock: it held the run, its conductor slot and the
+    REPL until then, whatever the user asked."""
+    from runs.models import Run
+    from runs.services import run_cancel
+    from tests.helpers import wait_until
+
+    run = launch(question=scripted("import time\ntime.sleep(60)", "FINAL('never')"))
+    wait_until(
+        lambda: any(e["name"] == "Repl.Exec" for e in store.read_events(run.id)),
+        timeout=30,
+        what="the cell to start",
+    )
+    asked = time.monotonic()
+    run_cancel(run)
+    finish(run, timeout=60)
+    took = time.monotonic() - asked
+    assert run.status == Run.Status.CANCELLED, (run.status, run.error)
+    assert took < 5, f"the run ended {took:.1f} s after its cancel, its cell asleep meanwhile"
+    cell = named(trace(run), "Repl.Exec", "end")
+    assert cell and cell[0]["status"] == "error", cell
+    assert "cancelled" in cell[0]["attrs"]["error"], cell[0]["attrs"]
 
 
 def test_it_asks_for_a_best_answer_at_max_turns(venues):

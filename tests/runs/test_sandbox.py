@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from runs.sandbox import Sandbox, SandboxCallError, SandboxError, SandboxLimits
+from runs.sandbox import CellStopped, Sandbox, SandboxCallError, SandboxError, SandboxLimits
 
 REPO = Path(__file__).resolve().parents[2]
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
@@ -242,6 +242,26 @@ def test_it_kills_a_cell_past_the_wall_clock(make_sandbox: MakeSandbox) -> None:
     )
     after = sandbox.execute("print('lost' in globals(), len(context))")
     assert (after.stdout, after.error) == ("False 45\n", None)
+
+
+def test_a_cell_told_to_stop_is_killed_at_once_and_the_next_gets_a_fresh_repl(
+    make_sandbox: MakeSandbox,
+) -> None:
+    sandbox = make_sandbox(limits=SandboxLimits(cell_wall_s=60))
+    sandbox.execute("lost = 'soon'")
+    asked: list[float] = []
+    started = time.monotonic()
+
+    def stop() -> bool:
+        asked.append(time.monotonic())
+        return time.monotonic() - started > 0.5
+
+    with pytest.raises(CellStopped):
+        sandbox.execute("import time\nwhile True:\n    time.sleep(1)", stop=stop)
+    assert time.monotonic() - started < 3
+    assert len(asked) >= 2  # asked while the cell ran, not only once
+    after = sandbox.execute("print('lost' in globals(), len(context))")
+    assert (after.stdout, after.error, after.restarted) == ("False 45\n", None, True)
 
 
 def test_it_does_not_count_handler_time_against_the_wall_clock(
