@@ -24,7 +24,7 @@ from tests.gateway import (
 )
 from tests.helpers import launch, trace
 from workers.gateway.agent import ws_url
-from workers.jobs import results_stream
+from workers.jobs import encode_result, results_stream
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -220,3 +220,71 @@ def test_a_deregistered_worker_that_never_beats_gets_no_more_jobs(web, venues) -
         f"{timed_out} waited out their {policy['subquery_timeout_s']} s timeout "
         f"(the rest of the run took {waited:.0f} s)"
     )
+
+
+def test_a_shared_queue_job_taken_by_a_worker_no_longer_live_is_sent_again_at_once(
+    web, venues
+) -> None:
+    """routing=shared: a job on a venue's queue has no assignee until a live worker of the
+    venue claims it. One taken off the queue by a worker that is no longer live (its
+    session's pump popped it in the instant between the worker's deregistration and the
+    server noticing) is claimed in a name the conductor refuses. Nobody else can take it
+    or answer for it: it must be sent again now, not wait out its sub-query timeout (a
+    CI run of the test above took 30 s longer than it should have: this was why). The
+    stray pop is made here, by hand, so that the test does not hang on the race."""
+    from workers.models import Worker
+    from workers.wire import jobs_of
+
+    venue = "sharedst"
+    wid, key = registered_worker("stholder", venue=venue, concurrency=1)
+    stray, _stray_key = registered_worker("ststray", venue=venue, concurrency=1)
+    queue = Worker.objects.select_related("venue").get(id=wid).venue.queue
+    policy = {"subquery_timeout_s": 30, "hedge": "off", "routing": "shared"}
+    client = get_redis()
+    with welcomed(web, (wid, key)) as (ws,):
+        tend([ws], 1.0)
+        run = launch(task="sniah", tokens=60_000, seed=13, venues=[venue], policy=policy)
+        first: list[dict] = []
+        deadline = time.monotonic() + 60
+        while not first and time.monotonic() < deadline:
+            first = tend([ws], 0.3)
+        assert first, "the holder got no job"
+        # Its one slot is busy: the rest wait on the venue's queue. One is taken off it
+        # and claimed in the name of a worker not live in the venue.
+        raw = None
+        deadline = time.monotonic() + 30
+        while raw is None and time.monotonic() < deadline:
+            raw = client.rpop(queue)
+            if raw is None:
+                tend([ws], 0.2)
+        assert raw is not None, "nothing waited on the venue's queue"
+        (job,) = jobs_of(raw)
+        claim = {
+            "run_id": job["run_id"],
+            "sq_id": job["sq_id"],
+            "venue": venue,
+            "worker_id": stray,
+            "status": "started",
+            "span": "0" * 16,
+        }
+        client.xadd(results_stream(job["run_id"]), encode_result(claim))
+        t0 = time.monotonic()
+        ws.send(
+            json.dumps({"type": "results", "results": [signed_answer(j, wid, key) for j in first]})
+        )
+        serve_beating(ws, run, wid, key)
+        took = time.monotonic() - t0
+    run.refresh_from_db()
+    events = trace(run)
+    timed_out = [e["attrs"].get("sq_id") for e in named(events, "SubQuery.Timeout")]
+    assert not timed_out and took < 20, (
+        f"the job taken by {stray} ({job['sq_id']}) waited out its timeout: timed out "
+        f"{timed_out}, the run took {took:.1f} s more"
+    )
+    assert run.status == "succeeded", run.error
+    rejected = [
+        e
+        for e in named(events, "SubQuery.Return")
+        if e["status"] == "rejected" and e["attrs"].get("sq_id") == job["sq_id"]
+    ]
+    assert rejected and "not a live worker" in rejected[0]["attrs"]["reason"], rejected

@@ -609,6 +609,9 @@ class WorkerLink:
                 await self.consumer.close(code=4408)
                 return
             if await self.redis.exists(presence.barred_key(group, self.worker.id)):
+                # Its pump stops now, not when the socket's close is done: until then it
+                # took jobs off the venue's queue in a name the conductor refuses.
+                await self.lost(f"worker {self.worker.id} was deregistered")
                 await self.consumer.refuse(
                     4410,
                     f"worker {self.worker.id} was deregistered",

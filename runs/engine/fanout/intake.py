@@ -82,8 +82,16 @@ class Intake:
         if problem is None and status in ("ok", "error"):
             problem = self._check_signature(result, wid)
         if problem is not None:
-            # Not counted, and not the job's end: the assignee may still answer.
             self._reject(flight, wid, problem)
+            if status in ("started", "queued") and not flight.assigned and not flight.worker_id:
+                # A shared queue's job, claimed first by a worker that may not hold it
+                # (one deregistered a moment before its session's pump took the job): it
+                # is off the queue, and no other worker can take it or answer for it.
+                # Tried again now, not at its timeout; the venue is not at fault.
+                self.attempts.abandon(flight, wave)
+                self.attempts.retry_or_settle(flight, "error", problem, wave)
+                return flight
+            # Not counted, and not the job's end: the assignee may still answer.
             return None
         if status == "queued":
             # A gateway worker holds it in its buffer, not started yet (workers/gateway/
