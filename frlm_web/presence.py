@@ -13,6 +13,8 @@ from typing import Any
 import redis
 from django.conf import settings
 
+from frlm_web.redis_client import within
+
 
 def _members_key(group: str) -> str:
     return f"frlm:presence:{group}"
@@ -76,6 +78,9 @@ def entry(client: redis.Redis, group: str, name: str) -> tuple[float, dict[str, 
     return float(score), json.loads(info) if info else {}
 
 
+WITHDRAW_WAIT_S = 2.0
+
+
 class PresenceThread(threading.Thread):
     """Keeps one process's entry fresh until stopped."""
 
@@ -102,7 +107,14 @@ class PresenceThread(threading.Thread):
             self.stopping.wait(self.every_s)
 
     def stop(self) -> None:
+        """Stop beating and take the entry out, waiting WITHDRAW_WAIT_S at most: with Redis
+        away the process's client rides the outage out for about a minute, and a conductor
+        told to stop waited that out in its shutdown (the stack then killed it 15 s on).
+        Not withdrawn, the entry lapses by itself."""
         self.stopping.set()
+        within(WITHDRAW_WAIT_S, self._withdraw, "frlm-presence-withdraw")
+
+    def _withdraw(self) -> None:
         try:
             withdraw(self.client, self.group, self.member)
         except redis.RedisError:

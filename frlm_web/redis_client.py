@@ -6,6 +6,7 @@ import functools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -34,6 +35,17 @@ def get_redis(*, ride_out: bool = True) -> redis.Redis:
         # by Redis() ten, the blind repeat this client is for avoiding.
         options.update(socket_timeout=30, retry=Retry(NoBackoff(), 0))
     return redis.Redis.from_url(settings.REDIS_URL, **options)
+
+
+def within(seconds: float, step: Callable[[], None], name: str) -> bool:
+    """Run `step` on a daemon thread and wait for it at most `seconds`: False if it is
+    still running then (left to the process's exit). A stopping process's last calls go
+    through it, so a Redis (or server) that does not answer, which `get_redis()`'s client
+    would ride out for about a minute, cannot hold the exit."""
+    thread = threading.Thread(target=step, name=name, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return not thread.is_alive()
 
 
 class LuaScript:

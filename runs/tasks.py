@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from pathlib import Path
 
 from celery.signals import worker_ready
@@ -28,13 +29,20 @@ def _fail_orphans(**_: object) -> None:
     if conductor_name():
         runs_fail_orphaned()
         watch_start(conductor_name())
-        try:
-            swept = departed_bindings_sweep(get_redis())
-        except Exception:
-            log.exception("could not sweep departed workers' queue bindings")
-        else:
-            if swept:
-                log.info("dropped the queue bindings of %d departed workers", swept)
+        # Housekeeping, off the consumer's thread: a Redis that went away during the sweep
+        # held that thread while the client rode the outage out (about a minute), and the
+        # conductor could neither take runs nor stop on SIGTERM meanwhile.
+        threading.Thread(target=_sweep_bindings, name="frlm-bindings-sweep", daemon=True).start()
+
+
+def _sweep_bindings() -> None:
+    try:
+        swept = departed_bindings_sweep(get_redis())
+    except Exception:
+        log.exception("could not sweep departed workers' queue bindings")
+    else:
+        if swept:
+            log.info("dropped the queue bindings of %d departed workers", swept)
 
 
 @app.task(name=CONDUCT_TASK, ignore_result=True, acks_late=False)

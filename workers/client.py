@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, Protocol, TypedDict
 
@@ -172,16 +170,6 @@ class HttpControl:
                 str(data.get("challenge") or ""),
             )
         return data
-
-
-def within(seconds: float, step: Callable[[], None], name: str) -> bool:
-    """Run `step` on a daemon thread and wait for it at most `seconds`: False if it is
-    still running then (left to the process's exit). A stopping worker's last calls go
-    through it, so a Redis or server that does not answer cannot hold the exit."""
-    thread = threading.Thread(target=step, name=name, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    return not thread.is_alive()
 
 
 class LocalControl:

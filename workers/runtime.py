@@ -29,10 +29,10 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from frlm_web import collector
-from frlm_web.redis_client import get_redis
+from frlm_web.redis_client import get_redis, within
 from workers import keys, signing, slots
 from workers.alive import ALIVE_ENV, AliveLine
-from workers.client import LEAVE_S, Control, ControlError, Registered, within
+from workers.client import LEAVE_S, Control, ControlError, Registered
 from workers.jobs import Job
 from workers.services import Registration
 from workers.slots import Tally

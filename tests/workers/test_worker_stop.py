@@ -17,6 +17,7 @@ import redis
 
 from frlm_web import presence
 from frlm_web.stack import VenueSpec
+from runs.orphans import CONDUCTOR_GROUP
 from tests.gateway import GatewayWorker
 from tests.helpers import wait_until
 from tests.ownstack import own_stack
@@ -80,6 +81,27 @@ def test_a_broker_worker_whose_redis_was_killed_stops_within_seconds(venues, tmp
         log = own.log_tail("worker-stop-w1", 30)
         assert took < 12, f"stopped {took:.1f} s after SIGTERM:\n{log}"
         assert "could not deregister" in log, log
+
+
+def test_a_conductor_whose_redis_was_killed_stops_within_seconds(venues, tmp_path) -> None:
+    """The conductor's shutdown takes its presence entry out; with Redis gone its client
+    rode the outage out there, and the stack killed it 15 s after SIGTERM."""
+    with own_stack(tmp_path, []) as own:
+        wait_until(lambda: presence.alive(own.client, CONDUCTOR_GROUP), timeout=30, what="presence")
+        # Its consumer waits on the runs queue: it has started (its start's housekeeping
+        # done or under way off that thread).
+        wait_until(
+            lambda: any(
+                c.get("user") == "conductor" and c.get("cmd") == "brpop"
+                for c in own.client.client_list()
+            ),
+            timeout=30,
+            what="the conductor's consumer",
+        )
+        own.kill("redis", signal.SIGKILL)
+        time.sleep(1.5)
+        took = _stop_took(own.procs["conductor"].popen, 40)
+        assert took < 6, f"stopped {took:.1f} s after SIGTERM:\n{own.log_tail('conductor', 30)}"
 
 
 def test_a_gateway_worker_whose_server_was_killed_stops_at_once(venues, tmp_path) -> None:

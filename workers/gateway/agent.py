@@ -29,10 +29,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from websockets.sync.client import ClientConnection, connect
 
 from frlm_web import collector
+from frlm_web.redis_client import within
 from traces.emitter import Emitter, Event, Span
 from workers import keys, signing
 from workers.backends import ModelError, ModelSpec, chat
-from workers.client import LEAVE_S, HttpControl, Registered, within
+from workers.client import LEAVE_S, HttpControl, Registered
 from workers.execution import ok_result, reply_fields, served, signed
 from workers.gateway.protocol import (
     MAX_MESSAGE_BYTES,
