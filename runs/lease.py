@@ -113,8 +113,17 @@ class LeaseKeeper:
                 log.exception("could not drop the lease of run %s (it lapses by itself)", run_id)
 
     def lost(self, run_id: str) -> bool:
+        """Whether a watcher took the run's lease away: seen by the renewal, or asked of
+        Redis now. A run that stops at once on the cancel the watcher set (a cell is told
+        within a quarter of a second) could end before the next renewal saw the lease
+        gone, and record its outcome over the failure."""
         with self.lock:
-            return run_id in self.taken
+            if run_id in self.taken:
+                return True
+        try:
+            return bool(self.client.exists(reaped_key(run_id)))
+        except redis.RedisError:
+            return False  # Redis away: its outcome is recorded, as before this check
 
     def renew(self) -> None:
         """One renewal of every held lease, in one round trip; XX: a lease a watcher has

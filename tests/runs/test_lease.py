@@ -166,6 +166,29 @@ def test_a_holder_takes_back_a_lease_lost_with_redis_but_not_one_taken_from_it(s
         client.delete(reaped_key("lease-t1"), "frlm:run:lease-t1:cancel")
 
 
+def test_a_holder_knows_its_lease_was_taken_before_its_next_renewal(stack):
+    """A run told to stop by the cancel a watcher set can end within a quarter of a
+    second (its cell is stopped at once), before the holder's next renewal has seen the
+    lease gone: asked at the run's end, the holder must still know, or the run records
+    its outcome over the watcher's failure (a second Run.Done, seen once in
+    test_it_keeps_a_stalled_conductors_run...)."""
+    from frlm_web.redis_client import get_redis
+    from runs.lease import LEASES_KEY, LeaseKeeper, reaped_key
+
+    client = get_redis()
+    keeper = LeaseKeeper(client)
+    keeper.held.add("lease-t2")  # held without its renewal thread
+    try:
+        client.zadd(LEASES_KEY, {"lease-t2": time.time() + 8})
+        assert not keeper.lost("lease-t2")
+        client.zrem(LEASES_KEY, "lease-t2")  # as a watcher does, leaving its mark
+        client.set(reaped_key("lease-t2"), "web", ex=60)
+        assert keeper.lost("lease-t2")
+    finally:
+        client.zrem(LEASES_KEY, "lease-t2")
+        client.delete(reaped_key("lease-t2"))
+
+
 def test_a_lapse_the_watcher_could_not_act_on_is_acted_on_at_its_next_round(
     stack, venues, monkeypatch
 ):
