@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import redis
 from django.conf import settings
 from django.utils import timezone
 
@@ -189,6 +190,15 @@ class Conductor:
 
     def cancel_pending(self) -> bool:
         return cancel_requested(self.client, self.run.id)
+
+    def cell_stop(self) -> bool:
+        """A running cell's question (`Sandbox.execute`'s `stop`): a Redis that stays away
+        past the client's ride through the outage does not end the cell; the next turn's
+        check says what it must."""
+        try:
+            return self.cancel_pending()
+        except redis.RedisError:
+            return False
 
     def check_cancelled(self) -> None:
         if self.cancel_pending():
@@ -383,7 +393,7 @@ class Conductor:
             # A cancel ends the cell within a quarter of a second, whatever its code does
             # (a long loop or sleep used to hold the run, its conductor slot and its
             # spending until the cell's wall clock).
-            result = sandbox.execute(code, stop=self.cancel_pending)
+            result = sandbox.execute(code, stop=self.cell_stop)
         except CellStopped as exc:
             span.end("error", error=f"cancelled: the cell was {exc}")
             raise RunAbort("the run was cancelled", status=Run.Status.CANCELLED) from None
