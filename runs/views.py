@@ -323,7 +323,11 @@ def run_cancel_view(request: HttpRequest, run_id: str) -> HttpResponse:
     run = _get_run_for_user(request, run_id)
     if not run.done:
         run_cancel(run)
-        messages.info(request, "Cancellation requested: the run stops at its next step.")
+        messages.info(
+            request,
+            "Cancellation requested: a running cell or batch stops within a second; a root "
+            "model's reply under way is waited for first.",
+        )
     return redirect("run", run_id=run.id)
 
 

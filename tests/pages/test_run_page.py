@@ -57,6 +57,33 @@ def test_it_shows_a_live_run_as_it_happens(page, web):
     assert "succeeded" in page.inner_text("#run-status")
 
 
+def test_cancel_run_stops_a_run_whose_cell_is_asleep_within_seconds(page, web):
+    """The run page's "Cancel run", clicked while a cell sleeps: the run ends cancelled and
+    the page says so within seconds, not at the cell's wall clock."""
+    run = launch(question=scripted("import time\ntime.sleep(60)", "FINAL('never')"))
+    page.goto(f"/runs/{run.id}")
+    page.wait_for_selector("#movie[data-ready='1']")
+    wait_for(
+        page,
+        "frlmMovie.rows.some(s => s.name === 'Repl.Exec' && s.i1 < 0)",
+        what="the cell, open",
+    )
+    clicked = time.monotonic()
+    page.locator("#run-actions button.danger", has_text="Cancel run").click()
+    page.wait_for_load_state("domcontentloaded")
+    wait_for(
+        page,
+        "document.getElementById('run-header').dataset.done === '1'",
+        timeout=15,
+        what="the page to show the run ended",
+    )
+    took = time.monotonic() - clicked
+    assert "cancelled" in page.inner_text("#run-status"), page.inner_text("#run-status")
+    assert took < 8, f"the page showed the run ended {took:.1f} s after the click"
+    run.refresh_from_db()
+    assert run.status == "cancelled", (run.status, run.error)
+
+
 def test_it_catches_up_after_reconnects_with_no_gap_and_no_duplicate(page, web):
     run = launch(question=slow_question(ticks=15), worker_sim=SLOW_WORKERS)
     page.goto(f"/runs/{run.id}")
