@@ -175,17 +175,13 @@ class Sandbox:
         try:
             outcome = self._run_cell(child, out, err, cell, stop)
         except BaseException:
-            # Interrupted from outside (KeyboardInterrupt, a task time limit) in mid-cell: the
-            # REPL's state is unknown, so the next cell gets a fresh one.
+            # Interrupted from outside (`stop`, KeyboardInterrupt, a task time limit) in
+            # mid-cell: the REPL's state is unknown, so the next cell gets a fresh one.
             self._child = None
             child.kill()
             raise
         if isinstance(outcome, dict):
             return self._finished(outcome, out, err, started, restarted)
-        if outcome == "stopped":
-            self._child = None
-            child.kill()
-            raise CellStopped(f"stopped after {time.monotonic() - started:.1f} s")
         return self._killed(outcome, out, err, started)
 
     def fold(self, text: str) -> int:
@@ -224,8 +220,9 @@ class Sandbox:
         err: Capture,
         cell: str,
         stop: Callable[[], bool] | None,
-    ) -> dict[str, Any] | Literal["timeout", "died", "protocol", "stopped"]:
-        """Pump the pipes until the cell is done; the clock stops while the handler runs."""
+    ) -> dict[str, Any] | Literal["timeout", "died", "protocol"]:
+        """Pump the pipes until the cell is done; the clock stops while the handler runs.
+        CellStopped once `stop` says so."""
         used = 0.0
         while True:
             segment_start = time.monotonic()
@@ -242,7 +239,7 @@ class Sandbox:
             used += time.monotonic() - segment_start
             if message is None:
                 if stop is not None and stop():
-                    return "stopped"
+                    raise CellStopped(f"stopped after {used:.1f} s of its code")
                 if used < self._limits.cell_wall_s:
                     continue
                 return "timeout"

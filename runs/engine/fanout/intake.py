@@ -88,9 +88,7 @@ class Intake:
                 # (one deregistered a moment before its session's pump took the job): it
                 # is off the queue, and no other worker can take it or answer for it.
                 # Tried again now, not at its timeout; the venue is not at fault.
-                self.attempts.abandon(flight, wave)
-                self.attempts.retry_or_settle(flight, "error", problem, wave)
-                return flight
+                return self._again_now(flight, wave, problem, observed=False)
             # Not counted, and not the job's end: the assignee may still answer.
             return None
         if status == "queued":
@@ -220,11 +218,14 @@ class Intake:
         self.attempts.retry_or_settle(flight, "error", f"worker {wid} {RETURNED}", wave)
         return flight
 
-    def _again_now(self, flight: Flight, wave: Wave, reason: str) -> Flight:
+    def _again_now(
+        self, flight: Flight, wave: Wave, reason: str, *, observed: bool = True
+    ) -> Flight:
         """Its holder will not answer it: the attempt is given up and the job tried again
-        now, not at its timeout."""
+        now, not at its timeout (`observed`: counted against the holder and its venue)."""
         self.attempts.abandon(flight, wave)
-        self.router.observe(flight, False)
+        if observed:
+            self.router.observe(flight, False)
         self.attempts.retry_or_settle(flight, "error", reason, wave)
         return flight
 
