@@ -100,7 +100,7 @@ class QueueConsumer:
         messages, and how many slots are still held for them; on a Redis error every
         slot is given back before it is raised."""
         try:
-            raws = _POP(keys=self.queues, args=[held], client=self.client)
+            _, raws = _POP(keys=self.queues, args=[held], client=self.client)
         except redis.RedisError:
             self.slots.give_back(held)
             raise

@@ -16,6 +16,7 @@ import base64
 import os
 import socket
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -43,19 +44,41 @@ def _encode(obj: Any) -> str:
 # Up to ARGV[1] messages off the lists in KEYS, the first list drained first (the worker's
 # own queue before its venue's, as BRPOP orders them), in one round trip: the jobs for a
 # worker's free slots, popped by the gateway for its workers and by FRLM's own consumer
-# (workers/consumer.py). RPOP with a count needs Redis 6.2.
+# (workers/consumer.py). RPOP with a count needs Redis 6.2. The reply is how many came
+# from each list, then the messages (`popped`), so what the gateway popped for a session
+# that ended can go back where it was (workers/gateway/pump.py).
 POP_LUA = """
 local want = tonumber(ARGV[1])
 local out = {}
-for _, key in ipairs(KEYS) do
-  if #out >= want then break end
-  local got = redis.call('RPOP', key, want - #out)
-  if got then
-    for _, raw in ipairs(got) do out[#out + 1] = raw end
+local counts = {}
+for i, key in ipairs(KEYS) do
+  counts[i] = 0
+  if #out < want then
+    local got = redis.call('RPOP', key, want - #out)
+    if got then
+      for _, raw in ipairs(got) do out[#out + 1] = raw end
+      counts[i] = #got
+    end
   end
 end
-return out
+return {counts, out}
 """
+
+
+def popped(queues: Sequence[str], reply: list[Any]) -> list[tuple[str, bytes]]:
+    """POP_LUA's reply as (queue, message) pairs, in the order popped."""
+    counts, raws = reply
+    sources = [queue for queue, n in zip(queues, counts, strict=True) for _ in range(int(n))]
+    return list(zip(sources, raws, strict=True))
+
+
+def unpopped(items: Sequence[tuple[str, bytes]]) -> dict[str, list[bytes]]:
+    """What RPUSH puts back on each queue so that its messages are popped again in the order
+    they were (a queue is popped from its right end)."""
+    back: dict[str, list[bytes]] = {}
+    for queue, raw in reversed(items):
+        back.setdefault(queue, []).append(raw)
+    return back
 
 
 def origin() -> str:

@@ -18,8 +18,8 @@ class FailingBrpop:
         self.failures = failures
         self.brpops = 0
 
-    def eval(self, *_args, **_kwargs) -> list[bytes]:
-        return []
+    def eval(self, *_args, **_kwargs) -> list:
+        return [[0, 0], []]  # wire.POP_LUA's reply: none from either queue
 
     def brpop(self, _queues, timeout: float):
         self.brpops += 1

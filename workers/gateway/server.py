@@ -40,7 +40,8 @@ from django.utils.crypto import salted_hmac
 from frlm_web import presence
 from frlm_web.redis_client import get_redis
 from traces.emitter import APPEND_LUA, append_args
-from workers import fragments, services
+from workers import fragments, services, wire
+from workers.gateway import pump
 from workers.gateway.aredis import async_redis
 from workers.gateway.protocol import (
     MAX_RESULTS,
@@ -110,6 +111,7 @@ class WorkerLink:
         self.tasks: list[asyncio.Task] = []
         self.closed = False
         self.redis = async_redis()
+        self.pops = pump.Pops(lambda popped: pump.put_back(self.redis, popped))
         self.contexts: dict[str, str | None] = {}  # run id -> its context file (cached)
         self.returned = 0  # jobs of a dropped session it gave back on this one (protocol.py)
 
@@ -184,28 +186,20 @@ class WorkerLink:
             self.room.clear()
 
     async def _pump(self) -> None:
+        """Its pops run to their end if the session ends meanwhile (workers/gateway/pump.py):
+        what one took then goes back on its queue."""
         try:
             while True:
                 await self.room.wait()
-                raws = await self._pop(self._free())
-                if not raws:
-                    popped = await self.redis.brpop(self.queues, timeout=POP_WAIT_S)
-                    if popped is None:
-                        continue
-                    # What was queued with it goes out with it.
-                    raws = [popped[1], *await self._pop(self._free() - 1)]
-                await self._take(raws)
+                pop = pump.pop_some(self.redis, self.queues, self._free, POP_WAIT_S)
+                popped = await self.pops.pop(pop)
+                if popped:
+                    await self._take(popped)
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("gateway: the pump of worker %s failed", self.worker.id)
             await self.consumer.close(code=1011)
-
-    async def _pop(self, count: int) -> list[bytes]:
-        """Up to `count` messages off its queues without waiting, its own queue first."""
-        if count < 1:
-            return []
-        return await self.redis.eval(POP_LUA, len(self.queues), *self.queues, count)  # type: ignore[misc]
 
     def _parse(self, raw: bytes) -> list[Job]:
         """The sub-query jobs in a queue's message (a bundle has several, should one come
@@ -217,9 +211,13 @@ class WorkerLink:
             return []
         return [job for job in jobs if job.get("deadline", 0) >= time.time()]
 
-    async def _take(self, raws: list[bytes]) -> None:
-        """Messages off a queue: claimed for this worker, filled, sent."""
-        jobs = [job for raw in raws for job in self._parse(raw)]
+    async def _take(self, popped: list[pump.Popped]) -> None:
+        """Messages off a queue: claimed for this worker, filled, sent; for a session that
+        has ended, put back."""
+        if self.closed:
+            await pump.put_back(self.redis, popped)
+            return
+        jobs = [job for _, raw in popped for job in self._parse(raw)]
         if not jobs:
             return
         ids = _ids(2 * len(jobs))  # an Execute span and its start event's id for each
@@ -523,8 +521,8 @@ class WorkerLink:
         gone = self._take_back(waiting, replies[end - len(waiting) : end])
         # No await between freeing the slots and filling them (_take holds its jobs
         # before its first await): the pump never sees them free.
-        if freed and replies[-1]:
-            await self._take(replies[-1])
+        if freed and replies[-1][1]:
+            await self._take(wire.popped(self.queues, replies[-1]))
         await self._cancel(gone)
         self._update_room()
 
