@@ -10,6 +10,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 
@@ -98,6 +99,43 @@ def model_spec(
     if not name:
         raise ValueError(f"the {role} model needs a model name: 'openai:MODEL' or --model MODEL")
     return ModelSpec("openai", name, base_url or settings.FRLM_OPENAI_BASE_URL)
+
+
+def command_models(
+    root: str | None, worker: str | None, *, base_url: str | None, model: str | None
+) -> tuple[ModelSpec | None, ModelSpec | None]:
+    """The root and worker models a command names (None for one it leaves as it is).
+    `--base-url` and `--model` go to its `openai` models only: a role left on the simulated
+    model keeps the simulated server (it was sent to the endpoint too, and failed with
+    advice to start the simulated server)."""
+    endpoint = [value for value in (root, worker) if value and value.strip() != "sim"]
+    if (base_url or model) and not endpoint:
+        raise ValueError(
+            "--base-url and --model name an OpenAI-compatible endpoint and its model: give "
+            "them with --root-model openai[:MODEL] and/or --worker-model openai[:MODEL] "
+            "(the simulated model needs neither)"
+        )
+    if base_url:
+        check_base_url(base_url)
+
+    def spec(value: str | None, role: str) -> ModelSpec | None:
+        if value is None:
+            return None
+        if value.strip() == "sim":
+            return model_spec(value, role=role)
+        return model_spec(value, role=role, base_url=base_url, model=model)
+
+    return spec(root, "root"), spec(worker, "worker")
+
+
+def check_base_url(url: str) -> None:
+    """An endpoint's base URL is http(s) with a host, or a ValueError that says so."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(
+            f"--base-url {url!r} is not an http:// or https:// URL: give the endpoint's base, "
+            "such as http://127.0.0.1:11434/v1"
+        )
 
 
 @dataclass

@@ -113,6 +113,17 @@ def test_it_prints_a_summary_and_progress(venues, subprocess_env, context_root):
             ["--question", "q", "--context", "NOTES", "--root-model", "gpt"],
             "unknown root model",
         ),
+        # Both were taken (a review): the simulated root was sent to the endpoint, and the
+        # run failed with advice to start the simulated server; a URL of nothing failed so.
+        (
+            ["--question", "q", "--context", "NOTES", "--base-url", "http://127.0.0.1:1/v1"],
+            "give them with --root-model openai[:MODEL] and/or --worker-model",
+        ),
+        (
+            ["--question", "q", "--context", "NOTES", "--root-model", "openai:m"]
+            + ["--base-url", "notaurl"],
+            "--base-url 'notaurl' is not an http:// or https:// URL",
+        ),
     ],
 )
 def test_it_rejects_bad_input_with_a_clear_message(

@@ -119,3 +119,16 @@ def test_the_body_goes_as_json_and_any_text_arrives_as_written(text: str) -> Non
     assert request["headers"]["content-type"] == "application/json"
     assert request["body"]["messages"] == messages
     assert reply.text == text
+
+
+def test_a_commands_endpoint_goes_to_its_openai_model_only(settings) -> None:
+    """`frlm_run --worker-model openai:x --base-url URL` left the root on the simulated
+    model, but sent it to URL too (a review): the run failed at its first root turn."""
+    from workers.backends import command_models
+
+    url = "http://127.0.0.1:11434/v1"
+    root, worker = command_models("sim", "openai:qwen3", base_url=url, model=None)
+    assert (root.kind, root.base_url) == ("sim", settings.FRLM_SIM_URL)
+    assert (worker.kind, worker.model, worker.base_url) == ("openai", "qwen3", url)
+    root, worker = command_models("openai", None, base_url=url, model="m")
+    assert (root.model, root.base_url, worker) == ("m", url, None)

@@ -61,7 +61,7 @@ class Command(FrlmCommand):
         from runs.engine.policy import PolicyError, parse_assignments
         from runs.models import Run
         from runs.services import RunInputError, run_replay
-        from workers.backends import model_spec
+        from workers.backends import command_models
 
         try:
             source = Run.objects.get(id=run_id)
@@ -72,15 +72,12 @@ class Command(FrlmCommand):
         refuse_unless_ready()
         try:
             changes = parse_assignments(o["set"], "--set")
-            root = worker = None
-            if o["root_model"]:
-                root = model_spec(
-                    o["root_model"], role="root", base_url=o["base_url"], model=o["model"]
-                )
-            if o["worker_model"]:
-                worker = model_spec(
-                    o["worker_model"], role="worker", base_url=o["base_url"], model=o["model"]
-                )
+            root, worker = command_models(
+                o["root_model"] or None,
+                o["worker_model"] or None,
+                base_url=o["base_url"],
+                model=o["model"],
+            )
             run = run_replay(
                 source,
                 from_turn=o["from_turn"],

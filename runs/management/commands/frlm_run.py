@@ -88,7 +88,7 @@ class Command(FrlmCommand):
         from runs.cli import launch, refuse_unless_ready
         from runs.engine.policy import PolicyError, parse_assignments
         from runs.services import ContextSpec, RunInputError, run_create
-        from workers.backends import model_spec
+        from workers.backends import command_models
 
         refuse_unless_ready()
         if o["task"] and o["context"]:
@@ -104,11 +104,8 @@ class Command(FrlmCommand):
                 "drop them"
             )
         try:
-            root = model_spec(
-                o["root_model"], role="root", base_url=o["base_url"], model=o["model"]
-            )
-            worker = model_spec(
-                o["worker_model"], role="worker", base_url=o["base_url"], model=o["model"]
+            root, worker = command_models(
+                o["root_model"], o["worker_model"], base_url=o["base_url"], model=o["model"]
             )
             policy = parse_assignments(o["policy"])
         except (ValueError, PolicyError) as exc:
