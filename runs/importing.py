@@ -208,7 +208,9 @@ def run_fields(events: list[Event], path: Path) -> dict[str, Any]:
     root_start, root_end = _root(events)
     done = next((e for e in reversed(events) if e["name"] == "Run.Done"), None)
     init_attrs = root_start["attrs"] if root_start and root_start["name"] == "Run.Init" else {}
-    said = done["attrs"] if done else {}
+    # Its totals are the event's own fields, the rest its attrs: counted from the spans
+    # instead, a hedge's loser and a cut-off copy were added to what the run spent.
+    said = {**_own_totals(done), **done["attrs"]} if done else {}
     status, answer, error = _outcome(done, root_end)
     started = root_start["ts"] if root_start else events[0]["ts"]
     finished = root_end["ts"] if root_end else (done["ts"] if done else None)
@@ -305,6 +307,10 @@ def _totals(events: list[Event], said: dict[str, Any]) -> dict[str, Any]:
         elif math.isfinite(value) and value >= 0:  # else the spans' own sum stands
             counted[key] = money(value)  # by its shortest spelling: 0.1 is 0.1
     return counted
+
+
+def _own_totals(done: Event) -> dict[str, Any]:
+    return {key: done.get(key) for key in ("tokens_in", "tokens_out", "cost")}
 
 
 def _cut(submit_end: Event) -> bool:

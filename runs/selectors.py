@@ -40,8 +40,10 @@ def recent_run_ids(
 ) -> tuple[list[str], list[str]]:
     """Of the runs `user` may see created since `since`: the latest `limit` ids, newest
     first, and up to `running_limit` ids of those still running (the worker pages' health
-    figures come from these runs' traces)."""
-    runs = visible_runs(user).filter(created__gte=since)
+    figures come from these runs' traces). Not imported runs: what their workers did was
+    done elsewhere or before, and a run exported and imported again counted its workers'
+    calls twice (a review)."""
+    runs = visible_runs(user).filter(created__gte=since).exclude(context_source=Run.Source.IMPORTED)
     recent = list(runs.order_by("-created").values_list("id", flat=True)[:limit])
     running = list(
         runs.filter(status=Run.Status.RUNNING).values_list("id", flat=True)[:running_limit]

@@ -113,7 +113,14 @@ def _imported_span(
         _frlm_fields(imported, attrs)
     else:
         _foreign_fields(imported, span, attrs, parents)
-    if imported.status == "ok" and status.get("code") in (STATUS_CODE_ERROR, "STATUS_CODE_ERROR"):
+    # FRLM's export marks a copy nobody waited for (a hedge's loser) as an error for other
+    # tools; its own status is what the worker reported (it was imported as a failure).
+    copy = attrs.get("frlm.cancelled_copy") is True and attrs.get("frlm.event_name") in NAMES
+    if (
+        imported.status == "ok"
+        and not copy
+        and status.get("code") in (STATUS_CODE_ERROR, "STATUS_CODE_ERROR")
+    ):
         imported.status = "error"
         imported.end_attrs.setdefault("error", status.get("message") or "error")
     if imported.metrics.get("ms") is None:

@@ -118,7 +118,8 @@ def worker_history(run_ids: list[str], *, bucket_s: int) -> list[dict]:
         run_ids,
         """SELECT worker_id,
                   CAST(floor(epoch_ns(ts) / 1e9 / ?) * ? AS BIGINT) * 1000 AS t_ms,
-                  count(*) AS calls, count(*) FILTER (WHERE status <> 'ok') AS errors,
+                  count(*) AS calls,
+                  count(*) FILTER (WHERE status NOT IN ('ok', 'cancelled')) AS errors,
                   quantile_cont(ms, 0.5) AS p50_ms, quantile_cont(ms, 0.95) AS p95_ms
            FROM ev WHERE name = 'SubQuery.Execute' AND phase = 'end'
              AND worker_id IS NOT NULL

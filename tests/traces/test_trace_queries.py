@@ -84,8 +84,8 @@ def test_it_answers_empty_for_a_run_with_no_events(stack):
 def test_a_cancelled_execution_is_not_a_workers_error(stack, settings, tmp_path):
     """The venues page showed a worker with "errors 20%" for a hedge's loser it was told to
     drop (a review): cancelled work is the conductor's choice, not the worker's failure;
-    work it lost (abandoned) is."""
-    from traces.selectors import worker_activity
+    work it lost (abandoned) is. The venues page's history counted it as one (a review)."""
+    from traces.selectors import worker_activity, worker_history
 
     settings.FRLM_TRACE_DIR = tmp_path / "traces"
     client = redis.Redis.from_url(stack.redis_url.rsplit("/", 1)[0] + "/6")
@@ -105,6 +105,9 @@ def test_a_cancelled_execution_is_not_a_workers_error(stack, settings, tmp_path)
     try:
         activity = worker_activity(["rC"], [])
         assert (activity["w2"]["calls"], activity["w2"]["errors"]) == (4, 1)
+        history = worker_history(["rC"], bucket_s=3600)
+        assert sum(row["calls"] for row in history) == 4
+        assert sum(row["errors"] for row in history) == 1
     finally:
         client.flushdb()
 
