@@ -11,7 +11,7 @@ from django import forms
 from django.conf import settings
 
 from runs.engine.context import context_roots
-from runs.engine.policy import RANGES, Policy
+from runs.engine.policy import RANGES, Policy, PolicyError
 from runs.program_templates import PROGRAM_TEMPLATES
 from runs.services import ContextSpec, RunInputError
 from runs.taskgen import MAX_TOKENS, MIN_TOKENS, TASKS
@@ -51,21 +51,30 @@ def _policy_field(name: str, label: str) -> forms.Field:
     )
 
 
+def place_policy_errors(form: forms.Form, message: str) -> None:
+    """Each of PolicyError's problems beside the setting it names."""
+    for problem in message.split("; "):
+        match = _POLICY_PROBLEM.match(problem)
+        name = match.group(1) if match else None
+        form.add_error(name if name in form.fields else None, problem)
+
+
 def place_errors(form: forms.Form, error: RunInputError) -> None:
-    """Put each service error beside its field: a policy message names its setting."""
+    """Put each service error beside its field: a policy message names its setting, a
+    task's its number of tokens or its seed."""
+    task = error.errors.get("task", "")
     targets = {
         "question": "question",
-        "task": "task_name",
+        "task": {"tokens": "task_tokens", "seed": "task_seed"}.get(
+            task.split(" ", 1)[0], "task_name"
+        ),
         "venues": "venues",
         "from_turn": "from_turn",
         "program": "program",
     }
     for key, message in error.errors.items():
         if key == "policy":
-            for problem in message.split("; "):
-                match = _POLICY_PROBLEM.match(problem)
-                name = match.group(1) if match else None
-                form.add_error(name if name in form.fields else None, problem)
+            place_policy_errors(form, message)
         elif key == "context":
             form.add_error(form.context_field(), message)  # type: ignore[attr-defined]
         else:
@@ -101,14 +110,17 @@ class RunForm(forms.Form):
     task_name = forms.ChoiceField(
         choices=[(name, name) for name in sorted(TASKS)], initial="sniah", label="Task"
     )
+    # Their ranges are the task generator's (runs.taskgen.make_task), said with the run's
+    # other problems: a range checked here held those back until it was met (a review).
     task_tokens = forms.IntegerField(
         initial=100_000,
-        min_value=MIN_TOKENS,
-        max_value=MAX_TOKENS,
         label="Tokens",
-        widget=forms.NumberInput(attrs={"step": 1000}),
+        widget=forms.NumberInput(attrs={"step": 1000, "min": MIN_TOKENS, "max": MAX_TOKENS}),
+        help_text=f"{MIN_TOKENS:,} to {MAX_TOKENS:,}",
     )
-    task_seed = forms.IntegerField(initial=1, min_value=0, label="Seed")
+    task_seed = forms.IntegerField(
+        initial=1, label="Seed", widget=forms.NumberInput(attrs={"min": 0})
+    )
 
     program = forms.ChoiceField(
         required=False,
@@ -272,6 +284,14 @@ class RunForm(forms.Form):
             for name in POLICY_FIELDS
             if self.cleaned_data.get(name) not in (None, "")
         }
+
+    def check_policy(self) -> None:
+        """The policy's problems beside their settings, for a form refused before the
+        service could say them (runs.views.run_new): not a submission later."""
+        try:
+            Policy.from_dict(self.policy())
+        except PolicyError as exc:
+            place_policy_errors(self, str(exc))
 
 
 class ReplayForm(forms.Form):

@@ -217,6 +217,8 @@ def run_new(request: HttpRequest) -> HttpResponse:
             form.add_error(None, str(exc))
         else:
             return redirect("run", run_id=run.id)
+    else:
+        form.check_policy()
     ctx = {
         "form": form,
         "policy_fields": POLICY_FIELDS,

@@ -73,6 +73,8 @@ def make_task(name: str, tokens: int, seed: int) -> Task:
         raise ValueError(
             f"tokens must be between {MIN_TOKENS:,} and {MAX_TOKENS:,}, not {tokens:,}"
         )
+    if seed < 0:
+        raise ValueError(f"seed must be 0 or more, not {seed}")
     return factory(tokens, seed)
 
 

@@ -84,6 +84,30 @@ def test_it_shows_each_error_beside_its_field(page, web):
     assert not Run.objects.exists()
 
 
+def test_it_shows_every_error_in_one_submission(page, web):
+    """A field the form itself refused (too few tokens, no file chosen) held the policy's
+    checks back: the quorum, the turns and the budget were said to be wrong only once
+    that was fixed and the form sent again (a review)."""
+    page.goto("/runs/new")
+    page.check("input[name=context_source][value=task]")
+    page.fill("#id_task_tokens", "50")
+    for field, value in (("quorum", "5"), ("max_turns", "0"), ("budget_usd", "-3")):
+        page.fill(f"#id_{field}", value)
+    page.click("#launch")
+    page.wait_for_selector(".field-errors")
+    assert "tokens must be between 100 and" in page.inner_text("#field-task_tokens .field-errors")
+    for field in ("quorum", "max_turns", "budget_usd"):
+        assert f"policy.{field} must be between" in page.inner_text(f"#field-{field} .field-errors")
+    assert page.input_value("#id_quorum") == "5"
+
+    page.check("input[name=context_source][value=upload]")
+    page.click("#launch")
+    page.wait_for_selector("#field-context_file .field-errors")
+    assert "choose a text file" in page.inner_text("#field-context_file .field-errors")
+    assert "policy.quorum must be between" in page.inner_text("#field-quorum .field-errors")
+    assert not Run.objects.exists()
+
+
 def test_it_reads_an_uploaded_context(page, web, tmp_path):
     notes = tmp_path / "notes.txt"
     notes.write_text("The launch window opens at 06:40 on the ninth.\n" * 50)
