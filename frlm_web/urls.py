@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from frlm_web import accounts, vendor
@@ -22,7 +23,20 @@ urlpatterns = [
     path("admin/login/", accounts.throttled_sign_in(admin.site.login)),
     path("admin/", admin.site.urls),
     path("accounts/login/", accounts.login, name="login"),
-    path("accounts/", include("django.contrib.auth.urls")),
+    # Django's auth views but its reset-by-mail ones: no mail is set up, and its pages
+    # said a mail had been sent (a review). A password is changed signed in, or with
+    # `manage.py changepassword`.
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path(
+        "accounts/password_change/",
+        auth_views.PasswordChangeView.as_view(),
+        name="password_change",
+    ),
+    path(
+        "accounts/password_change/done/",
+        auth_views.PasswordChangeDoneView.as_view(),
+        name="password_change_done",
+    ),
     path("", include("runs.urls")),
     path("venues", worker_views.venues_page, run_reads, name="venues"),
     path("venues/panel", worker_views.venues_panel, run_reads, name="venues-panel"),

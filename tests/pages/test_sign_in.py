@@ -108,3 +108,13 @@ def test_a_dashboard_whose_session_ended_goes_to_sign_in_and_comes_back(page, we
     assert page.title().startswith("Sign in")
     assert page.locator("#runs").count() == 0
     assert "next=%2F%3Fq%3Dcrimson" in page.url
+
+
+def test_there_is_no_password_reset_by_mail_that_no_mail_could_reach(web, venues):
+    """Django's reset pages said a mail was sent, and none could be: the server has no mail
+    set up (a review). A password is changed signed in, or by `manage.py changepassword`."""
+    for path in ["/accounts/password_reset/", "/accounts/reset/MQ/set-password/"]:
+        status, _, _ = fetch(web + path)
+        assert status == 404, path
+    status, headers, _ = fetch(web + "/accounts/password_change/")
+    assert status == 302 and headers["Location"].startswith("/accounts/login/?next=")
