@@ -241,12 +241,19 @@ def provider_caps(text: str) -> dict[str, Decimal]:
 
 def parse_assignments(items: list[str], option: str = "--policy") -> dict[str, str]:
     """`key=value` strings (from the command line's `option`) as a dict; PolicyError on a
-    bad one, naming the option it came with."""
+    bad one, naming the option it came with, and on a key given twice (the last value won
+    without a word: an experiment's `--tune hedge=p90,p99 --tune hedge=off` tried only
+    `off`, a review found)."""
     out: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
         key = key.strip().removeprefix("policy.")
         if not sep or not key:
             raise PolicyError(f"{option} takes KEY=VALUE, got {item!r}")
+        if key in out:
+            raise PolicyError(
+                f"{key} is given twice ({key}={out[key]} and {key}={value.strip()}): give "
+                f"it once, with all its values if it takes several ({key}=v1,v2)"
+            )
         out[key] = value.strip()
     return out

@@ -66,6 +66,11 @@ def test_it_says_what_is_wrong_with_a_policy_loop_item():
     assert response.status_code == 400
     # The line, not the command's --tune, is named (a review).
     assert b"the line replicas=two" in response.content and b"--tune" not in response.content
+    # Two lines for one setting: the first line's values were dropped without a word.
+    twice = {"suite": "small", "tune": "hedge=p90,p99\nhedge=off"}
+    response = client.post(reverse("experiments"), twice)
+    assert response.status_code == 400
+    assert b"hedge is given twice (hedge=p90,p99 and hedge=off)" in response.content
     response = client.post(reverse("experiments"), {"suite": "huge"})
     assert response.status_code == 400
     assert not Experiment.objects.exists()

@@ -38,6 +38,9 @@ def test_it_parses_assignments():
     }
     with pytest.raises(PolicyError, match="KEY=VALUE"):
         parse_assignments(["quorum"])
+    # The last one won without a word (a review: an experiment's loop lost values).
+    with pytest.raises(PolicyError, match=r"quorum is given twice \(quorum=0.5 and quorum=1\)"):
+        parse_assignments(["quorum=0.5", "policy.quorum=1"])
 
 
 def test_it_takes_the_trust_and_budget_settings_and_says_what_a_bad_one_needs():
