@@ -272,6 +272,20 @@ def test_it_refuses_to_start_with_a_bad_token(stack, server, subprocess_env):
     assert "simulated model" not in bad.stdout + bad.stderr and ".." not in bad.stderr
 
 
+def test_a_refused_registration_names_the_options_to_change(stack, server, subprocess_env):
+    """The server's refusal was printed as the HTTP API says it ("correct the fields listed
+    in `fields`"): a command's user changes its options (a review)."""
+    venue, _ = Venue.objects.get_or_create(name="rtremote")
+    _, token = token_create(venue, label="runtime test")
+    out = frlm_worker(subprocess_env, "--venue", "edge", "--server", server, "--token", token)
+    assert out.returncode != 0
+    assert (
+        "could not register: --venue: this enrolment token is for venue 'rtremote', not "
+        "'edge'. What to do: correct --venue and start it again"
+    ) in out.stderr, out.stderr
+    assert "`fields`" not in out.stderr
+
+
 def test_a_worker_of_an_untrusted_venue_may_not_consume_the_broker(
     stack, server, subprocess_env, transactional_db
 ):

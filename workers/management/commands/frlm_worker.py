@@ -224,7 +224,7 @@ class Command(FrlmCommand):
         try:
             runtime.run()
         except ControlError as exc:
-            raise CommandError(f"could not register: {exc}") from exc
+            raise CommandError(_refused(exc)) from exc
 
     def _gateway(self, options: dict, control: Control, registration: Registration, key) -> None:
         """A worker on the gateway: it talks to the web server only."""
@@ -234,7 +234,7 @@ class Command(FrlmCommand):
         try:
             agent.run()
         except ControlError as exc:
-            raise CommandError(f"could not register: {exc}") from exc
+            raise CommandError(_refused(exc)) from exc
         except GatewayRefused as exc:
             raise CommandError(f"the gateway refused this worker: {exc}") from exc
 
@@ -272,3 +272,29 @@ class Command(FrlmCommand):
         # On the database's machine the worker may create its venue, like the demo needs.
         Venue.objects.get_or_create(name=venue, defaults=venue_defaults(venue, options["kind"]))
         return LocalControl(options["token"])
+
+
+# The registration's fields, as this command's options set them.
+OPTION_OF = {
+    "name": "--name",
+    "venue": "--venue",
+    "models": "--model",
+    "concurrency": "--concurrency",
+    "context_tokens": "--context-tokens",
+    "price_in": "--price-in",
+    "price_out": "--price-out",
+    "public_key": "--key-file",
+}
+
+
+def _refused(exc: ControlError) -> str:
+    """A refused registration in this command's words: the options to change, not the HTTP
+    API's `fields` (a review found 'correct the fields listed in `fields`')."""
+    if not exc.fields:
+        return f"could not register: {exc}"
+    problems = "; ".join(
+        f"{OPTION_OF.get(field, field)}: {', '.join(messages)}"
+        for field, messages in sorted(exc.fields.items())
+    )
+    options = ", ".join(OPTION_OF.get(field, field) for field in sorted(exc.fields))
+    return f"could not register: {problems}. What to do: correct {options} and start it again"
