@@ -203,7 +203,13 @@ def format_summary(s: dict[str, Any]) -> str:
     lines.extend(_accounts_lines(s.get("accounts"), s["run_id"]))
     if s.get("replay_of"):
         turn = s["replay_turn"]
-        how = "all of it" if turn is None else f"root turns 1-{turn}, live after"
+        how = (
+            "all of it"
+            if turn is None
+            else "none of it, live from its first root turn"
+            if turn == 0
+            else f"root turns 1-{turn}, live after"
+        )
         lines.append(f"replay of  {s['replay_of']} (from its cassette: {how})")
     lines.append(f"sandbox    {s['isolation'] or '-'}")
     if (s["isolation"] or "").startswith("NOT ISOLATED"):

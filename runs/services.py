@@ -180,7 +180,7 @@ def run_replay(
     if from_turn is None and (policy_changes or root_model or worker_model):
         errors["from_turn"] = (
             "a full replay only plays the recording back; to change the policy or a model, "
-            "say from which root turn on to go live (--from-turn K)"
+            "say from which root turn on to go live"
         )
     elif from_turn is not None and not 0 <= from_turn <= source.turns:
         errors["from_turn"] = f"run {source.id} has root turns 1 to {source.turns}; got {from_turn}"

@@ -23,7 +23,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from frlm_web.redis_client import get_redis
 from runs.engine.progress import read_progress
-from runs.forms import POLICY_FIELDS, ReplayForm, RunForm, place_errors
+from runs.forms import POLICY_FIELDS, ReplayForm, RunForm, place_errors, place_policy_errors
 from runs.models import Run
 from runs.program_templates import PROGRAM_TEMPLATES
 from runs.sandbox import isolation_problem
@@ -302,8 +302,12 @@ def run_replay_view(request: HttpRequest, run_id: str) -> HttpResponse:
             )
             run_launch(copy)
     except RunInputError as exc:
+        # Beside its field, under the field's label; the policy's beside its settings.
         for field, message in exc.errors.items():
-            form.add_error(field if field in form.fields else None, f"{field}: {message}")
+            if field == "policy":
+                place_policy_errors(form, message)
+            else:
+                form.add_error(field if field in form.fields else None, message)
         return _replay_refused(request, source, form)
     except RunLaunchError as exc:
         form.add_error(None, str(exc))

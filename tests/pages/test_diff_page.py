@@ -133,3 +133,11 @@ def test_a_refused_replay_comes_back_open_with_what_was_typed_and_why(page, web)
     page.wait_for_selector("#replay-errors")
     assert "0.05" in page.inner_text("#replay-errors")  # the quorum's range
     assert page.input_value("#id_quorum") == "7"
+    # Said under the field's label, not its name in the code or the command's option
+    # (a review read "Live from root turn: from_turn: ... (--from-turn K)").
+    page.fill("#id_quorum", "0.5")
+    page.click(".replay-form button[type=submit]")
+    page.wait_for_selector("#replay-errors")
+    said = page.inner_text("#replay-errors")
+    assert "Live from root turn: a full replay only plays the recording back" in said, said
+    assert "from_turn" not in said and "--from-turn" not in said

@@ -110,9 +110,18 @@ def test_it_rejects_what_it_cannot_replay(venues, subprocess_env):
     original = finish(launch(question=scripted("FINAL('x')")))
     checks = [
         (["nope"], "no run 'nope'"),
-        ([original.id, "--set", "policy.quorum=0.5"], "say from which root turn on to go live"),
+        # Each under the option that sets it, not the service's field name (a review).
+        (
+            [original.id, "--set", "policy.quorum=0.5"],
+            "--from-turn: a full replay only plays the recording back; to change the policy or "
+            "a model, say from which root turn on to go live\n",
+        ),
+        ([original.id, "--from-turn", "9"], "--from-turn: run r"),
         ([original.id, "--from-turn", "9"], "has root turns 1 to 1; got 9"),
-        ([original.id, "--from-turn", "0", "--set", "policy.quorum=7"], "policy.quorum must be"),
+        (
+            [original.id, "--from-turn", "0", "--set", "policy.quorum=7"],
+            "--set: policy.quorum must be",
+        ),
         # It named --policy, which frlm_replay does not have (found by a review).
         ([original.id, "--from-turn", "1", "--set", "quorum"], "argument --set: takes KEY="),
     ]

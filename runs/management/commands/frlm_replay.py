@@ -86,7 +86,15 @@ class Command(FrlmCommand):
                 worker_model=worker,
             )
         except RunInputError as exc:
-            raise CommandError("\n".join(f"{k}: {v}" for k, v in exc.errors.items())) from exc
+            # Each problem under the option that sets it (the service's field names meant
+            # nothing on the command line; a review).
+            options = {"from_turn": "--from-turn", "policy": "--set"}
+            raise CommandError(
+                "\n".join(
+                    f"{options[key]}: {message}" if key in options else message
+                    for key, message in exc.errors.items()
+                )
+            ) from exc
         except (ValueError, PolicyError) as exc:
             raise CommandError(str(exc)) from exc
         launch(run)
