@@ -99,7 +99,15 @@ class RunForm(forms.Form):
         widget=forms.RadioSelect,
         label="Context",
     )
-    context_file = forms.FileField(required=False, label="File")
+    context_file = forms.FileField(
+        required=False,
+        label="File",
+        # The page checks the size before it sends anything (templates/runs/new.html): a
+        # body over the web server's limit came back as a bare 413, the form lost (a review).
+        widget=forms.ClearableFileInput(attrs={"data-max-bytes": UPLOAD_MAX_BYTES}),
+        help_text=f"A UTF-8 text file of at most {UPLOAD_MAX_BYTES // 2**20} MB; put a bigger "
+        "context on the server and give its path.",
+    )
     context_path = forms.CharField(
         required=False,
         label="Path",

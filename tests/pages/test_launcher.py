@@ -210,3 +210,29 @@ def test_it_says_what_is_wrong_with_a_context_source_and_asks_for_the_file_again
     assert response.status_code == 400
     assert 'id="upload-again"' in response.content.decode()
     assert not Run.objects.exists()
+
+
+def test_a_file_over_the_upload_limit_is_refused_before_it_is_sent(page, web, tmp_path):
+    """The web server answers a body over its limit with a bare 413: the form and all it
+    held were gone (a review). The page says the limit, and refuses such a file itself."""
+    from runs.forms import UPLOAD_MAX_BYTES
+
+    big = tmp_path / "big.txt"
+    with big.open("wb") as out:  # sparse: nothing is written but its size
+        out.truncate(UPLOAD_MAX_BYTES + 1)
+    page.goto("/runs/new")
+    page.check("input[name=context_source][value=upload]")
+    assert f"at most {UPLOAD_MAX_BYTES // 2**20} MB" in page.inner_text("#field-context_file")
+    page.fill("#id_question", "What is in it?")
+    page.fill("#id_quorum", "0.5")
+    page.set_input_files("#id_context_file", str(big))
+    said = page.inner_text("#field-context_file .field-errors")
+    assert f"the file is {UPLOAD_MAX_BYTES + 1:,} bytes; upload at most" in said
+    posted: list[str] = []
+    page.on("request", lambda r: posted.append(r.url) if r.method == "POST" else None)
+    page.click("#launch")
+    page.wait_for_load_state("networkidle")
+    assert not posted, posted  # nothing sent: the page is still the one filled in
+    assert page.input_value("#id_question") == "What is in it?"
+    assert page.input_value("#id_quorum") == "0.5"
+    assert not Run.objects.exists()
