@@ -215,3 +215,13 @@ def test_it_prints_what_verification_and_receipts_cost_and_a_budget_stop(venues,
         for k in figures
         if k in ("reserved", "settled", "committed", "cap")
     )
+
+
+def test_its_help_shows_no_empty_choice_and_says_its_defaults():
+    """`--program {,map_reduce,...}` showed the empty default as a choice, and --timeout
+    said no default (a review)."""
+    from runs.management.commands.frlm_run import Command
+
+    text = " ".join(Command().create_parser("manage.py", "frlm_run").format_help().split())
+    assert "{," not in text and "--program {map_reduce," in text
+    assert "seconds to wait for the answer (default 3600)" in text

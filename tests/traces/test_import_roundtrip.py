@@ -62,3 +62,11 @@ def test_the_live_workers_figures_leave_imported_runs_out() -> None:
     since = timezone.now() - timedelta(hours=1)
     recent, running = recent_run_ids(staff, since=since, limit=10, running_limit=10)
     assert (recent, running) == ([ran.id], [])
+
+
+def test_a_folder_is_refused_as_a_folder(tmp_path) -> None:
+    """It said 'no such file' of a folder that is there (a review)."""
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match="is a folder: give one trace file"):
+        call_command("frlm_import", str(tmp_path))

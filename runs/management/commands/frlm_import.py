@@ -36,6 +36,11 @@ class Command(FrlmCommand):
         """1. check the file and Redis, 2. import (parse all, save, send, wait),
         3. report; exit 1 when the recorder did not store the events."""
         path = Path(file)
+        if path.is_dir():
+            raise CommandError(
+                f"{file} is a folder: give one trace file (an OTLP/JSON export, JSON lines, or "
+                "an rlms log)"
+            )
         if not path.is_file():
             raise CommandError(f"no such file: {file}")
         if not redis_available():

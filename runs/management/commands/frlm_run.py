@@ -57,14 +57,15 @@ class Command(FrlmCommand):
             "--timeout",
             type=number(0, above=True),
             default=3600,
-            help="seconds to wait for the answer",
+            help="seconds to wait for the answer (default 3600)",
         )
         parser.add_argument("--no-wait", action="store_true", help="print the run id and return")
         parser.add_argument(
             "--program",
             default="",
             choices=["", *PROGRAM_TEMPLATES],
-            help="run the question with a program template (a program pattern)",
+            metavar="{" + ",".join(PROGRAM_TEMPLATES) + "}",
+            help="run the question with a program template (a program pattern); none by default",
         )
 
     def handle(self, *args, **o: Any) -> None:
