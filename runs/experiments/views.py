@@ -37,10 +37,23 @@ def _get_experiment_for_user(request: HttpRequest, experiment_id: int) -> Experi
     return get_object_or_404(visible_experiments(request.user), pk=experiment_id)
 
 
+# A suite starts device swarms on this server and registers its venues: an operator's act,
+# not any signed-in user's (a review).
+STAFF_ONLY = (
+    "only staff may start an experiment: a suite starts device swarms and registers venues "
+    "on this server; ask an operator, or run `manage.py frlm_experiment` on the server"
+)
+
+
 @login_required
 def experiments_page(request: HttpRequest) -> HttpResponse:
-    """GET: the experiments and the launcher. POST: create and start one, go to its page."""
+    """GET: the experiments and, for staff, the launcher. POST (staff): create and start
+    one, go to its page."""
     form = ExperimentForm(request.POST or None)
+    if request.method == "POST" and not request.user.is_staff:
+        ctx = {"form": form, "experiments": visible_experiments(request.user)[:SHOWN]}
+        ctx["refused"] = STAFF_ONLY
+        return render(request, "experiments/list.html", ctx, status=403)
     if request.method == "POST" and form.is_valid():
         try:
             with transaction.atomic():

@@ -36,14 +36,14 @@ def test_it_sends_anonymous_visitors_to_sign_in():
 
 @pytest.mark.django_db
 def test_it_refuses_a_launch_without_its_csrf_token():
-    client = _signed_in(make_user("ana"), enforce_csrf_checks=True)
+    client = _signed_in(make_user("ops", staff=True), enforce_csrf_checks=True)
     assert client.post(reverse("experiments"), {"suite": "small"}).status_code == 403
     assert not Experiment.objects.exists()
 
 
 @pytest.mark.django_db
 def test_it_queues_the_suite_and_starts_it_only_after_commit(django_capture_on_commit_callbacks):
-    client = _signed_in(make_user("ana"))
+    client = _signed_in(make_user("ops", staff=True))
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         response = client.post(reverse("experiments"), {"suite": "small", "tune": "replicas=2,3"})
     experiment = Experiment.objects.get()
@@ -60,8 +60,25 @@ def test_it_queues_the_suite_and_starts_it_only_after_commit(django_capture_on_c
 
 
 @pytest.mark.django_db
+def test_only_staff_may_start_one_and_see_where_its_data_is(django_capture_on_commit_callbacks):
+    """Any signed-in user started suites, which start device swarms and register venues on
+    the server, and was shown the server's path to the data (a review)."""
+    ana = make_user("ana")
+    client = _signed_in(ana)
+    page = client.get(reverse("experiments"))
+    assert b"Run the suite" not in page.content and b"Only staff may start" in page.content
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        response = client.post(reverse("experiments"), {"suite": "default"})
+    assert response.status_code == 403 and b"only staff may start an experiment" in response.content
+    assert not Experiment.objects.exists() and not callbacks
+    mine = Experiment.objects.create(suite_name="small", output_dir="/srv/x1", created_by=ana)
+    progress = client.get(reverse("experiment-progress", args=[mine.pk]))
+    assert progress.status_code == 200 and b"/srv/x1" not in progress.content
+
+
+@pytest.mark.django_db
 def test_it_says_what_is_wrong_with_a_policy_loop_item():
-    client = _signed_in(make_user("ana"))
+    client = _signed_in(make_user("ops", staff=True))
     response = client.post(reverse("experiments"), {"suite": "small", "tune": "replicas=two"})
     assert response.status_code == 400
     # The line, not the command's --tune, is named (a review).
