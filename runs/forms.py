@@ -62,12 +62,9 @@ def place_policy_errors(form: forms.Form, message: str) -> None:
 def place_errors(form: forms.Form, error: RunInputError) -> None:
     """Put each service error beside its field: a policy message names its setting, a
     task's its number of tokens or its seed."""
-    task = error.errors.get("task", "")
     targets = {
         "question": "question",
-        "task": {"tokens": "task_tokens", "seed": "task_seed"}.get(
-            task.split(" ", 1)[0], "task_name"
-        ),
+        "task": "task_name",
         "venues": "venues",
         "from_turn": "from_turn",
         "program": "program",
@@ -77,6 +74,13 @@ def place_errors(form: forms.Form, error: RunInputError) -> None:
             place_policy_errors(form, message)
         elif key == "context":
             form.add_error(form.context_field(), message)  # type: ignore[attr-defined]
+        elif key == "task":
+            # Its tokens' and seed's problems beside them (runs.taskgen.make_task).
+            for problem in message.split("; "):
+                first = problem.split(" ", 1)[0]
+                form.add_error(
+                    {"tokens": "task_tokens", "seed": "task_seed"}.get(first, "task_name"), problem
+                )
         else:
             field = targets.get(key)
             form.add_error(field if field in form.fields else None, message)
@@ -223,6 +227,8 @@ class RunForm(forms.Form):
 
     def clean_context_file(self) -> Any:
         upload = self.cleaned_data.get("context_file")
+        if self.cleaned_data.get("context_source") != "upload":
+            return None  # a file chosen, then another context picked: not read
         if upload is not None and upload.size > UPLOAD_MAX_BYTES:
             raise forms.ValidationError(
                 f"the file is {upload.size:,} bytes; upload at most {UPLOAD_MAX_BYTES:,}, or "

@@ -108,7 +108,7 @@ def command_models(
     `--base-url` and `--model` go to its `openai` models only: a role left on the simulated
     model keeps the simulated server (it was sent to the endpoint too, and failed with
     advice to start the simulated server)."""
-    endpoint = [value for value in (root, worker) if value and value.strip() != "sim"]
+    endpoint = [value for value in (root, worker) if value is not None and not _sim(value)]
     if (base_url or model) and not endpoint:
         raise ValueError(
             "--base-url and --model name an OpenAI-compatible endpoint and its model: give "
@@ -121,11 +121,15 @@ def command_models(
     def spec(value: str | None, role: str) -> ModelSpec | None:
         if value is None:
             return None
-        if value.strip() == "sim":
+        if _sim(value):
             return model_spec(value, role=role)
         return model_spec(value, role=role, base_url=base_url, model=model)
 
     return spec(root, "root"), spec(worker, "worker")
+
+
+def _sim(value: str) -> bool:
+    return (value or "sim").strip() == "sim"  # as model_spec reads it: empty is `sim`
 
 
 def check_base_url(url: str) -> None:

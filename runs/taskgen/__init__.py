@@ -69,12 +69,13 @@ def make_task(name: str, tokens: int, seed: int) -> Task:
     factory = TASKS.get(name)
     if factory is None:
         raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
+    problems = []
     if not MIN_TOKENS <= tokens <= MAX_TOKENS:
-        raise ValueError(
-            f"tokens must be between {MIN_TOKENS:,} and {MAX_TOKENS:,}, not {tokens:,}"
-        )
+        problems.append(f"tokens must be between {MIN_TOKENS:,} and {MAX_TOKENS:,}, not {tokens:,}")
     if seed < 0:
-        raise ValueError(f"seed must be 0 or more, not {seed}")
+        problems.append(f"seed must be 0 or more, not {seed}")
+    if problems:
+        raise ValueError("; ".join(problems))  # both at once (runs.forms.place_errors)
     return factory(tokens, seed)
 
 

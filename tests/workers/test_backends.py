@@ -132,3 +132,5 @@ def test_a_commands_endpoint_goes_to_its_openai_model_only(settings) -> None:
     assert (worker.kind, worker.model, worker.base_url) == ("openai", "qwen3", url)
     root, worker = command_models("openai", None, base_url=url, model="m")
     assert (root.model, root.base_url, worker) == ("m", url, None)
+    root, _ = command_models("", "openai:qwen3", base_url=url, model=None)  # empty is sim
+    assert (root.kind, root.base_url) == ("sim", settings.FRLM_SIM_URL)

@@ -10,14 +10,15 @@ the WebSocket side is a stand-in, since only the pump's Redis side is under test
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
-import redis.asyncio as aioredis
 from django.conf import settings
+from django.test import override_settings
 
 from frlm_web.netlab import DelayProxy
 from workers.gateway import server as gateway
@@ -64,14 +65,21 @@ def proxy(direct: redis.Redis) -> DelayProxy:
     proxy.stop()
 
 
-def link(proxy: DelayProxy, slots: int = 2) -> gateway.WorkerLink:
-    """A session's link for a worker of VENUE whose Redis traffic goes through `proxy`."""
-    worker = Worker(id="pumptest00000001", name="pump", venue=Venue(name=VENUE), concurrency=slots)
-    one = gateway.WorkerLink(Socket(), worker, slots)  # type: ignore[arg-type]
+@pytest.fixture
+def through(proxy: DelayProxy) -> str:
+    """The Redis URL through `proxy`."""
     url = urlsplit(settings.REDIS_URL)
     via = url._replace(netloc=f"{url.netloc.rpartition('@')[0]}@127.0.0.1:{proxy.port}")
-    one.redis = aioredis.Redis.from_url(urlunsplit(via))
-    return one
+    return urlunsplit(via)
+
+
+def link(through: str, slots: int = 2) -> gateway.WorkerLink:
+    """A session's link for a worker of VENUE whose clients, made as the server makes them
+    (workers/gateway/aredis.py), reach Redis `through` the proxy. Only theirs: the
+    process's other client (presence) is made once and kept."""
+    worker = Worker(id="pumptest00000001", name="pump", venue=Venue(name=VENUE), concurrency=slots)
+    with override_settings(REDIS_URL=through):
+        return gateway.WorkerLink(Socket(), worker, slots)  # type: ignore[arg-type]
 
 
 async def until(check, what: str, timeout: float = 10.0) -> None:  # noqa: ANN001
@@ -116,7 +124,7 @@ def job(sq_id: str, run_id: str) -> dict[str, Any]:
     }
 
 
-def test_a_job_popped_while_the_session_ends_goes_back_on_its_queue(direct, proxy) -> None:
+def test_a_job_popped_while_the_session_ends_goes_back_on_its_queue(direct, proxy, through) -> None:
     """Redis has popped the job for the pump's blocking pop, and the reply is on its way
     when the worker is lost: before, the pump was cancelled mid-read, the reply went with
     its connection, and the job was on no queue and claimed by nobody, so its conductor
@@ -125,7 +133,7 @@ def test_a_job_popped_while_the_session_ends_goes_back_on_its_queue(direct, prox
     raw = message("1.1")
 
     async def go() -> list[bytes]:
-        one = link(proxy)
+        one = link(through)
         one._update_room()
         one.tasks = [asyncio.ensure_future(one._pump())]
         await until(lambda: blocked_pops(direct) >= 1, "the pump's blocking pop")
@@ -142,34 +150,59 @@ def test_a_job_popped_while_the_session_ends_goes_back_on_its_queue(direct, prox
     assert asyncio.run(go()) == [raw]
 
 
-def test_what_a_pop_took_beside_others_goes_back_in_its_order(direct, proxy) -> None:
+def test_what_a_pop_took_beside_others_goes_back_in_its_order(direct, proxy, through) -> None:
     """The pump's non-blocking pop takes several jobs from the worker's own queue and its
-    venue's at once: each goes back on the queue it came from, in the order it was in."""
+    venue's at once: the venue's go back in the order they were in; the worker's own are
+    its conductors' to send elsewhere once it is out of presence (its queue is deleted
+    when it deregisters: a put-back made it again, a review found)."""
     own, shared = "worker.pumptest00000001", f"venue.{VENUE}"
     mine = [message(f"2.{i}") for i in range(2)]
     theirs = [message(f"3.{i}") for i in range(3)]
     was: dict[str, list[bytes]] = {}
 
     async def go() -> None:
-        one = link(proxy, slots=8)
-        await one.redis.ping()  # its connection, made before the delay
+        one = link(through, slots=8)
+        await one.pop_redis.ping()  # its connection, made before the delay
         direct.lpush(own, *mine)
         direct.lpush(shared, *theirs)
-        was.update({own: direct.lrange(own, 0, -1), shared: direct.lrange(shared, 0, -1)})
+        was[shared] = direct.lrange(shared, 0, -1)
         proxy.delay_ms = 400  # each way: the pop lands, and its reply is long on its way
         one._update_room()
         one.tasks = [asyncio.ensure_future(one._pump())]
         await until(lambda: direct.llen(own) == 0 and direct.llen(shared) == 0, "the pop")
         await one.lost("the test ended its session")
-        await until(lambda: direct.llen(shared) == 3, "the jobs back on their queues", 5)
+        await until(lambda: direct.llen(shared) == 3, "the jobs back on their queue", 5)
 
     asyncio.run(go())
-    assert direct.lrange(own, 0, -1) == was[own]
     assert direct.lrange(shared, 0, -1) == was[shared]
+    assert not direct.exists(own)
     assert not direct.exists(results_stream("rpumptest0001"))
 
 
-def test_jobs_popped_beside_results_after_the_session_ended_go_back(direct, proxy) -> None:
+def test_a_put_back_whose_reply_was_lost_is_not_pushed_twice(direct, proxy, through) -> None:
+    """The gateway's client ran a command again on a new connection when its reply was
+    lost: a put-back pushed its job twice, and two workers ran it (a review). Pops and
+    put-backs run once."""
+    shared = f"venue.{VENUE}"
+    raw = message("5.1")
+
+    async def go() -> None:
+        one = link(through)
+        await one.pop_redis.ping()
+        proxy.delay_ms = 400
+        putting = asyncio.ensure_future(one.pops.put_back([(shared, raw)]))
+        await until(lambda: direct.llen(shared) == 1, "the push to land")
+        proxy.delay_ms = 0
+        proxy.cut()  # its reply is still on the way
+        with contextlib.suppress(redis.RedisError):
+            await putting
+        await asyncio.sleep(0.5)
+
+    asyncio.run(go())
+    assert direct.lrange(shared, 0, -1) == [raw]
+
+
+def test_jobs_popped_beside_results_after_the_session_ended_go_back(direct, proxy, through) -> None:
     """A worker's results free its slots, and the same round trip pops jobs to fill them
     (WorkerLink._results); if the session ended while that trip was out, the jobs are
     put back, not claimed for a worker that is gone."""
@@ -177,7 +210,7 @@ def test_jobs_popped_beside_results_after_the_session_ended_go_back(direct, prox
     raw = message("4.1", "rpumptest0002")
 
     async def go() -> None:
-        one = link(proxy)
+        one = link(through)
         await one.lost("the test ended its session")
         await one._take([(queue, raw)])
         assert not one.held and not one.consumer.sent

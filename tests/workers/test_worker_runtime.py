@@ -407,3 +407,24 @@ def test_frlms_own_consumer_holds_no_job_beyond_its_free_slots(stack, transactio
         assert "a message on" in stack.log_tail(proc.name) and "dropped" in stack.log_tail(
             proc.name
         )
+
+
+def test_a_refusal_with_advice_of_its_own_keeps_it() -> None:
+    """A name taken: the server says whose and what to do; that was dropped for the fields'
+    options (a review), and a signature refused named `challenge_sig`, no option at all."""
+    from workers.client import ControlError
+    from workers.management.commands.frlm_worker import _refused
+
+    taken = ControlError(
+        409,
+        "venue 'edge' already has a worker named 'w' (w123) with another key",
+        "choose another name, or stop that worker",
+        {"name": ["taken in this venue by a worker with another key"]},
+    )
+    said = _refused(taken)
+    assert "(w123)" in said and "--name: taken" in said
+    assert said.endswith("What to do: choose another name, or stop that worker")
+    unsigned = ControlError(
+        403, "bad signature", "correct the fields listed in `fields`", {"challenge_sig": ["no"]}
+    )
+    assert _refused(unsigned).endswith("What to do: correct --key-file and start it again")

@@ -10,7 +10,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from django.conf import settings
 from redis.asyncio.retry import Retry as AsyncRetry
-from redis.backoff import ExponentialBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.connection import HiredisRespSerializer
 
 from frlm_web.redis_client import OUTAGE_ERRORS, RETRY_ATTEMPTS, RETRY_BACKOFF
@@ -29,19 +29,28 @@ class PackedConnection(aioredis.Connection):
 
 
 @functools.cache
-def _async_redis(loop_id: int) -> aioredis.Redis:
+def _async_redis(loop_id: int, ride_out: bool, url: str) -> aioredis.Redis:
+    if not ride_out:
+        # Run once, as the blocking client with ride_out=False: a pop (or a put-back) the
+        # server ran whose reply was lost, run again on a new connection, took other jobs
+        # (or pushed a job twice); its caller pauses and tries again instead.
+        return aioredis.Redis.from_url(
+            url,
+            retry=AsyncRetry(NoBackoff(), 0),
+            socket_timeout=30,
+            connection_class=PackedConnection,
+        )
     # A Redis restart or a network blip is ridden out command by command, as by the
-    # process's other client (frlm_web.redis_client.get_redis); a pump whose pop still
-    # fails closes its worker's socket, and the worker connects again.
+    # process's other client (frlm_web.redis_client.get_redis).
     base, cap = RETRY_BACKOFF
     return aioredis.Redis.from_url(
-        settings.REDIS_URL,
+        url,
         retry=AsyncRetry(ExponentialBackoff(cap=cap, base=base), RETRY_ATTEMPTS),
         retry_on_error=list(OUTAGE_ERRORS),
         connection_class=PackedConnection,
     )
 
 
-def async_redis() -> aioredis.Redis:
-    """One asyncio client (and pool) per event loop: daphne runs one."""
-    return _async_redis(id(asyncio.get_running_loop()))
+def async_redis(*, ride_out: bool = True) -> aioredis.Redis:
+    """One asyncio client (and pool) per event loop and kind: daphne runs one loop."""
+    return _async_redis(id(asyncio.get_running_loop()), ride_out, settings.REDIS_URL)

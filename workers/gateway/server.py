@@ -111,7 +111,11 @@ class WorkerLink:
         self.tasks: list[asyncio.Task] = []
         self.closed = False
         self.redis = async_redis()
-        self.pops = pump.Pops(lambda popped: pump.put_back(self.redis, popped))
+        # Pops and put-backs run once (workers/gateway/pump.py): not ridden out.
+        self.pop_redis = async_redis(ride_out=False)
+        self.pops = pump.Pops(
+            lambda popped: pump.put_back(self.pop_redis, popped, shared=worker.venue.queue)
+        )
         self.contexts: dict[str, str | None] = {}  # run id -> its context file (cached)
         self.returned = 0  # jobs of a dropped session it gave back on this one (protocol.py)
 
@@ -186,13 +190,14 @@ class WorkerLink:
             self.room.clear()
 
     async def _pump(self) -> None:
-        """Its pops run to their end if the session ends meanwhile (workers/gateway/pump.py):
-        what one took then goes back on its queue."""
+        """Its pops run to their end if the session ends meanwhile, and a failed one is
+        tried again after a pause (workers/gateway/pump.py)."""
         try:
             while True:
                 await self.room.wait()
-                pop = pump.pop_some(self.redis, self.queues, self._free, POP_WAIT_S)
-                popped = await self.pops.pop(pop)
+                popped = await self.pops.next(
+                    lambda: pump.pop_some(self.pop_redis, self.queues, self._free, POP_WAIT_S)
+                )
                 if popped:
                     await self._take(popped)
         except asyncio.CancelledError:
@@ -215,7 +220,7 @@ class WorkerLink:
         """Messages off a queue: claimed for this worker, filled, sent; for a session that
         has ended, put back."""
         if self.closed:
-            await pump.put_back(self.redis, popped)
+            await self.pops.put_back(popped)
             return
         jobs = [job for _, raw in popped for job in self._parse(raw)]
         if not jobs:

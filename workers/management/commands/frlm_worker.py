@@ -284,6 +284,7 @@ OPTION_OF = {
     "price_in": "--price-in",
     "price_out": "--price-out",
     "public_key": "--key-file",
+    "challenge_sig": "--key-file",
 }
 
 
@@ -296,5 +297,7 @@ def _refused(exc: ControlError) -> str:
         f"{OPTION_OF.get(field, field)}: {', '.join(messages)}"
         for field, messages in sorted(exc.fields.items())
     )
-    options = ", ".join(OPTION_OF.get(field, field) for field in sorted(exc.fields))
+    options = ", ".join(dict.fromkeys(OPTION_OF.get(field, field) for field in sorted(exc.fields)))
+    if exc.fix and "`fields`" not in exc.fix:  # the server's own advice (a name taken)
+        return f"could not register: {exc.message.rstrip('.')} ({problems}). What to do: {exc.fix}"
     return f"could not register: {problems}. What to do: correct {options} and start it again"
