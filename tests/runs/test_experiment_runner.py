@@ -300,7 +300,9 @@ def test_the_experiments_page_names_the_line_not_a_command_option(client, django
     """The web form said "--tune takes KEY=VALUE", a flag of the command (a review)."""
     from runs.models import Experiment
 
-    client.force_login(django_user_model.objects.create_user("tuner", password="x" * 12))
+    client.force_login(
+        django_user_model.objects.create_user("tuner", password="x" * 12, is_staff=True)
+    )
     answer = client.post("/experiments/", {"suite": "small", "tune": "hedge=p90\ngarbage"})
     assert answer.status_code == 400
     (said,) = answer.context["form"].errors["tune"]
