@@ -89,10 +89,15 @@ def whole(low: int = 0, high: int | None = None) -> Callable[[str], int]:
     return parse
 
 
+def is_http_url(text: str) -> bool:
+    """Whether `text` is an http:// or https:// URL with a host."""
+    parts = urlsplit(text)
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
 def http_url(text: str) -> str:
     """An argparse type: an http:// or https:// URL with a host (a web server's address)."""
-    parts = urlsplit(text)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    if not is_http_url(text):
         raise argparse.ArgumentTypeError(
             f"takes an http:// or https:// URL, e.g. http://10.0.0.5:8000, not {text[:200]!r}"
         )

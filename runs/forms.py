@@ -64,7 +64,6 @@ def place_errors(form: forms.Form, error: RunInputError) -> None:
     task's its number of tokens or its seed."""
     targets = {
         "question": "question",
-        "task": "task_name",
         "venues": "venues",
         "from_turn": "from_turn",
         "program": "program",

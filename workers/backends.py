@@ -10,7 +10,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 from django.conf import settings
 
@@ -133,9 +132,11 @@ def _sim(value: str) -> bool:
 
 
 def check_base_url(url: str) -> None:
-    """An endpoint's base URL is http(s) with a host, or a ValueError that says so."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    """An endpoint's base URL is http(s) with a host, or a ValueError that says so (a
+    command's check: only commands name an endpoint by URL)."""
+    from frlm_web.commands import is_http_url  # noqa: PLC0415 - commands only
+
+    if not is_http_url(url):
         raise ValueError(
             f"--base-url {url!r} is not an http:// or https:// URL: give the endpoint's base, "
             "such as http://127.0.0.1:11434/v1"

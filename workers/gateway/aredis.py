@@ -30,25 +30,19 @@ class PackedConnection(aioredis.Connection):
 
 @functools.cache
 def _async_redis(loop_id: int, ride_out: bool, url: str) -> aioredis.Redis:
-    if not ride_out:
+    options: dict[str, Any] = {"connection_class": PackedConnection}
+    if ride_out:
+        # A Redis restart or a network blip is ridden out command by command, as by the
+        # process's other client (frlm_web.redis_client.get_redis).
+        base, cap = RETRY_BACKOFF
+        retry = AsyncRetry(ExponentialBackoff(cap=cap, base=base), RETRY_ATTEMPTS)
+        options.update(retry=retry, retry_on_error=list(OUTAGE_ERRORS))
+    else:
         # Run once, as the blocking client with ride_out=False: a pop (or a put-back) the
         # server ran whose reply was lost, run again on a new connection, took other jobs
         # (or pushed a job twice); its caller pauses and tries again instead.
-        return aioredis.Redis.from_url(
-            url,
-            retry=AsyncRetry(NoBackoff(), 0),
-            socket_timeout=30,
-            connection_class=PackedConnection,
-        )
-    # A Redis restart or a network blip is ridden out command by command, as by the
-    # process's other client (frlm_web.redis_client.get_redis).
-    base, cap = RETRY_BACKOFF
-    return aioredis.Redis.from_url(
-        url,
-        retry=AsyncRetry(ExponentialBackoff(cap=cap, base=base), RETRY_ATTEMPTS),
-        retry_on_error=list(OUTAGE_ERRORS),
-        connection_class=PackedConnection,
-    )
+        options.update(retry=AsyncRetry(NoBackoff(), 0), socket_timeout=30)
+    return aioredis.Redis.from_url(url, **options)
 
 
 def async_redis(*, ride_out: bool = True) -> aioredis.Redis:
