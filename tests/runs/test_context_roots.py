@@ -226,7 +226,7 @@ def test_the_command_refuses_in_one_line_before_any_run_exists(venues, subproces
 def test_the_gateway_still_serves_fragments_of_the_runs_context_only(
     context_root: Path, secret: Path
 ) -> None:
-    from workers.gateway.server import _filled
+    from workers.gateway.fill import filled
 
     own = context_root / "notes.txt"
     own.write_text("The launch window opens on Tuesday.\n")
@@ -241,9 +241,9 @@ def test_the_gateway_still_serves_fragments_of_the_runs_context_only(
         return str(own)
 
     for path in ("/etc/shadow", secret, link):
-        assert "not a context of run rgate" in _filled(job(path), run_context)["error"]
+        assert "not a context of run rgate" in filled(job(path), run_context)["error"]
     # The run's own file is served (its bytes must still match their sha256).
-    assert "do not match their sha256" in _filled(job(own), run_context)["error"]
+    assert "do not match their sha256" in filled(job(own), run_context)["error"]
 
 
 def test_a_child_rlm_over_a_fragment_of_a_changed_context_is_refused_and_its_span_ended(

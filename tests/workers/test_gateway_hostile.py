@@ -25,6 +25,7 @@ from tests.gateway import (
 from tests.helpers import launch, trace
 from workers.gateway.agent import ws_url
 from workers.jobs import encode_result, results_stream
+from workers.venues import live_workers
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -291,3 +292,30 @@ def test_a_shared_queue_job_taken_by_a_worker_no_longer_live_is_sent_again_at_on
         if e["status"] == "rejected" and e["attrs"].get("sq_id") == job["sq_id"]
     ]
     assert rejected and "not a live worker" in rejected[0]["attrs"]["reason"], rejected
+
+
+def test_a_worker_that_connects_again_keeps_one_session(web, venues) -> None:
+    """A second connection signed with a worker's key while its first is open (a worker
+    restarted before the server saw its old socket drop, or one out to multiply its
+    slots): the newer one serves the worker and the older is closed (4409) with what to
+    do. Before, both were served, each taking its slots' worth of jobs off the queues,
+    and a new session could not put back what its worker's other one held unclaimed."""
+    from websockets.exceptions import ConnectionClosed
+
+    venue = "twiceq"
+    wid, key = registered_worker("twice", venue=venue, concurrency=2)
+    with connect(ws_url(web), open_timeout=10) as first:
+        assert say_hello(first, wid, key, 2)["type"] == "welcome"
+        with connect(ws_url(web), open_timeout=10) as second:
+            assert say_hello(second, wid, key, 2)["type"] == "welcome"
+            said: list[dict] = []
+            with pytest.raises(ConnectionClosed) as closed:
+                while True:
+                    said.append(json.loads(first.recv(timeout=10)))
+            errors = [m for m in said if m["type"] == "error"]
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 4409, said
+            assert errors and "newer connection" in errors[0]["error"], said
+            assert "one frlm_worker per worker key" in errors[0]["fix"]
+            live = [w for w in live_workers(get_redis(), venue) if w["worker_id"] == wid]
+            assert live and live[0]["connection"] == "gateway", live
+            assert json.loads(second.recv(timeout=15))["type"] == "ping"  # served still

@@ -1,6 +1,7 @@
-"""A gateway worker's pump (workers/gateway/server.py) when its session ends while a pop is
-on its way back from Redis: the jobs Redis has already popped for it go back on their queues
-(workers/gateway/pump.py).
+"""A gateway worker's pops (workers/gateway/server.py, workers/gateway/pump.py) when
+something breaks between Redis taking a job off its queue and the worker being named its
+holder: the session ends, the pop's reply is lost, the web server dies. Each job is then
+still in the session's hands in Redis, and goes on: to this worker, or back on its queue.
 
 Against the real Redis, through a proxy (frlm_web/netlab.DelayProxy) that holds the bytes
 of the server's connection (`freeze`) to stretch the instant in which a reply is in flight;
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -21,6 +23,7 @@ from django.conf import settings
 from django.test import override_settings
 
 from frlm_web.netlab import DelayProxy
+from workers.gateway import pump
 from workers.gateway import server as gateway
 from workers.jobs import results_stream
 from workers.models import Venue, Worker
@@ -29,6 +32,9 @@ from workers.wire import job_message
 pytestmark = [pytest.mark.usefixtures("stack"), pytest.mark.timeout(60)]
 
 VENUE = "pumptest"  # served by no worker of the test stack: nothing else pops its queue
+WORKER = "pumptest00000001"
+OWN = f"worker.{WORKER}"
+SHARED = f"venue.{VENUE}"
 
 
 class Socket:
@@ -50,11 +56,13 @@ class Socket:
 @pytest.fixture
 def direct() -> redis.Redis:
     client = redis.Redis.from_url(settings.REDIS_URL)
-    for key in client.keys(f"*{VENUE}*"):
-        client.delete(key)
+    for pattern in (f"*{VENUE}*", f"frlm:worker:{WORKER}:*"):
+        for key in client.keys(pattern):
+            client.delete(key)
     yield client
-    for key in client.keys(f"*{VENUE}*"):
-        client.delete(key)
+    for pattern in (f"*{VENUE}*", f"frlm:worker:{WORKER}:*"):
+        for key in client.keys(pattern):
+            client.delete(key)
 
 
 @pytest.fixture
@@ -68,16 +76,14 @@ def proxy(direct: redis.Redis) -> DelayProxy:
 @pytest.fixture
 def through(proxy: DelayProxy) -> str:
     """The Redis URL through `proxy`."""
-    url = urlsplit(settings.REDIS_URL)
-    via = url._replace(netloc=f"{url.netloc.rpartition('@')[0]}@127.0.0.1:{proxy.port}")
-    return urlunsplit(via)
+    return _via(settings.REDIS_URL, proxy.port)
 
 
 def link(through: str, slots: int = 2) -> gateway.WorkerLink:
     """A session's link for a worker of VENUE whose clients, made as the server makes them
     (workers/gateway/aredis.py), reach Redis `through` the proxy. Only theirs: the
     process's other client (presence) is made once and kept."""
-    worker = Worker(id="pumptest00000001", name="pump", venue=Venue(name=VENUE), concurrency=slots)
+    worker = Worker(id=WORKER, name="pump", venue=Venue(name=VENUE), concurrency=slots)
     with override_settings(REDIS_URL=through):
         return gateway.WorkerLink(Socket(), worker, slots)  # type: ignore[arg-type]
 
@@ -91,10 +97,32 @@ async def until(check, what: str, timeout: float = 10.0) -> None:  # noqa: ANN00
 
 
 def blocked_pops(direct: redis.Redis) -> int:
-    """The pump's blocking pops under way: the test stack's workers pop under a Redis user
-    of their own."""
+    """The pump's blocking pops under way (a BLMOVE per queue; before, one BRPOP): the test
+    stack's workers pop under a Redis user of their own."""
     user = urlsplit(settings.REDIS_URL).username
-    return sum(1 for c in direct.client_list() if c.get("cmd") == "brpop" and c["user"] == user)
+    return sum(
+        1 for c in direct.client_list() if c.get("cmd") in ("brpop", "blmove") and c["user"] == user
+    )
+
+
+def sent_jobs(one: gateway.WorkerLink) -> list[str]:
+    """The sub-query ids of the jobs the link sent its worker."""
+    return [
+        job["sq_id"]
+        for text in one.consumer.sent
+        for message in [json.loads(text)]
+        if message["type"] in ("job", "jobs")
+        for job in (message["jobs"] if message["type"] == "jobs" else [message["job"]])
+    ]
+
+
+def leftovers(direct: redis.Redis) -> list[bytes]:
+    """Every job still in some session's hands for the test's worker."""
+    return [
+        raw
+        for key in direct.keys(f"frlm:worker:{WORKER}:hand:*")
+        for raw in direct.lrange(key, 0, -1)
+    ]
 
 
 def message(sq_id: str, run_id: str = "rpumptest0001") -> bytes:
@@ -129,7 +157,6 @@ def test_a_job_popped_while_the_session_ends_goes_back_on_its_queue(direct, prox
     when the worker is lost: before, the pump was cancelled mid-read, the reply went with
     its connection, and the job was on no queue and claimed by nobody, so its conductor
     waited out its timeout."""
-    queue = f"venue.{VENUE}"
     raw = message("1.1")
 
     async def go() -> list[bytes]:
@@ -138,16 +165,17 @@ def test_a_job_popped_while_the_session_ends_goes_back_on_its_queue(direct, prox
         one.tasks = [asyncio.ensure_future(one._pump())]
         await until(lambda: blocked_pops(direct) >= 1, "the pump's blocking pop")
         proxy.freeze()
-        direct.lpush(queue, raw)
-        await until(lambda: direct.llen(queue) == 0, "Redis to pop the job for the pump")
+        direct.lpush(SHARED, raw)
+        await until(lambda: direct.llen(SHARED) == 0, "Redis to pop the job for the pump")
         await one.lost("the test ended its session")
         proxy.thaw()
-        await until(lambda: direct.llen(queue) > 0, "the job back on its queue", timeout=5)
+        await until(lambda: direct.llen(SHARED) > 0, "the job back on its queue", timeout=5)
         assert one.tasks[0].done()
         assert not one.consumer.sent, "a job went to a worker that is gone"
-        return direct.lrange(queue, 0, -1)
+        return direct.lrange(SHARED, 0, -1)
 
     assert asyncio.run(go()) == [raw]
+    assert not leftovers(direct)
 
 
 def test_what_a_pop_took_beside_others_goes_back_in_its_order(direct, proxy, through) -> None:
@@ -155,7 +183,6 @@ def test_what_a_pop_took_beside_others_goes_back_in_its_order(direct, proxy, thr
     venue's at once: the venue's go back in the order they were in; the worker's own are
     its conductors' to send elsewhere once it is out of presence (its queue is deleted
     when it deregisters: a put-back made it again, a review found)."""
-    own, shared = "worker.pumptest00000001", f"venue.{VENUE}"
     mine = [message(f"2.{i}") for i in range(2)]
     theirs = [message(f"3.{i}") for i in range(3)]
     was: dict[str, list[bytes]] = {}
@@ -163,58 +190,146 @@ def test_what_a_pop_took_beside_others_goes_back_in_its_order(direct, proxy, thr
     async def go() -> None:
         one = link(through, slots=8)
         await one.pop_redis.ping()  # its connection, made before the delay
-        direct.lpush(own, *mine)
-        direct.lpush(shared, *theirs)
-        was[shared] = direct.lrange(shared, 0, -1)
+        direct.lpush(OWN, *mine)
+        direct.lpush(SHARED, *theirs)
+        was[SHARED] = direct.lrange(SHARED, 0, -1)
         proxy.delay_ms = 400  # each way: the pop lands, and its reply is long on its way
         one._update_room()
         one.tasks = [asyncio.ensure_future(one._pump())]
-        await until(lambda: direct.llen(own) == 0 and direct.llen(shared) == 0, "the pop")
+        await until(lambda: direct.llen(OWN) == 0 and direct.llen(SHARED) == 0, "the pop")
         await one.lost("the test ended its session")
-        await until(lambda: direct.llen(shared) == 3, "the jobs back on their queue", 5)
+        await until(lambda: direct.llen(SHARED) == 3, "the jobs back on their queue", 5)
+        await one.closing
 
     asyncio.run(go())
-    assert direct.lrange(shared, 0, -1) == was[shared]
-    assert not direct.exists(own)
+    assert direct.lrange(SHARED, 0, -1) == was[SHARED]
+    assert not direct.exists(OWN)
     assert not direct.exists(results_stream("rpumptest0001"))
+    assert not leftovers(direct)
 
 
-def test_a_put_back_whose_reply_was_lost_is_not_pushed_twice(direct, proxy, through) -> None:
-    """The gateway's client ran a command again on a new connection when its reply was
-    lost: a put-back pushed its job twice, and two workers ran it (a review). Pops and
-    put-backs run once."""
-    shared = f"venue.{VENUE}"
+def test_a_pop_whose_reply_was_lost_gives_its_jobs_to_the_worker_all_the_same(
+    direct, proxy, through
+) -> None:
+    """The connection breaks while the pop's reply is on its way: Redis has taken the jobs
+    off their queues, and the gateway never learns which. Before, they were on no queue
+    and claimed by nobody, and each waited out its sub-query timeout (60 s by default);
+    now the next pop, a second later, returns what the lost one took."""
+    raws = [message(f"6.{i}") for i in range(3)]
+
+    async def go() -> None:
+        one = link(through, slots=4)
+        await one.pop_redis.ping()
+        await one.redis.ping()
+        direct.lpush(SHARED, *raws)
+        proxy.delay_ms = 400
+        one._update_room()
+        one.tasks = [asyncio.ensure_future(one._pump())]
+        await until(lambda: direct.llen(SHARED) == 0, "Redis to pop the jobs")
+        proxy.delay_ms = 0
+        proxy.cut()  # the pop's reply is still on its way
+        await until(lambda: len(sent_jobs(one)) == 3, "the jobs sent to the worker", timeout=8)
+        one.tasks[0].cancel()
+
+    asyncio.run(go())
+    assert direct.llen(SHARED) == 0
+    assert not leftovers(direct)
+
+
+def test_jobs_a_killed_web_server_popped_and_never_claimed_go_to_the_workers_next_session(
+    direct, proxy, through
+) -> None:
+    """The web server dies (kill -9: it runs no further line) after its pop took a job off
+    the worker's own queue and before the round trip that names the worker its holder.
+    Nobody claimed the job and no queue has it: the conductor, seeing the worker present
+    again at once, waited out the job's sub-query timeout. The worker's next session now
+    starts by putting back what its sessions before held unclaimed."""
+    raw = message("7.1")
+    frozen = DelayProxy(listen_host="127.0.0.1", target_port=proxy.target[1]).start()
+    try:
+
+        async def go() -> None:
+            dead = link(through)
+            # Its claims go through a path that stops carrying anything: the process is
+            # gone between the pop and the claim.
+            dead.redis = redis.asyncio.Redis.from_url(_via(through, frozen.port))
+            await dead.redis.ping()
+            frozen.freeze()
+            direct.lpush(OWN, raw)
+            dead._announce = _nothing  # presence is not under test (its worker is no row)
+            await dead.start()
+            await until(lambda: direct.llen(OWN) == 0, "the dead server's pop")
+            await asyncio.sleep(0.3)  # its claims held on the frozen path
+            for task in dead.tasks:
+                task.cancel()  # and it runs nothing more: no lost(), no put-back
+            assert not direct.exists(results_stream("rpumptest0001"))
+
+            again = link(through)
+            again._announce = _nothing  # presence is not under test (its worker is no row)
+            await again.start()
+            await until(lambda: sent_jobs(again) == ["7.1"], "the job on the next session")
+            for task in again.tasks:
+                task.cancel()
+
+        asyncio.run(go())
+    finally:
+        frozen.stop()
+    assert not leftovers(direct)
+
+
+async def _nothing(*_args: Any) -> None:
+    return None
+
+
+def _via(url: str, port: int) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=f"{parts.netloc.rpartition('@')[0]}@127.0.0.1:{port}"))
+
+
+def test_emptying_hands_twice_puts_each_job_back_once(direct, proxy, through) -> None:
+    """A session's hands are emptied at its end and again by the worker's next session
+    (or after a reply lost on the way): the second finds nothing. Before, a put-back whose
+    reply was lost was run again by the gateway's client, pushed its job twice, and two
+    workers ran it (a review)."""
     raw = message("5.1")
 
     async def go() -> None:
         one = link(through)
+        direct.lpush(SHARED, raw)
+        assert await pump.take(one.pop_redis, one.hands["p"], 1) == [(SHARED, raw)]
         await one.pop_redis.ping()
         proxy.delay_ms = 400
-        putting = asyncio.ensure_future(one.pops.put_back([(shared, raw)]))
-        await until(lambda: direct.llen(shared) == 1, "the push to land")
+        emptying = asyncio.ensure_future(one.pops.close(own_too=False))
+        await until(lambda: direct.llen(SHARED) == 1, "the put-back to land")
         proxy.delay_ms = 0
         proxy.cut()  # its reply is still on the way
         with contextlib.suppress(redis.RedisError):
-            await putting
-        await asyncio.sleep(0.5)
+            await emptying
+        await one.pops.close(own_too=False)
+        await pump.recover(one.pop_redis, WORKER, "another", one.queues)
 
     asyncio.run(go())
-    assert direct.lrange(shared, 0, -1) == [raw]
+    assert direct.lrange(SHARED, 0, -1) == [raw]
+    assert not leftovers(direct)
 
 
 def test_jobs_popped_beside_results_after_the_session_ended_go_back(direct, proxy, through) -> None:
     """A worker's results free its slots, and the same round trip pops jobs to fill them
-    (WorkerLink._results); if the session ended while that trip was out, the jobs are
-    put back, not claimed for a worker that is gone."""
-    queue = f"venue.{VENUE}"
+    (WorkerLink._relay); if the session ended while that trip was out, the jobs are put
+    back, not claimed for a worker that is gone."""
     raw = message("4.1", "rpumptest0002")
 
     async def go() -> None:
         one = link(through)
         await one.lost("the test ended its session")
-        await one._take([(queue, raw)])
+        await one.closing
+        direct.lpush(SHARED, raw)
+        hand = one.hands["r"]
+        popped = await pump.take(one.pop_redis, hand, 1)  # the trip that was out
+        await one._take(popped, hand)
         assert not one.held and not one.consumer.sent
 
     asyncio.run(go())
-    assert direct.lrange(queue, 0, -1) == [raw]
+    assert direct.lrange(SHARED, 0, -1) == [raw]
     assert not direct.exists(results_stream("rpumptest0002"))
+    assert not leftovers(direct)

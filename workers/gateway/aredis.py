@@ -38,9 +38,10 @@ def _async_redis(loop_id: int, ride_out: bool, url: str) -> aioredis.Redis:
         retry = AsyncRetry(ExponentialBackoff(cap=cap, base=base), RETRY_ATTEMPTS)
         options.update(retry=retry, retry_on_error=list(OUTAGE_ERRORS))
     else:
-        # Run once, as the blocking client with ride_out=False: a pop (or a put-back) the
-        # server ran whose reply was lost, run again on a new connection, took other jobs
-        # (or pushed a job twice); its caller pauses and tries again instead.
+        # Run once, as the blocking client with ride_out=False: the pump's pops
+        # (workers/gateway/pump.py), whose caller pauses and tries again instead; a pop
+        # the server ran whose reply was lost left its jobs in the session's hands, which
+        # the next pop returns first.
         options.update(retry=AsyncRetry(NoBackoff(), 0), socket_timeout=30)
     return aioredis.Redis.from_url(url, **options)
 

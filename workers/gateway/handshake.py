@@ -16,6 +16,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from workers import keys, services
+from workers.gateway.fill import RunContext
 from workers.gateway.protocol import (
     VERSION,
     ProtocolError,
@@ -25,12 +26,21 @@ from workers.gateway.protocol import (
     speaks_batches,
     speaks_buffer,
 )
-from workers.gateway.server import RunContext, WorkerLink
+from workers.gateway.server import WorkerLink
 from workers.models import Worker
 
 log = logging.getLogger(__name__)
 
 HELLO_TIMEOUT_S = 10.0
+REPLACED_FIX = (
+    "run one frlm_worker per worker key: this connection's worker connected again from "
+    "elsewhere (or from here, after a drop), and the newer connection serves it"
+)
+
+# The connection serving each worker in this process: one a worker. Two would each take
+# its slots' worth of jobs, and a new one's first step (returning what its sessions before
+# popped and never claimed, workers/gateway/pump.py) would take the other's in hand.
+_SERVING: dict[str, GatewayConsumer] = {}
 
 
 class GatewayConsumer(AsyncWebsocketConsumer):
@@ -88,7 +98,17 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         if self._hello_timer is not None:
             self._hello_timer.cancel()
         if self.link is not None:
+            if _SERVING.get(self.link.worker.id) is self:
+                del _SERVING[self.link.worker.id]
             await self.link.lost(f"its connection closed (code {code})")
+
+    async def replaced(self) -> None:
+        """A newer connection of this worker said hello: this one's session ends (its jobs
+        in hand go back on their queues, the worker's own included) and it is closed."""
+        if self.link is not None:
+            await self.link.lost("a newer connection of this worker took its place", replaced=True)
+        await self.refuse(4409, "a newer connection of this worker took this one's place",
+                          REPLACED_FIX)  # fmt: skip
 
     async def refuse(self, code: int, error: str, fix: str) -> None:
         log.warning("gateway: refused %s (%s): %s", self.address, self._who(), error)
@@ -136,6 +156,10 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             self._hello_timer.cancel()
         if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
             slots = worker.concurrency
+        earlier = _SERVING.get(worker.id)
+        if earlier is not None and earlier is not self:
+            await earlier.replaced()
+        _SERVING[worker.id] = self
         self.link = WorkerLink(
             self,
             worker,

@@ -1,17 +1,25 @@
-"""A gateway worker's pops (workers/gateway/server.py's pump), which must finish once begun
-and must not be run twice.
+"""A gateway worker's pops (workers/gateway/server.py's pump and result relay), which must
+lose no job whatever fails between Redis taking it off its queue and the worker being
+named its holder.
 
-A session that ends cancels its pump. Redis removes a job as it answers a pop, so a pop
-cancelled while its reply was on the way (redis-py drops the connection) left the job on no
-queue and claimed by nobody, and its conductor waited out the job's timeout. A pop now runs
-to its end whatever happens to the pump, and what it took for a session that is over goes
-back on the venue's queue, first in line again (`put_back`). Once a pop's reply is in, the
-pump holds its jobs before its next await, so a session that ends from then on reports them
-lost (WorkerLink.lost) and their conductors send them elsewhere.
+A pop moves what it takes off the queues into the session's *hands*: one Redis list per
+queue and per popper (`Hand`), in the same Lua step (`TAKE_LUA`), or with BLMOVE while it
+waits. A job leaves its hand only in the round trip that claims it for the worker
+(`Hand.release`, beside the claims). So whatever breaks in between, the job is still
+somewhere Redis keeps:
+- a pop whose reply is lost to a broken connection: the next pop of the same popper
+  returns what is still in its hands first (`TAKE_LUA` tops them up and returns them
+  whole);
+- a session that ends while a pop is under way: the pop runs to its end (`Pops.pop`,
+  shielded) and the session's hands are then emptied (`return_hands`): the venue's jobs go
+  back on its queue, first in line; the worker's own are left to its conductors, which
+  send a departed worker's jobs elsewhere (its queue is deleted when it deregisters);
+- a web server killed with -9 between a pop and its claims: the worker's next session
+  returns the hands of its sessions before (`recover`), its own jobs included.
 
-Pops and put-backs go through a client that runs a command once (aredis.async_redis with
-ride_out=False): run again after a lost reply, a pop took other jobs and a put-back pushed a
-job twice. A failed pop is tried again after OUTAGE_PAUSE_S (`Pops.next`).
+Each popper pops one step at a time, so its hands hold only what it took and has not yet
+claimed. Pops go through a client that runs a command once (aredis.async_redis with
+ride_out=False): run again after a lost reply, a pop would take jobs past its room.
 """
 
 from __future__ import annotations
@@ -29,74 +37,171 @@ log = logging.getLogger(__name__)
 
 Popped = tuple[str, bytes]  # the queue a message came from, and the message
 OUTAGE_PAUSE_S = 1.0  # after Redis failed a pop
+HAND_TTL_S = 86400  # a hand nobody came back for (its worker never did) is let go
+
+# KEYS = the queues, then a hand for each; ARGV = how many jobs the popper has room for.
+# What is still in the hands counts against the room and is returned first.
+TAKE_LUA = f"""
+local n = #KEYS / 2
+local have = 0
+for i = 1, n do have = have + redis.call('LLEN', KEYS[n + i]) end
+local want = tonumber(ARGV[1]) - have
+for i = 1, n do
+  if want <= 0 then break end
+  local got = redis.call('RPOP', KEYS[i], want)
+  if got then
+    redis.call('RPUSH', KEYS[n + i], unpack(got))
+    want = want - #got
+  end
+end
+local counts, out = {{}}, {{}}
+for i = 1, n do
+  local held = redis.call('LRANGE', KEYS[n + i], 0, -1)
+  counts[i] = #held
+  for _, raw in ipairs(held) do out[#out + 1] = raw end
+  if #held > 0 then redis.call('EXPIRE', KEYS[n + i], {HAND_TTL_S}) end
+end
+return {{counts, out}}
+"""
+
+# KEYS = hands, then the queue of each; ARGV = for each, 1 to put its jobs back on their
+# queue (to be popped again first, in the order they were), 0 to let them go. Returns how
+# many went back and how many were let go.
+RETURN_LUA = """
+local n = #KEYS / 2
+local back, gone = 0, 0
+for i = 1, n do
+  local held = redis.call('LRANGE', KEYS[i], 0, -1)
+  if #held > 0 then
+    if ARGV[i] == '1' then
+      for j = #held, 1, -1 do redis.call('RPUSH', KEYS[n + i], held[j]) end
+      back = back + #held
+    else
+      gone = gone + #held
+    end
+    redis.call('DEL', KEYS[i])
+  end
+end
+return {back, gone}
+"""
 
 
-async def pop_now(redis: Any, queues: Sequence[str], count: int) -> list[Popped]:
-    """Up to `count` messages off `queues` without waiting, the first queue first."""
-    if count < 1:
-        return []
-    reply = await redis.eval(wire.POP_LUA, len(queues), *queues, count)
-    return wire.popped(queues, reply)
+class Hand:
+    """Where one popper of one session holds what it popped until it is claimed: a list per
+    queue, `frlm:worker:<id>:hand:<session>:<popper><i>`, named in the worker's set of
+    sessions with hands (`frlm:worker:<id>:hands`) so that its next session finds them."""
+
+    def __init__(self, worker_id: str, session: str, popper: str, queues: Sequence[str]):
+        self.worker_id = worker_id
+        self.session = session
+        self.queues = list(queues)
+        self.keys = [hand_key(worker_id, session, popper, i) for i in range(len(queues))]
+
+    def take_args(self, room: int) -> list[Any]:
+        """TAKE_LUA's KEYS count and arguments for a pop with `room` free places."""
+        return [2 * len(self.queues), *self.queues, *self.keys, max(0, room)]
+
+    def release(self, pipe: Any, popped: Sequence[Popped]) -> None:
+        """Queue on `pipe` the removal of what a pop returned (the round trip that claims
+        it): it is the first of each hand, in order; whatever a cancelled BLMOVE added
+        since is after it and stays for the next pop."""
+        for key, queue in zip(self.keys, self.queues, strict=True):
+            count = sum(1 for source, _ in popped if source == queue)
+            if count:
+                pipe.ltrim(key, count, -1)
 
 
-async def pop_wait(redis: Any, queues: Sequence[str], timeout: float) -> list[Popped]:
-    """The first message to come on `queues` within `timeout` seconds, or none."""
-    popped = await redis.brpop(list(queues), timeout=timeout)
-    if popped is None:
-        return []
-    queue, raw = popped
-    return [(queue.decode() if isinstance(queue, bytes) else queue, raw)]
+def hand_key(worker_id: str, session: str, popper: str, index: int) -> str:
+    return f"frlm:worker:{worker_id}:hand:{session}:{popper}{index}"
 
 
-async def pop_some(
-    redis: Any, queues: Sequence[str], free: Callable[[], int], wait_s: float
-) -> list[Popped]:
-    """As many messages as `free()` says without waiting; with none queued, the first to
-    come within `wait_s` seconds, and what was queued with it."""
-    popped = await pop_now(redis, queues, free())
-    if not popped:
-        popped = await pop_wait(redis, queues, wait_s)
-        if popped:
-            try:
-                popped += await pop_now(redis, queues, free() - 1)
-            except RedisError as exc:  # what the wait took is held: it goes out alone
-                log.warning("gateway: a pop failed (%s); the job already taken goes on", exc)
+def hands_key(worker_id: str) -> str:
+    """The sessions of a worker that may have hands left."""
+    return f"frlm:worker:{worker_id}:hands"
+
+
+POPPERS = ("p", "r")  # the pump, and the result relay's refill
+
+
+async def take(redis: Any, hand: Hand, room: int) -> list[Popped]:
+    """What is in `hand`, topped up from its queues to `room` jobs, without waiting."""
+    reply = await redis.eval(TAKE_LUA, *hand.take_args(room))
+    return wire.popped(hand.queues, reply)
+
+
+async def wait(redis: Any, hand: Hand, timeout: float) -> bool:
+    """Whether a job came on any of `hand`'s queues within `timeout` seconds: the first to
+    come is moved into its hand (BLMOVE, one per queue: the others are then cancelled,
+    and one Redis served meanwhile is in its hand all the same)."""
+    moves = [
+        asyncio.ensure_future(redis.blmove(queue, key, timeout, "RIGHT", "RIGHT"))
+        for queue, key in zip(hand.queues, hand.keys, strict=True)
+    ]
+    try:
+        done, pending = await asyncio.wait(moves, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for move in moves:
+            move.cancel()
+        await asyncio.gather(*moves, return_exceptions=True)
+    results = [move.result() for move in done]  # a failed move raises here
+    return any(result is not None for result in results)
+
+
+async def pop_some(redis: Any, hand: Hand, free: Callable[[], int], wait_s: float) -> list[Popped]:
+    """As many jobs as `free()` says without waiting (with what the hand still held first);
+    with none queued, the first to come within `wait_s` seconds and what came with it."""
+    popped = await take(redis, hand, free())
+    if not popped and await wait(redis, hand, wait_s):
+        popped = await take(redis, hand, free())
     return popped
 
 
-async def put_back(redis: Any, popped: Sequence[Popped], *, shared: str) -> None:
-    """Messages popped for a session that ended, back on the venue's queue `shared` where
-    the next pop finds them. Those of the worker's own queue are not: they were given to
-    that worker by name, its conductor sends them elsewhere once the worker is out of
-    presence, and its queue is deleted when it deregisters."""
-    back = [(queue, raw) for queue, raw in popped if queue == shared]
-    if back:
-        pipe = redis.pipeline(transaction=False)
-        for queue, raws in wire.unpopped(back).items():
-            pipe.rpush(queue, *raws)
-        await pipe.execute()
-    log.warning(
-        "gateway: %d job(s) popped for a session that ended: %d back on %s, %d of the "
-        "worker's own left to their conductors",
-        len(popped),
-        len(back),
-        shared,
-        len(popped) - len(back),
-    )
+async def return_hands(
+    redis: Any, worker_id: str, session: str, queues: Sequence[str], *, own_too: bool
+) -> tuple[int, int]:
+    """Empty a session's hands: the venue's jobs back on its queue, first in line, and the
+    worker's own (`queues[0]`) too with `own_too`, else let go. (back, let go)."""
+    keys = [hand_key(worker_id, session, p, i) for p in POPPERS for i in range(len(queues))]
+    sources = [queue for _ in POPPERS for queue in queues]
+    flags = ["1" if own_too or queue != queues[0] else "0" for queue in sources]
+    pipe = redis.pipeline(transaction=False)
+    pipe.eval(RETURN_LUA, len(keys) * 2, *keys, *sources, *flags)
+    pipe.srem(hands_key(worker_id), session)
+    (back, gone), _ = await pipe.execute()
+    if back or gone:
+        log.warning(
+            "gateway: %d job(s) in the hands of worker %s's session %s: %d back on their "
+            "queues, %d of its own left to their conductors",
+            back + gone, worker_id, session, back, gone,
+        )  # fmt: skip
+    return int(back), int(gone)
+
+
+async def recover(redis: Any, worker_id: str, session: str, queues: Sequence[str]) -> None:
+    """A new session's first step: the hands its worker's sessions before left (their web
+    server was killed between a pop and its claims), all back on their queues; and this
+    session named among those with hands."""
+    earlier = await redis.smembers(hands_key(worker_id))
+    for old in sorted(s.decode() if isinstance(s, bytes) else s for s in earlier):
+        if old != session:
+            await return_hands(redis, worker_id, old, queues, own_too=True)
+    await redis.sadd(hands_key(worker_id), session)
+    await redis.expire(hands_key(worker_id), HAND_TTL_S)
 
 
 class Pops:
     """A session's pops: in flight, shielded from its pump's cancellation; failed, tried
-    again after a pause."""
+    again after a pause; at the session's end, its hands emptied once the last has run."""
 
-    def __init__(self, put_back: Callable[[list[Popped]], Awaitable[None]]) -> None:
-        self.put_back = put_back  # `put_back` on the session's client and venue queue
-        self.after: set[asyncio.Future[Any]] = set()  # pops and put-backs under way
+    def __init__(self, empty: Callable[[bool], Awaitable[Any]]) -> None:
+        self.empty = empty  # `return_hands` of the session, given `own_too`
+        self.after: set[asyncio.Future[Any]] = set()  # pops under way
         self.failing = False
 
     async def next(self, pop: Callable[[], Awaitable[list[Popped]]]) -> list[Popped]:
         """What the next `pop()` that does not fail takes (said once in the log when
-        Redis fails them and once when it is back)."""
+        Redis fails them and once when it is back). What a failed pop took is still in
+        its hand, and the next returns it."""
         while True:
             try:
                 popped = await self.pop(pop())
@@ -113,31 +218,28 @@ class Pops:
             return popped
 
     async def pop(self, pop: Awaitable[list[Popped]]) -> list[Popped]:
-        """What `pop` took. Cancelled while it runs, the pop goes on, and whatever it takes
-        goes back on its queue."""
+        """What `pop` took. Cancelled while it runs, the pop goes on to its end."""
         step = asyncio.ensure_future(pop)
         self._keep(step)
-        try:
-            return await asyncio.shield(step)
-        except asyncio.CancelledError:
-            step.add_done_callback(self._put_back_when_done)
-            raise
+        return await asyncio.shield(step)
 
     def _keep(self, task: asyncio.Future[Any]) -> None:
         self.after.add(task)
         task.add_done_callback(self.after.discard)
+        task.add_done_callback(_quiet)
 
-    def _put_back_when_done(self, step: asyncio.Future[list[Popped]]) -> None:
-        if step.cancelled():
-            return
-        if step.exception() is not None:
-            log.warning("gateway: a pop of a session that ended failed: %s", step.exception())
-            return
-        if step.result():
-            self._keep(asyncio.ensure_future(self._put_back(step.result())))
-
-    async def _put_back(self, popped: list[Popped]) -> None:
+    async def close(self, *, own_too: bool) -> None:
+        """The session ended: once its pops under way have run, its hands are emptied
+        (`return_hands`; run again, it finds them empty)."""
+        if self.after:
+            await asyncio.wait(set(self.after))
         try:
-            await self.put_back(popped)
-        except Exception:  # noqa: BLE001 - logged: the jobs' conductors time them out
-            log.exception("gateway: could not put %d popped job(s) back", len(popped))
+            await self.empty(own_too)
+        except Exception:  # noqa: BLE001 - logged: the worker's next session returns them
+            log.exception("gateway: could not empty a session's hands")
+
+
+def _quiet(task: asyncio.Future[Any]) -> None:
+    """A pop's failure is its caller's to hear; one nobody awaits any more is not an error."""
+    if not task.cancelled():
+        task.exception()

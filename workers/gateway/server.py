@@ -28,8 +28,6 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
@@ -43,6 +41,7 @@ from traces.emitter import APPEND_LUA, append_args
 from workers import fragments, services, wire
 from workers.gateway import pump
 from workers.gateway.aredis import async_redis
+from workers.gateway.fill import all_filled
 from workers.gateway.protocol import (
     MAX_RESULTS,
     ProtocolError,
@@ -62,14 +61,13 @@ from workers.gateway.relay import (
 from workers.jobs import Job, cancelled_key, encode_result, results_stream
 from workers.models import Worker
 from workers.venues import Link, presence_group
-from workers.wire import POP_LUA, jobs_of
+from workers.wire import jobs_of
 
 if TYPE_CHECKING:
     from workers.gateway.handshake import GatewayConsumer
 
 log = logging.getLogger(__name__)
 
-RunContext = Callable[[str], "str | None"]
 ID_MAX = 64  # characters of a run's or a sub-query attempt's id a worker names
 PONG_WITHIN_S = 600.0  # a pong echoes a ping of this server: no older, never from the future
 # Seconds a pump waits on the queues before it looks again whether it should stop.
@@ -111,16 +109,29 @@ class WorkerLink:
         self.tasks: list[asyncio.Task] = []
         self.closed = False
         self.redis = async_redis()
-        # Pops and put-backs run once (workers/gateway/pump.py): not ridden out.
+        # What it pops is held in Redis until claimed (workers/gateway/pump.py): the
+        # pump's and the result relay's hands. The pump's pops run once: not ridden out.
+        self.session = secrets.token_hex(8)
+        self.hands = {
+            popper: pump.Hand(worker.id, self.session, popper, self.queues)
+            for popper in pump.POPPERS
+        }
         self.pop_redis = async_redis(ride_out=False)
         self.pops = pump.Pops(
-            lambda popped: pump.put_back(self.pop_redis, popped, shared=worker.venue.queue)
+            lambda own_too: pump.return_hands(
+                self.pop_redis, worker.id, self.session, self.queues, own_too=own_too
+            )
         )
+        self.closing: asyncio.Future[None] | None = None
+        self.replaced = False  # a newer session of the worker took its place
         self.contexts: dict[str, str | None] = {}  # run id -> its context file (cached)
         self.returned = 0  # jobs of a dropped session it gave back on this one (protocol.py)
 
     # --- life ---------------------------------------------------------------------------
     async def start(self) -> None:
+        # What its sessions before popped and never claimed (their server was killed in
+        # between) goes back on its queues before this one pops.
+        await pump.recover(self.pop_redis, self.worker.id, self.session, self.queues)
         await self.consumer.send(
             encode(
                 {
@@ -144,13 +155,17 @@ class WorkerLink:
             self.consumer.address,
         )
 
-    async def lost(self, why: str) -> None:
-        """Out of presence now; every run it held work of told to look; and the Execute
+    async def lost(self, why: str, *, replaced: bool = False) -> None:
+        """Out of presence now; every run it held work of told to look; the Execute
         spans the server opened for that work ended as `abandoned`, so the trace has no
-        span left open by a worker that is gone (a queued job's span was never opened)."""
+        span left open by a worker that is gone (a queued job's span was never opened);
+        and what its pops hold but never claimed put back (pump.Pops.close), the jobs of
+        its own queue too when a newer session of the worker `replaced` this one."""
         if self.closed:
             return
         self.closed = True
+        self.replaced = replaced
+        self.closing = asyncio.ensure_future(self.pops.close(own_too=replaced))
         # Not the task that calls this (the watch, finding it silent): cancelled, it broke
         # off at the next await, and the worker stayed connected and announced, with no
         # pump taking its jobs and the spans of those it held left open.
@@ -192,14 +207,15 @@ class WorkerLink:
     async def _pump(self) -> None:
         """Its pops run to their end if the session ends meanwhile, and a failed one is
         tried again after a pause (workers/gateway/pump.py)."""
+        hand = self.hands["p"]
         try:
             while True:
                 await self.room.wait()
                 popped = await self.pops.next(
-                    lambda: pump.pop_some(self.pop_redis, self.queues, self._free, POP_WAIT_S)
+                    lambda: pump.pop_some(self.pop_redis, hand, self._free, POP_WAIT_S)
                 )
                 if popped:
-                    await self._take(popped)
+                    await self._take(popped, hand)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -216,14 +232,18 @@ class WorkerLink:
             return []
         return [job for job in jobs if job.get("deadline", 0) >= time.time()]
 
-    async def _take(self, popped: list[pump.Popped]) -> None:
-        """Messages off a queue: claimed for this worker, filled, sent; for a session that
-        has ended, put back."""
+    async def _take(self, popped: list[pump.Popped], hand: pump.Hand) -> None:
+        """Messages off a queue, held in `hand`: claimed for this worker (and let go from
+        the hand in the same round trip), filled, sent; for a session that has ended, put
+        back with the rest of its hands."""
         if self.closed:
-            await self.pops.put_back(popped)
+            await self.pops.close(own_too=self.replaced)
             return
         jobs = [job for _, raw in popped for job in self._parse(raw)]
         if not jobs:
+            pipe = self.redis.pipeline(transaction=False)
+            hand.release(pipe, popped)
+            await pipe.execute()
             return
         ids = _ids(2 * len(jobs))  # an Execute span and its start event's id for each
         helds = []
@@ -261,6 +281,7 @@ class WorkerLink:
                 starts.append(self._execute_event(held, "start", "ok", event_id=ids[2 * i + 1]))
         if starts:
             pipe.eval(APPEND_LUA, 0, *append_args(starts))  # type: ignore[arg-type]
+        hand.release(pipe, popped)
         replies = await pipe.execute()
         ends, going = [], []
         for job, held, cancelled in zip(jobs, helds, replies[0 : 2 * len(helds) : 2], strict=True):
@@ -281,7 +302,7 @@ class WorkerLink:
         and their Execute spans' ids: in `jobs` messages to a worker of version 2, each
         job's text encoded once; one `job` a message to an older one."""
         if any(fragments.MARKER_OPEN in job["prompt"] for job, _ in going):
-            outgoing = await database_sync_to_async(_all_filled, thread_sensitive=False)(
+            outgoing = await database_sync_to_async(all_filled, thread_sensitive=False)(
                 [job for job, _ in going], self.run_context
             )
         else:
@@ -515,10 +536,11 @@ class WorkerLink:
             pipe.xadd(results_stream(held.run_id), refusal)  # type: ignore[arg-type]
         # Only the slots these results free: the pump fills the others, so the two never
         # take more than the worker's slots between them.
-        freed = 0 if self.draining else len(answered)
+        freed = 0 if self.draining or self.closed else len(answered)
         waiting = self._ask_cancelled(pipe)
+        hand = self.hands["r"]
         if freed:
-            pipe.eval(POP_LUA, len(self.queues), *self.queues, freed)
+            pipe.eval(pump.TAKE_LUA, *hand.take_args(freed))
         replies = await pipe.execute()
         for held in answered:
             self.held.pop(held.key, None)
@@ -527,7 +549,7 @@ class WorkerLink:
         # No await between freeing the slots and filling them (_take holds its jobs
         # before its first await): the pump never sees them free.
         if freed and replies[-1][1]:
-            await self._take(wire.popped(self.queues, replies[-1]))
+            await self._take(wire.popped(self.queues, replies[-1]), hand)
         await self._cancel(gone)
         self._update_room()
 
@@ -646,37 +668,3 @@ def _ids(count: int) -> list[str]:
     (a system call is dear here: one per id was a tenth of a job's hand-off)."""
     pool = os.urandom(8 * count).hex()
     return [pool[i : i + 16] for i in range(0, 16 * count, 16)]
-
-
-def _all_filled(jobs: list[Job], run_context: RunContext) -> list[dict[str, Any]]:
-    return [
-        _filled(job, run_context) if fragments.MARKER_OPEN in job["prompt"] else dict(job)
-        for job in jobs
-    ]
-
-
-def _filled(job: Job, run_context: RunContext) -> dict[str, Any]:
-    """The job with its fragments' text in `text` (the prompt stays as the conductor wrote
-    it: that is what an attestation covers), or the reason they cannot be read in `error`.
-    Only fragments of context files are read: the run's own, or the context store's."""
-    try:
-        for ref in fragments.refs(job["prompt"]):
-            _check_context_path(job["run_id"], ref["path"], run_context)
-        text, loaded = fragments.fill(job["prompt"])
-    except fragments.FragmentError as exc:
-        return {**job, "error": str(exc)}
-    return {**job, "text": text, "loaded": loaded}
-
-
-def _check_context_path(run_id: str, raw: str, run_context: RunContext) -> None:
-    path = Path(os.path.realpath(raw))
-    store = Path(os.path.realpath(settings.FRLM_CONTEXT_DIR))
-    if path.is_relative_to(store):
-        return
-    own = run_context(run_id)
-    if own and path == Path(os.path.realpath(own)):
-        return
-    raise fragments.FragmentError(
-        f"the fragment's file {raw[:200]} is not a context of run {run_id}; the gateway "
-        "serves only the run's context and the context store"
-    )
