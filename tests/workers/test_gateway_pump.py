@@ -296,7 +296,7 @@ def test_emptying_hands_twice_puts_each_job_back_once(direct, proxy, through) ->
     async def go() -> None:
         one = link(through)
         direct.lpush(SHARED, raw)
-        assert await pump.take(one.pop_redis, one.hands["p"], 1) == [(SHARED, raw)]
+        assert await pump.take(one.pop_redis, one.hand, 1) == [(SHARED, raw)]
         await one.pop_redis.ping()
         proxy.delay_ms = 400
         emptying = asyncio.ensure_future(one.pops.close(own_too=False))
@@ -313,23 +313,28 @@ def test_emptying_hands_twice_puts_each_job_back_once(direct, proxy, through) ->
     assert not leftovers(direct)
 
 
-def test_jobs_popped_beside_results_after_the_session_ended_go_back(direct, proxy, through) -> None:
-    """A worker's results free its slots, and the same round trip pops jobs to fill them
-    (WorkerLink._relay); if the session ended while that trip was out, the jobs are put
-    back, not claimed for a worker that is gone."""
-    raw = message("4.1", "rpumptest0002")
+def test_a_job_that_came_while_the_pump_was_full_is_its_next_pops(direct, proxy, through) -> None:
+    """The pump waits with a BLMOVE on each queue and leaves the other waiting when one
+    brings a job. A job the other then moves into the hand while the worker has no room
+    is the first the pump takes once a slot frees: the pump alone pops (the result relay
+    popped too, into a hand of its own, and such a job could wait there for the pump to
+    have room while the relay filled every freed slot)."""
+    mine, theirs = message("8.1"), message("8.2")
 
     async def go() -> None:
-        one = link(through)
-        await one.lost("the test ended its session")
-        await one.closing
-        direct.lpush(SHARED, raw)
-        hand = one.hands["r"]
-        popped = await pump.take(one.pop_redis, hand, 1)  # the trip that was out
-        await one._take(popped, hand)
-        assert not one.held and not one.consumer.sent
+        one = link(through, slots=1)
+        one._update_room()
+        one.tasks = [asyncio.ensure_future(one._pump())]
+        await until(lambda: blocked_pops(direct) >= 2, "the pump's BLMOVEs")
+        direct.lpush(OWN, mine)
+        await until(lambda: sent_jobs(one) == ["8.1"], "the first job sent")
+        direct.lpush(SHARED, theirs)
+        await until(lambda: direct.llen(SHARED) == 0, "the waiting BLMOVE to take it")
+        assert sent_jobs(one) == ["8.1"], "sent beyond the worker's room"
+        one.held.clear()  # its result came: the slot is free
+        one._update_room()
+        await until(lambda: sent_jobs(one) == ["8.1", "8.2"], "the second job sent")
+        one.tasks[0].cancel()
 
     asyncio.run(go())
-    assert direct.lrange(SHARED, 0, -1) == [raw]
-    assert not direct.exists(results_stream("rpumptest0002"))
     assert not leftovers(direct)

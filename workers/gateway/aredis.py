@@ -40,7 +40,7 @@ def _async_redis(loop_id: int, ride_out: bool, url: str) -> aioredis.Redis:
     else:
         # Run once, as the blocking client with ride_out=False: the pump's pops
         # (workers/gateway/pump.py), whose caller pauses and tries again instead; a pop
-        # the server ran whose reply was lost left its jobs in the session's hands, which
+        # the server ran whose reply was lost left its jobs in the session's hand, which
         # the next pop returns first.
         options.update(retry=AsyncRetry(NoBackoff(), 0), socket_timeout=30)
     return aioredis.Redis.from_url(url, **options)

@@ -38,7 +38,7 @@ from django.utils.crypto import salted_hmac
 from frlm_web import presence
 from frlm_web.redis_client import get_redis
 from traces.emitter import APPEND_LUA, append_args
-from workers import fragments, services, wire
+from workers import fragments, services
 from workers.gateway import pump
 from workers.gateway.aredis import async_redis
 from workers.gateway.fill import all_filled
@@ -109,15 +109,13 @@ class WorkerLink:
         self.tasks: list[asyncio.Task] = []
         self.closed = False
         self.redis = async_redis()
-        # What it pops is held in Redis until claimed (workers/gateway/pump.py): the
-        # pump's and the result relay's hands. The pump's pops run once: not ridden out.
+        # What its pump pops is held in Redis until claimed (workers/gateway/pump.py): the
+        # session's hand. Its pops run once: not ridden out.
         self.session = secrets.token_hex(8)
-        self.hands = {
-            popper: pump.Hand(worker.id, self.session, popper, self.queues)
-            for popper in pump.POPPERS
-        }
+        self.hand = pump.Hand(worker.id, self.session, self.queues)
         self.pop_redis = async_redis(ride_out=False)
         self.pops = pump.Pops(
+            self.hand,
             lambda own_too: pump.return_hands(
                 self.pop_redis, worker.id, self.session, self.queues, own_too=own_too
             )
@@ -207,7 +205,7 @@ class WorkerLink:
     async def _pump(self) -> None:
         """Its pops run to their end if the session ends meanwhile, and a failed one is
         tried again after a pause (workers/gateway/pump.py)."""
-        hand = self.hands["p"]
+        hand = self.hand
         try:
             while True:
                 await self.room.wait()
@@ -503,7 +501,7 @@ class WorkerLink:
     ) -> None:
         """The results and their events on the runs' streams, with the ends of the Execute
         spans of jobs whose result was refused, the starts of queued jobs the worker began
-        (`begun`), and the next jobs for the slots they free: one round trip. The conductor
+        (`begun`): one round trip; the pump then fills the slots they free. The conductor
         is told of each refused one (status `refused`, the worker stamped here, the
         reason), so it sends that job elsewhere at once instead of waiting for its
         sub-query timeout."""
@@ -534,23 +532,14 @@ class WorkerLink:
             refusal = {"run_id": held.run_id, "sq_id": held.sq_id, "status": "refused"}
             refusal |= {"worker_id": self.worker.id, "error": why[:300]}
             pipe.xadd(results_stream(held.run_id), refusal)  # type: ignore[arg-type]
-        # Only the slots these results free: the pump fills the others, so the two never
-        # take more than the worker's slots between them.
-        freed = 0 if self.draining or self.closed else len(answered)
         waiting = self._ask_cancelled(pipe)
-        hand = self.hands["r"]
-        if freed:
-            pipe.eval(pump.TAKE_LUA, *hand.take_args(freed))
         replies = await pipe.execute()
         for held in answered:
             self.held.pop(held.key, None)
-        end = len(replies) - (1 if freed else 0)
-        gone = self._take_back(waiting, replies[end - len(waiting) : end])
-        # No await between freeing the slots and filling them (_take holds its jobs
-        # before its first await): the pump never sees them free.
-        if freed and replies[-1][1]:
-            await self._take(wire.popped(self.queues, replies[-1]), hand)
+        gone = self._take_back(waiting, replies[len(replies) - len(waiting) :])
         await self._cancel(gone)
+        # The pump alone pops (workers/gateway/pump.py: what its hands hold is then always
+        # its next pop's): it fills the slots these results freed.
         self._update_room()
 
     def _ask_cancelled(self, pipe: Any) -> list[Held]:
