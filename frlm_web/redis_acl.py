@@ -71,7 +71,9 @@ ROLES: dict[str, str] = {
             _CELERY_WORKER_QUEUES,
             "~frlm:presence:* ~frlm:run:* ~frlm:api:* ~frlm:health:* ~frlm:live:*",
             "~frlm:login:*",  # failed sign-ins per address and username
-            "~frlm:worker:*",  # strikes (frlm:worker:<id>:strikes and :why)
+            # Strikes (frlm:worker:<id>:strikes and :why); the gateway's hands, what its
+            # pumps popped until claimed (frlm:worker:<id>:hand:*, :hands).
+            "~frlm:worker:*",
             "%R~frlm:rep:* %R~frlm:circuit:*",
             "%R~frlm:recorder:alive %R~frlm:forwarder:alive",
             "~frlm:events ~frlm:seq:*",

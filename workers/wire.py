@@ -66,19 +66,11 @@ return {counts, out}
 
 
 def popped(queues: Sequence[str], reply: list[Any]) -> list[tuple[str, bytes]]:
-    """POP_LUA's reply as (queue, message) pairs, in the order popped."""
+    """POP_LUA's reply (or the gateway's TAKE_LUA's, workers/gateway/pump.py) as (queue,
+    message) pairs, in the order popped."""
     counts, raws = reply
     sources = [queue for queue, n in zip(queues, counts, strict=True) for _ in range(int(n))]
     return list(zip(sources, raws, strict=True))
-
-
-def unpopped(items: Sequence[tuple[str, bytes]]) -> dict[str, list[bytes]]:
-    """What RPUSH puts back on each queue so that its messages are popped again in the order
-    they were (a queue is popped from its right end)."""
-    back: dict[str, list[bytes]] = {}
-    for queue, raw in reversed(items):
-        back.setdefault(queue, []).append(raw)
-    return back
 
 
 def origin() -> str:

@@ -296,10 +296,11 @@ def test_a_shared_queue_job_taken_by_a_worker_no_longer_live_is_sent_again_at_on
 
 def test_a_worker_that_connects_again_keeps_one_session(web, venues) -> None:
     """A second connection signed with a worker's key while its first is open (a worker
-    restarted before the server saw its old socket drop, or one out to multiply its
-    slots): the newer one serves the worker and the older is closed (4409) with what to
-    do. Before, both were served, each taking its slots' worth of jobs off the queues,
-    and a new session could not put back what its worker's other one held unclaimed."""
+    that connected again before the server saw its old socket drop, or one out to
+    multiply its slots): the newer one serves the worker and the older is closed (4409)
+    with what to do. Before, both were served, each taking its slots' worth of jobs off
+    the queues, and a new session could not put back what its worker's other one held
+    unclaimed."""
     from websockets.exceptions import ConnectionClosed
 
     venue = "twiceq"
@@ -315,7 +316,7 @@ def test_a_worker_that_connects_again_keeps_one_session(web, venues) -> None:
             errors = [m for m in said if m["type"] == "error"]
             assert closed.value.rcvd is not None and closed.value.rcvd.code == 4409, said
             assert errors and "newer connection" in errors[0]["error"], said
-            assert "one frlm_worker per worker key" in errors[0]["fix"]
+            assert "another process holds this worker's key" in errors[0]["fix"]
             live = [w for w in live_workers(get_redis(), venue) if w["worker_id"] == wid]
             assert live and live[0]["connection"] == "gateway", live
             assert json.loads(second.recv(timeout=15))["type"] == "ping"  # served still

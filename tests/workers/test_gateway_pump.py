@@ -11,7 +11,6 @@ the WebSocket side is a stand-in, since only the pump's Redis side is under test
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from typing import Any
@@ -153,10 +152,10 @@ def job(sq_id: str, run_id: str) -> dict[str, Any]:
 
 
 def test_a_job_popped_while_the_session_ends_goes_back_on_its_queue(direct, proxy, through) -> None:
-    """Redis has popped the job for the pump's blocking pop, and the reply is on its way
-    when the worker is lost: before, the pump was cancelled mid-read, the reply went with
-    its connection, and the job was on no queue and claimed by nobody, so its conductor
-    waited out its timeout."""
+    """Redis has moved the job into the session's hand for the pump's blocking pop, and the
+    reply is on its way when the worker is lost: before, the pump was cancelled mid-read,
+    the reply went with its connection, and the job was on no queue and claimed by nobody,
+    so its conductor waited out its timeout."""
     raw = message("1.1")
 
     async def go() -> list[bytes]:
@@ -167,9 +166,11 @@ def test_a_job_popped_while_the_session_ends_goes_back_on_its_queue(direct, prox
         proxy.freeze()
         direct.lpush(SHARED, raw)
         await until(lambda: direct.llen(SHARED) == 0, "Redis to pop the job for the pump")
-        await one.lost("the test ended its session")
+        losing = asyncio.ensure_future(one.lost("the test ended its session"))
+        await asyncio.sleep(0.2)
+        assert not losing.done(), "the session's end did not wait for its pop"
         proxy.thaw()
-        await until(lambda: direct.llen(SHARED) > 0, "the job back on its queue", timeout=5)
+        await losing
         assert one.tasks[0].done()
         assert not one.consumer.sent, "a job went to a worker that is gone"
         return direct.lrange(SHARED, 0, -1)
@@ -180,9 +181,10 @@ def test_a_job_popped_while_the_session_ends_goes_back_on_its_queue(direct, prox
 
 def test_what_a_pop_took_beside_others_goes_back_in_its_order(direct, proxy, through) -> None:
     """The pump's non-blocking pop takes several jobs from the worker's own queue and its
-    venue's at once: the venue's go back in the order they were in; the worker's own are
-    its conductors' to send elsewhere once it is out of presence (its queue is deleted
-    when it deregisters: a put-back made it again, a review found)."""
+    venue's at once, and the session ends while the reply is on its way: the venue's go
+    back in the order they were in, for any worker; the worker's own stay in its hand (its
+    queue is deleted when it deregisters: a put-back made it again, a review found), and
+    its next session puts them back on its queue, in their order."""
     mine = [message(f"2.{i}") for i in range(2)]
     theirs = [message(f"3.{i}") for i in range(3)]
     was: dict[str, list[bytes]] = {}
@@ -192,20 +194,22 @@ def test_what_a_pop_took_beside_others_goes_back_in_its_order(direct, proxy, thr
         await one.pop_redis.ping()  # its connection, made before the delay
         direct.lpush(OWN, *mine)
         direct.lpush(SHARED, *theirs)
-        was[SHARED] = direct.lrange(SHARED, 0, -1)
+        was[OWN], was[SHARED] = direct.lrange(OWN, 0, -1), direct.lrange(SHARED, 0, -1)
         proxy.delay_ms = 400  # each way: the pop lands, and its reply is long on its way
         one._update_room()
         one.tasks = [asyncio.ensure_future(one._pump())]
         await until(lambda: direct.llen(OWN) == 0 and direct.llen(SHARED) == 0, "the pop")
         await one.lost("the test ended its session")
-        await until(lambda: direct.llen(SHARED) == 3, "the jobs back on their queue", 5)
-        await one.closing
+        assert direct.lrange(SHARED, 0, -1) == was[SHARED]
+        assert not direct.exists(OWN)
+        assert sorted(leftovers(direct)) == sorted(mine), "the worker's own not kept for it"
+        await pump.recover(one.redis, WORKER, "the-next-session", one.queues)
 
     asyncio.run(go())
-    assert direct.lrange(SHARED, 0, -1) == was[SHARED]
-    assert not direct.exists(OWN)
+    assert direct.lrange(OWN, 0, -1) == was[OWN]
     assert not direct.exists(results_stream("rpumptest0001"))
     assert not leftovers(direct)
+    assert not direct.exists(pump.hands_key(WORKER))
 
 
 def test_a_pop_whose_reply_was_lost_gives_its_jobs_to_the_worker_all_the_same(
@@ -253,11 +257,10 @@ def test_jobs_a_killed_web_server_popped_and_never_claimed_go_to_the_workers_nex
             # Its claims go through a path that stops carrying anything: the process is
             # gone between the pop and the claim.
             dead.redis = redis.asyncio.Redis.from_url(_via(through, frozen.port))
-            await dead.redis.ping()
-            frozen.freeze()
-            direct.lpush(OWN, raw)
             dead._announce = _nothing  # presence is not under test (its worker is no row)
             await dead.start()
+            frozen.freeze()
+            direct.lpush(OWN, raw)
             await until(lambda: direct.llen(OWN) == 0, "the dead server's pop")
             await asyncio.sleep(0.3)  # its claims held on the frozen path
             for task in dead.tasks:
@@ -265,7 +268,7 @@ def test_jobs_a_killed_web_server_popped_and_never_claimed_go_to_the_workers_nex
             assert not direct.exists(results_stream("rpumptest0001"))
 
             again = link(through)
-            again._announce = _nothing  # presence is not under test (its worker is no row)
+            again._announce = _nothing
             await again.start()
             await until(lambda: sent_jobs(again) == ["7.1"], "the job on the next session")
             for task in again.tasks:
@@ -286,9 +289,9 @@ def _via(url: str, port: int) -> str:
     return urlunsplit(parts._replace(netloc=f"{parts.netloc.rpartition('@')[0]}@127.0.0.1:{port}"))
 
 
-def test_emptying_hands_twice_puts_each_job_back_once(direct, proxy, through) -> None:
-    """A session's hands are emptied at its end and again by the worker's next session
-    (or after a reply lost on the way): the second finds nothing. Before, a put-back whose
+def test_emptying_a_hand_twice_puts_each_job_back_once(direct, proxy, through) -> None:
+    """A session's hand is emptied at its end and again by the worker's next session (or
+    after a reply lost on the way): the second finds nothing. Before, a put-back whose
     reply was lost was run again by the gateway's client, pushed its job twice, and two
     workers ran it (a review)."""
     raw = message("5.1")
@@ -297,28 +300,26 @@ def test_emptying_hands_twice_puts_each_job_back_once(direct, proxy, through) ->
         one = link(through)
         direct.lpush(SHARED, raw)
         assert await pump.take(one.pop_redis, one.hand, 1) == [(SHARED, raw)]
-        await one.pop_redis.ping()
+        await one.redis.ping()
         proxy.delay_ms = 400
-        emptying = asyncio.ensure_future(one.pops.close(own_too=False))
+        emptying = asyncio.ensure_future(one.pops.close())
         await until(lambda: direct.llen(SHARED) == 1, "the put-back to land")
         proxy.delay_ms = 0
         proxy.cut()  # its reply is still on the way
-        with contextlib.suppress(redis.RedisError):
-            await emptying
-        await one.pops.close(own_too=False)
-        await pump.recover(one.pop_redis, WORKER, "another", one.queues)
+        await emptying  # its client rides out the cut: it runs the step again
+        await one.pops.close()
+        await pump.recover(one.redis, WORKER, "another", one.queues)
 
     asyncio.run(go())
     assert direct.lrange(SHARED, 0, -1) == [raw]
     assert not leftovers(direct)
 
 
-def test_a_job_that_came_while_the_pump_was_full_is_its_next_pops(direct, proxy, through) -> None:
-    """The pump waits with a BLMOVE on each queue and leaves the other waiting when one
-    brings a job. A job the other then moves into the hand while the worker has no room
-    is the first the pump takes once a slot frees: the pump alone pops (the result relay
-    popped too, into a hand of its own, and such a job could wait there for the pump to
-    have room while the relay filled every freed slot)."""
+def test_a_worker_with_no_room_leaves_jobs_on_the_queue_for_others(direct, proxy, through) -> None:
+    """The pump waits with a BLMOVE on each queue and keeps the other waiting when one
+    brings a job; once the worker has no room they are cancelled, so a job of the venue's
+    queue stays there for a worker that has room, and is this one's only when a slot
+    frees. (Kept waiting, a BLMOVE took the job into a full worker's hand, a review.)"""
     mine, theirs = message("8.1"), message("8.2")
 
     async def go() -> None:
@@ -328,13 +329,65 @@ def test_a_job_that_came_while_the_pump_was_full_is_its_next_pops(direct, proxy,
         await until(lambda: blocked_pops(direct) >= 2, "the pump's BLMOVEs")
         direct.lpush(OWN, mine)
         await until(lambda: sent_jobs(one) == ["8.1"], "the first job sent")
+        await until(lambda: blocked_pops(direct) == 0, "the BLMOVEs cancelled")
         direct.lpush(SHARED, theirs)
-        await until(lambda: direct.llen(SHARED) == 0, "the waiting BLMOVE to take it")
-        assert sent_jobs(one) == ["8.1"], "sent beyond the worker's room"
+        await asyncio.sleep(0.3)
+        assert direct.lrange(SHARED, 0, -1) == [theirs], "a full worker took a venue's job"
         one.held.clear()  # its result came: the slot is free
         one._update_room()
         await until(lambda: sent_jobs(one) == ["8.1", "8.2"], "the second job sent")
         one.tasks[0].cancel()
 
     asyncio.run(go())
+    assert not leftovers(direct)
+
+
+def test_a_session_ended_while_it_starts_starts_no_pump(direct, proxy, through) -> None:
+    """A newer connection of the worker ends this session while its start is still
+    awaiting Redis (two hellos back to back, a review): before, the start went on,
+    announced the worker just withdrawn and started a pump nobody would stop, which took
+    jobs and put them back for ever."""
+
+    async def go() -> None:
+        one = link(through)
+        announced: list[str] = []
+
+        async def announce(_figures: Any) -> None:
+            await one.lost("a newer connection of this worker took its place")
+            announced.append("once")
+
+        one._announce = announce
+        await one.start()
+        assert announced == ["once"] and not one.tasks, one.tasks
+        direct.lpush(SHARED, message("9.1"))
+        await asyncio.sleep(1.2)
+        assert direct.llen(SHARED) == 1 and not sent_jobs(one)
+
+    asyncio.run(go())
+    assert not leftovers(direct)
+
+
+def test_a_malformed_job_is_dropped_not_put_back_for_the_next_session(
+    direct, proxy, through
+) -> None:
+    """A message that parses but lacks what the pump reads (here a job with no run id)
+    broke the pump, whose session then ended; with the hand, that put the message back
+    first in line for the next session, which broke the same way, and so on. It is
+    dropped, said in the log, and the jobs after it go on."""
+    no_run = {k: v for k, v in job("10.1", "rpumptest0001").items() if k != "run_id"}
+    bad = job_message(no_run, task_id="bad", queue=SHARED, expires_s=60, argsrepr="(test)",
+                      reply_to="", sender="test").encode()  # fmt: skip
+    good = message("10.2")
+
+    async def go() -> None:
+        one = link(through)
+        direct.lpush(SHARED, bad, good)
+        one._update_room()
+        one.tasks = [asyncio.ensure_future(one._pump())]
+        await until(lambda: sent_jobs(one) == ["10.2"], "the good job sent")
+        assert not one.tasks[0].done()
+        one.tasks[0].cancel()
+
+    asyncio.run(go())
+    assert direct.llen(SHARED) == 0
     assert not leftovers(direct)

@@ -33,8 +33,9 @@ log = logging.getLogger(__name__)
 
 HELLO_TIMEOUT_S = 10.0
 REPLACED_FIX = (
-    "run one frlm_worker per worker key: this connection's worker connected again from "
-    "elsewhere (or from here, after a drop), and the newer connection serves it"
+    "nothing, if this worker connected again after its connection dropped: the newer "
+    "connection serves it. Otherwise another process holds this worker's key: run one "
+    "frlm_worker per worker"
 )
 
 # The connection serving each worker in this process: one a worker. Two would each take
@@ -68,6 +69,8 @@ class GatewayConsumer(AsyncWebsocketConsumer):
 
     async def connect(self) -> None:
         self.link: WorkerLink | None = None
+        self.gone = False  # its connection closed
+        self.serves: str | None = None  # the worker it is, or was, _SERVING's entry for
         self._hello_timer: asyncio.TimerHandle | None = None
         self.nonce = secrets.token_urlsafe(24)
         client = self.scope.get("client") or ["", 0]
@@ -95,20 +98,25 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             await self.refuse(4400, str(exc), "follow workers/gateway/protocol.py")
 
     async def disconnect(self, code: int) -> None:
+        self.gone = True
         if self._hello_timer is not None:
             self._hello_timer.cancel()
         if self.link is not None:
-            if _SERVING.get(self.link.worker.id) is self:
-                del _SERVING[self.link.worker.id]
+            # Serving still until its session has ended: a newer connection of the
+            # worker waits for that (replaced) before it starts.
             await self.link.lost(f"its connection closed (code {code})")
+        if self.serves is not None and _SERVING.get(self.serves) is self:
+            del _SERVING[self.serves]
 
     async def replaced(self) -> None:
-        """A newer connection of this worker said hello: this one's session ends (its jobs
-        in hand go back on their queues, the worker's own included) and it is closed."""
+        """A newer connection of this worker said hello: this one's session ends, to its
+        end (out of presence, its hand emptied: the newer one then announces the worker
+        and takes what the hand kept for it), and it is closed."""
         if self.link is not None:
-            await self.link.lost("a newer connection of this worker took its place", replaced=True)
-        await self.refuse(4409, "a newer connection of this worker took this one's place",
-                          REPLACED_FIX)  # fmt: skip
+            await self.link.lost("a newer connection of this worker took its place")
+        if not self.gone:
+            await self.refuse(4409, "a newer connection of this worker took this one's "
+                              "place", REPLACED_FIX)  # fmt: skip
 
     async def refuse(self, code: int, error: str, fix: str) -> None:
         log.warning("gateway: refused %s (%s): %s", self.address, self._who(), error)
@@ -157,9 +165,12 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
             slots = worker.concurrency
         earlier = _SERVING.get(worker.id)
+        _SERVING[worker.id] = self
+        self.serves = worker.id
         if earlier is not None and earlier is not self:
             await earlier.replaced()
-        _SERVING[worker.id] = self
+        if _SERVING.get(worker.id) is not self or self.gone:
+            return  # a newer hello of the worker came meanwhile, or this one closed
         self.link = WorkerLink(
             self,
             worker,
@@ -167,7 +178,12 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             batched=speaks_batches(message.get("version")),
             buffered=speaks_buffer(message.get("version")),
         )
-        await self.link.start()
+        try:
+            await self.link.start()
+        except BaseException:
+            if _SERVING.get(worker.id) is self:
+                del _SERVING[worker.id]
+            raise
 
 
 def _load_worker(worker_id: str) -> Worker | None:

@@ -3,23 +3,27 @@ whatever fails between Redis taking it off its queue and the worker being named 
 
 A pop moves what it takes off the queues into the session's *hand*: one Redis list per
 queue (`Hand`), in the same Lua step (`TAKE_LUA`), or with BLMOVE while it waits. A job
-leaves the hand only in the round trip that claims it for the worker (`Hand.release`,
-beside the claims). So whatever breaks in between, the job is still somewhere Redis keeps:
+leaves the hand only in the transaction that claims it for the worker (`Hand.release`,
+beside the claims, MULTI/EXEC: nothing else runs between them). So whatever breaks in
+between, the job is still somewhere Redis keeps:
 - a pop whose reply is lost to a broken connection: the next pop returns what is still in
-  the hand first (`TAKE_LUA` tops it up and returns it whole);
-- a session that ends while a pop is under way: the pop runs to its end (`Pops.pop`,
-  shielded) and the session's hand is then emptied (`return_hands`): the venue's jobs go
-  back on its queue, first in line; the worker's own are left to its conductors, which
-  send a departed worker's jobs elsewhere (its queue is deleted when it deregisters);
+  the hand first (`TAKE_LUA` tops it up, and returns at most the pump's room);
+- a session that ends: its pops, BLMOVEs and claims under way run to their end (`Pops`,
+  shielded) and its hand is then emptied (`return_hand`): the venue's jobs go back on its
+  queue, first in line; the worker's own stay in the hand for its next session (its
+  conductors send a departed worker's jobs elsewhere, and a worker back at once gets
+  them from its next session instead of after their timeout);
 - a web server killed with -9 between a pop and its claims: the worker's next session
-  returns the hands of its sessions before (`recover`), its own jobs included.
+  puts back what the hands of its sessions before hold (`recover`), its own jobs included.
 
 The pump alone pops for a session, one step at a time, so its hand holds only what it took
-and has not yet claimed, and a job a waiting BLMOVE moved in while the pump was busy is its
-next pop's. (The result relay popped for the slots its results freed in the same round
-trip; a second popper's jobs could sit in the other's hand while that one had no room.)
-Pops go through a client that runs a command once (aredis.async_redis with
-ride_out=False): run again after a lost reply, a pop would take jobs past its room.
+and has not yet claimed. (The result relay popped too, for the slots its results freed, in
+the same round trip: a second popper's jobs could wait in the other's hand while that one
+had no room.) While the pump waits, a BLMOVE waits on each queue and is kept when
+another's job came first; they are cancelled when the worker has no room, so no job is
+moved in for a worker that cannot take it (one Redis served in that instant is the next
+pop's). Pops go through a client that runs a command once (aredis.async_redis with
+ride_out=False): a failed pop is tried again after a pause.
 """
 
 from __future__ import annotations
@@ -37,15 +41,17 @@ log = logging.getLogger(__name__)
 
 Popped = tuple[str, bytes]  # the queue a message came from, and the message
 OUTAGE_PAUSE_S = 1.0  # after Redis failed a pop
-HAND_TTL_S = 86400  # a hand nobody came back for (its worker never did) is let go
+HAND_TTL_S = 86400  # a hand nobody came back for (its worker never did) lapses
 
-# KEYS = the queues, then a hand for each; ARGV = how many jobs the popper has room for.
-# What is still in the hand counts against the room and is returned first.
+# KEYS = the queues, the hand's list for each, and the worker's set of sessions with hands;
+# ARGV = the pump's room, the session. What the hand still holds counts against the room
+# and is returned first; never more than the room.
 TAKE_LUA = f"""
-local n = #KEYS / 2
+local n = (#KEYS - 1) / 2
+local room = tonumber(ARGV[1])
 local have = 0
 for i = 1, n do have = have + redis.call('LLEN', KEYS[n + i]) end
-local want = tonumber(ARGV[1]) - have
+local want = room - have
 for i = 1, n do
   if want <= 0 then break end
   local got = redis.call('RPOP', KEYS[i], want)
@@ -56,42 +62,47 @@ for i = 1, n do
 end
 local counts, out = {{}}, {{}}
 for i = 1, n do
-  local held = redis.call('LRANGE', KEYS[n + i], 0, -1)
+  local held = {{}}
+  if room > 0 then held = redis.call('LRANGE', KEYS[n + i], 0, room - 1) end
   counts[i] = #held
+  room = room - #held
   for _, raw in ipairs(held) do out[#out + 1] = raw end
-  if #held > 0 then redis.call('EXPIRE', KEYS[n + i], {HAND_TTL_S}) end
+  redis.call('EXPIRE', KEYS[n + i], {HAND_TTL_S})
 end
+redis.call('SADD', KEYS[#KEYS], ARGV[2])
+redis.call('EXPIRE', KEYS[#KEYS], {HAND_TTL_S})
 return {{counts, out}}
 """
 
-# KEYS = a hand's lists, then the queue of each; ARGV = for each, 1 to put its jobs back on their
-# queue (to be popped again first, in the order they were), 0 to let them go. Returns how
-# many went back and how many were let go.
+# KEYS = a hand's lists, the queue of each, and the worker's set of sessions with hands;
+# ARGV = for each list, 1 to put its jobs back on their queue (to be popped again first,
+# in the order they were) or 0 to keep them, then the session, named no more among those
+# with hands once its hand is empty. Returns how many went back and how many were kept.
 RETURN_LUA = """
-local n = #KEYS / 2
-local back, gone = 0, 0
+local n = (#KEYS - 1) / 2
+local back, kept = 0, 0
 for i = 1, n do
   local held = redis.call('LRANGE', KEYS[i], 0, -1)
   if #held > 0 then
     if ARGV[i] == '1' then
       for j = #held, 1, -1 do redis.call('RPUSH', KEYS[n + i], held[j]) end
+      redis.call('DEL', KEYS[i])
       back = back + #held
     else
-      gone = gone + #held
+      kept = kept + #held
     end
-    redis.call('DEL', KEYS[i])
   end
 end
-return {back, gone}
+if kept == 0 then redis.call('SREM', KEYS[#KEYS], ARGV[n + 1]) end
+return {back, kept}
 """
 
 
 class Hand:
     """Where a session holds what its pump popped until it is claimed: a list per queue,
-    `frlm:worker:<id>:hand:<session>:<i>`, named in the worker's set of sessions with
-    hands (`frlm:worker:<id>:hands`) so that its next session finds them; and the BLMOVE
-    waiting on each queue, kept from one wait to the next (cancelled, one dropped its
-    connection, and one Redis served meanwhile left a job for the next pop)."""
+    `frlm:worker:<id>:hand:<session>:<i>`, the session named in the worker's set of
+    sessions with hands (`frlm:worker:<id>:hands`) so that its next session finds it; and
+    the BLMOVE waiting on each queue."""
 
     def __init__(self, worker_id: str, session: str, queues: Sequence[str]):
         self.worker_id = worker_id
@@ -99,19 +110,19 @@ class Hand:
         self.queues = list(queues)
         self.keys = [hand_key(worker_id, session, i) for i in range(len(queues))]
         self.moves: dict[int, asyncio.Future[Any]] = {}  # queue index: its BLMOVE
+        self.closing = False  # its session ended: no BLMOVE starts any more
 
     def take_args(self, room: int) -> list[Any]:
         """TAKE_LUA's KEYS count and arguments for a pop with `room` free places."""
-        return [2 * len(self.queues), *self.queues, *self.keys, max(0, room)]
+        keys = [*self.queues, *self.keys, hands_key(self.worker_id)]
+        return [len(keys), *keys, max(0, room), self.session]
 
     def release(self, pipe: Any, popped: Sequence[Popped]) -> None:
-        """Queue on `pipe` the removal of what a pop returned (the round trip that claims
-        it): it is the first of each list, in order; whatever a BLMOVE added since is after
-        it and stays for the next pop."""
-        for key, queue in zip(self.keys, self.queues, strict=True):
-            count = sum(1 for source, _ in popped if source == queue)
-            if count:
-                pipe.ltrim(key, count, -1)
+        """Queue on `pipe` (the transaction that claims them) the removal of what a pop
+        returned. By value: run twice (a retried transaction), it removes nothing more."""
+        key_of = dict(zip(self.queues, self.keys, strict=True))
+        for queue, raw in popped:
+            pipe.lrem(key_of[queue], 1, raw)
 
 
 def hand_key(worker_id: str, session: str, index: int) -> str:
@@ -119,7 +130,7 @@ def hand_key(worker_id: str, session: str, index: int) -> str:
 
 
 def hands_key(worker_id: str) -> str:
-    """The sessions of a worker that may have hands left."""
+    """The sessions of a worker whose hands may hold jobs."""
     return f"frlm:worker:{worker_id}:hands"
 
 
@@ -132,7 +143,9 @@ async def take(redis: Any, hand: Hand, room: int) -> list[Popped]:
 async def wait(redis: Any, hand: Hand, timeout: float) -> bool:
     """Whether a job came on any of `hand`'s queues within about `timeout` seconds: the
     first to come is moved into the hand by a BLMOVE on its queue, one per queue, each
-    left waiting when another's job came first."""
+    left waiting when another's job came first (cancelled, one drops its connection)."""
+    if hand.closing:
+        return False
     for index, (queue, key) in enumerate(zip(hand.queues, hand.keys, strict=True)):
         if index not in hand.moves:
             move = asyncio.ensure_future(redis.blmove(queue, key, timeout, "RIGHT", "RIGHT"))
@@ -147,8 +160,18 @@ async def wait(redis: Any, hand: Hand, timeout: float) -> bool:
     return moved
 
 
+async def stop_waiting(hand: Hand) -> None:
+    """The BLMOVEs waiting on `hand`'s queues, cancelled: the worker has no room. One that
+    Redis served in that instant left its job in the hand, the next pop's."""
+    moves = list(hand.moves.values())
+    hand.moves.clear()
+    for move in moves:
+        move.cancel()
+    await asyncio.gather(*moves, return_exceptions=True)
+
+
 async def pop_some(redis: Any, hand: Hand, free: Callable[[], int], wait_s: float) -> list[Popped]:
-    """As many jobs as `free()` says without waiting (with what the hand still held first);
+    """As many jobs as `free()` says without waiting (what the hand still held first);
     with none queued, the first to come within `wait_s` seconds and what came with it."""
     popped = await take(redis, hand, free())
     if not popped and await wait(redis, hand, wait_s):
@@ -156,55 +179,53 @@ async def pop_some(redis: Any, hand: Hand, free: Callable[[], int], wait_s: floa
     return popped
 
 
-async def return_hands(
+async def return_hand(
     redis: Any, worker_id: str, session: str, queues: Sequence[str], *, own_too: bool
 ) -> tuple[int, int]:
     """Empty a session's hand: the venue's jobs back on its queue, first in line, and the
-    worker's own (`queues[0]`) too with `own_too`, else let go. (back, let go)."""
+    worker's own (`queues[0]`) too with `own_too`, else kept for its next session.
+    Run again, it finds nothing more. (back, kept)."""
     keys = [hand_key(worker_id, session, i) for i in range(len(queues))]
     flags = ["1" if own_too or queue != queues[0] else "0" for queue in queues]
-    pipe = redis.pipeline(transaction=False)
-    pipe.eval(RETURN_LUA, len(keys) * 2, *keys, *queues, *flags)
-    pipe.srem(hands_key(worker_id), session)
-    (back, gone), _ = await pipe.execute()
-    if back or gone:
+    all_keys = [*keys, *queues, hands_key(worker_id)]
+    back, kept = await redis.eval(RETURN_LUA, len(all_keys), *all_keys, *flags, session)
+    if back or kept:
         log.warning(
             "gateway: %d job(s) in the hand of worker %s's session %s: %d back on their "
-            "queues, %d of its own left to their conductors",
-            back + gone, worker_id, session, back, gone,
+            "queues, %d of its own kept for its next session",
+            back + kept, worker_id, session, back, kept,
         )  # fmt: skip
-    return int(back), int(gone)
+    return int(back), int(kept)
 
 
 async def recover(redis: Any, worker_id: str, session: str, queues: Sequence[str]) -> None:
-    """A new session's first step: the hands its worker's sessions before left (their web
-    server was killed between a pop and its claims), all back on their queues; and this
-    session named among those with hands."""
+    """A new session's first step: what the hands of its worker's sessions before still
+    hold (its own queue's jobs kept for it, or all of a session whose web server was
+    killed between a pop and its claims), back on their queues."""
     earlier = await redis.smembers(hands_key(worker_id))
     for old in sorted(s.decode() if isinstance(s, bytes) else s for s in earlier):
         if old != session:
-            await return_hands(redis, worker_id, old, queues, own_too=True)
-    await redis.sadd(hands_key(worker_id), session)
-    await redis.expire(hands_key(worker_id), HAND_TTL_S)
+            await return_hand(redis, worker_id, old, queues, own_too=True)
 
 
 class Pops:
-    """A session's pops: in flight, shielded from its pump's cancellation; failed, tried
-    again after a pause; at the session's end, its hand emptied once the last has run."""
+    """A session's pops and claims: in flight, shielded from its pump's cancellation;
+    failed pops tried again after a pause; at the session's end, its hand emptied once the
+    last of them has run."""
 
-    def __init__(self, hand: Hand, empty: Callable[[bool], Awaitable[Any]]) -> None:
+    def __init__(self, hand: Hand, empty: Callable[[], Awaitable[Any]]) -> None:
         self.hand = hand
-        self.empty = empty  # `return_hands` of the session, given `own_too`
-        self.after: set[asyncio.Future[Any]] = set()  # pops under way
+        self.empty = empty  # `return_hand` of the session's end
+        self.after: set[asyncio.Future[Any]] = set()  # pops and claims under way
         self.failing = False
 
     async def next(self, pop: Callable[[], Awaitable[list[Popped]]]) -> list[Popped]:
         """What the next `pop()` that does not fail takes (said once in the log when
         Redis fails them and once when it is back). What a failed pop took is still in
-        its hand, and the next returns it."""
+        the hand, and the next returns it."""
         while True:
             try:
-                popped = await self.pop(pop())
+                popped = await self.guard(pop())
             except RedisError as exc:
                 if not self.failing:
                     log.warning("gateway: a pop failed (%s); trying again every %g s", exc,
@@ -217,30 +238,32 @@ class Pops:
                 self.failing = False
             return popped
 
-    async def pop(self, pop: Awaitable[list[Popped]]) -> list[Popped]:
-        """What `pop` took. Cancelled while it runs, the pop goes on to its end."""
-        step = asyncio.ensure_future(pop)
-        self._keep(step)
-        return await asyncio.shield(step)
+    async def guard(self, step: Awaitable[Any]) -> Any:
+        """What `step` (a pop, or a transaction that claims popped jobs) returns. Cancelled
+        while it runs, it goes on to its end, and the session's hand is emptied only
+        after it."""
+        future = asyncio.ensure_future(step)
+        self.after.add(future)
+        future.add_done_callback(self.after.discard)
+        future.add_done_callback(_quiet)
+        return await asyncio.shield(future)
 
-    def _keep(self, task: asyncio.Future[Any]) -> None:
-        self.after.add(task)
-        task.add_done_callback(self.after.discard)
-        task.add_done_callback(_quiet)
-
-    async def close(self, *, own_too: bool) -> None:
-        """The session ended: once its pops under way and its BLMOVEs waiting have run,
-        its hand is emptied (`return_hands`; run again, it finds it empty)."""
-        under_way = {*self.after, *self.hand.moves.values()}
-        if under_way:
+    async def close(self) -> None:
+        """The session ended: no BLMOVE starts any more, and once every pop, claim and
+        BLMOVE under way has run (a BLMOVE within its second), the hand is emptied."""
+        self.hand.closing = True
+        while under_way := {f for f in (*self.after, *self.hand.moves.values()) if not f.done()}:
             await asyncio.wait(under_way)
+            for index, move in list(self.hand.moves.items()):
+                if move.done():
+                    del self.hand.moves[index]
         try:
-            await self.empty(own_too)
+            await self.empty()
         except Exception:  # noqa: BLE001 - logged: the worker's next session returns them
-            log.exception("gateway: could not empty a session's hands")
+            log.exception("gateway: could not empty a session's hand")
 
 
 def _quiet(task: asyncio.Future[Any]) -> None:
-    """A pop's failure is its caller's to hear; one nobody awaits any more is not an error."""
+    """A failure is its caller's to hear; one nobody awaits any more is not an error."""
     if not task.cancelled():
         task.exception()

@@ -3,11 +3,13 @@
 1. challenge (workers/gateway/handshake.py): the worker proves it holds its registered key
    by signing a fresh nonce (no strike when it cannot: an unauthenticated caller is
    nobody's fault but its own);
-2. pump: while the worker has free slots, take as many jobs as it has free slots from its
-   own queue, then its venue's (the same Redis lists Celery workers consume, so the
-   conductor cannot tell the two kinds apart), tell the conductor who holds each, open
-   their Execute spans (all in one Redis round trip), read their fragments here (byte
-   range, sha256) and send them, together to a worker that speaks version 2;
+2. pump: while the worker has room (free slots and work buffer), take as many jobs as
+   it has room for from its own queue, then its venue's (the same Redis lists Celery
+   workers consume, so the conductor cannot tell the two kinds apart), into the session's
+   hand (workers/gateway/pump.py); tell the conductor who holds each and open their
+   Execute spans in one transaction that also lets them go from the hand; read their
+   fragments here (byte range, sha256, workers/gateway/fill.py) and send them, together
+   to a worker that speaks version 2;
 3. relay: the worker's results and span events go to the run's result stream and the event
    stream, stamped with the identity it proved (a batch of results in one round trip); a
    result for a job it does not hold, or an event of another kind or another run, is
@@ -116,20 +118,25 @@ class WorkerLink:
         self.pop_redis = async_redis(ride_out=False)
         self.pops = pump.Pops(
             self.hand,
-            lambda own_too: pump.return_hands(
-                self.pop_redis, worker.id, self.session, self.queues, own_too=own_too
-            )
+            lambda: pump.return_hand(
+                self.redis, worker.id, self.session, self.queues, own_too=False
+            ),
         )
-        self.closing: asyncio.Future[None] | None = None
-        self.replaced = False  # a newer session of the worker took its place
+        self.ended = asyncio.Event()  # lost() has run to its end
         self.contexts: dict[str, str | None] = {}  # run id -> its context file (cached)
         self.returned = 0  # jobs of a dropped session it gave back on this one (protocol.py)
 
     # --- life ---------------------------------------------------------------------------
     async def start(self) -> None:
+        """Welcome it, announce it, start its pump and watch. A session ended meanwhile (a
+        newer one of the worker took its place) goes no further: announced, it put back a
+        worker just withdrawn, and its pump ran on with no one to stop it."""
         # What its sessions before popped and never claimed (their server was killed in
-        # between) goes back on its queues before this one pops.
-        await pump.recover(self.pop_redis, self.worker.id, self.session, self.queues)
+        # between), and the jobs of its own queue they kept for it, go back on its queues
+        # before this one pops.
+        await pump.recover(self.redis, self.worker.id, self.session, self.queues)
+        if self.closed:
+            return
         await self.consumer.send(
             encode(
                 {
@@ -144,6 +151,8 @@ class WorkerLink:
         )
         # In presence at once, not a heartbeat later: the conductor may route to it now.
         await self._announce({"inflight": 0, "memory_mb": 0.0, "latency_ms": None})
+        if self.closed:
+            return
         self._update_room()
         self.tasks = [asyncio.ensure_future(self._pump()), asyncio.ensure_future(self._watch())]
         log.info(
@@ -153,17 +162,22 @@ class WorkerLink:
             self.consumer.address,
         )
 
-    async def lost(self, why: str, *, replaced: bool = False) -> None:
+    async def lost(self, why: str) -> None:
         """Out of presence now; every run it held work of told to look; the Execute
         spans the server opened for that work ended as `abandoned`, so the trace has no
         span left open by a worker that is gone (a queued job's span was never opened);
-        and what its pops hold but never claimed put back (pump.Pops.close), the jobs of
-        its own queue too when a newer session of the worker `replaced` this one."""
+        and, once its pops and claims under way have run, what its hand holds put back
+        (pump.Pops.close). A second call returns when the first has done all that."""
         if self.closed:
+            await self.ended.wait()
             return
         self.closed = True
-        self.replaced = replaced
-        self.closing = asyncio.ensure_future(self.pops.close(own_too=replaced))
+        try:
+            await self._leave(why)
+        finally:
+            self.ended.set()
+
+    async def _leave(self, why: str) -> None:
         # Not the task that calls this (the watch, finding it silent): cancelled, it broke
         # off at the next await, and the worker stayed connected and announced, with no
         # pump taking its jobs and the spans of those it held left open.
@@ -191,6 +205,7 @@ class WorkerLink:
         log.warning(
             "gateway: worker %s left: %s; it held %d job(s)", self.worker.id, why, len(self.held)
         )
+        await self.pops.close()
 
     # --- jobs out -----------------------------------------------------------------------
     def _free(self) -> int:
@@ -207,7 +222,9 @@ class WorkerLink:
         tried again after a pause (workers/gateway/pump.py)."""
         hand = self.hand
         try:
-            while True:
+            while not self.closed:
+                if not self.room.is_set():
+                    await pump.stop_waiting(hand)  # no job moved in while it has no room
                 await self.room.wait()
                 popped = await self.pops.next(
                     lambda: pump.pop_some(self.pop_redis, hand, self._free, POP_WAIT_S)
@@ -225,23 +242,25 @@ class WorkerLink:
         here) that someone still wants (the conductor moves on from one past its deadline)."""
         try:
             jobs = jobs_of(raw)
+            for job in jobs:
+                _check_job(job)
         except ValueError as exc:
+            # Dropped, not put back: it would end every session that took it in turn.
             log.error("gateway: a message on %s dropped: %s", self.queues, exc)
             return []
-        return [job for job in jobs if job.get("deadline", 0) >= time.time()]
+        return [job for job in jobs if job["deadline"] >= time.time()]
 
     async def _take(self, popped: list[pump.Popped], hand: pump.Hand) -> None:
-        """Messages off a queue, held in `hand`: claimed for this worker (and let go from
-        the hand in the same round trip), filled, sent; for a session that has ended, put
-        back with the rest of its hands."""
+        """Messages off a queue, held in `hand`: claimed for this worker and let go from
+        the hand in one transaction, filled, sent. For a session that has ended, left in
+        the hand, which its end empties (pump.Pops.close, after every pop under way)."""
         if self.closed:
-            await self.pops.close(own_too=self.replaced)
             return
         jobs = [job for _, raw in popped for job in self._parse(raw)]
         if not jobs:
             pipe = self.redis.pipeline(transaction=False)
             hand.release(pipe, popped)
-            await pipe.execute()
+            await self.pops.guard(pipe.execute())
             return
         ids = _ids(2 * len(jobs))  # an Execute span and its start event's id for each
         helds = []
@@ -268,8 +287,10 @@ class WorkerLink:
         # of its Execute span, which the server opens as it hands the job over (the worker
         # ends it: one message a job from the worker, not two), or for a queued one when
         # the worker says it started (_results); and whether it was cancelled meanwhile
-        # (then the claim is a late reply the conductor ignores).
-        pipe = self.redis.pipeline(transaction=False)
+        # (then the claim is a late reply the conductor ignores). A transaction, which also
+        # lets go of the jobs from the hand: the session's end, emptying the hand, comes
+        # wholly before or after it (pump.py), and is held until it has run.
+        pipe = self.redis.pipeline(transaction=True)
         starts = []
         for i, held in enumerate(helds):
             pipe.sismember(cancelled_key(held.run_id), held.sq_id)
@@ -280,7 +301,7 @@ class WorkerLink:
         if starts:
             pipe.eval(APPEND_LUA, 0, *append_args(starts))  # type: ignore[arg-type]
         hand.release(pipe, popped)
-        replies = await pipe.execute()
+        replies = await self.pops.guard(pipe.execute())
         ends, going = [], []
         for job, held, cancelled in zip(jobs, helds, replies[0 : 2 * len(helds) : 2], strict=True):
             if cancelled:
@@ -650,6 +671,21 @@ def grant_for(worker_id: str, run_id: str, sq_id: str) -> str:
 
 def _withdraw(venue: str, worker_id: str) -> None:
     presence.withdraw(get_redis(), presence_group(venue), worker_id)
+
+
+def _check_job(job: Any) -> None:
+    """A queue's job has what the pump reads of it (ValueError: what it lacks)."""
+    if not isinstance(job, dict):
+        raise ValueError("a job is not an object")
+    for field, kind in JOB_FIELDS:
+        if not isinstance(job.get(field), kind) or isinstance(job.get(field), bool):
+            raise ValueError(f"job field {field!r} is missing or not of type {kind}")
+
+
+JOB_FIELDS = (
+    ("run_id", str), ("sq_id", str), ("submit_span", str), ("depth", int), ("model", dict),
+    ("prompt", str), ("deadline", (int, float)),
+)  # fmt: skip
 
 
 def _ids(count: int) -> list[str]:
