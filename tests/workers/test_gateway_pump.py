@@ -96,11 +96,13 @@ async def until(check, what: str, timeout: float = 10.0) -> None:  # noqa: ANN00
 
 
 def blocked_pops(direct: redis.Redis) -> int:
-    """The pump's blocking pops under way (a BLMOVE per queue; before, one BRPOP): the test
-    stack's workers pop under a Redis user of their own."""
+    """The pump's blocking pops under way, blocked now (a BLMOVE per queue; before, one
+    BRPOP): the test stack's workers pop under a Redis user of their own."""
     user = urlsplit(settings.REDIS_URL).username
     return sum(
-        1 for c in direct.client_list() if c.get("cmd") in ("brpop", "blmove") and c["user"] == user
+        1
+        for c in direct.client_list()
+        if c.get("cmd") in ("brpop", "blmove") and "b" in c["flags"] and c["user"] == user
     )
 
 
@@ -315,27 +317,38 @@ def test_emptying_a_hand_twice_puts_each_job_back_once(direct, proxy, through) -
     assert not leftovers(direct)
 
 
-def test_a_worker_with_no_room_leaves_jobs_on_the_queue_for_others(direct, proxy, through) -> None:
+def test_a_full_worker_takes_what_came_meanwhile_first_and_a_draining_one_takes_nothing(
+    direct, proxy, through
+) -> None:
     """The pump waits with a BLMOVE on each queue and keeps the other waiting when one
-    brings a job; once the worker has no room they are cancelled, so a job of the venue's
-    queue stays there for a worker that has room, and is this one's only when a slot
-    frees. (Kept waiting, a BLMOVE took the job into a full worker's hand, a review.)"""
-    mine, theirs = message("8.1"), message("8.2")
+    brings a job. A job it then moves in while the worker is full waits in the hand, as in
+    a work buffer, and is the first the pump takes once a slot frees; a worker that drains
+    has them cancelled, and a job of the venue's queue stays there for a worker that has
+    room (kept waiting, a BLMOVE took it into a draining worker's hand, a review)."""
+    first, second, third = message("8.1"), message("8.2"), message("8.3")
 
     async def go() -> None:
         one = link(through, slots=1)
         one._update_room()
         one.tasks = [asyncio.ensure_future(one._pump())]
         await until(lambda: blocked_pops(direct) >= 2, "the pump's BLMOVEs")
-        direct.lpush(OWN, mine)
+        direct.lpush(OWN, first)
         await until(lambda: sent_jobs(one) == ["8.1"], "the first job sent")
-        await until(lambda: blocked_pops(direct) == 0, "the BLMOVEs cancelled")
-        direct.lpush(SHARED, theirs)
-        await asyncio.sleep(0.3)
-        assert direct.lrange(SHARED, 0, -1) == [theirs], "a full worker took a venue's job"
+        direct.lpush(SHARED, second)
+        await until(lambda: direct.llen(SHARED) == 0, "the kept BLMOVE to take it")
+        assert sent_jobs(one) == ["8.1"], "sent beyond the worker's room"
         one.held.clear()  # its result came: the slot is free
         one._update_room()
         await until(lambda: sent_jobs(one) == ["8.1", "8.2"], "the second job sent")
+        one.held.clear()
+        one._update_room()
+        await until(lambda: blocked_pops(direct) >= 2, "the pump waiting again")
+        one.draining = True
+        one._update_room()
+        await until(lambda: blocked_pops(direct) == 0, "the BLMOVEs cancelled")
+        direct.lpush(SHARED, third)
+        await asyncio.sleep(0.3)
+        assert direct.lrange(SHARED, 0, -1) == [third], "a draining worker took a job"
         one.tasks[0].cancel()
 
     asyncio.run(go())

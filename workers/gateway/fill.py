@@ -1,6 +1,7 @@
-"""The fragments' text of the jobs the gateway sends (workers/gateway/server.py): read here,
-by byte range and checked by sha256 (workers/fragments.py), from the run's own context file
-or the context store only, since a worker on another host has no disk of ours."""
+"""The jobs the gateway sends (workers/gateway/server.py): checked for what it reads of
+them, and filled with their fragments' text, read here by byte range and checked by sha256
+(workers/fragments.py), from the run's own context file or the context store only, since
+a worker on another host has no disk of ours."""
 
 from __future__ import annotations
 
@@ -15,6 +16,21 @@ from workers import fragments
 from workers.jobs import Job
 
 RunContext = Callable[[str], "str | None"]  # a run's context file, or None
+
+
+def check_job(job: Any) -> None:
+    """A queue's job has what the pump reads of it (ValueError: what it lacks)."""
+    if not isinstance(job, dict):
+        raise ValueError("a job is not an object")
+    for field, kind in JOB_FIELDS:
+        if not isinstance(job.get(field), kind) or isinstance(job.get(field), bool):
+            raise ValueError(f"job field {field!r} is missing or not of type {kind}")
+
+
+JOB_FIELDS = (
+    ("run_id", str), ("sq_id", str), ("submit_span", str), ("depth", int), ("model", dict),
+    ("prompt", str), ("deadline", (int, float)),
+)  # fmt: skip
 
 
 def all_filled(jobs: list[Job], run_context: RunContext) -> list[dict[str, Any]]:

@@ -71,6 +71,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         self.link: WorkerLink | None = None
         self.gone = False  # its connection closed
         self.serves: str | None = None  # the worker it is, or was, _SERVING's entry for
+        self.ending: asyncio.Future[None] | None = None  # the end of the one it replaces
         self._hello_timer: asyncio.TimerHandle | None = None
         self.nonce = secrets.token_urlsafe(24)
         client = self.scope.get("client") or ["", 0]
@@ -114,6 +115,8 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         and takes what the hand kept for it), and it is closed."""
         if self.link is not None:
             await self.link.lost("a newer connection of this worker took its place")
+        elif self.ending is not None:  # it was itself waiting for an older one to end
+            await asyncio.shield(self.ending)
         if not self.gone:
             await self.refuse(4409, "a newer connection of this worker took this one's "
                               "place", REPLACED_FIX)  # fmt: skip
@@ -168,7 +171,10 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         _SERVING[worker.id] = self
         self.serves = worker.id
         if earlier is not None and earlier is not self:
-            await earlier.replaced()
+            # Shielded, and kept: a newer hello that replaces this one before it starts
+            # waits for the same end (replaced), not only for this one's.
+            self.ending = asyncio.ensure_future(earlier.replaced())
+            await asyncio.shield(self.ending)
         if _SERVING.get(worker.id) is not self or self.gone:
             return  # a newer hello of the worker came meanwhile, or this one closed
         self.link = WorkerLink(

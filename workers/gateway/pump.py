@@ -19,11 +19,15 @@ between, the job is still somewhere Redis keeps:
 The pump alone pops for a session, one step at a time, so its hand holds only what it took
 and has not yet claimed. (The result relay popped too, for the slots its results freed, in
 the same round trip: a second popper's jobs could wait in the other's hand while that one
-had no room.) While the pump waits, a BLMOVE waits on each queue and is kept when
-another's job came first; they are cancelled when the worker has no room, so no job is
-moved in for a worker that cannot take it (one Redis served in that instant is the next
-pop's). Pops go through a client that runs a command once (aredis.async_redis with
-ride_out=False): a failed pop is tried again after a pause.
+had no room.) The two pop in turn, each from its pop to its claims (WorkerLink.popping).
+While the pump waits, a BLMOVE waits on each queue and is kept when another's job came
+first: cancelled, each dropped its connection, and a new one per job cost the web server
+a fifth more CPU (bench/federation.py). So a worker whose slots filled meanwhile may find
+one job of each queue in its hand, as a work buffer holds it, taken first when a slot
+frees; they are cancelled for a worker that drains, which takes nothing more (one Redis
+served in that instant is returned at the session's end). Pops go through a client that
+runs a command once (aredis.async_redis with ride_out=False): a failed pop is tried again
+after a pause.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ log = logging.getLogger(__name__)
 
 Popped = tuple[str, bytes]  # the queue a message came from, and the message
 OUTAGE_PAUSE_S = 1.0  # after Redis failed a pop
+SETTLE_S = 30.0  # a session's end waits no longer for its pops and claims under way
 HAND_TTL_S = 86400  # a hand nobody came back for (its worker never did) lapses
 
 # KEYS = the queues, the hand's list for each, and the worker's set of sessions with hands;
@@ -93,7 +98,12 @@ for i = 1, n do
     end
   end
 end
-if kept == 0 then redis.call('SREM', KEYS[#KEYS], ARGV[n + 1]) end
+if kept == 0 then
+  redis.call('SREM', KEYS[#KEYS], ARGV[n + 1])
+else
+  for i = 1, n do redis.call('EXPIRE', KEYS[i], {HAND_TTL_S}) end
+  redis.call('EXPIRE', KEYS[#KEYS], {HAND_TTL_S})
+end
 return {back, kept}
 """
 
@@ -110,6 +120,7 @@ class Hand:
         self.queues = list(queues)
         self.keys = [hand_key(worker_id, session, i) for i in range(len(queues))]
         self.moves: dict[int, asyncio.Future[Any]] = {}  # queue index: its BLMOVE
+        self.stopped: set[asyncio.Future[Any]] = set()  # BLMOVEs cancelled, not yet done
         self.closing = False  # its session ended: no BLMOVE starts any more
 
     def take_args(self, room: int) -> list[Any]:
@@ -151,32 +162,27 @@ async def wait(redis: Any, hand: Hand, timeout: float) -> bool:
             move = asyncio.ensure_future(redis.blmove(queue, key, timeout, "RIGHT", "RIGHT"))
             move.add_done_callback(_quiet)
             hand.moves[index] = move
-    await asyncio.wait(hand.moves.values(), return_when=asyncio.FIRST_COMPLETED)
+    waiting = list(hand.moves.values())
+    await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
     moved = False
-    for index, move in list(hand.moves.items()):
-        if move.done():
-            del hand.moves[index]
+    for move in waiting:
+        if move.done() and not move.cancelled():  # cancelled: stop_waiting's, and gone
+            for index, kept in list(hand.moves.items()):
+                if kept is move:
+                    del hand.moves[index]
             moved = move.result() is not None or moved  # a failed move raises here
     return moved
 
 
-async def stop_waiting(hand: Hand) -> None:
-    """The BLMOVEs waiting on `hand`'s queues, cancelled: the worker has no room. One that
-    Redis served in that instant left its job in the hand, the next pop's."""
-    moves = list(hand.moves.values())
-    hand.moves.clear()
-    for move in moves:
+def stop_waiting(hand: Hand) -> None:
+    """The BLMOVEs waiting on `hand`'s queues, cancelled: the worker drains. One that
+    Redis served in that instant left its job in the hand; the session's end waits for
+    them all the same (`Hand.stopped`) and then returns it."""
+    for move in hand.moves.values():
         move.cancel()
-    await asyncio.gather(*moves, return_exceptions=True)
-
-
-async def pop_some(redis: Any, hand: Hand, free: Callable[[], int], wait_s: float) -> list[Popped]:
-    """As many jobs as `free()` says without waiting (what the hand still held first);
-    with none queued, the first to come within `wait_s` seconds and what came with it."""
-    popped = await take(redis, hand, free())
-    if not popped and await wait(redis, hand, wait_s):
-        popped = await take(redis, hand, free())
-    return popped
+        hand.stopped.add(move)
+        move.add_done_callback(hand.stopped.discard)
+    hand.moves.clear()
 
 
 async def return_hand(
@@ -248,15 +254,31 @@ class Pops:
         future.add_done_callback(_quiet)
         return await asyncio.shield(future)
 
+    async def settle(self, *, moves: bool = False) -> bool:
+        """Wait for every pop and claim under way (and BLMOVE, with `moves`) to have run,
+        for at most SETTLE_S: whether they all did."""
+        deadline = asyncio.get_running_loop().time() + SETTLE_S
+        while True:
+            under_way = {f for f in self.after if not f.done()}
+            if moves:
+                under_way |= {f for f in (*self.hand.moves.values(), *self.hand.stopped)}
+                under_way = {f for f in under_way if not f.done()}
+            left = deadline - asyncio.get_running_loop().time()
+            if not under_way:
+                return True
+            if left <= 0:
+                return False
+            await asyncio.wait(under_way, timeout=left)
+
     async def close(self) -> None:
         """The session ended: no BLMOVE starts any more, and once every pop, claim and
-        BLMOVE under way has run (a BLMOVE within its second), the hand is emptied."""
+        BLMOVE under way has run (a BLMOVE within its second), the hand is emptied. Past
+        SETTLE_S (Redis away), it is left to the worker's next session (`recover`)."""
         self.hand.closing = True
-        while under_way := {f for f in (*self.after, *self.hand.moves.values()) if not f.done()}:
-            await asyncio.wait(under_way)
-            for index, move in list(self.hand.moves.items()):
-                if move.done():
-                    del self.hand.moves[index]
+        if not await self.settle(moves=True):
+            log.warning("gateway: a session's pops still ran after %g s; its hand is left to "
+                        "its worker's next session", SETTLE_S)  # fmt: skip
+            return
         try:
             await self.empty()
         except Exception:  # noqa: BLE001 - logged: the worker's next session returns them

@@ -40,10 +40,10 @@ from django.utils.crypto import salted_hmac
 from frlm_web import presence
 from frlm_web.redis_client import get_redis
 from traces.emitter import APPEND_LUA, append_args
-from workers import fragments, services
+from workers import fragments, services, wire
 from workers.gateway import pump
 from workers.gateway.aredis import async_redis
-from workers.gateway.fill import all_filled
+from workers.gateway.fill import all_filled, check_job
 from workers.gateway.protocol import (
     MAX_RESULTS,
     ProtocolError,
@@ -122,7 +122,10 @@ class WorkerLink:
                 self.redis, worker.id, self.session, self.queues, own_too=False
             ),
         )
-        self.ended = asyncio.Event()  # lost() has run to its end
+        self.leaving: asyncio.Future[None] | None = None  # lost()'s work, run once
+        # The pump and the result relay pop in turn, each from its pop to its claims
+        # (workers/gateway/pump.py: the hand holds only what the one popping took).
+        self.popping = asyncio.Lock()
         self.contexts: dict[str, str | None] = {}  # run id -> its context file (cached)
         self.returned = 0  # jobs of a dropped session it gave back on this one (protocol.py)
 
@@ -166,16 +169,13 @@ class WorkerLink:
         """Out of presence now; every run it held work of told to look; the Execute
         spans the server opened for that work ended as `abandoned`, so the trace has no
         span left open by a worker that is gone (a queued job's span was never opened);
-        and, once its pops and claims under way have run, what its hand holds put back
-        (pump.Pops.close). A second call returns when the first has done all that."""
-        if self.closed:
-            await self.ended.wait()
-            return
-        self.closed = True
-        try:
-            await self._leave(why)
-        finally:
-            self.ended.set()
+        and what its hand holds put back (pump.Pops.close). It runs once, as a task of
+        its own: every call waits for it, and a caller cancelled (daphne gives a closing
+        socket's handler 10 s) does not cut it short."""
+        if self.leaving is None:
+            self.closed = True
+            self.leaving = asyncio.ensure_future(self._leave(why))
+        await asyncio.shield(self.leaving)
 
     async def _leave(self, why: str) -> None:
         # Not the task that calls this (the watch, finding it silent): cancelled, it broke
@@ -185,6 +185,9 @@ class WorkerLink:
         for task in self.tasks:
             if task is not current:
                 task.cancel()
+        # Its claims under way land first: told `lost` before a claim, a conductor read the
+        # job as started again by a worker that never got it.
+        await self.pops.settle()
         # The runs are told, and the spans ended, before the worker leaves presence: a
         # conductor that saw it gone first ended those spans itself, with its own reason,
         # and the trace had each twice (seen in CI).
@@ -216,21 +219,26 @@ class WorkerLink:
             self.room.set()
         else:
             self.room.clear()
+            if self.draining:  # no job moved into the hand of a worker that takes none
+                pump.stop_waiting(self.hand)
 
     async def _pump(self) -> None:
         """Its pops run to their end if the session ends meanwhile, and a failed one is
-        tried again after a pause (workers/gateway/pump.py)."""
+        tried again after a pause (workers/gateway/pump.py): what the hand holds and its
+        queues have, up to its room; with nothing queued, the first job to come."""
         hand = self.hand
         try:
             while not self.closed:
-                if not self.room.is_set():
-                    await pump.stop_waiting(hand)  # no job moved in while it has no room
                 await self.room.wait()
-                popped = await self.pops.next(
-                    lambda: pump.pop_some(self.pop_redis, hand, self._free, POP_WAIT_S)
-                )
-                if popped:
-                    await self._take(popped, hand)
+                async with self.popping:
+                    popped = await self.pops.next(
+                        lambda: pump.take(self.pop_redis, hand, self._free())
+                    )
+                    going = await self._take(popped, hand) if popped else []
+                if going:
+                    await self._send_jobs(going)
+                elif not popped and self._free():
+                    await self.pops.next(lambda: pump.wait(self.pop_redis, hand, POP_WAIT_S))
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -243,25 +251,26 @@ class WorkerLink:
         try:
             jobs = jobs_of(raw)
             for job in jobs:
-                _check_job(job)
+                check_job(job)
         except ValueError as exc:
             # Dropped, not put back: it would end every session that took it in turn.
             log.error("gateway: a message on %s dropped: %s", self.queues, exc)
             return []
         return [job for job in jobs if job["deadline"] >= time.time()]
 
-    async def _take(self, popped: list[pump.Popped], hand: pump.Hand) -> None:
+    async def _take(self, popped: list[pump.Popped], hand: pump.Hand) -> list[tuple[Job, Held]]:
         """Messages off a queue, held in `hand`: claimed for this worker and let go from
-        the hand in one transaction, filled, sent. For a session that has ended, left in
-        the hand, which its end empties (pump.Pops.close, after every pop under way)."""
+        the hand in one transaction; the jobs to send it (_send_jobs: filled, sent). For a
+        session that has ended, left in the hand, which its end empties (pump.Pops.close,
+        after every pop and claim under way)."""
         if self.closed:
-            return
+            return []
         jobs = [job for _, raw in popped for job in self._parse(raw)]
         if not jobs:
             pipe = self.redis.pipeline(transaction=False)
             hand.release(pipe, popped)
             await self.pops.guard(pipe.execute())
-            return
+            return []
         ids = _ids(2 * len(jobs))  # an Execute span and its start event's id for each
         helds = []
         # Those beyond its free slots wait in its work buffer (protocol.py, version 3).
@@ -313,8 +322,7 @@ class WorkerLink:
         if ends:
             self._update_room()
             await self._append(ends)
-        if going:
-            await self._send_jobs(going)
+        return going
 
     async def _send_jobs(self, going: list[tuple[Job, Held]]) -> None:
         """The jobs with their fragments' text (read in one worker thread for all of them)
@@ -522,7 +530,7 @@ class WorkerLink:
     ) -> None:
         """The results and their events on the runs' streams, with the ends of the Execute
         spans of jobs whose result was refused, the starts of queued jobs the worker began
-        (`begun`): one round trip; the pump then fills the slots they free. The conductor
+        (`begun`), and the next jobs for the slots they free: one round trip. The conductor
         is told of each refused one (status `refused`, the worker stamped here, the
         reason), so it sends that job elsewhere at once instead of waiting for its
         sub-query timeout."""
@@ -554,13 +562,24 @@ class WorkerLink:
             refusal |= {"worker_id": self.worker.id, "error": why[:300]}
             pipe.xadd(results_stream(held.run_id), refusal)  # type: ignore[arg-type]
         waiting = self._ask_cancelled(pipe)
-        replies = await pipe.execute()
-        for held in answered:
-            self.held.pop(held.key, None)
-        gone = self._take_back(waiting, replies[len(replies) - len(waiting) :])
+        # Only the slots these results free: the pump fills the others.
+        freed = 0 if self.draining or self.closed else len(answered)
+        going: list[tuple[Job, Held]] = []
+        async with self.popping:
+            if freed:
+                pipe.eval(pump.TAKE_LUA, *self.hand.take_args(freed))
+            # Guarded: a session that ends meanwhile empties its hand only after it.
+            replies = await self.pops.guard(pipe.execute())
+            for held in answered:
+                self.held.pop(held.key, None)
+            end = len(replies) - (1 if freed else 0)
+            gone = self._take_back(waiting, replies[end - len(waiting) : end])
+            # Under the lock, the pump never sees the freed slots before they are filled.
+            if freed and replies[-1][1]:
+                going = await self._take(wire.popped(self.queues, replies[-1]), self.hand)
+        if going:
+            await self._send_jobs(going)
         await self._cancel(gone)
-        # The pump alone pops (workers/gateway/pump.py: what its hands hold is then always
-        # its next pop's): it fills the slots these results freed.
         self._update_room()
 
     def _ask_cancelled(self, pipe: Any) -> list[Held]:
@@ -671,21 +690,6 @@ def grant_for(worker_id: str, run_id: str, sq_id: str) -> str:
 
 def _withdraw(venue: str, worker_id: str) -> None:
     presence.withdraw(get_redis(), presence_group(venue), worker_id)
-
-
-def _check_job(job: Any) -> None:
-    """A queue's job has what the pump reads of it (ValueError: what it lacks)."""
-    if not isinstance(job, dict):
-        raise ValueError("a job is not an object")
-    for field, kind in JOB_FIELDS:
-        if not isinstance(job.get(field), kind) or isinstance(job.get(field), bool):
-            raise ValueError(f"job field {field!r} is missing or not of type {kind}")
-
-
-JOB_FIELDS = (
-    ("run_id", str), ("sq_id", str), ("submit_span", str), ("depth", int), ("model", dict),
-    ("prompt", str), ("deadline", (int, float)),
-)  # fmt: skip
 
 
 def _ids(count: int) -> list[str]:
