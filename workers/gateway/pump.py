@@ -1,33 +1,34 @@
-"""A gateway worker's pops (workers/gateway/server.py's pump), which must lose no job
-whatever fails between Redis taking it off its queue and the worker being named its holder.
+"""A gateway worker's pops (workers/gateway/server.py: its pump, and its result relay, which
+pops for the slots its results free), which must lose no job whatever fails between Redis
+taking it off its queue and the worker being named its holder.
 
 A pop moves what it takes off the queues into the session's *hand*: one Redis list per
-queue (`Hand`), in the same Lua step (`TAKE_LUA`), or with BLMOVE while it waits. A job
-leaves the hand only in the transaction that claims it for the worker (`Hand.release`,
+queue (`Hand`), in the same Lua step (`TAKE_LUA`), or with BLMOVE while the pump waits. A
+job leaves the hand only in the transaction that claims it for the worker (`Hand.release`,
 beside the claims, MULTI/EXEC: nothing else runs between them). So whatever breaks in
 between, the job is still somewhere Redis keeps:
 - a pop whose reply is lost to a broken connection: the next pop returns what is still in
-  the hand first (`TAKE_LUA` tops it up, and returns at most the pump's room);
+  the hand first (`TAKE_LUA` tops it up, and returns at most the room it is given);
 - a session that ends: its pops, BLMOVEs and claims under way run to their end (`Pops`,
-  shielded) and its hand is then emptied (`return_hand`): the venue's jobs go back on its
-  queue, first in line; the worker's own stay in the hand for its next session (its
-  conductors send a departed worker's jobs elsewhere, and a worker back at once gets
-  them from its next session instead of after their timeout);
+  shielded) and, if they all have within SETTLE_S, its hand is then emptied
+  (`return_hand`): the venue's jobs go back on its queue, first in line; the worker's own
+  stay in the hand for its next session (its conductors send a departed worker's jobs
+  elsewhere, and a worker back at once gets them from its next session instead of after
+  their timeout); past SETTLE_S, all of it is left to the next session;
 - a web server killed with -9 between a pop and its claims: the worker's next session
   puts back what the hands of its sessions before hold (`recover`), its own jobs included.
 
-The pump alone pops for a session, one step at a time, so its hand holds only what it took
-and has not yet claimed. (The result relay popped too, for the slots its results freed, in
-the same round trip: a second popper's jobs could wait in the other's hand while that one
-had no room.) The two pop in turn, each from its pop to its claims (WorkerLink.popping).
-While the pump waits, a BLMOVE waits on each queue and is kept when another's job came
-first: cancelled, each dropped its connection, and a new one per job cost the web server
-a fifth more CPU (bench/federation.py). So a worker whose slots filled meanwhile may find
-one job of each queue in its hand, as a work buffer holds it, taken first when a slot
-frees; they are cancelled for a worker that drains, which takes nothing more (one Redis
-served in that instant is returned at the session's end). Pops go through a client that
-runs a command once (aredis.async_redis with ride_out=False): a failed pop is tried again
-after a pause.
+The pump and the relay pop in turn, each from its pop to its claims (WorkerLink.popping),
+so what one takes is claimed before the other pops. While the pump waits, a BLMOVE waits
+on each queue and is kept when another's job came first: cancelled, each dropped its
+connection, and a new one a job cost the web server a fifth more CPU (bench/federation.py).
+So a worker whose slots filled meanwhile may find one job of each queue in its hand, as a
+work buffer holds it; every pop returns what the hand holds first. They are cancelled for
+a worker that drains, which takes nothing more (one Redis served in that instant is
+returned at the session's end). The pump's pops go through a client that runs a command
+once (aredis.async_redis with ride_out=False): a failed pop is tried again after a pause;
+the relay's pop rides in its round trip, whose client runs it again after a lost reply,
+and a pop run again returns the hand it left, topped up to the same room.
 """
 
 from __future__ import annotations
@@ -45,7 +46,10 @@ log = logging.getLogger(__name__)
 
 Popped = tuple[str, bytes]  # the queue a message came from, and the message
 OUTAGE_PAUSE_S = 1.0  # after Redis failed a pop
-SETTLE_S = 30.0  # a session's end waits no longer for its pops and claims under way
+# A session's end waits no longer for its pops and claims under way: longer than the
+# riding client rides out an outage (about a minute, frlm_web.redis_client), or a claim it
+# still retries could land after the runs were told the worker is lost.
+SETTLE_S = 90.0
 HAND_TTL_S = 86400  # a hand nobody came back for (its worker never did) lapses
 
 # KEYS = the queues, the hand's list for each, and the worker's set of sessions with hands;
@@ -83,7 +87,7 @@ return {{counts, out}}
 # ARGV = for each list, 1 to put its jobs back on their queue (to be popped again first,
 # in the order they were) or 0 to keep them, then the session, named no more among those
 # with hands once its hand is empty. Returns how many went back and how many were kept.
-RETURN_LUA = """
+RETURN_LUA = f"""
 local n = (#KEYS - 1) / 2
 local back, kept = 0, 0
 for i = 1, n do
@@ -104,7 +108,7 @@ else
   for i = 1, n do redis.call('EXPIRE', KEYS[i], {HAND_TTL_S}) end
   redis.call('EXPIRE', KEYS[#KEYS], {HAND_TTL_S})
 end
-return {back, kept}
+return {{back, kept}}
 """
 
 
@@ -157,21 +161,36 @@ async def wait(redis: Any, hand: Hand, timeout: float) -> bool:
     left waiting when another's job came first (cancelled, one drops its connection)."""
     if hand.closing:
         return False
+    moved, _ = _harvest(hand)  # kept moves that ended while nobody waited (failed: again)
+    if moved:
+        return True
     for index, (queue, key) in enumerate(zip(hand.queues, hand.keys, strict=True)):
         if index not in hand.moves:
             move = asyncio.ensure_future(redis.blmove(queue, key, timeout, "RIGHT", "RIGHT"))
             move.add_done_callback(_quiet)
             hand.moves[index] = move
-    waiting = list(hand.moves.values())
-    await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-    moved = False
-    for move in waiting:
-        if move.done() and not move.cancelled():  # cancelled: stop_waiting's, and gone
-            for index, kept in list(hand.moves.items()):
-                if kept is move:
-                    del hand.moves[index]
-            moved = move.result() is not None or moved  # a failed move raises here
+    await asyncio.wait(list(hand.moves.values()), return_when=asyncio.FIRST_COMPLETED)
+    moved, failed_now = _harvest(hand)
+    if not moved and failed_now:
+        raise failed_now[0]  # Pops.next pauses and tries again
     return moved
+
+
+def _harvest(hand: Hand) -> tuple[bool, list[BaseException]]:
+    """The moves that have ended, taken out of `hand.moves`: whether one brought a job,
+    and the errors of those that failed. (A move stop_waiting cancelled is no longer
+    there.)"""
+    moved, failed = False, []
+    for index, move in list(hand.moves.items()):
+        if move.done():
+            del hand.moves[index]
+            if move.cancelled():
+                continue
+            if move.exception() is not None:
+                failed.append(move.exception())
+            elif move.result() is not None:
+                moved = True
+    return moved, failed
 
 
 def stop_waiting(hand: Hand) -> None:

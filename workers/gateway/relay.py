@@ -5,14 +5,17 @@ Plain functions over the jobs a connection holds (workers/gateway/server.py keep
 from __future__ import annotations
 
 import dataclasses
+import hmac
 import json
 import secrets
 import time
 from typing import Any
 
+from django.utils.crypto import salted_hmac
+
 from traces import caps
 from traces.schema import problems
-from workers.gateway.protocol import MAX_EVENTS, WORKER_EVENTS, ProtocolError
+from workers.gateway.protocol import MAX_EVENTS, MAX_RESULTS, WORKER_EVENTS, ProtocolError
 from workers.jobs import MAX_COST, MAX_MS, MAX_TOKENS
 
 EVENT_KEYS = ("ms", "bytes", "tokens_in", "tokens_out", "cost", "payload_ref")
@@ -207,3 +210,43 @@ def _event(item: Any, job: Held, venue: str, worker_id: str) -> dict[str, Any]:
         # (a review sent ts 10**30 and ms "abc"): refused here, the job tried elsewhere.
         raise ProtocolError(f"its {item['name']} event does not fit the trace: {wrong[0]}")
     return event
+
+
+# -- jobs a worker gives back (version 5) --------------------------------------------------
+ID_MAX = 64  # characters of a run's or a sub-query attempt's id a worker names
+RETURN_FIELDS = ("run_id", "sq_id", "grant")
+GRANT_SALT = "frlm.gateway.grant"
+
+
+def grant_for(worker_id: str, run_id: str, sq_id: str) -> str:
+    """What proves a job was given to this worker (protocol version 5): a MAC of the three
+    under the deployment's secret, so a server started again checks what the last one
+    gave. 128 bits: unguessable, and short on the wire."""
+    message = f"{worker_id}\0{run_id}\0{sq_id}"
+    return salted_hmac(GRANT_SALT, message, algorithm="sha256").hexdigest()[:32]
+
+
+def granted_returns(items: Any, worker_id: str, so_far: int) -> tuple[list[tuple[str, str]], int]:
+    """The (run, job) of each returned job named with a grant made for this worker, and how
+    many named none of theirs (forged, or for another worker). ProtocolError: not a list
+    of 1 to MAX_RESULTS jobs in all over a session (`so_far` before), or an item that is
+    not {run_id, sq_id, grant}."""
+    if not isinstance(items, list) or not 1 <= len(items) <= MAX_RESULTS - so_far:
+        raise ProtocolError(
+            f"returned must list 1 to {MAX_RESULTS} jobs in all over a session ({so_far} so far)"
+        )
+    keys: list[tuple[str, str]] = []
+    forged = 0
+    for item in items:
+        fields = [item.get(k) if isinstance(item, dict) else None for k in RETURN_FIELDS]
+        if not all(isinstance(v, str) and 0 < len(v) <= ID_MAX for v in fields):
+            raise ProtocolError(
+                "a returned job is {run_id, sq_id, grant}, each a string of 1 to "
+                f"{ID_MAX} characters (the grant as its job came with it)"
+            )
+        run_id, sq_id, grant = fields
+        if hmac.compare_digest(grant, grant_for(worker_id, run_id, sq_id)):
+            keys.append((run_id, sq_id))  # type: ignore[arg-type]
+        else:
+            forged += 1
+    return keys, forged

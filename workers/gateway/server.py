@@ -25,7 +25,6 @@
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import os
 import secrets
@@ -35,7 +34,6 @@ from typing import TYPE_CHECKING, Any
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from django.conf import settings
-from django.utils.crypto import salted_hmac
 
 from frlm_web import presence
 from frlm_web.redis_client import get_redis
@@ -56,6 +54,8 @@ from workers.gateway.relay import (
     NotHeld,
     Relayed,
     checked,
+    grant_for,
+    granted_returns,
     named,
     slots_freed,
     started,
@@ -70,7 +70,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ID_MAX = 64  # characters of a run's or a sub-query attempt's id a worker names
 PONG_WITHIN_S = 600.0  # a pong echoes a ping of this server: no older, never from the future
 # Seconds a pump waits on the queues before it looks again whether it should stop.
 POP_WAIT_S = 1
@@ -126,6 +125,9 @@ class WorkerLink:
         # The pump and the result relay pop in turn, each from its pop to its claims
         # (workers/gateway/pump.py: the hand holds only what the one popping took).
         self.popping = asyncio.Lock()
+        # Taken before `popping` is let go: jobs reach the worker in the order they were
+        # held, which their `queued` marks assume (_take), though filling one is a thread hop.
+        self.sending = asyncio.Lock()
         self.contexts: dict[str, str | None] = {}  # run id -> its context file (cached)
         self.returned = 0  # jobs of a dropped session it gave back on this one (protocol.py)
 
@@ -171,20 +173,29 @@ class WorkerLink:
         span left open by a worker that is gone (a queued job's span was never opened);
         and what its hand holds put back (pump.Pops.close). It runs once, as a task of
         its own: every call waits for it, and a caller cancelled (daphne gives a closing
-        socket's handler 10 s) does not cut it short."""
+        socket's handler 10 s) does not cut it short; it never fails (a Redis outage past
+        its ride-out is logged), so a newer session waiting for it goes on."""
         if self.leaving is None:
             self.closed = True
-            self.leaving = asyncio.ensure_future(self._leave(why))
+            self.leaving = asyncio.ensure_future(self._leave(why, asyncio.current_task()))
         await asyncio.shield(self.leaving)
 
-    async def _leave(self, why: str) -> None:
-        # Not the task that calls this (the watch, finding it silent): cancelled, it broke
-        # off at the next await, and the worker stayed connected and announced, with no
-        # pump taking its jobs and the spans of those it held left open.
-        current = asyncio.current_task()
+    async def _leave(self, why: str, caller: asyncio.Task | None) -> None:
+        # Not the task that called lost() (the watch, finding it silent, which then
+        # closes the socket): cancelled, it broke off at the next await, and the worker
+        # stayed connected and announced, with no pump taking its jobs and the spans of
+        # those it held left open.
         for task in self.tasks:
-            if task is not current:
+            if task is not caller:
                 task.cancel()
+        try:
+            await self._tell_and_withdraw(why)
+        except Exception:  # noqa: BLE001 - logged; its conductors find it gone by presence
+            log.exception("gateway: worker %s's session could not end cleanly", self.worker.id)
+        finally:
+            await self.pops.close()
+
+    async def _tell_and_withdraw(self, why: str) -> None:
         # Its claims under way land first: told `lost` before a claim, a conductor read the
         # job as started again by a worker that never got it.
         await self.pops.settle()
@@ -208,7 +219,6 @@ class WorkerLink:
         log.warning(
             "gateway: worker %s left: %s; it held %d job(s)", self.worker.id, why, len(self.held)
         )
-        await self.pops.close()
 
     # --- jobs out -----------------------------------------------------------------------
     def _free(self) -> int:
@@ -235,8 +245,10 @@ class WorkerLink:
                         lambda: pump.take(self.pop_redis, hand, self._free())
                     )
                     going = await self._take(popped, hand) if popped else []
+                    if going:
+                        await self.sending.acquire()  # sent in the order they were held
                 if going:
-                    await self._send_jobs(going)
+                    await self._send_in_turn(going)
                 elif not popped and self._free():
                     await self.pops.next(lambda: pump.wait(self.pop_redis, hand, POP_WAIT_S))
         except asyncio.CancelledError:
@@ -323,6 +335,13 @@ class WorkerLink:
             self._update_room()
             await self._append(ends)
         return going
+
+    async def _send_in_turn(self, going: list[tuple[Job, Held]]) -> None:
+        """_send_jobs, by the holder of `sending`, which it lets go."""
+        try:
+            await self._send_jobs(going)
+        finally:
+            self.sending.release()
 
     async def _send_jobs(self, going: list[tuple[Job, Held]]) -> None:
         """The jobs with their fragments' text (read in one worker thread for all of them)
@@ -480,25 +499,7 @@ class WorkerLink:
         result stream exists; the conductor takes a return only from the job's holder. A
         job this session holds is not given back."""
         items = message.get("jobs")
-        if not isinstance(items, list) or not 1 <= len(items) <= MAX_RESULTS - self.returned:
-            raise ProtocolError(
-                f"returned must list 1 to {MAX_RESULTS} jobs in all over a session "
-                f"({self.returned} so far)"
-            )
-        keys: list[tuple[str, str]] = []
-        forged = 0
-        for item in items:
-            fields = [item.get(k) if isinstance(item, dict) else None for k in RETURN_FIELDS]
-            if not all(isinstance(v, str) and 0 < len(v) <= ID_MAX for v in fields):
-                raise ProtocolError(
-                    "a returned job is {run_id, sq_id, grant}, each a string of 1 to "
-                    f"{ID_MAX} characters (the grant as its job came with it)"
-                )
-            run_id, sq_id, grant = fields
-            if hmac.compare_digest(grant, grant_for(self.worker.id, run_id, sq_id)):
-                keys.append((run_id, sq_id))  # type: ignore[arg-type]
-            else:
-                forged += 1
+        keys, forged = granted_returns(items, self.worker.id, self.returned)
         self.returned += len(items)
         if forged:
             log.warning(
@@ -563,9 +564,9 @@ class WorkerLink:
             pipe.xadd(results_stream(held.run_id), refusal)  # type: ignore[arg-type]
         waiting = self._ask_cancelled(pipe)
         # Only the slots these results free: the pump fills the others.
-        freed = 0 if self.draining or self.closed else len(answered)
         going: list[tuple[Job, Held]] = []
         async with self.popping:
+            freed = 0 if self.draining or self.closed else len(answered)
             if freed:
                 pipe.eval(pump.TAKE_LUA, *self.hand.take_args(freed))
             # Guarded: a session that ends meanwhile empties its hand only after it.
@@ -577,8 +578,10 @@ class WorkerLink:
             # Under the lock, the pump never sees the freed slots before they are filled.
             if freed and replies[-1][1]:
                 going = await self._take(wire.popped(self.queues, replies[-1]), self.hand)
+            if going:
+                await self.sending.acquire()
         if going:
-            await self._send_jobs(going)
+            await self._send_in_turn(going)
         await self._cancel(gone)
         self._update_room()
 
@@ -674,18 +677,6 @@ class WorkerLink:
                 return
             await self.consumer.send(encode({"type": "ping", "t": time.monotonic()}))
             await self._check_waiting()
-
-
-RETURN_FIELDS = ("run_id", "sq_id", "grant")
-GRANT_SALT = "frlm.gateway.grant"
-
-
-def grant_for(worker_id: str, run_id: str, sq_id: str) -> str:
-    """What proves a job was given to this worker (protocol version 5): a MAC of the three
-    under the deployment's secret, so a server started again checks what the last one
-    gave. 128 bits: unguessable, and short on the wire."""
-    message = f"{worker_id}\0{run_id}\0{sq_id}"
-    return salted_hmac(GRANT_SALT, message, algorithm="sha256").hexdigest()[:32]
 
 
 def _withdraw(venue: str, worker_id: str) -> None:
