@@ -98,3 +98,22 @@ def test_a_malformed_return_breaks_the_protocol(web, venues, jobs, says) -> None
                 ws.recv(timeout=10)
     assert says in message["error"], message
     assert closed.value.rcvd.code == 4400
+
+
+def test_a_grant_that_is_not_ascii_is_ignored_not_a_crash(web, venues) -> None:
+    """A return whose grant is text beyond ASCII: hmac.compare_digest refused it with a
+    TypeError, which broke the session's handler (daphne closed the socket 1011 with no
+    word, and the session lived on until its watch found it silent, a review). It is a
+    grant made for nobody: ignored, and the session goes on."""
+    wid, key = registered_worker("asciireturn", venue="asciireturn")
+    with connect(ws_url(web), open_timeout=10) as ws:
+        assert say_hello(ws, wid, key, 5)["type"] == "welcome"
+        item = {"run_id": "r1", "sq_id": "1.1", "grant": "é" * 32}
+        ws.send(json.dumps({"type": "returned", "jobs": [item]}))
+        pings = 0
+        while pings < 2:
+            message = json.loads(ws.recv(timeout=10))
+            assert message["type"] != "error", message
+            if message["type"] == "ping":
+                pings += 1
+                ws.send(json.dumps({"type": "pong", "t": message["t"]}))

@@ -242,6 +242,7 @@ class Pops:
         self.hand = hand
         self.empty = empty  # `return_hand` of the session's end
         self.after: set[asyncio.Future[Any]] = set()  # pops and claims under way
+        self.deadline: float | None = None  # of the session's end: SETTLE_S after it began
         self.failing = False
 
     async def next(self, pop: Callable[[], Awaitable[list[Popped]]]) -> list[Popped]:
@@ -275,14 +276,18 @@ class Pops:
 
     async def settle(self, *, moves: bool = False) -> bool:
         """Wait for every pop and claim under way (and BLMOVE, with `moves`) to have run,
-        for at most SETTLE_S: whether they all did."""
-        deadline = asyncio.get_running_loop().time() + SETTLE_S
+        until SETTLE_S after the session's end began (one deadline for all its waits):
+        whether they all did."""
+        loop = asyncio.get_running_loop()
+        if self.deadline is None:
+            self.deadline = loop.time() + SETTLE_S
+        deadline = self.deadline
         while True:
             under_way = {f for f in self.after if not f.done()}
             if moves:
                 under_way |= {f for f in (*self.hand.moves.values(), *self.hand.stopped)}
                 under_way = {f for f in under_way if not f.done()}
-            left = deadline - asyncio.get_running_loop().time()
+            left = deadline - loop.time()
             if not under_way:
                 return True
             if left <= 0:

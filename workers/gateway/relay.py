@@ -245,7 +245,10 @@ def granted_returns(items: Any, worker_id: str, so_far: int) -> tuple[list[tuple
                 f"{ID_MAX} characters (the grant as its job came with it)"
             )
         run_id, sq_id, grant = fields
-        if hmac.compare_digest(grant, grant_for(worker_id, run_id, sq_id)):
+        # As bytes: compare_digest refuses text that is not ASCII (TypeError), and a worker
+        # that sent such a grant broke its session's handler (a review).
+        expected = grant_for(worker_id, run_id, sq_id).encode()
+        if hmac.compare_digest(grant.encode("utf-8", "surrogatepass"), expected):
             keys.append((run_id, sq_id))  # type: ignore[arg-type]
         else:
             forged += 1

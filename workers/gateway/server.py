@@ -337,9 +337,11 @@ class WorkerLink:
         return going
 
     async def _send_in_turn(self, going: list[tuple[Job, Held]]) -> None:
-        """_send_jobs, by the holder of `sending`, which it lets go."""
+        """_send_jobs, by the holder of `sending`, which it lets go; not for a session
+        that ended meanwhile (its runs were told the jobs are lost)."""
         try:
-            await self._send_jobs(going)
+            if not self.closed:
+                await self._send_jobs(going)
         finally:
             self.sending.release()
 
