@@ -133,6 +133,18 @@ def subprocess_env() -> dict[str, str]:
     }
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """SIGTERM (a CI's timeout, `kill`) stops the run as Ctrl-C does, so the fixtures'
+    teardowns stop the stacks the tests started: killed outright, the run left its
+    servers, swarms and Redis instances running, each in a session of its own."""
+
+    def stop(_signum: int, _frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second TERM kills outright
+        raise KeyboardInterrupt("SIGTERM")
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test on the stack needs the test database to exist (its processes open it) and its
     writes committed (they cannot see a test's open transaction)."""
