@@ -116,10 +116,14 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         if self.link is not None:
             await self.link.lost("a newer connection of this worker took its place")
         elif self.ending is not None:  # it was itself waiting for an older one to end
-            await asyncio.shield(self.ending)
+            await _ended(self.ending)
         if not self.gone:
-            await self.refuse(4409, "a newer connection of this worker took this one's "
-                              "place", REPLACED_FIX)  # fmt: skip
+            try:
+                await self.refuse(4409, "a newer connection of this worker took this one's "
+                                  "place", REPLACED_FIX)  # fmt: skip
+            except Exception:  # noqa: BLE001 - its socket went meanwhile: nothing to tell
+                log.info("gateway: %s was gone before it could be told it was replaced",
+                         self.address)  # fmt: skip
 
     async def refuse(self, code: int, error: str, fix: str) -> None:
         log.warning("gateway: refused %s (%s): %s", self.address, self._who(), error)
@@ -174,7 +178,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             # Shielded, and kept: a newer hello that replaces this one before it starts
             # waits for the same end (replaced), not only for this one's.
             self.ending = asyncio.ensure_future(earlier.replaced())
-            await asyncio.shield(self.ending)
+            await _ended(self.ending)
         if _SERVING.get(worker.id) is not self or self.gone:
             return  # a newer hello of the worker came meanwhile, or this one closed
         self.link = WorkerLink(
@@ -190,6 +194,16 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             if _SERVING.get(worker.id) is self:
                 del _SERVING[worker.id]
             raise
+
+
+async def _ended(ending: asyncio.Future[None]) -> None:
+    """Wait for an older connection's end. One that failed is ended all the same: its
+    error, raised here, would stop this connection and every newer one that waits for the
+    same end (a review)."""
+    try:
+        await asyncio.shield(ending)
+    except Exception:  # noqa: BLE001 - logged; the older session's end already is
+        log.exception("gateway: replacing an older connection failed; this one goes on")
 
 
 def _load_worker(worker_id: str) -> Worker | None:
