@@ -133,13 +133,19 @@ class WorkerLink:
 
     # --- life ---------------------------------------------------------------------------
     async def start(self) -> None:
-        """Welcome it, announce it, start its pump and watch. A session ended meanwhile (a
+        """Announce it, welcome it, start its pump and watch. A session ended meanwhile (a
         newer one of the worker took its place) goes no further: announced, it put back a
         worker just withdrawn, and its pump ran on with no one to stop it."""
         # What its sessions before popped and never claimed (their server was killed in
         # between), and the jobs of its own queue they kept for it, go back on its queues
         # before this one pops.
         await pump.recover(self.redis, self.worker.id, self.session, self.queues)
+        if self.closed:
+            return
+        # In presence at once, not a heartbeat later: the conductor may route to it now.
+        # Before the welcome, so a welcomed worker is one routing can see (a test that
+        # looked for it right after its welcome once found it missing).
+        await self._announce({"inflight": 0, "memory_mb": 0.0, "latency_ms": None})
         if self.closed:
             return
         await self.consumer.send(
@@ -154,8 +160,6 @@ class WorkerLink:
                 }
             )
         )
-        # In presence at once, not a heartbeat later: the conductor may route to it now.
-        await self._announce({"inflight": 0, "memory_mb": 0.0, "latency_ms": None})
         if self.closed:
             return
         self._update_room()
