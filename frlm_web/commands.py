@@ -26,7 +26,14 @@ class OneLineParser(CommandParser):
     """Django's parser, whose errors on the command line are one line (no usage block) that
     points at --help, with exit status 2; called from code, it raises CommandError."""
 
+    argv: list[str] = []
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self.argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str) -> None:  # type: ignore[override]
+        message += _dash_hint(message, self.argv)
         if self.called_from_command_line:
             self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
         raise CommandError(f"Error: {message}")
@@ -51,6 +58,19 @@ class FrlmCommand(BaseCommand):
     def print_json(self, data: Any) -> None:
         """`data` as one JSON document on stdout (money as decimal strings, frlm_web.money)."""
         self.stdout.write(json.dumps(data, indent=2, default=_json_default))
+
+
+def _dash_hint(message: str, argv: list[str]) -> str:
+    """argparse reads a value that starts with '-' and is not a plain number (`-1d`) as an
+    option, and says only that the flag "expected one argument": say how to give it."""
+    head, _, rest = message.partition(": ")
+    if rest != "expected one argument" or not head.startswith("argument "):
+        return ""
+    names = head.removeprefix("argument ").split("/")
+    for flag, value in zip(argv, argv[1:], strict=False):
+        if flag in names and value.startswith("-") and value != "-":
+            return f"; {value!r} is read as an option: write {flag}={value} to give it as a value"
+    return ""
 
 
 def _one_line(parser: CommandParser) -> None:

@@ -14,7 +14,7 @@ from runs.engine.context import context_roots
 from runs.engine.policy import RANGES, Policy, PolicyError
 from runs.program_templates import PROGRAM_TEMPLATES
 from runs.services import ContextSpec, RunInputError
-from runs.taskgen import MAX_TOKENS, MIN_TOKENS, TASKS
+from runs.taskgen import DEFAULT_SEED, DEFAULT_TOKENS, MAX_TOKENS, MIN_TOKENS, TASKS
 from workers.backends import ModelSpec, model_spec
 from workers.models import Venue
 
@@ -124,13 +124,13 @@ class RunForm(forms.Form):
     # Their ranges are the task generator's (runs.taskgen.make_task), said with the run's
     # other problems: a range checked here held those back until it was met (a review).
     task_tokens = forms.IntegerField(
-        initial=100_000,
+        initial=DEFAULT_TOKENS,
         label="Tokens",
         widget=forms.NumberInput(attrs={"step": 1000, "min": MIN_TOKENS, "max": MAX_TOKENS}),
         help_text=f"{MIN_TOKENS:,} to {MAX_TOKENS:,}",
     )
     task_seed = forms.IntegerField(
-        initial=1, label="Seed", widget=forms.NumberInput(attrs={"min": 0})
+        initial=DEFAULT_SEED, label="Seed", widget=forms.NumberInput(attrs={"min": 0})
     )
 
     program = forms.ChoiceField(

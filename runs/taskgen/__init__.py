@@ -22,6 +22,10 @@ from runs.taskgen.sniah import GeneratedTask, answer_matches, make_sniah, score_
 
 MIN_TOKENS = 100
 MAX_TOKENS = 50_000_000
+# A generated task's size and seed when none is given: the launcher's and frlm_run's, so
+# both make the same task (the launcher's seed was 1, frlm_run's 0).
+DEFAULT_TOKENS = 100_000
+DEFAULT_SEED = 0
 
 
 class Task(Protocol):

@@ -91,6 +91,10 @@ def manage(*args: str) -> subprocess.CompletedProcess:
         (["frlm_swarm", "--workers", "300"], "argument --workers: takes a whole number from 1"),
         (["frlm_prune", "--older-than", "30x"], "argument --older-than: takes an age like 30d"),
         (["frlm_prune", "--older-than", "36501d"], "argument --older-than: takes an age of at"),
+        # A value that starts with '-' is an option to argparse: say how to give it (before,
+        # only "expected one argument").
+        (["frlm_prune", "--older-than", "-1d"], "'-1d' is read as an option: write --older-than="),
+        (["frlm_prune", "--older-than=-1d"], "argument --older-than: takes an age like 30d"),
         (
             ["frlm_worker", "--venue", "local", "--server", "ftp://x"],
             "argument --server: takes an http:// or https:// URL",

@@ -225,3 +225,16 @@ def test_its_help_shows_no_empty_choice_and_says_its_defaults():
     text = " ".join(Command().create_parser("manage.py", "frlm_run").format_help().split())
     assert "{," not in text and "--program {map_reduce," in text
     assert "seconds to wait for the answer (default 3600)" in text
+
+
+def test_the_launcher_asks_for_the_task_frlm_run_makes_by_default():
+    """The launcher's seed was 1 and frlm_run's 0: the same generated task asked for on
+    the page and on the command line, with no seed given, was two different tasks."""
+    from runs.forms import RunForm
+    from runs.management.commands.frlm_run import Command
+
+    text = " ".join(Command().create_parser("manage.py", "frlm_run").format_help().split())
+    form = RunForm.base_fields
+    assert f"seed of the generated task (default {form['task_seed'].initial})" in text
+    assert f"in tokens (default {form['task_tokens'].initial})" in text
+    assert form["task_seed"].initial == 0

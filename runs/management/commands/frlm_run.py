@@ -8,7 +8,7 @@ from django.core.management.base import CommandError
 
 from frlm_web.commands import FrlmCommand, assignment, number, whole
 from runs.program_templates import PROGRAM_TEMPLATES
-from runs.taskgen import MAX_TOKENS, MIN_TOKENS, TASKS
+from runs.taskgen import DEFAULT_SEED, DEFAULT_TOKENS, MAX_TOKENS, MIN_TOKENS, TASKS
 
 if TYPE_CHECKING:
     from runs.models import Run
@@ -30,10 +30,13 @@ class Command(FrlmCommand):
             "--tokens",
             type=whole(MIN_TOKENS, MAX_TOKENS),
             default=None,
-            help="size of the generated task in tokens (default 100000)",
+            help=f"size of the generated task in tokens (default {DEFAULT_TOKENS})",
         )
         parser.add_argument(
-            "--seed", type=whole(0), default=None, help="seed of the generated task (default 0)"
+            "--seed",
+            type=whole(0),
+            default=None,
+            help=f"seed of the generated task (default {DEFAULT_SEED})",
         )
         parser.add_argument("--question", default="", help="your question")
         parser.add_argument("--context", default=None, help="a text file or a folder of them")
@@ -112,8 +115,9 @@ class Command(FrlmCommand):
         except (ValueError, PolicyError) as exc:
             raise CommandError(str(exc)) from exc
         if o["task"]:
-            tokens = 100_000 if o["tokens"] is None else o["tokens"]
-            context = ContextSpec(task=o["task"], tokens=tokens, seed=o["seed"] or 0)
+            tokens = DEFAULT_TOKENS if o["tokens"] is None else o["tokens"]
+            seed = DEFAULT_SEED if o["seed"] is None else o["seed"]
+            context = ContextSpec(task=o["task"], tokens=tokens, seed=seed)
         else:
             context = ContextSpec(path=o["context"])
         venues = [v.strip() for v in o["venues"].split(",") if v.strip()]
