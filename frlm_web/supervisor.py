@@ -187,22 +187,43 @@ def supervisor_pid(state_dir: Path) -> int | None:
     return pid if pid_alive(pid) else None
 
 
+def status(state_dir: Path, running: list[str]) -> dict[str, Any]:
+    """A stack as data: its supervisor's pid (None: not running) and each process, up or
+    not, with how often the supervisor started it again, when last and why."""
+    state = read_state(state_dir)
+    procs: dict[str, Any] = state.get("procs", {})
+    processes = []
+    for name in sorted(set(procs) | set(running)):
+        life = procs.get(name, {})
+        last = life.get("last_restart")
+        processes.append(
+            {
+                "name": name,
+                "up": name in running,
+                "restarts": int(life.get("restarts") or 0),
+                "last_restart": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(last))
+                if last
+                else None,
+                "last_reason": life.get("last_reason") if life.get("restarts") else None,
+            }
+        )
+    return {"supervisor_pid": supervisor_pid(state_dir), "processes": processes}
+
+
 def status_lines(state_dir: Path, running: list[str]) -> list[str]:
     """What an operator sees of a stack: its supervisor, each process, and its restarts."""
-    state = read_state(state_dir)
-    pid = supervisor_pid(state_dir)
+    seen = status(state_dir, running)
+    pid = seen["supervisor_pid"]
     lines = [
         f"supervisor: pid {pid}"
         if pid
         else "supervisor: not running: nothing restarts a process that dies; "
         "`make down` then `make up` brings it back"
     ]
-    procs: dict[str, Any] = state.get("procs", {})
-    for name in sorted(set(procs) | set(running)):
-        life = procs.get(name, {})
-        line = f"{name}: {'up' if name in running else 'DOWN'}"
-        if life.get("restarts"):
-            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(life["last_restart"]))
-            line += f", restarted {life['restarts']} time(s), last at {when}: {life['last_reason']}"
+    for proc in seen["processes"]:
+        line = f"{proc['name']}: {'up' if proc['up'] else 'DOWN'}"
+        if proc["restarts"]:
+            when = proc["last_restart"][:19].replace("T", " ")
+            line += f", restarted {proc['restarts']} time(s), last at {when}: {proc['last_reason']}"
         lines.append(line)
     return lines

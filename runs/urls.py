@@ -1,12 +1,15 @@
 from __future__ import annotations
 
 from django.urls import path
+from django.views.generic import RedirectView
 
 from runs import views
 from runs.experiments import views as experiment_views
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
+    # The run list is the dashboard; /runs/ is where one looks for it (a run is /runs/<id>).
+    path("runs/", RedirectView.as_view(pattern_name="dashboard", query_string=True)),
     path("runs/table", views.runs_table, name="runs-table"),
     path("runs/new", views.run_new, name="run-new"),
     path("runs/<str:run_id>", views.run_page, name="run"),

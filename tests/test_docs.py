@@ -62,3 +62,29 @@ def test_it_is_the_only_design_the_code_cites() -> None:
         if "DESIGN §" in line or "DESIGN.md" in line
     ]
     assert not citing, f"these cite a design document outside the repository: {citing}"
+
+
+def test_it_gives_the_collector_retry_window_the_code_waits() -> None:
+    """The docs said some 17 minutes: the doubling without its 300 s cap (a review)."""
+    from traces import otlp_stream as s
+
+    waits = sum(min(s.BACKOFF_S * 2**a, s.BACKOFF_MAX_S) for a in range(s.RETRIES))
+    said = f"some {round(waits / 60)} minutes"
+    for doc in (DOC, REPO / "README.md"):
+        assert said in doc.read_text(), (doc.name, said)
+
+
+def test_the_readme_policy_table_has_every_policy_key_with_its_default() -> None:
+    """Three keys were missing from the table (a review)."""
+    from dataclasses import fields
+
+    from runs.engine.policy import Policy
+
+    readme = (REPO / "README.md").read_text()
+    named = {
+        key
+        for cell in re.findall(r"^\| (`\w+`(?:, `\w+`)*) \|", readme, re.M)
+        for key in re.findall(r"`(\w+)`", cell)
+    }
+    missing = [f.name for f in fields(Policy) if f.name not in named]
+    assert not missing, f"README's policy table lacks {missing}"

@@ -8,7 +8,7 @@ store (Parquet segments, readable by any thread or process), exporting it as OTL
 with a doubling delay, RETRIES times at most; storing never waits for any of it.
 
 What it guarantees: every run whose root end the recorder stores while the setting is on is
-pushed at least once, if the collector answers within the retry window (about 17 minutes),
+pushed at least once, if the collector answers within the retry window (about 14 minutes),
 across recorder restarts (a run queued but not yet pushed is pushed by the next life; a
 batch stored but not acknowledged when the recorder died is read again and its runs
 queued again). A run is pushed twice only if the recorder dies between the collector's

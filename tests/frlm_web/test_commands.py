@@ -193,6 +193,46 @@ def test_a_command_piped_into_head_stops_quietly(stack, transactional_db, subpro
     assert reader.returncode == 141  # as a tool killed by SIGPIPE, for a shell's pipefail
 
 
+def test_frlm_trace_prints_the_span_tree_as_json(stack, transactional_db):
+    """The README says the commands that print data take --json; frlm_trace took only
+    --events (a review). Its tree as JSON: nested children, instants, cost exact."""
+    from tests.helpers import bare_run
+    from traces.emitter import Emitter
+    from traces.recorder import _write_segment
+
+    run = bare_run(question="q")
+    emitter = Emitter(None, run.id)  # type: ignore[arg-type]
+    root, child = "a" * 16, "b" * 16
+    events = [
+        emitter.build("Run.Init", "start", span_id=root),
+        emitter.build("SubQuery.Submit", "start", span_id=child, parent=root, depth=1),
+        emitter.build("Budget.Alert", "instant", parent=child, attrs={"spent": "<b>0.8</b>"}),
+        emitter.build("SubQuery.Submit", "end", span_id=child, parent=root, depth=1, cost=0.1),
+        emitter.build("Run.Init", "end", span_id=root, cost=0.30000000000000004),
+    ]
+    for seq, event in enumerate(events, 1):
+        event["seq"] = seq
+    _write_segment(run.id, events, first_id="1-0")
+    tree = json.loads(out_of("frlm_trace", run.id, "--json"))
+    assert tree["run_id"] == run.id and [s["name"] for s in tree["spans"]] == ["Run.Init"]
+    top = tree["spans"][0]
+    assert top["cost"] == "0.30000000000000004" and top["end_ns"] > top["start_ns"]
+    (sub,) = top["children"]
+    assert sub["name"] == "SubQuery.Submit" and sub["cost"] == "0.1" and sub["children"] == []
+    assert sub["instants"][0]["attrs"]["spent"] == "<b>0.8</b>"
+    with pytest.raises(CommandError, match="not allowed with argument"):
+        out_of("frlm_trace", run.id, "--json", "--events")
+
+
+def test_frlm_status_says_a_stack_that_is_not_up_as_json(tmp_path, settings):
+    settings.DATA_DIR = tmp_path
+    assert json.loads(out_of("frlm_status", "--json")) == {
+        "up": False,
+        "supervisor_pid": None,
+        "processes": [],
+    }
+
+
 def out_of(*args: str) -> str:
     out = io.StringIO()
     call_command(*args, stdout=out, stderr=io.StringIO())

@@ -4,6 +4,7 @@ says so; `frlm_down` stops everything and nothing comes back."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -70,6 +71,11 @@ def test_it_restarts_what_dies_and_stops_for_good(operator_env):
     assert "recorder: up, restarted 1 time(s)" in status
     assert "killed by SIGKILL" in status
     assert f"recorder (pid {recorder}) killed by SIGKILL" in (state / "logs/stack.log").read_text()
+    seen = json.loads(manage(operator_env, "frlm_status", "--json"))
+    assert seen["up"] and seen["supervisor_pid"] == supervisor
+    (rec,) = [p for p in seen["processes"] if p["name"] == "recorder"]
+    assert rec["up"] and rec["restarts"] == 1 and "killed by SIGKILL" in rec["last_reason"]
+    assert rec["last_restart"][:4].isdigit()
 
     running = [*pids(state).values(), supervisor]
     out = manage(operator_env, "frlm_down")

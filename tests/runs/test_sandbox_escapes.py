@@ -160,9 +160,11 @@ def _with_wall(wall_s: float) -> SandboxLimits:
     )
 
 
-def test_the_battery_has_at_least_thirty_programs() -> None:
+def test_the_battery_has_at_least_thirty_programs_and_the_readme_counts_them() -> None:
     assert len(PROGRAMS) >= 30
     assert len({p.name for p in PROGRAMS}) == len(PROGRAMS)
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert f"escape battery: {len(PROGRAMS)} hostile programs" in readme
 
 
 # -- without bubblewrap: refused before anything runs -----------------------------------------
