@@ -67,7 +67,10 @@ def run_create(
     ``program`` names a program template (runs.program_templates) the question is run with."""
     errors: dict[str, str] = _check_sandbox()
     run = Run(
-        question=(question or "").strip(),
+        # A browser sends a textarea's lines ended by CRLF: the same question from the
+        # launcher and from frlm_run is the same text (a ```repl block typed in the
+        # launcher failed where the command line's ran, a review).
+        question=(question or "").replace("\r\n", "\n").replace("\r", "\n").strip(),
         root_model=root_model.to_dict(),
         worker_model=worker_model.to_dict(),
         owner=owner,

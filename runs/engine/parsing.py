@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_BLOCK = re.compile(r"```(?:repl|python)[ \t]*\n(.*?)```", re.S)
+_BLOCK = re.compile(r"```(?:repl|python)[ \t]*\r?\n(.*?)```", re.S)
 # FINAL(...) / FINAL_VAR(...) at the start of a line, outside code blocks, as the original
 # RLM reads them; the answer may span lines up to the last closing parenthesis.
 _FINAL = re.compile(
@@ -20,7 +20,7 @@ class FinalInText:
 
 
 def code_blocks(reply: str) -> list[str]:
-    return [block.strip("\n") for block in _BLOCK.findall(reply)]
+    return [block.replace("\r\n", "\n").strip("\n") for block in _BLOCK.findall(reply)]
 
 
 def final_in_text(reply: str) -> FinalInText | None:

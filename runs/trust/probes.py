@@ -60,16 +60,20 @@ def sentences_of(prompts: Sequence[str]) -> list[str]:
     by an honest worker."""
     found: dict[str, None] = {}
     for prompt in prompts:
-        for sentence in _SENTENCE.split(_text_to_read(prompt)):
-            sentence = sentence.strip()
-            if (
-                3 <= len(sentence) <= MAX_SENTENCE_CHARS
-                and "<<frlm:" not in sentence
-                and not _LABEL_LINE.match(sentence)
-                and not sentence.startswith("- ")  # a combine prompt's partial answers
-                and not _words(sentence) & _ASK_WORDS
-            ):
-                found[sentence] = None
+        for line in _text_to_read(prompt).splitlines():
+            # A label line is the program's, not text to read, to its end: the sentences
+            # after the first of "QUESTION: How many ...? Count each ..." (a combine
+            # prompt's) made probes that honest workers failed, as liars (a review).
+            if _LABEL_LINE.match(line.strip()) or line.strip().startswith("- "):
+                continue  # a label line, or a combine prompt's partial answers
+            for sentence in _SENTENCE.split(line):
+                sentence = sentence.strip()
+                if (
+                    3 <= len(sentence) <= MAX_SENTENCE_CHARS
+                    and "<<frlm:" not in sentence
+                    and not _words(sentence) & _ASK_WORDS
+                ):
+                    found[sentence] = None
     return list(found)
 
 

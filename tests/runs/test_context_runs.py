@@ -199,6 +199,35 @@ def test_it_launches_a_program_template_from_the_launcher(venues: list[str], cli
     assert len({e["attrs"].get("batch") for e in named(events, "SubQuery.Submit", "start")}) > 1
 
 
+def test_a_repl_block_typed_in_the_launcher_runs_as_from_the_command_line(
+    venues: list[str], client
+) -> None:
+    """A browser ends a textarea's lines with CRLF: the same ```repl question failed from
+    the launcher ("unterminated string literal") and ran from frlm_run (a review)."""
+    from django.contrib.auth.models import User
+
+    client.force_login(User.objects.create_user("crlf", password="pw-for-tests"))
+    question = "Run this:\r\n```repl\r\nx = 'done'\r\nFINAL(x)\r\n```\r\n"
+    reply = client.post(
+        "/runs/new",
+        {
+            "question": question,
+            "context_source": "task",
+            "task_name": "sniah",
+            "task_tokens": 2_000,
+            "task_seed": 0,
+            "root_kind": "sim",
+            "worker_kind": "sim",
+            "venues": ["local"],
+        },
+    )
+    assert reply.status_code == 302, reply.content.decode()[:2000]
+    run = Run.objects.get(id=reply["Location"].rsplit("/", 1)[1])
+    assert "\r" not in run.question
+    run = finish(run)
+    assert run.status == "succeeded" and run.answer == "done", (run.error, run.answer)
+
+
 def test_it_prints_the_score_of_a_generated_task(venues: list[str], subprocess_env) -> None:
     import subprocess
     import sys

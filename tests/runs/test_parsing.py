@@ -8,6 +8,10 @@ def test_it_finds_repl_blocks_in_order():
     assert code_blocks(reply) == ["x = 1", "print(x)"]
 
 
+def test_it_finds_blocks_whose_lines_end_in_crlf():
+    assert code_blocks("```repl\r\nx = 'a'\r\nprint(x)\r\n```") == ["x = 'a'\nprint(x)"]
+
+
 def test_it_reads_final_in_prose():
     assert final_in_text("I am done.\nFINAL(42)") == FinalInText(answer="42")
     assert final_in_text('FINAL("a (nested) answer")') == FinalInText(answer="a (nested) answer")

@@ -117,6 +117,23 @@ def test_it_keeps_sentences_that_would_tie_with_the_answer_out_of_a_probe():
     ]
 
 
+def test_it_takes_no_probe_sentence_from_a_label_line_of_the_program():
+    """A combine prompt's QUESTION line of several sentences: the ones after its first
+    (the question's own instructions) made probes that honest workers failed, and were
+    counted as liars for it (a review, on a repoqa suite)."""
+    from workers.sim.strategies import combine_prompt_header
+
+    question = (
+        "How many functions in module encodings.utf_8 call `encode`? Count each function "
+        "or method once if its own body (not a nested function or class) calls "
+        "`encode(...)` or `something.encode(...)`. Answer with the number only."
+    )
+    combine = combine_prompt_header(question) + "- 3\n- 4\n- 3"
+    assert sentences_of([combine, combine.replace("utf_8", "latin_1")]) == []
+    probe = make_probe([combine], random.Random(1))
+    assert probe.source == "bank" and probe_passed(probe, answer_prompt(probe.prompt))
+
+
 def test_it_mixes_in_the_expected_share_of_probes():
     rng = random.Random(5)
     assert probe_count(100, 0.02, rng) == 2

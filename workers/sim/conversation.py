@@ -132,7 +132,8 @@ def _outside_fence(content: str) -> str:
 
 
 def scripted_blocks(question: str) -> list[str]:
-    return [b.rstrip("\n") for b in re.findall(r"```repl[ \t]*\n(.*?)```", question, re.DOTALL)]
+    blocks = re.findall(r"```repl[ \t]*\r?\n(.*?)```", question, re.DOTALL)
+    return [b.replace("\r\n", "\n").rstrip("\n") for b in blocks]
 
 
 _SUMMARY = re.compile(r"^\d+ of \d+ \w+ [^\n]*?; answer: (?P<answer>[^\n]*)$", re.MULTILINE)
