@@ -399,13 +399,18 @@
       const tout = D && num(D.tokens_out) != null ? num(D.tokens_out) : A.tout;
       const cost = D && num(D.cost) != null ? num(D.cost) : A.cost;
       const settled = A.ok + A.error + A.timeout + A.cancelled;
-      const failed = A.error + A.timeout + A.cancelled;
+      // Once done, the run's own counts, as frlm_run and the dashboard say them: a
+      // sub-query cut off at the quorum is cancelled by design, not failed.
+      const total = D && num(D.subqueries) != null ? num(D.subqueries) : settled;
+      const failed = D && num(D.subqueries_failed) != null ? num(D.subqueries_failed) : A.error + A.timeout + A.cancelled;
+      const cut = D && num(D.subqueries_cut) != null ? num(D.subqueries_cut) : 0;
+      const notes = [failed ? `${FRLM.fmtCount(failed)} failed` : "", cut ? `${FRLM.fmtCount(cut)} cut off at the quorum` : ""].filter(Boolean);
       const key = [A.n, A.status, Math.round(wallMs / 100)].join("|");
       if (key === this.lastHeader) return;
       this.lastHeader = key;
       const set = (name, text) => this.setText(document.querySelector(`[data-metric=${name}]`), text);
       set("wall", FRLM.fmtMs(wallMs));
-      set("subqueries", D ? FRLM.fmtCount(settled) + (failed ? ` (${FRLM.fmtCount(failed)} failed)` : "") : `${FRLM.fmtCount(settled)}/${FRLM.fmtCount(A.submitted)}`);
+      set("subqueries", D ? FRLM.fmtCount(total) + (notes.length ? ` (${notes.join(", ")})` : "") : `${FRLM.fmtCount(settled)}/${FRLM.fmtCount(A.submitted)}`);
       set("turns", FRLM.fmtCount(A.turns));
       set("tokens", `${FRLM.fmtCount(Math.round(tin))} / ${FRLM.fmtCount(Math.round(tout))}`);
       set("cost", "$" + cost.toFixed(4));

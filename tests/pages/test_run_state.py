@@ -216,6 +216,48 @@ def test_it_plays_a_finished_run_back_with_header_and_views_at_the_clock(page, w
     assert not console, console
 
 
+def test_a_finished_runs_header_counts_what_the_quorum_cut_apart_from_failures(
+    page, web, staff
+):
+    """The page said "17 (8 failed)" where frlm_run said "0 failed, 8 cut off at the
+    quorum": the movie counted cancelled sub-queries as failed (a review)."""
+    run = _live_run(staff, question="a quorum cut")
+    client = get_redis()
+    conductor = Emitter(client, run.id)
+    worker = Emitter(client, run.id, venue="edge", worker_id="w-state-3")
+    root = conductor.start("Run.Init")
+    for i in range(6):
+        sub = conductor.start("SubQuery.Submit", parent=root.span_id, venue="edge", sq=i)
+        if i < 3:
+            worker.start("SubQuery.Execute", parent=sub.span_id).end(tokens_in=10, tokens_out=1)
+            sub.end(tokens_in=10, tokens_out=1)
+        else:
+            sub.end("timeout" if i == 3 else "cancelled")
+    Run.objects.filter(id=run.id).update(
+        status="succeeded", answer="ok", subqueries=6, subqueries_failed=1, subqueries_cut=2
+    )
+    conductor.instant(
+        "Run.Done",
+        parent=root.span_id,
+        run_status="succeeded",
+        answer="ok",
+        subqueries=6,
+        subqueries_failed=1,
+        subqueries_cut=2,
+    )
+    root.end()
+    wait_until(lambda: store.event_count(run.id) >= 20, timeout=30, what="the run stored")
+    page.goto(f"/runs/{run.id}", wait_until="domcontentloaded", timeout=90_000)
+    page.wait_for_selector("#movie[data-ready='1']")
+    wait(page, f"({AGREE})().status === 'succeeded'", what="the end")
+    wait(
+        page,
+        "document.querySelector('[data-metric=subqueries]').textContent.trim() === "
+        "'6 (1 failed, 2 cut off at the quorum)'",
+        what="the run's own counts in the header",
+    )
+
+
 def test_it_proposes_runs_of_the_same_question_first_to_compare_with(page, web, staff):
     mine = _live_run(staff, question="how many cats")
     Run.objects.filter(id=mine.id).update(status="succeeded")
