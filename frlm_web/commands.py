@@ -92,15 +92,20 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON")
 
 
+# The largest whole number a command takes even with no `high`: a database integer's
+# (`frlm_runs --limit 99999999999999999999` ended in a traceback from SQLite, a review).
+WHOLE_MAX = 2**63 - 1
+
+
 def whole(low: int = 0, high: int | None = None) -> Callable[[str], int]:
-    """An argparse type: a whole number from `low` (to `high`)."""
+    """An argparse type: a whole number from `low` (to `high`, or WHOLE_MAX)."""
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             value = None
-        if value is None or value < low or (high is not None and value > high):
+        if value is None or value < low or value > (WHOLE_MAX if high is None else high):
             span = f"from {low} to {high}" if high is not None else f"{low} or more"
             raise argparse.ArgumentTypeError(f"takes a whole number {span}, not {text!r}")
         return value

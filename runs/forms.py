@@ -126,7 +126,9 @@ class RunForm(forms.Form):
     task_tokens = forms.IntegerField(
         initial=DEFAULT_TOKENS,
         label="Tokens",
-        widget=forms.NumberInput(attrs={"step": 1000, "min": MIN_TOKENS, "max": MAX_TOKENS}),
+        # A step from MIN_TOKENS that the default is on: with step 1000 from 100 the
+        # browser held the default 100,000 invalid (a review).
+        widget=forms.NumberInput(attrs={"step": MIN_TOKENS, "min": MIN_TOKENS, "max": MAX_TOKENS}),
         help_text=f"{MIN_TOKENS:,} to {MAX_TOKENS:,}",
     )
     task_seed = forms.IntegerField(

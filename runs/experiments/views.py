@@ -18,13 +18,16 @@ from runs.models import Experiment
 from runs.selectors import visible_experiments
 
 SHOWN = 50
+# The tune field's example: values parse_tune takes (the example was hedge=0.9,0.95, which
+# the form refused, a review).
+TUNE_EXAMPLE = "replicas=2,3\nhedge=p90,p99"
 
 
 class ExperimentForm(forms.Form):
     suite = forms.ChoiceField(choices=[(s, s) for s in SUITES], initial="small")
     tune = forms.CharField(
         required=False,
-        widget=forms.Textarea(attrs={"rows": 2, "placeholder": "replicas=2,3\nhedge=0.9,0.95"}),
+        widget=forms.Textarea(attrs={"rows": 2, "placeholder": TUNE_EXAMPLE}),
         help_text="optional policy loop: one KEY=v1,v2,... a line",
     )
 

@@ -126,3 +126,15 @@ def test_it_serves_the_report_to_its_creator_and_staff_only_with_answers_escaped
     assert outsider.get(report_url).status_code == 404
     listing = outsider.get(reverse("experiments"))
     assert page_url.encode() not in listing.content
+
+
+def test_the_tune_fields_example_is_one_the_form_takes():
+    """Its placeholder said hedge=0.9,0.95, which the form refused (a review)."""
+    from runs.experiments.tune import parse_tune
+    from runs.experiments.views import TUNE_EXAMPLE, ExperimentForm
+
+    assert ExperimentForm().fields["tune"].widget.attrs["placeholder"] == TUNE_EXAMPLE
+    assert parse_tune(TUNE_EXAMPLE.splitlines()) == {
+        "replicas": ["2", "3"],
+        "hedge": ["p90", "p99"],
+    }

@@ -15,6 +15,12 @@ from tests.pages.helpers import TASK_FORM, plot_updates, shot, wait_for
 def test_it_launches_a_generated_task_and_opens_its_page(page, web):
     page.goto("/runs/new")
     shot(page, "03-launcher")
+    # Every default is one the browser takes (the tokens' step held 100,000 invalid).
+    invalid = page.evaluate(
+        "[...document.querySelectorAll('form input')].filter(i => !i.checkValidity()"
+        " && i.value !== '').map(i => i.name)"
+    )
+    assert invalid == [], invalid
     page.check("input[name=context_source][value=task]")
     page.select_option("#id_task_name", "sniah")
     page.fill("#id_task_tokens", "120000")

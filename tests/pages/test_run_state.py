@@ -216,9 +216,7 @@ def test_it_plays_a_finished_run_back_with_header_and_views_at_the_clock(page, w
     assert not console, console
 
 
-def test_a_finished_runs_header_counts_what_the_quorum_cut_apart_from_failures(
-    page, web, staff
-):
+def test_a_finished_runs_header_counts_what_the_quorum_cut_apart_from_failures(page, web, staff):
     """The page said "17 (8 failed)" where frlm_run said "0 failed, 8 cut off at the
     quorum": the movie counted cancelled sub-queries as failed (a review)."""
     run = _live_run(staff, question="a quorum cut")
