@@ -96,18 +96,29 @@ def recent_executions(run_ids: list[str], *, per_worker: int = 20) -> dict[str, 
     """Each worker's latest finished sub-queries over the given runs, newest first."""
     rows = _runs_query(
         run_ids,
-        """SELECT * FROM (
-               SELECT worker_id, venue, run_id, span_id, status, ms, tokens_in, tokens_out,
-                      cost, epoch_ns(ts) / 1e6 AS t_ms,
+        # `cost` is what the worker claimed (its model call at list price); `paid` what
+        # the run paid it, its receipt's (at most its own price makes of its tokens), or
+        # None where no receipt was issued.
+        """SELECT x.*, p.paid FROM (
+               SELECT worker_id, venue, run_id, span_id, parent_id, status, ms, tokens_in,
+                      tokens_out, cost, epoch_ns(ts) / 1e6 AS t_ms,
                       row_number() OVER (PARTITION BY worker_id ORDER BY ts DESC) AS n
                FROM ev WHERE name = 'SubQuery.Execute' AND phase = 'end'
-                 AND worker_id IS NOT NULL)
-           WHERE n <= ? ORDER BY worker_id, t_ms DESC""",
+                 AND worker_id IS NOT NULL) x
+           LEFT JOIN (
+               SELECT run_id, parent_id, worker_id,
+                      sum(CAST(json_extract_string(attrs, '$.receipt.paid') AS DECIMAL(38, 12)))
+                        AS paid
+               FROM ev WHERE name = 'Receipt.Emit' GROUP BY ALL) p
+             ON p.run_id = x.run_id AND p.parent_id = x.parent_id
+            AND p.worker_id = x.worker_id
+           WHERE x.n <= ? ORDER BY x.worker_id, x.t_ms DESC""",
         [per_worker],
     )
     out: dict[str, list[dict]] = defaultdict(list)
     for row in rows:
         row.pop("n", None)
+        row.pop("parent_id", None)
         out[row["worker_id"]].append(row)
     return dict(out)
 

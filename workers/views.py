@@ -26,7 +26,9 @@ from frlm_web.redis_client import get_redis
 from traces.selectors import recent_executions, worker_activity, worker_history
 from traces.views import api_view
 from workers import reputation
+from workers.backends import SIM_WORKER_MODEL
 from workers.models import Venue, Worker
+from workers.pricing import model_price
 from workers.selectors import worker_names
 from workers.venues import HTTP_ONLY, announced, queued
 
@@ -255,15 +257,30 @@ def worker_page(request: HttpRequest, worker_id: str, *, run_reads: RunReads) ->
     ctx = {
         "worker": found,
         "registered": registered,
-        # As money is spelt elsewhere: "0.1", not the column's "0.100000000000" (a review).
-        "prices": (money_str(registered.price_in), money_str(registered.price_out))
-        if registered
-        else None,
+        "prices": _price_shown(registered) if registered else None,
         "recent": executions,
         "runs_read": len(recent),
         "window_h": int(WINDOW.total_seconds() // 3600),
     }
     return render(request, "workers/worker.html", ctx)
+
+
+def _price_shown(worker: Worker) -> tuple[str, str, str] | None:
+    """(in, out, where from) of the price a run pays the worker, as runs.trust.accounts
+    prices it: its own when it announced one, else its model's list price. The page showed
+    the announced "$0 / $0" of a worker whose receipts charged its model's list price (a
+    review). Money as spelt elsewhere: "0.1", not the column's "0.100000000000"."""
+    if worker.price_in or worker.price_out:
+        return money_str(worker.price_in), money_str(worker.price_out), ""
+    # A worker that serves any model is paid the list price of the one a job asks for:
+    # the simulated worker model's stands for it.
+    for model in worker.models_served or [SIM_WORKER_MODEL]:
+        listed = model_price(model)
+        if listed is not None:
+            per_job = "" if worker.models_served else "the list price of the model a job asks; "
+            source = f"{per_job}{model}'s: {listed.source}"
+            return money_str(listed.per_1k_in), money_str(listed.per_1k_out), source
+    return None
 
 
 @api_view

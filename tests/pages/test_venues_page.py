@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from decimal import ROUND_HALF_UP, Decimal
 
 from django.test import Client
 
@@ -78,6 +79,22 @@ def test_it_shows_one_workers_page_with_reputation_recent_subqueries_and_history
     assert "completion" in page.inner_text("#worker-reputation")
     rows = page.locator("#worker-recent tbody tr")
     assert rows.count() == min(calls, 100)
+    # The price its receipts charged, and what each reply was paid (a review: the page said
+    # the announced $0 / $0 of a worker whose receipts charged its model's list price).
+    receipts = [
+        e["attrs"]["receipt"]
+        for e in events
+        if e["name"] == "Receipt.Emit" and e["worker_id"] == worker
+    ]
+    assert receipts
+    charged = receipts[0]["price"]
+    facts = page.inner_text("dl.facts")
+    assert f"${charged['per_1k_in']} in / ${charged['per_1k_out']} out" in facts, facts
+    # As the template's floatformat:6 rounds a Decimal: half up.
+    six = Decimal("0.000001")
+    paid = {f"${Decimal(r['paid']).quantize(six, rounding=ROUND_HALF_UP)}" for r in receipts}
+    shown = [t for t in page.locator("#worker-recent tbody td:nth-child(8)").all_inner_texts()]
+    assert any(t != "–" for t in shown) and {t for t in shown if t != "–"} <= paid, shown
     assert page.locator(f"#worker-recent a[href='/runs/{run.id}']").count() == min(calls, 100)
     page.wait_for_selector("#history[data-ready='1'] .main-svg")
     # Its history chart has this worker's series only, under the name it registered.
