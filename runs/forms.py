@@ -316,7 +316,9 @@ class ReplayForm(forms.Form):
     from_turn = forms.IntegerField(
         required=False,
         min_value=0,
-        label="Live from root turn",
+        # Turns 1..K come from the recording and the run is live after them: "Live from
+        # root turn" with K in it said the opposite (a review).
+        label="Recorded root turns, then live",
         help_text="Empty: replay the recording exactly, no model calls.",
     )
     quorum = forms.FloatField(required=False, label="Quorum")

@@ -139,5 +139,5 @@ def test_a_refused_replay_comes_back_open_with_what_was_typed_and_why(page, web)
     page.click(".replay-form button[type=submit]")
     page.wait_for_selector("#replay-errors")
     said = page.inner_text("#replay-errors")
-    assert "Live from root turn: a full replay only plays the recording back" in said, said
+    assert "Recorded root turns, then live: a full replay only plays" in said, said
     assert "from_turn" not in said and "--from-turn" not in said

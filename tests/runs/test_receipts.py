@@ -395,7 +395,7 @@ def test_it_exits_non_zero_and_reports_json(client, subprocess_env, settings):
     }
     args = [sys.executable, "manage.py", "frlm_receipts", "verify", "rJ", "--json"]
     done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2
+    assert done.returncode == 3  # broken: not 2, a usage error
     report = json.loads(done.stdout)
     assert report["ok"] is False and report["count"] == 3
     assert report["broken"]["problem"] == "gap"

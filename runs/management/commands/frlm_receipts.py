@@ -10,13 +10,17 @@ from frlm_web.commands import FrlmCommand
 from runs.trust.receipts import conductor_public_key, format_report, receipts_verify
 from workers import keys
 
+# A chain found broken: apart from 2, a usage error, and 1, a run or key that cannot be
+# checked, so a script can tell them apart (it was 2, a review).
+BROKEN_EXIT = 3
+
 
 class Command(FrlmCommand):
     help = (
         "Check a run's receipts: every worker signature against the registry's keys, every "
         "conductor countersignature against the conductor's key, every link of the chain, "
         "and its count and hash against what the run recorded. Prints OK with the count, or "
-        "names the first broken link and exits non-zero."
+        "names the first broken link and exits 3."
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
@@ -68,7 +72,7 @@ class Command(FrlmCommand):
         """1. read the run's Receipt.Emit events and what the run recorded of its chain, and
         check the chain (a malformed id or key, a run with no trace or no recorded chain, or
         no conductor key to check with is a one-line error, exit 1), 2. print the report,
-        3. exit 2 when the chain is broken."""
+        3. exit BROKEN_EXIT (3) when the chain is broken."""
         try:
             if conductor_key is not None:
                 keys.public_from_b64(conductor_key)
@@ -87,5 +91,5 @@ class Command(FrlmCommand):
             raise CommandError(
                 f"receipt chain of run {run_id} broken at receipt {broken['position']}: "
                 f"{broken['problem']}",
-                returncode=2,
+                returncode=BROKEN_EXIT,
             )
