@@ -14,7 +14,14 @@ from runs.engine.context import context_roots
 from runs.engine.policy import RANGES, Policy, PolicyError
 from runs.program_templates import PROGRAM_TEMPLATES
 from runs.services import ContextSpec, RunInputError
-from runs.taskgen import DEFAULT_SEED, DEFAULT_TOKENS, MAX_TOKENS, MIN_TOKENS, TASKS
+from runs.taskgen import (
+    DEFAULT_SEED,
+    DEFAULT_TOKENS,
+    MAX_TOKENS,
+    MIN_TOKENS,
+    TASKS,
+    task_problems,
+)
 from workers.backends import ModelSpec, model_spec
 from workers.models import Venue
 
@@ -299,6 +306,18 @@ class RunForm(forms.Form):
             for name in POLICY_FIELDS
             if self.cleaned_data.get(name) not in (None, "")
         }
+
+    def check_task(self) -> None:
+        """A generated task's size and seed beside their fields, for a form refused before
+        the service could say them: an out-of-range token count waited for the policy's
+        errors to be fixed first (a review)."""
+        data = self.cleaned_data
+        tokens, seed = data.get("task_tokens"), data.get("task_seed")
+        if data.get("context_source") != "task" or tokens is None or seed is None:
+            return
+        problems = task_problems(tokens, seed)
+        if problems:
+            place_errors(self, RunInputError({"task": "; ".join(problems)}))
 
     def check_policy(self) -> None:
         """The policy's problems beside their settings, for a form refused before the

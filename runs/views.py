@@ -219,6 +219,7 @@ def run_new(request: HttpRequest) -> HttpResponse:
             return redirect("run", run_id=run.id)
     else:
         form.check_policy()
+        form.check_task()
     ctx = {
         "form": form,
         "policy_fields": POLICY_FIELDS,

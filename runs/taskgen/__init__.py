@@ -58,6 +58,7 @@ SCORERS: dict[str, Callable[[str, str], float]] = {
 __all__ = [
     "MAX_TOKENS",
     "MIN_TOKENS",
+    "task_problems",
     "TASKS",
     "GeneratedTask",
     "Task",
@@ -73,14 +74,21 @@ def make_task(name: str, tokens: int, seed: int) -> Task:
     factory = TASKS.get(name)
     if factory is None:
         raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
+    problems = task_problems(tokens, seed)
+    if problems:
+        raise ValueError("; ".join(problems))  # both at once (runs.forms.place_errors)
+    return factory(tokens, seed)
+
+
+def task_problems(tokens: int, seed: int) -> list[str]:
+    """What is out of range in a generated task's size and seed, each problem naming its
+    field first ("tokens ...", "seed ..."); [] when both are in range."""
     problems = []
     if not MIN_TOKENS <= tokens <= MAX_TOKENS:
         problems.append(f"tokens must be between {MIN_TOKENS:,} and {MAX_TOKENS:,}, not {tokens:,}")
     if seed < 0:
         problems.append(f"seed must be 0 or more, not {seed}")
-    if problems:
-        raise ValueError("; ".join(problems))  # both at once (runs.forms.place_errors)
-    return factory(tokens, seed)
+    return problems
 
 
 def answer_score(task: dict[str, Any] | None, expected: str, answer: str) -> float:

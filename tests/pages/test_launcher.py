@@ -174,6 +174,20 @@ def test_it_refuses_a_question_longer_than_a_question_may_be(staff, venues):
     assert not Run.objects.exists()
 
 
+def test_a_task_out_of_range_is_said_beside_a_field_the_form_refused(staff, venues):
+    """With a field the form itself refused (a quorum that is not a number), a token count
+    out of range was said only once that was fixed (a review)."""
+    client = Client()
+    client.force_login(staff)
+    form = {**TASK_FORM, "question": "", "quorum": "half", "task_tokens": str(10**21)}
+    response = client.post("/runs/new", form)
+    assert response.status_code == 400
+    errors = response.context["form"].errors
+    assert "quorum" in errors
+    assert "tokens must be between 100 and" in errors["task_tokens"][0], errors
+    assert not Run.objects.exists()
+
+
 def test_it_takes_the_verification_tier_hedging_and_a_budget(page, web):
     page.goto("/runs/new")
     page.fill("#id_budget_usd", "-1")
