@@ -33,7 +33,7 @@ class OneLineParser(CommandParser):
         return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        message += _dash_hint(message, self.argv)
+        message += _dash_hint(message, self.argv, set(self._option_string_actions))
         if self.called_from_command_line:
             self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
         raise CommandError(f"Error: {message}")
@@ -60,7 +60,7 @@ class FrlmCommand(BaseCommand):
         self.stdout.write(json.dumps(data, indent=2, default=_json_default))
 
 
-def _dash_hint(message: str, argv: list[str]) -> str:
+def _dash_hint(message: str, argv: list[str], options: set[str]) -> str:
     """argparse reads a value that starts with '-' and is not a plain number (`-1d`) as an
     option, and says only that the flag "expected one argument": say how to give it."""
     head, _, rest = message.partition(": ")
@@ -68,7 +68,9 @@ def _dash_hint(message: str, argv: list[str]) -> str:
         return ""
     names = head.removeprefix("argument ").split("/")
     for flag, value in zip(argv, argv[1:], strict=False):
-        if flag in names and value.startswith("-") and value != "-":
+        # A value forgotten before the next option ("--limit --json") is not one.
+        known = value in options or value.split("=", 1)[0] in options
+        if flag in names and value.startswith("-") and value != "-" and not known:
             return f"; {value!r} is read as an option: write {flag}={value} to give it as a value"
     return ""
 
@@ -107,6 +109,8 @@ def whole(low: int = 0, high: int | None = None) -> Callable[[str], int]:
             value = None
         if value is None or value < low or value > (WHOLE_MAX if high is None else high):
             span = f"from {low} to {high}" if high is not None else f"{low} or more"
+            if high is None and value is not None and value > WHOLE_MAX:
+                span += f" (at most {WHOLE_MAX})"
             raise argparse.ArgumentTypeError(f"takes a whole number {span}, not {text!r}")
         return value
 

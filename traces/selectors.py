@@ -98,27 +98,36 @@ def recent_executions(run_ids: list[str], *, per_worker: int = 20) -> dict[str, 
         run_ids,
         # `cost` is what the worker claimed (its model call at list price); `paid` what
         # the run paid it, its receipt's (at most its own price makes of its tokens), or
-        # None where no receipt was issued.
+        # None where no receipt was issued. A receipt names its attempt (the job's sq_id,
+        # which the Execute span's start holds): a retry or a hedge on the same worker
+        # under one Submit span is another attempt, another receipt (a review).
         """SELECT x.*, p.paid FROM (
-               SELECT worker_id, venue, run_id, span_id, parent_id, status, ms, tokens_in,
-                      tokens_out, cost, epoch_ns(ts) / 1e6 AS t_ms,
-                      row_number() OVER (PARTITION BY worker_id ORDER BY ts DESC) AS n
-               FROM ev WHERE name = 'SubQuery.Execute' AND phase = 'end'
-                 AND worker_id IS NOT NULL) x
+               SELECT e.worker_id, e.venue, e.run_id, e.span_id, e.parent_id, e.status,
+                      e.ms, e.tokens_in, e.tokens_out, e.cost, epoch_ns(e.ts) / 1e6 AS t_ms,
+                      s.sq,
+                      row_number() OVER (PARTITION BY e.worker_id ORDER BY e.ts DESC) AS n
+               FROM ev e
+               LEFT JOIN (
+                   SELECT run_id, span_id, any_value(json_extract_string(attrs, '$.sq_id')) AS sq
+                   FROM ev WHERE name = 'SubQuery.Execute' AND phase = 'start' GROUP BY ALL
+               ) s ON s.run_id = e.run_id AND s.span_id = e.span_id
+               WHERE e.name = 'SubQuery.Execute' AND e.phase = 'end'
+                 AND e.worker_id IS NOT NULL) x
            LEFT JOIN (
                SELECT run_id, parent_id, worker_id,
-                      sum(CAST(json_extract_string(attrs, '$.receipt.paid') AS DECIMAL(38, 12)))
-                        AS paid
+                      json_extract_string(attrs, '$.receipt.attempt') AS attempt,
+                      sum(TRY_CAST(json_extract_string(attrs, '$.receipt.paid')
+                                   AS DECIMAL(38, 12))) AS paid
                FROM ev WHERE name = 'Receipt.Emit' GROUP BY ALL) p
              ON p.run_id = x.run_id AND p.parent_id = x.parent_id
-            AND p.worker_id = x.worker_id
+            AND p.worker_id = x.worker_id AND p.attempt IS NOT DISTINCT FROM x.sq
            WHERE x.n <= ? ORDER BY x.worker_id, x.t_ms DESC""",
         [per_worker],
     )
     out: dict[str, list[dict]] = defaultdict(list)
     for row in rows:
-        row.pop("n", None)
-        row.pop("parent_id", None)
+        for internal in ("n", "parent_id", "sq"):
+            row.pop(internal, None)
         out[row["worker_id"]].append(row)
     return dict(out)
 

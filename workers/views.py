@@ -265,22 +265,38 @@ def worker_page(request: HttpRequest, worker_id: str, *, run_reads: RunReads) ->
     return render(request, "workers/worker.html", ctx)
 
 
-def _price_shown(worker: Worker) -> tuple[str, str, str] | None:
-    """(in, out, where from) of the price a run pays the worker, as runs.trust.accounts
-    prices it: its own when it announced one, else its model's list price. The page showed
-    the announced "$0 / $0" of a worker whose receipts charged its model's list price (a
-    review). Money as spelt elsewhere: "0.1", not the column's "0.100000000000"."""
+class PriceShown(TypedDict):
+    model: str  # "" for the worker's own price, which holds for every model
+    per_1k_in: str | None  # money strings; None: no price known, its replies not paid
+    per_1k_out: str | None
+    source: str
+
+
+def _price_shown(worker: Worker) -> list[PriceShown]:
+    """The prices a run pays the worker at, as runs.trust.accounts.price_of prices a reply:
+    its own when it announced one; else, per model it serves, that model's list price (a
+    job is priced at the model it asks for); a worker serving any model is paid the list
+    price of the model a job asks, the simulated worker model's shown for an example. The
+    page showed the announced "$0 / $0" of a worker whose receipts charged its model's list
+    price (a review). Money as spelt elsewhere: "0.1", not the column's "0.100000000000"."""
     if worker.price_in or worker.price_out:
-        return money_str(worker.price_in), money_str(worker.price_out), ""
-    # A worker that serves any model is paid the list price of the one a job asks for:
-    # the simulated worker model's stands for it.
+        own = money_str(worker.price_in), money_str(worker.price_out)
+        return [PriceShown(model="", per_1k_in=own[0], per_1k_out=own[1], source="")]
+    shown: list[PriceShown] = []
     for model in worker.models_served or [SIM_WORKER_MODEL]:
         listed = model_price(model)
-        if listed is not None:
-            per_job = "" if worker.models_served else "the list price of the model a job asks; "
-            source = f"{per_job}{model}'s: {listed.source}"
-            return money_str(listed.per_1k_in), money_str(listed.per_1k_out), source
-    return None
+        source = listed.source if listed else "no price list knows it: set FRLM_PRICES"
+        if not worker.models_served:
+            source = f"for a job that asks for it; any model's list price: {source}"
+        shown.append(
+            PriceShown(
+                model=model,
+                per_1k_in=money_str(listed.per_1k_in) if listed else None,
+                per_1k_out=money_str(listed.per_1k_out) if listed else None,
+                source=source,
+            )
+        )
+    return shown
 
 
 @api_view

@@ -80,13 +80,13 @@ def make_task(name: str, tokens: int, seed: int) -> Task:
     return factory(tokens, seed)
 
 
-def task_problems(tokens: int, seed: int) -> list[str]:
-    """What is out of range in a generated task's size and seed, each problem naming its
-    field first ("tokens ...", "seed ..."); [] when both are in range."""
+def task_problems(tokens: int | None, seed: int | None) -> list[str]:
+    """What is out of range in a generated task's size and seed (None: not given, not
+    checked), each problem naming its field first ("tokens ...", "seed ...")."""
     problems = []
-    if not MIN_TOKENS <= tokens <= MAX_TOKENS:
+    if tokens is not None and not MIN_TOKENS <= tokens <= MAX_TOKENS:
         problems.append(f"tokens must be between {MIN_TOKENS:,} and {MAX_TOKENS:,}, not {tokens:,}")
-    if seed < 0:
+    if seed is not None and seed < 0:
         problems.append(f"seed must be 0 or more, not {seed}")
     return problems
 

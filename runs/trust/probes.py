@@ -53,6 +53,28 @@ def _text_to_read(prompt: str) -> str:
     return prompt.strip().partition("\n")[2]
 
 
+def _text_of(text: str) -> list[str]:
+    """The lines of `text` that are text to read, not the program's: a labelled block
+    ("QUESTION: ...", "DRAFT ANSWER: ...") runs from its label to the next blank line, as
+    the simulated reader takes it (workers/sim/reader.py), and a combine prompt's partial
+    answers to the end. The sentences after the first of a combine prompt's QUESTION
+    ("How many ...? Count each ...") made probes that honest workers failed, and were
+    counted as liars for it (a review)."""
+    kept: list[str] = []
+    in_block = False
+    for line in text.splitlines():
+        bare = line.strip()
+        if bare.startswith("PARTIAL ANSWERS:"):
+            break
+        if _LABEL_LINE.match(bare):
+            in_block = True
+        elif not bare:
+            in_block = False
+        elif not in_block and not bare.startswith("- "):
+            kept.append(line)
+    return kept
+
+
 def sentences_of(prompts: Sequence[str]) -> list[str]:
     """The distinct sentences of the text the batch's prompts give to read, short enough to
     quote. A fragment marker is not text: the worker reads the context in its place, so a
@@ -60,12 +82,7 @@ def sentences_of(prompts: Sequence[str]) -> list[str]:
     by an honest worker."""
     found: dict[str, None] = {}
     for prompt in prompts:
-        for line in _text_to_read(prompt).splitlines():
-            # A label line is the program's, not text to read, to its end: the sentences
-            # after the first of "QUESTION: How many ...? Count each ..." (a combine
-            # prompt's) made probes that honest workers failed, as liars (a review).
-            if _LABEL_LINE.match(line.strip()) or line.strip().startswith("- "):
-                continue  # a label line, or a combine prompt's partial answers
+        for line in _text_of(_text_to_read(prompt)):
             for sentence in _SENTENCE.split(line):
                 sentence = sentence.strip()
                 if (

@@ -93,7 +93,8 @@ def manage(*args: str) -> subprocess.CompletedProcess:
         (["frlm_prune", "--older-than", "36501d"], "argument --older-than: takes an age of at"),
         # A value that starts with '-' is an option to argparse: say how to give it (before,
         # only "expected one argument").
-        (["frlm_runs", "--limit", "9" * 20], "argument --limit: takes a whole number 1 or"),
+        (["frlm_runs", "--limit", "9" * 20], f"1 or more (at most {2**63 - 1}), not '999"),
+        (["frlm_runs", "--limit", "--json"], "--limit: expected one argument (see --help)"),
         (["frlm_prune", "--older-than", "-1d"], "'-1d' is read as an option: write --older-than="),
         (["frlm_prune", "--older-than=-1d"], "argument --older-than: takes an age like 30d"),
         (

@@ -179,7 +179,13 @@ def test_a_task_out_of_range_is_said_beside_a_field_the_form_refused(staff, venu
     out of range was said only once that was fixed (a review)."""
     client = Client()
     client.force_login(staff)
-    form = {**TASK_FORM, "question": "", "quorum": "half", "task_tokens": str(10**21)}
+    form = {
+        **TASK_FORM,
+        "question": "",
+        "quorum": "half",
+        "task_tokens": str(10**21),
+        "task_seed": "",
+    }
     response = client.post("/runs/new", form)
     assert response.status_code == 400
     errors = response.context["form"].errors

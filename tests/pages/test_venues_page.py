@@ -185,3 +185,21 @@ def test_a_registered_worker_that_never_connected_reads_consistently(staff):
     assert "registered, not deregistered · offline now: no heartbeat" in page
     assert "$0.1 in / $0 out per 1,000 tokens" in page
     assert "0.000000000000" not in page
+
+
+def test_a_workers_page_prices_each_model_it_serves_as_a_run_pays_it():
+    """A run prices a reply at the model the job asked for: a worker serving an unpriced
+    model and a priced one showed only the priced one's price (a review)."""
+    from decimal import Decimal as D
+
+    from workers.views import _price_shown
+
+    both = _price_shown(Worker(models_served=["my-llama", "frlm-sim-worker"]))
+    assert [(p["model"], p["per_1k_in"]) for p in both] == [
+        ("my-llama", None),
+        ("frlm-sim-worker", "0.00015"),
+    ]
+    own = _price_shown(Worker(models_served=["my-llama"], price_in=D("0.5"), price_out=D("1")))
+    assert own == [{"model": "", "per_1k_in": "0.5", "per_1k_out": "1", "source": ""}]
+    (any_model,) = _price_shown(Worker(models_served=[]))
+    assert "for a job that asks for it" in any_model["source"]

@@ -130,6 +130,10 @@ def test_it_takes_no_probe_sentence_from_a_label_line_of_the_program():
     )
     combine = combine_prompt_header(question) + "- 3\n- 4\n- 3"
     assert sentences_of([combine, combine.replace("utf_8", "latin_1")]) == []
+    # A question of several lines (the launcher's, CRLF read as LF), and partial answers
+    # of several lines: none of it is text to read.
+    lines = combine_prompt_header(question.replace("? ", "?\n")) + "- the answer is 3.\nIt is."
+    assert sentences_of([lines]) == []
     probe = make_probe([combine], random.Random(1))
     assert probe.source == "bank" and probe_passed(probe, answer_prompt(probe.prompt))
 

@@ -140,3 +140,43 @@ def test_a_runs_workers_are_kept_beside_it_until_another_segment_comes(stack, se
         assert run_worker_ids("rW") == ["w-a", "w-b", "w-c"]
     finally:
         client.flushdb()
+
+
+def test_a_workers_recent_sub_queries_show_what_each_attempt_was_paid(stack, settings, tmp_path):
+    """Paid is the attempt's receipt's: two attempts of one sub-query on one worker (a
+    retry, a job handed back) showed the one receipt twice (a review); a receipt whose
+    amount is not a number (an imported trace) is shown as none, not a failed page."""
+    from traces.selectors import recent_executions
+
+    settings.FRLM_TRACE_DIR = tmp_path / "traces"
+    client = redis.Redis.from_url(stack.redis_url.rsplit("/", 1)[0] + "/6")
+    client.flushdb()
+    conductor = Emitter(client, "rP")
+    worker = Emitter(client, "rP", venue="edge", worker_id="w3")
+    run = conductor.start("Run.Init")
+    submit = conductor.start("SubQuery.Submit", parent=run.span_id, venue="edge")
+    for attempt, status in (("4.1", "abandoned"), ("4.2", "ok")):
+        worker.start("SubQuery.Execute", parent=submit.span_id, sq_id=attempt).end(
+            status, ms=10.0, cost=0.001
+        )
+    receipt = {"worker": "w3", "attempt": "4.2", "paid": "0.0003"}
+    conductor.instant(
+        "Receipt.Emit", parent=submit.span_id, worker_id="w3", attrs={"receipt": receipt}
+    )
+    other = conductor.start("SubQuery.Submit", parent=run.span_id, venue="edge")
+    worker.start("SubQuery.Execute", parent=other.span_id, sq_id="5.1").end("ok", ms=1.0)
+    bad = {**receipt, "attempt": "5.1", "paid": "a lot"}
+    conductor.instant("Receipt.Emit", parent=other.span_id, worker_id="w3", attrs={"receipt": bad})
+    submit.end("ok")
+    other.end("ok")
+    run.end()
+    recorder = Recorder(client)
+    recorder.ensure_group()
+    recorder.step()
+    try:
+        rows = recent_executions(["rP"])["w3"]
+        paid = sorted((row["status"], -1.0 if row["paid"] is None else float(row["paid"]))
+                      for row in rows)  # fmt: skip
+        assert paid == [("abandoned", -1.0), ("ok", -1.0), ("ok", 0.0003)], paid
+    finally:
+        client.flushdb()

@@ -191,8 +191,13 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         try:
             await self.link.start()
         except BaseException:
-            if _SERVING.get(worker.id) is self:
-                del _SERVING[worker.id]
+            # Announced before its welcome: a start that failed after that leaves no
+            # worker in presence with no session, and its hand emptied (a review).
+            try:
+                await self.link.lost("its session failed to start")
+            finally:
+                if _SERVING.get(worker.id) is self:
+                    del _SERVING[worker.id]
             raise
 
 
