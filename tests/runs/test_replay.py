@@ -16,9 +16,10 @@ from django.test import override_settings
 from frlm_web import presence
 from frlm_web.redis_client import get_redis
 from runs.models import Run
-from tests.helpers import finish, launch, named, scripted, trace
+from tests.helpers import finish, launch, named, scripted, trace, wait_until
 from traces import store
 from traces.diff import run_diff
+from workers.models import worker_queue
 from workers.venues import presence_group
 
 pytestmark = [pytest.mark.stack]
@@ -268,13 +269,34 @@ def test_a_replay_whose_worker_dies_answers_its_jobs_on_another(swarm_factory, s
 
     # The construction: the dead worker's presence entry still stands (the product's lasts
     # FRLM_VENUE_HEARTBEAT_TTL_S past its last beat), so the replay gives it a share of its
-    # jobs; its alive line has dropped, so the replay finds it lost and tries them again.
+    # jobs; once they wait on its queue, its entry goes (as it lapses), so the replay finds
+    # it lost and tries them again. The swarm, which starts a dead device again, is held
+    # still meanwhile: a device started again before the replay sent its jobs took the
+    # dead one's place, and none went to the dead one (a CI run on a loaded machine).
     dead = swarm.wait_up()[0]
-    os.kill(int(dead["pid"]), signal.SIGKILL)
-    with override_settings(FRLM_VENUE_HEARTBEAT_TTL_S=30):
-        presence.announce(get_redis(), presence_group("relost"), dead["name"], dead)
-
-    done = replay(subprocess_env, original.id, "--json")
+    client, group = get_redis(), presence_group("relost")
+    os.kill(swarm.proc.pid, signal.SIGSTOP)
+    try:
+        os.kill(int(dead["pid"]), signal.SIGKILL)
+        with override_settings(FRLM_VENUE_HEARTBEAT_TTL_S=30):
+            presence.announce(client, group, dead["name"], dead)
+        running = subprocess.Popen(
+            [sys.executable, "manage.py", "frlm_replay", original.id, "--json"],
+            env=subprocess_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        wait_until(
+            lambda: client.llen(worker_queue(dead["worker_id"])) > 0,
+            timeout=60,
+            what="the replay's jobs on the dead worker's queue",
+        )
+        presence.withdraw(client, group, dead["name"])
+        out, err = running.communicate(timeout=120)
+    finally:
+        os.kill(swarm.proc.pid, signal.SIGCONT)
+    done = subprocess.CompletedProcess(running.args, running.returncode, out, err)
     assert done.returncode == 0, done.stderr
     copy = Run.objects.get(id=json.loads(done.stdout)["run_id"])
     events = settled(copy)
