@@ -113,6 +113,15 @@ def model_price(model: str) -> ModelPrice | None:
     return None
 
 
+def payee_price(price_in: Decimal, price_out: Decimal, model: str) -> ModelPrice | None:
+    """What a worker's reply to a job for `model` is paid at: the worker's own price when it
+    announced one, else the model's list price; None when neither is known. The one rule
+    the run's accounts pay by and a worker's page shows."""
+    if price_in or price_out:
+        return ModelPrice(price_in, price_out, "its own")
+    return model_price(model)
+
+
 def price_source(model: str) -> str:
     price = model_price(model)
     return price.source if price else "no price known (set FRLM_PRICES)"

@@ -28,7 +28,7 @@ from traces.views import api_view
 from workers import reputation
 from workers.backends import SIM_WORKER_MODEL
 from workers.models import Venue, Worker
-from workers.pricing import model_price
+from workers.pricing import payee_price
 from workers.selectors import worker_names
 from workers.venues import HTTP_ONLY, announced, queued
 
@@ -279,20 +279,18 @@ def _price_shown(worker: Worker) -> list[PriceShown]:
     price of the model a job asks, the simulated worker model's shown for an example. The
     page showed the announced "$0 / $0" of a worker whose receipts charged its model's list
     price (a review). Money as spelt elsewhere: "0.1", not the column's "0.100000000000"."""
-    if worker.price_in or worker.price_out:
-        own = money_str(worker.price_in), money_str(worker.price_out)
-        return [PriceShown(model="", per_1k_in=own[0], per_1k_out=own[1], source="")]
+    own = bool(worker.price_in or worker.price_out)  # the same for every model
     shown: list[PriceShown] = []
-    for model in worker.models_served or [SIM_WORKER_MODEL]:
-        listed = model_price(model)
-        source = listed.source if listed else "no price list knows it: set FRLM_PRICES"
-        if not worker.models_served:
+    for model in [""] if own else worker.models_served or [SIM_WORKER_MODEL]:
+        paid = payee_price(worker.price_in, worker.price_out, model)
+        source = "" if own else paid.source if paid else "no price list knows it: set FRLM_PRICES"
+        if not own and not worker.models_served:
             source = f"for a job that asks for it; any model's list price: {source}"
         shown.append(
             PriceShown(
                 model=model,
-                per_1k_in=money_str(listed.per_1k_in) if listed else None,
-                per_1k_out=money_str(listed.per_1k_out) if listed else None,
+                per_1k_in=money_str(paid.per_1k_in) if paid else None,
+                per_1k_out=money_str(paid.per_1k_out) if paid else None,
                 source=source,
             )
         )

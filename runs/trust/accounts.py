@@ -19,7 +19,7 @@ from runs.engine.policy import Policy, provider_caps
 from runs.trust import budget, receipts
 from runs.trust.budget import Budget, BudgetRefused, Caps, Price
 from traces.emitter import Emitter, sha256_text
-from workers.pricing import model_price
+from workers.pricing import payee_price
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -76,10 +76,8 @@ def price_of(worker: dict[str, Any], model: str) -> Price:
     (workers.pricing), else nothing."""
     price_in = money(worker.get("price_in") or 0, what="a worker's price_in")
     price_out = money(worker.get("price_out") or 0, what="a worker's price_out")
-    if price_in or price_out:
-        return Price(price_in, price_out)
-    listed = model_price(model)
-    return Price(listed.per_1k_in, listed.per_1k_out) if listed else Price(ZERO, ZERO)
+    paid = payee_price(price_in, price_out, model)
+    return Price(paid.per_1k_in, paid.per_1k_out) if paid else Price(ZERO, ZERO)
 
 
 class RunAccounts:
