@@ -12,7 +12,7 @@ import pytest
 
 from frlm_web.stack import free_port
 from runs.models import Run
-from tests.helpers import endpoint, forget_reputations, named, trace
+from tests.helpers import endpoint, forget_reputations, named, trace, wait_until
 from workers.pricing import TABLE_DATE
 
 pytestmark = [pytest.mark.stack]
@@ -238,3 +238,27 @@ def test_the_launcher_asks_for_the_task_frlm_run_makes_by_default():
     assert f"seed of the generated task (default {form['task_seed'].initial})" in text
     assert f"in tokens (default {form['task_tokens'].initial})" in text
     assert form["task_seed"].initial == 0
+
+
+def test_no_wait_with_json_prints_the_queued_run_as_json(venues, subprocess_env):
+    """--no-wait --json printed a bare run id, which a script's json.loads refused (a
+    review): the queued run's summary now, for frlm_run and frlm_replay alike."""
+    started = frlm_run(subprocess_env, "--task", "sniah", "--tokens", "2000", "--no-wait", "--json")
+    assert started.returncode == 0, started.stderr
+    queued = json.loads(started.stdout)
+    assert queued["status"] == "queued" and queued["answer"] == ""
+    run = wait_until(
+        lambda: (r := Run.objects.get(id=queued["run_id"])).done and r, timeout=60, what="the run"
+    )
+    assert run.status == "succeeded", run.error
+    replay = subprocess.run(
+        [sys.executable, "manage.py", "frlm_replay", run.id, "--no-wait", "--json"],
+        env=subprocess_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert replay.returncode == 0, replay.stderr
+    replayed = json.loads(replay.stdout)
+    assert replayed["replay_of"] == run.id and replayed["status"] == "queued"
+    wait_until(lambda: Run.objects.get(id=replayed["run_id"]).done, timeout=60, what="the replay")

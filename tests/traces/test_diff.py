@@ -8,11 +8,14 @@ import json
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from decimal import Decimal
 from io import StringIO
 
 import pytest
 from django.core.management import call_command
 
+from frlm_web.commands import _json_default
+from frlm_web.money import is_money_str
 from tests.helpers import finish, launch, scripted, trace
 from traces.diff import NodeDelta, TraceDiff, TraceDiffError, lcs_pairs, trace_diff
 from traces.store import SpanNode
@@ -498,6 +501,13 @@ def test_it_diffs_two_real_runs_that_differ_in_their_second_cell(venues, subproc
     assert [c["field"] for c in diff["inputs"]] == ["question"]
     submit = [n for n in diff["nodes"] if n["name"] == "SubQuery.Submit"]
     assert submit[0]["count"] == {"a": 4, "b": 4, "delta": 0}
+    # Money as exact decimal strings, as every command's --json writes it (floats came
+    # out as 1.71e-05; a review).
+    costs = [n["cost"] for n in diff["nodes"]]
+    assert costs and all(set(c) == {"a", "b", "delta"} for c in costs)
+    spelled = [v for c in costs for v in c.values()]
+    assert all(isinstance(v, str) and is_money_str(v) for v in spelled), spelled
+    assert Decimal(submit[0]["cost"]["a"]) > 0
 
     # The command fetched row tuples (it never imports pyarrow); a process that has Arrow
     # loaded reads the same columns through it (traces.store._columns_many).
@@ -570,3 +580,13 @@ def test_it_names_spans_a_dead_process_abandoned_in_the_tree_and_the_diff():
     b = Stats(count=4, statuses={"ok": 2, "abandoned": 2})
     assert a.stragglers != b.stragglers
     assert "2 abandoned by a process that died" in _stragglers_text(b)
+
+
+def test_its_json_spells_a_small_cost_delta_without_an_exponent():
+    from traces.management.commands.frlm_diff import _money_exact
+
+    data = {"nodes": [{"cost": {"a": 0.0231619, "b": 0.0231448, "delta": -1.71e-05}}],
+            "only_a": [{"cost": 2e-08, "count": 3}]}  # fmt: skip
+    out = json.loads(json.dumps(_money_exact(data), default=_json_default))
+    assert out["nodes"][0]["cost"] == {"a": "0.0231619", "b": "0.0231448", "delta": "-0.0000171"}
+    assert out["only_a"] == [{"cost": "0.00000002", "count": 3}]

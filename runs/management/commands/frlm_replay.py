@@ -52,7 +52,9 @@ class Command(FrlmCommand):
             help="seconds to wait for the answer (default 3600)",
         )
         parser.add_argument(
-            "--no-wait", action="store_true", help="print the new run's id and return"
+            "--no-wait",
+            action="store_true",
+            help="print the new run's id and return (with --json, the queued run as JSON)",
         )
 
     def handle(self, *args, run_id: str, **o: Any) -> None:
@@ -99,7 +101,9 @@ class Command(FrlmCommand):
             raise CommandError(str(exc)) from exc
         launch(run)
         if o["no_wait"]:
-            self.stdout.write(run.id)
+            # With --json, the run as it stands (queued): a script reads one JSON object
+            # either way (a bare id is not JSON; a review).
+            self.stdout.write(json.dumps(summarise(run)) if o["json"] else run.id)
             return
         run = watch(run, o["timeout"], show=not o["json"])
         summary = summarise(run)

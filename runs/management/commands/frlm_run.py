@@ -62,7 +62,11 @@ class Command(FrlmCommand):
             default=3600,
             help="seconds to wait for the answer (default 3600)",
         )
-        parser.add_argument("--no-wait", action="store_true", help="print the run id and return")
+        parser.add_argument(
+            "--no-wait",
+            action="store_true",
+            help="print the run id and return (with --json, the queued run as JSON)",
+        )
         parser.add_argument(
             "--program",
             default="",
@@ -77,7 +81,9 @@ class Command(FrlmCommand):
 
         run = self.create(o)
         if o["no_wait"]:
-            self.stdout.write(run.id)
+            # With --json, the run as it stands (queued): a script reads one JSON object
+            # either way (a bare id is not JSON; a review).
+            self.stdout.write(json.dumps(summarise(run)) if o["json"] else run.id)
             return
         run = watch(run, o["timeout"], show=not o["json"])
         summary = summarise(run)

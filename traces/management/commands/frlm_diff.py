@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from argparse import ArgumentParser
+from decimal import Decimal
 from typing import Any
 
 from django.core.management.base import CommandError
@@ -41,6 +42,28 @@ class Command(FrlmCommand):
                 "recorder is running"
             ) from exc
         if as_json:
-            self.print_json(diff)
+            self.print_json(_money_exact(diff))
             return
         self.stdout.write(format_trace_diff(diff, top=top))
+
+
+def _money_exact(data: Any) -> Any:
+    """The diff with every `cost` (a node's, or its a/b/delta pair) as an exact Decimal,
+    which print_json writes as a decimal string, as every command's --json writes money;
+    the floats the page draws from printed as 1.71e-05 (a review)."""
+    if isinstance(data, dict):
+        return {
+            key: _cost(value) if key == "cost" else _money_exact(value)
+            for key, value in data.items()
+        }
+    if isinstance(data, list):
+        return [_money_exact(item) for item in data]
+    return data
+
+
+def _cost(value: Any) -> Any:
+    if isinstance(value, float | int) and not isinstance(value, bool):
+        return Decimal(repr(value))
+    if isinstance(value, dict):
+        return {key: _cost(item) for key, item in value.items()}
+    return value
