@@ -259,3 +259,8 @@ def load_key(path: Path) -> Ed25519PrivateKey:
         return keys.load_or_create(path)
     except keys.BadKey as exc:
         raise ValueError(f"the key file {path} is not an FRLM worker key: {exc}") from exc
+    except OSError as exc:  # a folder, a path through a file, no such folder, no right
+        raise ValueError(
+            f"the key file {path} cannot be read or made ({exc.strerror}): give --key-file "
+            "a file in a folder this user can write, or leave it out for the default"
+        ) from exc

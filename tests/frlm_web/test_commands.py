@@ -83,6 +83,10 @@ def manage(*args: str) -> subprocess.CompletedProcess:
         # The form of a setting is the option's own (exit 1 before, a review).
         (["frlm_run", "--task", "sniah", "--policy", "quorum"], "argument --policy: takes KEY="),
         (["frlm_replay", "rabc", "--set", "=3"], "argument --set: takes KEY=VALUE"),
+        (
+            ["frlm_experiment", "--output", "/tmp/x", "--tune", "hedge"],
+            "argument --tune: takes KEY=VALUE",
+        ),
         # Ranges and forms that were checked in code, with exit 1 (a review).
         (
             ["frlm_worker", "--venue", "local", "--concurrency", "100000"],
@@ -346,3 +350,21 @@ def test_make_up_says_how_to_sign_in_and_the_demo_user_can_use_the_admin(monkeyp
     monkeypatch.setenv("FRLM_DEMO_PASSWORD", "chosen-password-1")
     Command(stdout=io.StringIO()).sign_in()
     assert get_user_model().objects.get(username="demo").check_password("chosen-password-1")
+
+
+@pytest.mark.parametrize("where", ["a folder", "through a file", "no such folder"])
+def test_a_worker_key_file_it_cannot_use_is_refused_in_one_line(tmp_path, where):
+    """A --key-file that is a folder, or lies under a file or a folder that cannot be made,
+    ended frlm_worker in an OSError traceback (a review)."""
+    (tmp_path / "file").write_text("x")
+    path = {
+        "a folder": tmp_path,
+        "through a file": tmp_path / "file" / "w.key",
+        "no such folder": "/proc/no-such/w.key",
+    }[where]
+    done = manage("frlm_worker", "--venue", "local", "--name", "kf-1", "--key-file", str(path))
+    assert done.returncode == 1, done
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr  # no traceback
+    assert f"CommandError: the key file {path} cannot be read or made (" in lines[0]
+    assert "give --key-file a file in a folder this user can write" in lines[0]

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
-from frlm_web.commands import FrlmCommand
+from frlm_web.commands import FrlmCommand, assignment
 from frlm_web.stack import StackError
 from runs.experiments.runner import run_suite
 from runs.experiments.suite import BUILT_IN, SuiteError, load_suite
@@ -34,6 +34,7 @@ class Command(FrlmCommand):
             "--tune",
             action="append",
             default=[],
+            type=assignment,  # its form is argparse's to refuse: exit 2, as frlm_run's --policy
             metavar="KEY=v1,v2",
             help="a policy key and the values to try on the suite's tune_baseline (repeatable)",
         )
