@@ -177,7 +177,14 @@ def run_replay(
     if not source.done:
         errors["run"] = f"run {source.id} is {source.status}; replay it once it has finished"
     elif source.context_source == Run.Source.IMPORTED:
-        errors["run"] = f"run {source.id} was imported: it has no context to re-execute"
+        # Said alone: the checks below would read the imported trace file as the context
+        # and advise moving it, which cannot help (a review).
+        raise RunInputError(
+            {
+                "run": f"run {source.id} was imported from a trace: it has no context to "
+                "re-execute; replay the original run where it was recorded"
+            }
+        )
     elif not store.event_count(source.id):
         errors["run"] = f"run {source.id} has no stored trace to replay from"
     if from_turn is None and (policy_changes or root_model or worker_model):

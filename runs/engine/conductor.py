@@ -376,8 +376,8 @@ class Conductor:
                 rlm.errors += 1
                 if rlm.errors > self.policy.max_errors:
                     raise RunAbort(
-                        f"the REPL failed {rlm.errors} times (policy.max_errors="
-                        f"{self.policy.max_errors}); last: "
+                        f"the REPL failed {rlm.errors} time{'s' * (rlm.errors != 1)} "
+                        f"(policy.max_errors={self.policy.max_errors}); last: "
                         + (result.error_message or result.error)
                     )
         return None, outputs

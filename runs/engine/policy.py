@@ -31,7 +31,7 @@ class Policy:
     max_retries: int = 1  # attempts after the first, on another venue where possible
     quorum: float = 1.0  # a batch proceeds once this fraction has returned
     batch_deadline_s: float = 600.0  # a batch proceeds at this deadline whatever returned
-    max_errors: int = 3  # REPL cells that fail before the run fails
+    max_errors: int = 3  # failed REPL cells a run rides out: one more fails it
     cell_timeout_s: float = 60.0  # wall clock of one REPL cell
     repl_cpu_s: int = 600  # CPU seconds of one REPL process, over all its cells
     cell_memory_mb: int = 2048  # memory of the REPL process

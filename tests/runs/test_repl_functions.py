@@ -153,6 +153,10 @@ def test_it_fails_the_run_after_too_many_repl_errors(venues):
     )
     assert run.status == "failed"
     assert "the REPL failed 2 times (policy.max_errors=1)" in run.error
+    # max_errors=0 rides out no failed cell, and says "1 time" (it said "1 times").
+    once = finish(launch(question=scripted("1 / 0", "FINAL('never')"), policy={"max_errors": 0}))
+    assert once.status == "failed"
+    assert "the REPL failed 1 time (policy.max_errors=0)" in once.error
     assert named(trace(run), "Run.Done")[0]["status"] == "error"
 
 

@@ -70,3 +70,27 @@ def test_a_folder_is_refused_as_a_folder(tmp_path) -> None:
 
     with pytest.raises(CommandError, match="is a folder: give one trace file"):
         call_command("frlm_import", str(tmp_path))
+
+
+@pytest.mark.django_db
+def test_an_imported_run_is_refused_a_replay_for_that_reason_alone() -> None:
+    """The refusal went on to check the imported trace file as the run's context and told
+    the user to move it under the context roots, which could not help (a review)."""
+    from runs.services import RunInputError, run_replay
+
+    model = {"kind": "sim", "model": "frlm-sim-root", "base_url": ""}
+    imported = Run.objects.create(
+        question="q",
+        status=Run.Status.SUCCEEDED,
+        root_model=model,
+        worker_model=model,
+        context_source=Run.Source.IMPORTED,
+        context_path="/tmp/elsewhere/r1.otlp.json",
+        venues=["no-such-venue"],
+    )
+    with pytest.raises(RunInputError) as refused:
+        run_replay(imported)
+    assert refused.value.errors == {
+        "run": f"run {imported.id} was imported from a trace: it has no context to "
+        "re-execute; replay the original run where it was recorded"
+    }

@@ -103,7 +103,7 @@ def test_it_removes_old_runs_context_copies_but_one_a_newer_run_reads(capsys):
     assert all(path.exists() for path in paths.values())  # a dry run removes nothing
 
     call_command("frlm_prune", older_than="30d")
-    assert "and 1 context copie(s) (0.0 MB)" in capsys.readouterr().out
+    assert "and 1 context copy (0.0 MB)" in capsys.readouterr().out
     assert not paths[gone.id].exists() and not ctx.index_file(paths[gone.id]).exists()
     assert paths[source.id].exists() and replay.context_path == str(paths[source.id])
     assert paths[fresh.id].exists()

@@ -84,6 +84,7 @@ class Command(FrlmCommand):
         self.stdout.write(
             f"{verb} the events of {len(result.runs)} run(s) finished before "
             f"{cutoff:%Y-%m-%d %H:%M} UTC, and {result.blobs} unreferenced blob(s) "
-            f"({result.bytes / 1e6:.1f} MB), and {len(copies.paths)} context copie(s) "
+            f"({result.bytes / 1e6:.1f} MB), and {len(copies.paths)} context "
+            f"cop{'y' if len(copies.paths) == 1 else 'ies'} "
             f"({copies.bytes / 1e6:.1f} MB)"
         )
