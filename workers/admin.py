@@ -32,7 +32,7 @@ class EnrolmentTokenAdmin(admin.ModelAdmin):
 
     list_display = ("__str__", "venue", "label", "created", "expires", "revoked")
     list_filter = ("venue", "revoked")
-    actions = ["revoke"]
+    actions = ["revoke", "revoke_and_deregister"]
 
     def get_form(self, request: HttpRequest, obj: Any = None, **kwargs: Any) -> Any:
         if obj is None:
@@ -64,9 +64,41 @@ class EnrolmentTokenAdmin(admin.ModelAdmin):
             f"Enrolment token for venue {token.venue.name}, shown only now: {plaintext}",
         )
 
-    @admin.action(description="Revoke the selected tokens")
+    # A token is the right to join: revoked, nobody joins with it again (nor registers
+    # again after a restart). The workers it let in keep working until they are
+    # deregistered, which the second action does with it, for a token that leaked: they
+    # are told at their next heartbeat and get no more work. The first action says how
+    # many stay, so an operator does not take a revoke for a cut-off (a review).
+    @admin.action(description="Revoke the selected tokens (the workers they let in stay)")
     def revoke(self, request: HttpRequest, queryset: Any) -> None:
-        queryset.update(revoked=True)
+        revoked = queryset.update(revoked=True)
+        staying = _enrolled(queryset).count()
+        message = f"{revoked} token(s) revoked: nobody can join or register again with them."
+        if staying:
+            message += (
+                f" {staying} worker(s) that joined with them still work; to cut them off "
+                "too, use 'Revoke the selected tokens and deregister the workers they let in'."
+            )
+        messages.success(request, message)
+
+    @admin.action(description="Revoke the selected tokens and deregister the workers they let in")
+    def revoke_and_deregister(self, request: HttpRequest, queryset: Any) -> None:
+        from workers import services
+
+        revoked = queryset.update(revoked=True)
+        workers = list(_enrolled(queryset).select_related("venue"))
+        for worker in workers:
+            services.worker_deregister(worker)
+        messages.success(
+            request,
+            f"{revoked} token(s) revoked and {len(workers)} worker(s) that joined with them "
+            "deregistered: each is told at its next heartbeat and gets no more work.",
+        )
+
+
+def _enrolled(tokens: Any) -> Any:
+    """The workers these tokens let in that are not deregistered."""
+    return Worker.objects.filter(token__in=tokens).exclude(status=Worker.Status.DEREGISTERED)
 
 
 @admin.register(Worker)

@@ -19,7 +19,7 @@ from django.urls import URLPattern, get_resolver
 
 from frlm_web.redis_client import get_redis
 from workers import keys
-from workers.models import EnrolmentToken, Venue, Worker
+from workers.models import EnrolmentToken, Venue, Worker, token_digest
 from workers.services import (
     challenge_claim,
     token_create,
@@ -437,6 +437,41 @@ def test_it_makes_tokens_in_the_admin_and_shows_the_plaintext_once(venue):
     assert register(Client(), plaintext, registration(keys.generate())).status_code == 201
     # The list shows it again without its plaintext.
     assert plaintext not in browser.get("/admin/workers/enrolmenttoken/").content.decode()
+
+
+def test_revoking_a_token_in_the_admin_says_who_stays_and_can_cut_them_off(client, token):
+    """A revoked token let its workers keep working with nothing said (a review): the admin's
+    revoke now says how many stay, and its second action deregisters them too."""
+    key, other_key = keys.generate(), keys.generate()
+    worker = joined(token, key)
+    admin_user = get_user_model().objects.create_superuser("root", "r@example.com", "pw")
+    browser = Client()
+    browser.force_login(admin_user)
+    row = EnrolmentToken.objects.get(digest=token_digest(token))
+
+    def act(action: str) -> list[str]:
+        response = browser.post(
+            "/admin/workers/enrolmenttoken/",
+            {"action": action, "_selected_action": [row.pk]},
+            follow=True,
+        )
+        return [str(m) for m in response.context["messages"]]
+
+    assert act("revoke") == [
+        "1 token(s) revoked: nobody can join or register again with them. 1 worker(s) that "
+        "joined with them still work; to cut them off too, use 'Revoke the selected tokens "
+        "and deregister the workers they let in'."
+    ]
+    beat = f"/api/workers/{worker.id}/heartbeat"
+    assert signed_post(client, beat, {"inflight": 0}, key).status_code == 200
+    assert register(client, token, registration(other_key, name="gpu-2")).status_code == 401
+    assert act("revoke_and_deregister") == [
+        "1 token(s) revoked and 1 worker(s) that joined with them deregistered: each is told "
+        "at its next heartbeat and gets no more work."
+    ]
+    assert Worker.objects.get(id=worker.id).status == "deregistered"
+    assert signed_post(client, beat, {"inflight": 0}, key).status_code == 410
+    assert announced(get_redis(), "apitest") == []
 
 
 def test_it_survives_a_fuzz_of_its_own_openapi_schema(transactional_db, venue, token, settings):
