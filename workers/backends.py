@@ -17,6 +17,7 @@ from frlm_web import fastjson
 from frlm_web.money import money
 from traces import caps
 from traces.cassette import cassette, request_hash
+from workers.jobs import MAX_TOKENS
 from workers.pricing import cost_of
 
 if TYPE_CHECKING:
@@ -302,6 +303,15 @@ class _Call:
         import openai
 
         spec = self.spec
+        if isinstance(exc, openai.APITimeoutError):  # a connection error to the SDK
+            # Reachable but slow: "cannot reach" sent a user to check a server that was up
+            # (a review).
+            return ModelError(
+                f"the model endpoint {spec.base_url} did not answer within {self.timeout:g} s "
+                f"(tried {self.retries + 1} time(s)); a slow model needs a longer timeout "
+                "(FRLM_MODEL_TIMEOUT_S for the root model, policy subquery_timeout_s for "
+                "sub-queries; FRLM_MODEL_RETRIES for fewer tries), else check the server"
+            )
         if isinstance(exc, openai.APIConnectionError):
             hint = (
                 "start it with `python manage.py frlm_simserver`"
@@ -403,6 +413,30 @@ def _error_text(exc: openai.APIStatusError) -> str:
     return str(exc.message)[:300]
 
 
+def _usage(spec: ModelSpec, usage: Any) -> tuple[int, int]:
+    """The reply's prompt and completion token counts (0 where it gives none). A count
+    that is not a whole number from 0 to MAX_TOKENS is the endpoint's error, said as such:
+    a root reply with 10**15 tokens wrote a two-billion-dollar cost no page could read back
+    again, and a negative one failed its run as an internal error (a review)."""
+    if not isinstance(usage, dict):
+        return 0, 0
+    counts = []
+    for key in ("prompt_tokens", "completion_tokens"):
+        value = usage.get(key) or 0
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        elif isinstance(value, str) and value.strip().isdigit():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOKENS:
+            raise ModelError(
+                f"the model endpoint {spec.base_url} reported usage.{key} = {str(value)[:40]}, "
+                f"not a token count from 0 to {MAX_TOKENS:,}: the server (or a proxy before "
+                "it) counts wrongly; fix it or use another endpoint"
+            )
+        counts.append(value)
+    return counts[0], counts[1]
+
+
 def _result(spec: ModelSpec, response: Any, ms: float) -> ChatResult:
     try:
         text = response["choices"][0]["message"]["content"]
@@ -414,12 +448,7 @@ def _result(spec: ModelSpec, response: Any, ms: float) -> ChatResult:
     if not isinstance(text, str):
         raise ModelError(f"the model endpoint {spec.base_url} returned no text content")
     text, cut_from = caps.cut(text)
-    usage = response.get("usage") or {}
-    try:
-        tokens_in = int(usage.get("prompt_tokens") or 0)
-        tokens_out = int(usage.get("completion_tokens") or 0)
-    except (AttributeError, TypeError, ValueError):
-        tokens_in = tokens_out = 0
+    tokens_in, tokens_out = _usage(spec, response.get("usage"))
     return ChatResult(
         text,
         tokens_in,

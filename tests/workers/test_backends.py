@@ -80,6 +80,38 @@ def test_a_reply_that_is_not_a_chat_completion_is_a_clear_error(body: bytes, say
     assert url in str(caught.value)
 
 
+def _with_usage(prompt: object, completion_tokens: object) -> bytes:
+    reply = json.loads(completion("4"))
+    reply["usage"] = {"prompt_tokens": prompt, "completion_tokens": completion_tokens}
+    return json.dumps(reply).encode()
+
+
+@pytest.mark.parametrize(
+    ("prompt", "completion_tokens", "says"),
+    [
+        (10**15, 10**15, "usage.prompt_tokens = 1000000000000000, not a token count"),
+        (-1_000_000, -500_000, "usage.prompt_tokens = -1000000, not a token count"),
+        (7, "many", "usage.completion_tokens = many, not a token count"),
+        (7, 2.5, "usage.completion_tokens = 2.5, not a token count"),
+    ],
+)
+def test_usage_that_is_no_token_count_is_the_endpoints_error(
+    prompt: object, completion_tokens: object, says: str
+) -> None:
+    """A root reply claiming 10**15 tokens wrote a cost the runs list could not read back,
+    and a negative count failed the run as an internal error (a review)."""
+    with endpoint(lambda _: (200, _with_usage(prompt, completion_tokens))) as (url, _):
+        with pytest.raises(ModelError, match=says) as caught:
+            chat(ModelSpec("openai", "m", url), MESSAGES, retries=0)
+    assert url in str(caught.value) and "counts wrongly" in str(caught.value)
+
+
+def test_usage_given_as_whole_floats_or_digit_strings_is_read() -> None:
+    with endpoint(lambda _: (200, _with_usage(7.0, "3"))) as (url, _):
+        reply = chat(ModelSpec("openai", "m", url), MESSAGES, retries=0)
+    assert (reply.tokens_in, reply.tokens_out) == (7, 3)
+
+
 def test_a_replay_job_answers_from_the_reply_it_carries_not_the_cassette(monkeypatch) -> None:
     """A full replay's job carries its recorded reply: the worker never loads the cassette
     for it. A reply for another request is not used: the cassette answers (or refuses)."""
@@ -134,3 +166,20 @@ def test_a_commands_endpoint_goes_to_its_openai_model_only(settings) -> None:
     assert (root.model, root.base_url, worker) == ("m", url, None)
     root, _ = command_models("", "openai:qwen3", base_url=url, model=None)  # empty is sim
     assert (root.kind, root.base_url) == ("sim", settings.FRLM_SIM_URL)
+
+
+def test_a_slow_endpoint_is_said_to_be_slow_not_unreachable() -> None:
+    """A reply past the timeout was "cannot reach the model endpoint ...; check --base-url
+    and that the server is up", for a server that was up (a review)."""
+    import time
+
+    def slow(_):
+        time.sleep(1.0)
+        return 200, completion("late")
+
+    with endpoint(slow) as (url, _):
+        with pytest.raises(ModelError) as caught:
+            chat(ModelSpec("openai", "m", url), MESSAGES, timeout=0.2, retries=0)
+    message = str(caught.value)
+    assert f"the model endpoint {url} did not answer within 0.2 s (tried 1 time(s))" in message
+    assert "FRLM_MODEL_TIMEOUT_S for the root model" in message and "cannot reach" not in message
