@@ -122,6 +122,7 @@ class Conductor:
             fanout=self.fanout,
             totals=self.totals,
             subqueries=self.calls.subqueries,
+            stop=self.cell_stop,
         )
 
     # --- the run -----------------------------------------------------------------------

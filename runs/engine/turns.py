@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,9 +20,16 @@ from runs.sandbox import Sandbox
 from runs.trust.accounts import price_of
 from runs.trust.budget import BudgetRefused
 from traces.emitter import Emitter
-from workers.backends import ModelError, ModelSpec, chat
+from workers.backends import ChatResult, ModelError, ModelSpec, chat
 
 log = logging.getLogger(__name__)
+
+ROOT_POLL_S = 0.25  # how often a root call's wait asks whether the run was cancelled
+
+
+class _Stopped(Exception):
+    """The run was cancelled while its root model answered."""
+
 
 Subqueries = Callable[[list[str], int, str], list[str]]
 
@@ -37,6 +46,9 @@ class RootTurns:
     fanout: Fanout
     totals: Totals
     subqueries: Subqueries
+    # Whether the run was cancelled (a Redis error is no): asked while the root model
+    # answers, so a cancel ends the run within ROOT_POLL_S, not at the call's timeout.
+    stop: Callable[[], bool] = lambda: False
 
     def decode(self, messages: list[dict[str, str]], *, depth: int, parent: str, turn: int) -> str:
         """One root-model call, paid from the run's accounts; its reply joins the
@@ -68,11 +80,15 @@ class RootTurns:
         )
         accounts_.reserved(reservation, parent=span.span_id, depth=depth)
         try:
-            reply = chat(self.model, messages)
+            reply = self._answer(messages)
         except ModelError as exc:
             accounts_.release(reservation, parent=span.span_id, depth=depth)
             span.end("error", error=str(exc))
             raise RunAbort(f"the root model failed: {exc}") from exc
+        except _Stopped:
+            accounts_.release(reservation, parent=span.span_id, depth=depth)
+            span.end("cancelled", error="the run was cancelled while the root model answered")
+            raise RunAbort("the run was cancelled", status=Run.Status.CANCELLED) from None
         accounts_.settle(
             reservation,
             tokens_in=reply.tokens_in,
@@ -94,6 +110,27 @@ class RootTurns:
         )
         messages.append({"role": "assistant", "content": reply.text})
         return reply.text
+
+    def _answer(self, messages: list[dict[str, str]]) -> ChatResult:
+        """The root model's reply, called on a thread of its own while this one asks `stop`
+        every ROOT_POLL_S: a cancel during a slow call waited out the call's timeout and
+        tries, minutes, with the run still `running` (a review). A call left behind runs to
+        its own end; its reply is dropped, and what it would cost is not paid."""
+        call: Future[ChatResult] = Future()
+
+        def run() -> None:
+            try:
+                call.set_result(chat(self.model, messages))
+            except BaseException as exc:  # the caller's to raise (ModelError, or a bug)
+                call.set_exception(exc)
+
+        threading.Thread(target=run, name=f"root-call-{self.run_id}", daemon=True).start()
+        while True:
+            try:
+                return call.result(timeout=ROOT_POLL_S)
+            except TimeoutError:
+                if self.stop():
+                    raise _Stopped from None
 
     def fold(self, messages: list[Any], sandbox: Sandbox, *, depth: int, parent: str) -> None:
         """Past policy.fold_tokens, the older turns become one message of summaries made by

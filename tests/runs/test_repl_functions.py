@@ -201,6 +201,40 @@ def test_a_cancel_ends_a_running_cell_at_once(venues):
     assert "cancelled" in cell[0]["attrs"]["error"], cell[0]["attrs"]
 
 
+def test_a_cancel_ends_a_run_whose_root_model_is_slow_to_answer(venues):
+    """A run cancelled while its root model's call was under way waited out the call's
+    timeout and its tries, minutes, still `running` (a review): it ends within a second
+    or so now, and the turn's span says it was cancelled."""
+    import threading
+
+    from runs.models import Run
+    from runs.services import run_cancel
+    from tests.helpers import endpoint, wait_until
+    from workers.backends import ModelSpec
+
+    release = threading.Event()
+
+    def slow(_request):
+        release.wait(60)
+        return 500, b'{"error": {"message": "released"}}'
+
+    try:
+        with endpoint(slow) as (url, seen):
+            run = launch(question="What is 2 + 2?", root=ModelSpec("openai", "slow-root", url))
+            wait_until(lambda: seen, timeout=30, what="the root model's call")
+            asked = time.monotonic()
+            run_cancel(run)
+            finish(run, timeout=60)
+            took = time.monotonic() - asked
+            release.set()
+    finally:
+        release.set()
+    assert run.status == Run.Status.CANCELLED, (run.status, run.error)
+    assert took < 5, f"the run ended {took:.1f} s after its cancel, its root call waited out"
+    (decode,) = named(trace(run), "Run.Decode", "end")
+    assert decode["status"] == "cancelled", decode
+
+
 def test_it_asks_for_a_best_answer_at_max_turns(venues):
     run = finish(
         launch(question=scripted("print('partial: 7')", "print('more')"), policy={"max_turns": 1})
