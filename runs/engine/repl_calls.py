@@ -187,7 +187,10 @@ class ReplCalls:
         return self.replies(outcomes)
 
     def replies(self, outcomes: list[Outcome]) -> list[str]:
-        failed = [o for o in outcomes if o.status == "error"]
+        # No answer at all: the run fails rather than let the program make one up from
+        # markers. A batch that all timed out went on, and its run "succeeded" with an
+        # answer from nothing (a review).
+        failed = [o for o in outcomes if o.status in ("error", "timeout")]
         if failed and len(failed) == len(outcomes):
             raise FanoutAbort(
                 f"every sub-query of a batch of {len(outcomes)} failed; first: {failed[0].error}"

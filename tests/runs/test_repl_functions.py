@@ -235,6 +235,23 @@ def test_a_cancel_ends_a_run_whose_root_model_is_slow_to_answer(venues):
     assert decode["status"] == "cancelled", decode
 
 
+def test_a_batch_whose_every_sub_query_timed_out_fails_the_run(venues):
+    """Every sub-query erroring failed the run, but every one timing out let the program
+    go on with markers and the run "succeeded" with an answer made from nothing (a
+    review)."""
+    program = "rs = llm_query_batched(['a?', 'b?'])\nprint(rs)"
+    run = finish(
+        launch(
+            question=scripted(program, "FINAL('made up')"),
+            worker_sim={"latency_ms": 3000},
+            policy={"subquery_timeout_s": 0.5, "max_retries": 0, "hedge": "off"},
+        ),
+        timeout=60,
+    )
+    assert run.status == "failed", (run.status, run.answer)
+    assert "every sub-query of a batch of 2 failed" in run.error, run.error
+
+
 def test_it_asks_for_a_best_answer_at_max_turns(venues):
     run = finish(
         launch(question=scripted("print('partial: 7')", "print('more')"), policy={"max_turns": 1})
