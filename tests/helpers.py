@@ -57,8 +57,9 @@ def launch(
     worker_sim: dict[str, Any] | None = None,
     worker_base_url: str | None = None,
     root: ModelSpec | None = None,
+    worker_model: ModelSpec | None = None,
 ) -> Run:
-    worker = model_spec("sim", role="worker", base_url=worker_base_url)
+    worker = worker_model or model_spec("sim", role="worker", base_url=worker_base_url)
     if worker_sim:
         worker = ModelSpec(worker.kind, worker.model, worker.base_url, worker_sim)
     context = (

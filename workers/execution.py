@@ -16,7 +16,7 @@ from workers import signing
 from workers.agreement import AgreementRule
 from workers.attestation import attestation_build, attestation_sign
 from workers.backends import ChatResult, ModelError, ModelSpec
-from workers.jobs import Job, Result
+from workers.jobs import UNSERVED_ENDPOINT, Job, Result
 
 
 def served(spec: ModelSpec) -> ModelSpec:
@@ -46,7 +46,7 @@ def served(spec: ModelSpec) -> ModelSpec:
     allowed = {settings.FRLM_OPENAI_BASE_URL, *settings.FRLM_ENDPOINTS.values()}
     if spec.base_url.rstrip("/") not in {url.rstrip("/") for url in allowed}:
         raise ModelError(
-            f"the job names the model endpoint {spec.base_url[:200]!r}, which is not one of "
+            f"{UNSERVED_ENDPOINT} {spec.base_url[:200]!r}, which is not one of "
             "this worker's endpoints; a worker calls only the endpoints it is configured "
             "with (FRLM_ENDPOINTS, FRLM_OPENAI_BASE_URL, or frlm_worker --base-url)"
         )

@@ -66,6 +66,10 @@ MAX_TOKENS = 10**9
 MAX_MS = 1e9
 MAX_COST = Decimal(1_000_000)  # dollars for one reply
 MAX_ERROR_CHARS = 2000
+# How a worker's error result begins when it cannot call the model endpoint a job names
+# (workers/execution.served): the run's routing, not the worker, is at fault; the conductor
+# sends the job elsewhere for free and gives that worker none of the run's work.
+UNSERVED_ENDPOINT = "the job names the model endpoint"
 
 
 def results_stream(run_id: str) -> str:

@@ -215,3 +215,34 @@ def test_a_worker_that_joins_mid_run_takes_queued_jobs_without_a_strike(stack, v
     finally:
         stack.kill(first.name)
         stack.kill(late.name)
+
+
+def test_workers_that_cannot_call_the_runs_endpoint_are_passed_over_not_struck(venues):
+    """A run naming a model endpoint its venue's workers are not configured for: each
+    worker refused its jobs (workers/execution.served), each refusal used up a retry and
+    counted against the worker, and five opened its breaker, so the next ordinary run on
+    the venue failed "behind an open circuit breaker" (a review). Now a refusing worker
+    gets none of the run's work, the run says which endpoint nobody calls and how to add
+    a worker that does, and the venue's next run goes as usual."""
+    from tests.helpers import endpoint
+    from workers.backends import ModelSpec
+
+    program = "rs = llm_query_batched(['q%d' % i for i in range(8)])\nFINAL(rs[0])"
+    with endpoint(lambda _: (500, b"{}")) as (url, seen):
+        run = finish(
+            launch(
+                question=scripted(program),
+                venues=["local"],
+                worker_model=ModelSpec("openai", "elsewhere-model", url),
+                policy={"hedge": "off"},
+            )
+        )
+    assert run.status == "failed", (run.status, run.answer)
+    assert f"no live worker of local calls the model endpoint {url} (" in run.error, run.error
+    assert "--backend openai --base-url" in run.error
+    assert seen == []  # no worker called it
+    # Each job went out once: a refusal is no try of its own, and the refusing worker got
+    # no second job (there were 16 attempts, each sub-query's retry refused too).
+    assert len(named(trace(run), "SubQuery.Submit", "start")) == 8
+    after = finish(launch(task="sniah", tokens=20_000, seed=2, venues=["local"]))
+    assert after.status == "succeeded", after.error

@@ -237,7 +237,8 @@ class Attempts:
             twin.twin = None
             flight.twin = None
             return
-        if flight.outcome.attempts <= self.scope.policy.max_retries:
+        # An attempt refused for the endpoint it names is not one of its tries (intake).
+        if flight.outcome.attempts - flight.unserved <= self.scope.policy.max_retries:
             flight.retry_reason = reason
             if not flight.kind and self.scope.premium_for("retries"):
                 flight.venues = self.scope.premium_venues

@@ -14,7 +14,7 @@ from runs.engine.fanout.routing import Router
 from runs.engine.fanout.spending import fair_tokens
 from runs.engine.fanout.state import Executing, Flight, Roster, Scope, Totals, Wave
 from traces.emitter import Emitter
-from workers.jobs import Result
+from workers.jobs import UNSERVED_ENDPOINT, Result
 from workers.models import Worker
 from workers.services import worker_strike
 from workers.signing import result_verify
@@ -125,6 +125,15 @@ class Intake:
             self.totals.add_tokens(*result["counted"], result.get("cost"))
             self.attempts.settle(flight, "ok", result=result)
             self.hedger.drop_twin(flight, wave)
+        elif status == "error" and str(result.get("error", "")).startswith(UNSERVED_ENDPOINT):
+            # The worker cannot call the endpoint the run names: the run's routing sent it
+            # a job it must refuse. Counted against it, such refusals used up the jobs'
+            # retries and opened a healthy worker's breaker, which then failed other runs
+            # on its venue (a review). It gets none of this run's work; the job goes again.
+            self.router.unserving.add(wid)
+            if self.scope.policy.routing != "shared":  # a venue's queue may bring it back
+                flight.unserved += 1
+            self.attempts.retry_or_settle(flight, "error", result["error"], wave)
         elif status == "error":
             self.router.observe(flight, False)
             self.attempts.retry_or_settle(flight, "error", result.get("error", "failed"), wave)

@@ -94,6 +94,9 @@ class Router:
         self._checked = 0.0
         self._watch_until = 0.0  # presence read at every refresh until then (look_again)
         self._turn = 0  # round-robin position
+        # Workers that refused a job of this run for the model endpoint it names: they get
+        # none of its work (intake.Intake.on_result), and no strike for it.
+        self.unserving: set[str] = set()
 
     def refresh(self, *, force: bool = False) -> None:
         """Who is live on the run's venues, their reputations and their breakers: read at
@@ -197,6 +200,15 @@ class Router:
                 f"no registered worker is live on {', '.join(self.scope.venue_names)}: start "
                 "one with `python manage.py frlm_worker --venue NAME` or `frlm_swarm`"
             )
+        if self.unserving and set(self.roster.workers) <= self.unserving:
+            spec = self.scope.worker_model
+            return (
+                f"no live worker of {', '.join(self.scope.venue_names)} calls the model "
+                f"endpoint {spec.base_url} ({len(self.unserving)} refused it): a worker calls "
+                "only the endpoints it is configured with; start one with `frlm_worker "
+                f"--backend openai --base-url {spec.base_url} --model {spec.model}`, or "
+                "list it in its FRLM_ENDPOINTS"
+            )
         shut = sorted(s for s, st in self.breakers.state.items() if not self.breakers.allows(s))
         if shut:
             return (
@@ -221,6 +233,8 @@ class Router:
         return provider in self.accounts.capped_providers
 
     def _allowed(self, worker: venues.LiveWorker) -> bool:
+        if worker["worker_id"] in self.unserving:
+            return False
         return self.breakers.allows(f"worker:{worker['worker_id']}") and self.breakers.allows(
             f"venue:{worker['venue']}"
         )
