@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -253,6 +254,18 @@ def run_launch(run: Run) -> None:
             raise RunLaunchError(f"run {run.id} {reason}") from exc
 
     transaction.on_commit(send)
+
+
+def folder_note(run: Run) -> str:
+    """For a run over a folder, which files it leaves out and why ("" when none, or not a
+    folder), to say as it is launched: the conductor joins the same files."""
+    if run.context_source != Run.Source.PATH or not Path(run.context_path).is_dir():
+        return ""
+    try:
+        note = ctx.scan_folder(Path(run.context_path), ctx.context_roots()).note()
+    except ctx.ContextError:
+        return ""  # the run itself says why, as it starts
+    return f"context folder {run.context_path}: {note}" if note else ""
 
 
 def run_cancel(run: Run) -> None:

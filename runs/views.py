@@ -31,6 +31,7 @@ from runs.selectors import visible_runs
 from runs.services import (
     RunInputError,
     RunLaunchError,
+    folder_note,
     run_cancel,
     run_create,
     run_launch,
@@ -216,6 +217,8 @@ def run_new(request: HttpRequest) -> HttpResponse:
         except RunLaunchError as exc:  # what was typed is kept: send it again once it is up
             form.add_error(None, str(exc))
         else:
+            if note := folder_note(run):  # files of a folder it leaves out, and why
+                messages.warning(request, note)
             return redirect("run", run_id=run.id)
     else:
         form.check_policy()

@@ -304,7 +304,19 @@ class Conductor:
             not_utf8=encoding,
             isolation=sandbox.isolation,
             isolation_kind=sandbox.isolation_kind,
+            **self._folder_attrs(),
         )
+
+    def _folder_attrs(self) -> dict[str, Any]:
+        """A folder context's files joined and left out, for the trace (the first 50)."""
+        folder = self.prepared.folder if self.prepared else None
+        if folder is None:
+            return {}
+        return {
+            "files": len(folder.files),
+            "left_out": [f"{path}: {why}" for path, why in folder.left_out[:50]],
+            "left_out_count": len(folder.left_out),
+        }
 
     def turns(self, messages: list[dict[str, str]], sandbox: Sandbox, rlm: _Rlm) -> str:
         """Root turns until an answer: a reply's code blocks run as cells; a cell's FINAL or

@@ -4,9 +4,9 @@ text file the REPL reads, with the offset index that lets it be read by byte ran
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,42 +156,88 @@ def _roots_text(roots: Sequence[Path]) -> str:
     return os.pathsep.join(str(root) for root in roots)
 
 
+@dataclass(frozen=True)
+class FolderScan:
+    """A context folder's text files, in order, and what was left out of it and why (each
+    `(path in the folder, reason)`): a folder run dropped files without a word, the one
+    holding the answer among them (a review)."""
+
+    files: list[Path]
+    left_out: list[tuple[str, str]]
+
+    def note(self, shown: int = 6) -> str:
+        """The files left out, in one line a user can act on ("" when none)."""
+        if not self.left_out:
+            return ""
+        items = ", ".join(f"{path} ({why})" for path, why in self.left_out[:shown])
+        more = len(self.left_out) - shown
+        return f"{len(self.files)} file(s) joined; {len(self.left_out)} left out: {items}" + (
+            f" and {more} more" if more > 0 else ""
+        )
+
+
 def folder_files(folder: Path, roots: Sequence[Path]) -> list[Path]:
-    """The text files of ``folder``, in order; ContextError for one that leads out of the
-    roots or to the server's own files (a symlink), rather than leaving it out unsaid."""
+    return scan_folder(folder, roots).files
+
+
+def scan_folder(folder: Path, roots: Sequence[Path]) -> FolderScan:
+    """The text files of ``folder`` and what is left out (hidden, not a text file's name,
+    empty, unreadable, binary, a link to a folder); ContextError for one that leads out of
+    the roots or to the server's own files (a symlink), rather than leaving it out unsaid."""
     found: list[Path] = []
+    left_out: list[tuple[str, str]] = []
+
+    def out(path: Path, why: str) -> None:
+        name = str(path.relative_to(folder)).encode("utf-8", "surrogateescape")
+        left_out.append((name.decode("utf-8", "replace"), why))  # a name that is not UTF-8
+
     for root, dirs, files in os.walk(folder):
+        for name in sorted(dirs):
+            path = Path(root) / name
+            if name.startswith("."):
+                out(path, "a hidden folder")
+            elif path.is_symlink():  # os.walk does not follow one
+                out(path, "a link to a folder, not followed")
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in sorted(files):
             path = Path(root) / name
-            if name.startswith(".") or path.suffix.lower() not in TEXT_SUFFIXES:
+            if name.startswith("."):
+                out(path, "a hidden file")
+                continue
+            if path.suffix.lower() not in TEXT_SUFFIXES:
+                out(path, f"not a text file's name ({path.suffix or 'no suffix'})")
                 continue
             check_place(_real(path), str(path), roots)
-            if (
-                path.is_file()
-                and os.access(path, os.R_OK)
-                and path.stat().st_size > 0
-                and not looks_binary(path)
-            ):
+            if not path.is_file():
+                out(path, "not a regular file")
+            elif not os.access(path, os.R_OK):
+                out(path, "cannot be read")
+            elif path.stat().st_size == 0:
+                out(path, "empty")
+            elif looks_binary(path):
+                out(path, "binary: it holds NUL bytes")
+            else:
                 found.append(path)
-    return found
+    return FolderScan(found, left_out)
 
 
-def materialise(run_id: str, source: Path, roots: Sequence[Path]) -> Path:
+def materialise(run_id: str, source: Path, roots: Sequence[Path]) -> tuple[Path, FolderScan]:
     """A folder as the one file the REPL reads, a header line before each document, each
-    read through a descriptor checked as opened (open_checked)."""
+    read through a descriptor checked as opened (open_checked) and copied byte for byte:
+    bytes that are not UTF-8 are counted in the joined file as in a file given alone (a
+    decode with U+FFFD here hid them; a review)."""
     target = context_dir() / f"{run_id}.txt"
     tmp = target.with_suffix(".tmp")
-    with open(tmp, "w", encoding="utf-8") as out:
-        for path in folder_files(source, roots):
-            out.write(f"=== {path.relative_to(source)} ===\n")
-            raw = open_checked(_real(path), roots)
-            with io.TextIOWrapper(raw, encoding="utf-8", errors="replace") as text:
-                while chunk := text.read(1 << 20):
-                    out.write(chunk)
-            out.write("\n")
+    scan = scan_folder(source, roots)
+    with open(tmp, "wb") as out:
+        for path in scan.files:
+            header = f"=== {path.relative_to(source)} ===\n"
+            out.write(header.encode("utf-8", "surrogateescape"))
+            with open_checked(_real(path), roots) as raw:
+                shutil.copyfileobj(raw, out, 1 << 20)
+            out.write(b"\n")
     os.replace(tmp, target)
-    return target
+    return target, scan
 
 
 class Encoding(TypedDict):
@@ -206,6 +252,7 @@ class PreparedContext:
     path: Path
     index_path: Path
     index: ContextIndex
+    folder: FolderScan | None = None  # what a folder context joined and left out
 
     @property
     def chars(self) -> int:
@@ -237,8 +284,10 @@ def context_prepare(
     whatever the size; bytes that are not UTF-8 are counted and shown as U+FFFD, never a
     failure halfway through a run."""
     roots = context_roots() if roots is None else roots
+    folder = None
     if source.is_dir():
-        source, roots = materialise(run_id, source, roots), context_roots(written_here=True)
+        source, folder = materialise(run_id, source, roots)
+        roots = context_roots(written_here=True)
     with open_checked(source, roots) as handle:
         identity = file_identity(os.fstat(handle.fileno()))
         target = index_file(source)
@@ -248,7 +297,7 @@ def context_prepare(
             tmp = target.with_suffix(f".tmp{os.getpid()}")
             tmp.write_text(json.dumps({**index.to_dict(), "fingerprint": identity}))
             os.replace(tmp, target)
-    return PreparedContext(source, target, index)
+    return PreparedContext(source, target, index, folder)
 
 
 def index_file(path: Path) -> Path:

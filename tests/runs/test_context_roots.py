@@ -284,3 +284,43 @@ def test_a_child_rlm_over_a_fragment_of_a_changed_context_is_refused_and_its_spa
     ended = {e["span_id"] for e in events if e["phase"] == "end"}
     open_ = [e["name"] for e in events if e["phase"] == "start" and e["span_id"] not in ended]
     assert not open_, open_
+
+
+def test_a_folder_says_what_it_leaves_out_and_keeps_bytes_that_are_not_utf8(
+    local, settings, context_root: Path
+) -> None:
+    """A folder run dropped files without a word (the one holding the answer among them),
+    and the joined file turned latin-1 bytes into U+FFFD, so the trace said the context
+    was all UTF-8 (a review)."""
+    from runs.services import folder_note
+
+    settings.FRLM_CONTEXT_ROOTS = [context_root]
+    folder, elsewhere = context_root / "mix", context_root / "other"
+    folder.mkdir()
+    elsewhere.mkdir()
+    (elsewhere / "far.txt").write_text("far\n")
+    (folder / "good.txt").write_text("The launch window opens on Tuesday.\n")
+    (folder / "latin1.txt").write_bytes("caf\u00e9 au lait\n".encode("latin-1"))
+    (folder / "nul.txt").write_bytes(b"The secret code is 4242.\x00\n")
+    (folder / "favicon.svg").write_text("<svg/>")
+    (folder / "empty.txt").write_text("")
+    (folder / ".hidden.txt").write_text("hidden\n")
+    (folder / "linked").symlink_to(elsewhere)
+    prepared = context_prepare("rfolder", folder)
+    assert [p.name for p in prepared.folder.files] == ["good.txt", "latin1.txt"]
+    assert prepared.folder.left_out == [
+        ("linked", "a link to a folder, not followed"),
+        (".hidden.txt", "a hidden file"),
+        ("empty.txt", "empty"),
+        ("favicon.svg", "not a text file's name (.svg)"),
+        ("nul.txt", "binary: it holds NUL bytes"),
+    ]
+    assert prepared.encoding == {"invalid_bytes": 1, "first_invalid_byte": prepared.encoding[
+        "first_invalid_byte"]}  # fmt: skip
+    assert b"caf\xe9 au lait" in prepared.path.read_bytes()
+    run = create(folder)
+    assert folder_note(run) == (
+        f"context folder {folder}: 2 file(s) joined; 5 left out: linked (a link to a folder, "
+        "not followed), .hidden.txt (a hidden file), empty.txt (empty), favicon.svg (not a "
+        "text file's name (.svg)), nul.txt (binary: it holds NUL bytes)"
+    )

@@ -262,3 +262,28 @@ def test_no_wait_with_json_prints_the_queued_run_as_json(venues, subprocess_env)
     replayed = json.loads(replay.stdout)
     assert replayed["replay_of"] == run.id and replayed["status"] == "queued"
     wait_until(lambda: Run.objects.get(id=replayed["run_id"]).done, timeout=60, what="the replay")
+
+
+def test_a_folder_run_says_which_files_it_leaves_out(venues, subprocess_env, context_root):
+    folder = context_root / "mixed"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("The launch window opens on Tuesday at dawn.\n")
+    (folder / "logo.svg").write_text("<svg/>")
+    done = frlm_run(
+        subprocess_env,
+        "--question", "When does the launch window open?",
+        "--context", str(folder),
+        "--venues", "local",
+        "--json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)  # the note is not in --json's output
+    assert (
+        f"note: context folder {folder.resolve()}: 1 file(s) joined; 1 left out: logo.svg "
+        "(not a text file's name (.svg))"
+    ) in done.stderr
+    (loaded,) = [e for e in named(trace(Run.objects.get(id=result["run_id"])), "Env.LoadFragment")
+                 if "left_out" in e["attrs"]]  # fmt: skip
+    attrs = loaded["attrs"]
+    assert (attrs["files"], attrs["left_out_count"]) == (1, 1)
+    assert attrs["left_out"] == ["logo.svg: not a text file's name (.svg)"]
