@@ -166,12 +166,27 @@ def summarise(run: Run) -> dict[str, Any]:
         "root_model": run.root_model.get("model"),
         "worker_model": run.worker_model.get("model"),
         "simulated": run.root_model.get("kind") == "sim" or run.worker_model.get("kind") == "sim",
+        "simulated_roles": [
+            role
+            for role, spec in (("root", run.root_model), ("worker", run.worker_model))
+            if spec.get("kind") == "sim"
+        ],
         "isolation": run.isolation,
         "replay_of": run.replay_of_id,
         "replay_turn": run.replay_turn,
         "accounts": run.accounts or None,
         "prices": run.price_sources,  # model -> where its price comes from
     }
+
+
+def _simulated_note(roles: list[str]) -> str:
+    """Which of the cost is the simulated model's nominal prices: a run with a real root
+    model and simulated workers said "simulated model" of the whole (a review)."""
+    if len(roles) == 2:
+        return "  (simulated model: nominal prices)"
+    if roles:
+        return f"  (its simulated {roles[0]} model's part at nominal prices)"
+    return ""
 
 
 def format_summary(s: dict[str, Any]) -> str:
@@ -192,8 +207,7 @@ def format_summary(s: dict[str, Any]) -> str:
     )
     lines.append(
         f"tokens     {s['tokens_in']} in / {s['tokens_out']} out   "
-        f"cost ${money(s['cost_usd']):.4f}"
-        + ("  (simulated model: nominal prices)" if s["simulated"] else "")
+        f"cost ${money(s['cost_usd']):.4f}" + _simulated_note(s.get("simulated_roles", []))
     )
     lines.append("prices     " + "; ".join(f"{m}: {src}" for m, src in s["prices"].items()))
     lines.append(

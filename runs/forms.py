@@ -281,6 +281,14 @@ class RunForm(forms.Form):
         if source == "path":
             return ContextSpec(path=data.get("context_path") or "")
         raw = data["context_file"].read()
+        if b"\x00" in raw[:8192]:  # what the conductor reads as binary (context.looks_binary)
+            # Taken, it failed the run at its start, naming the server's copy (a review).
+            raise RunInputError(
+                {
+                    "context": "the file holds NUL bytes, so it is binary, not text; upload a "
+                    "text file"
+                }
+            )
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:

@@ -368,3 +368,13 @@ def test_a_worker_key_file_it_cannot_use_is_refused_in_one_line(tmp_path, where)
     assert len(lines) == 1, done.stderr  # no traceback
     assert f"CommandError: the key file {path} cannot be read or made (" in lines[0]
     assert "give --key-file a file in a folder this user can write" in lines[0]
+
+
+def test_the_summary_says_which_models_cost_is_nominal():
+    """A run with a real root model and simulated workers said "simulated model: nominal
+    prices" of its whole cost (a review)."""
+    from runs.cli import _simulated_note
+
+    assert _simulated_note(["root", "worker"]) == "  (simulated model: nominal prices)"
+    assert _simulated_note(["worker"]) == "  (its simulated worker model's part at nominal prices)"
+    assert _simulated_note([]) == ""

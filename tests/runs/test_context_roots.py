@@ -324,3 +324,19 @@ def test_a_folder_says_what_it_leaves_out_and_keeps_bytes_that_are_not_utf8(
         "not followed), .hidden.txt (a hidden file), empty.txt (empty), favicon.svg (not a "
         "text file's name (.svg)), nul.txt (binary: it holds NUL bytes)"
     )
+
+
+def test_the_launcher_refuses_an_upload_holding_nul_bytes_in_the_form(venues) -> None:
+    """Taken, such an upload failed its run at once with "context file '/…/var/contexts/
+    r….txt' is binary", naming the server's copy (a review)."""
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    client = Client()
+    client.force_login(make_user("researcher"))
+    upload = SimpleUploadedFile("nul.txt", b"The secret code is 4242.\x00\n", "text/plain")
+    form = launcher_form(question="What is the code?", context_source="upload", context_file=upload)
+    response = client.post("/runs/new", form)
+    assert response.status_code == 400
+    (error,) = response.context["form"].errors["context_file"]
+    assert error == "the file holds NUL bytes, so it is binary, not text; upload a text file"
+    assert not Run.objects.exists()

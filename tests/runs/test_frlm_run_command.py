@@ -49,7 +49,7 @@ def test_it_answers_a_generated_needle_task_as_json(venues, subprocess_env):
     assert result["subqueries"] >= 10
     assert result["tokens_in"] > 200_000 and Decimal(result["cost_usd"]) > 0
     assert Decimal(result["cost_usd"]) == Run.objects.get(id=result["run_id"]).cost
-    assert result["simulated"] is True
+    assert result["simulated"] is True and result["simulated_roles"] == ["root", "worker"]
     # The simulated models' nominal prices, from FRLM's dated table.
     table = f"FRLM's table of {TABLE_DATE}"
     assert result["prices"] == {"frlm-sim-root": table, "frlm-sim-worker": table}
