@@ -322,7 +322,7 @@ class _Call:
         if isinstance(exc, openai.APIStatusError):
             return ModelError(
                 f"the model endpoint {spec.base_url} answered HTTP {exc.status_code} for "
-                f"{spec.model}: {_error_text(exc)}"
+                f"{spec.model}: {_error_text(exc)}{_status_hint(exc.status_code)}"
             )
         return ModelError(f"the model endpoint {spec.base_url} answered garbage: {exc}")
 
@@ -402,6 +402,23 @@ async def achat(
     except _failures() as exc:
         raise call.error(exc) from exc
     return call.result(response, started)
+
+
+def _status_hint(status: int) -> str:
+    """What to do about an endpoint's HTTP error (the reason alone said what happened, not
+    what to do; a review)."""
+    if status in (401, 403):
+        return "; check the API key (FRLM_API_KEY or OPENAI_API_KEY) and its rights"
+    if status == 404:
+        return "; check the model's name and the endpoint's URL"
+    if status == 429:
+        return (
+            "; the endpoint is limiting the rate: send fewer sub-queries at once (policy "
+            "max_inflight), or wait and run again"
+        )
+    if status >= 500:
+        return "; the server failed: see its log, or try again later"
+    return ""
 
 
 def _error_text(exc: openai.APIStatusError) -> str:

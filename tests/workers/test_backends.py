@@ -54,6 +54,25 @@ def test_an_http_error_names_the_status_and_the_endpoints_message() -> None:
     message = str(caught.value)
     assert f"the model endpoint {url} answered HTTP 404 for no-such-model" in message
     assert "does not exist on the FRLM simulated model server" in message
+    assert message.endswith("; check the model's name and the endpoint's URL")
+
+
+@pytest.mark.parametrize(
+    ("status", "says"),
+    [
+        (429, "the endpoint is limiting the rate: send fewer sub-queries at once"),
+        (503, "the server failed: see its log, or try again later"),
+        (401, "check the API key (FRLM_API_KEY or OPENAI_API_KEY)"),
+    ],
+)
+def test_an_http_error_says_what_to_do(status: int, says: str) -> None:
+    """It said what happened ("answered HTTP 429 ...: slow down"), not what to do (a
+    review)."""
+    with endpoint(lambda _: (status, b'{"error": {"message": "no"}}')) as (url, _):
+        with pytest.raises(ModelError) as caught:
+            chat(ModelSpec("openai", "m", url), MESSAGES, retries=0)
+    assert f"answered HTTP {status} for m: no; " in str(caught.value)
+    assert says in str(caught.value)
 
 
 def test_a_server_error_is_retried_with_the_clients_backoff() -> None:
