@@ -69,10 +69,16 @@ class EnrolmentTokenAdmin(admin.ModelAdmin):
     # deregistered, which the second action does with it, for a token that leaked: they
     # are told at their next heartbeat and get no more work. The first action says how
     # many stay, so an operator does not take a revoke for a cut-off (a review).
-    @admin.action(description="Revoke the selected tokens (the workers they let in stay)")
+    @admin.action(
+        description="Revoke the selected tokens (the workers they let in stay)",
+        permissions=["change"],
+    )
     def revoke(self, request: HttpRequest, queryset: Any) -> None:
+        # The tokens first: the queryset carries the list's filters ("Revoked: No"), and
+        # run again after the update it would find none of them (a review).
+        tokens = list(queryset.values_list("pk", flat=True))
         revoked = queryset.update(revoked=True)
-        staying = _enrolled(queryset).count()
+        staying = _enrolled(tokens).count()
         message = f"{revoked} token(s) revoked: nobody can join or register again with them."
         if staying:
             message += (
@@ -81,12 +87,16 @@ class EnrolmentTokenAdmin(admin.ModelAdmin):
             )
         messages.success(request, message)
 
-    @admin.action(description="Revoke the selected tokens and deregister the workers they let in")
+    @admin.action(
+        description="Revoke the selected tokens and deregister the workers they let in",
+        permissions=["change"],
+    )
     def revoke_and_deregister(self, request: HttpRequest, queryset: Any) -> None:
         from workers import services
 
+        tokens = list(queryset.values_list("pk", flat=True))
         revoked = queryset.update(revoked=True)
-        workers = list(_enrolled(queryset).select_related("venue"))
+        workers = list(_enrolled(tokens).select_related("venue"))
         for worker in workers:
             services.worker_deregister(worker)
         messages.success(
@@ -96,9 +106,9 @@ class EnrolmentTokenAdmin(admin.ModelAdmin):
         )
 
 
-def _enrolled(tokens: Any) -> Any:
-    """The workers these tokens let in that are not deregistered."""
-    return Worker.objects.filter(token__in=tokens).exclude(status=Worker.Status.DEREGISTERED)
+def _enrolled(tokens: list[int]) -> Any:
+    """The workers these tokens (their keys) let in that are not deregistered."""
+    return Worker.objects.filter(token_id__in=tokens).exclude(status=Worker.Status.DEREGISTERED)
 
 
 @admin.register(Worker)

@@ -22,6 +22,7 @@ import http.client
 import ssl
 import threading
 import urllib.request
+import weakref
 from urllib.parse import urlsplit
 
 import httpx
@@ -48,6 +49,21 @@ class KeptAliveTransport(httpx.BaseTransport):
         self._all: set[http11.Connection] = set()  # open ones, to close at the end
         self._lock = threading.Lock()
         self._context: ssl.SSLContext | None = None
+        _KEPT.add(self)
+
+    def close_thread(self) -> None:
+        """Close the calling thread's connections, for a thread about to end: `_all` holds
+        them, so a thread made per call (a root model's turn, runs/engine/turns.py) left one
+        open socket behind each time (a review)."""
+        pool = getattr(self._local, "pool", None)
+        if not pool:
+            return
+        self._local.pool = {}
+        with self._lock:
+            for conn in pool.values():
+                self._all.discard(conn)
+        for conn in pool.values():
+            conn.close()
 
     def _tls(self) -> ssl.SSLContext:
         """The certificates httpx itself would trust (certifi's bundle, or SSL_CERT_FILE /
@@ -109,6 +125,15 @@ class KeptAliveTransport(httpx.BaseTransport):
             conns, self._all = self._all, set()
         for conn in conns:
             conn.close()
+
+
+_KEPT: weakref.WeakSet[KeptAliveTransport] = weakref.WeakSet()
+
+
+def close_thread_connections() -> None:
+    """Close the calling thread's kept-alive connections, on every transport."""
+    for transport in list(_KEPT):
+        transport.close_thread()
 
 
 # A request on a kept connection that the server had closed while it was idle.

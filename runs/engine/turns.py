@@ -123,6 +123,12 @@ class RootTurns:
                 call.set_result(chat(self.model, messages))
             except BaseException as exc:  # the caller's to raise (ModelError, or a bug)
                 call.set_exception(exc)
+            finally:
+                # Its kept-alive connection ends with it: a root turn is seconds of a model's
+                # time, a connection on loopback a tenth of a millisecond.
+                from workers.http_transport import close_thread_connections
+
+                close_thread_connections()
 
         threading.Thread(target=run, name=f"root-call-{self.run_id}", daemon=True).start()
         while True:

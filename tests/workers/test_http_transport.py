@@ -131,6 +131,35 @@ def test_it_keeps_one_connection_alive_per_thread_and_sends_the_sdks_headers(kin
     assert headers["x-stainless-lang"] == "python"  # the SDK's own, passed through as they are
 
 
+def test_a_thread_made_per_call_leaves_no_connection_open():
+    """A root model's turn is called on a thread of its own (runs/engine/turns.py); the
+    transport kept each such thread's connection open for good (a review: one socket a
+    turn). close_thread_connections, as the thread ends, closes it."""
+    import threading
+
+    from workers.http_transport import close_thread_connections
+
+    transport = KeptAliveTransport()
+    sdk = openai.OpenAI(
+        base_url="", api_key="sk-test", max_retries=0,
+        http_client=httpx.Client(transport=transport, timeout=10.0),
+    )  # fmt: skip
+
+    def turn(close: bool) -> None:
+        post(sdk)
+        if close:
+            close_thread_connections()
+
+    with server() as (url, seen):
+        sdk.base_url = url
+        for close in (False, False, True, True):
+            thread = threading.Thread(target=turn, args=(close,))
+            thread.start()
+            thread.join()
+    assert seen["requests"] == 4 and len(seen["connections"]) == 4
+    assert len(transport._all) == 2  # the two threads that did not close theirs
+
+
 def test_a_connection_the_server_closed_while_idle_is_opened_again_not_retried(kind):
     with server("close_idle") as (url, seen):
         sdk = client(url, retries=0, kind=kind)  # a retry would fail the test: there are none

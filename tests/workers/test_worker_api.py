@@ -449,15 +449,17 @@ def test_revoking_a_token_in_the_admin_says_who_stays_and_can_cut_them_off(clien
     browser.force_login(admin_user)
     row = EnrolmentToken.objects.get(digest=token_digest(token))
 
-    def act(action: str) -> list[str]:
+    def act(action: str, filters: str = "") -> list[str]:
         response = browser.post(
-            "/admin/workers/enrolmenttoken/",
+            f"/admin/workers/enrolmenttoken/{filters}",
             {"action": action, "_selected_action": [row.pk]},
             follow=True,
         )
         return [str(m) for m in response.context["messages"]]
 
-    assert act("revoke") == [
+    # From the list filtered to tokens not revoked, as an admin looking for live ones sees
+    # it: the action's queryset carries the filter (it found nobody once it had revoked).
+    assert act("revoke", "?revoked__exact=0") == [
         "1 token(s) revoked: nobody can join or register again with them. 1 worker(s) that "
         "joined with them still work; to cut them off too, use 'Revoke the selected tokens "
         "and deregister the workers they let in'."
@@ -465,7 +467,8 @@ def test_revoking_a_token_in_the_admin_says_who_stays_and_can_cut_them_off(clien
     beat = f"/api/workers/{worker.id}/heartbeat"
     assert signed_post(client, beat, {"inflight": 0}, key).status_code == 200
     assert register(client, token, registration(other_key, name="gpu-2")).status_code == 401
-    assert act("revoke_and_deregister") == [
+    EnrolmentToken.objects.filter(pk=row.pk).update(revoked=False)
+    assert act("revoke_and_deregister", "?revoked__exact=0") == [
         "1 token(s) revoked and 1 worker(s) that joined with them deregistered: each is told "
         "at its next heartbeat and gets no more work."
     ]
