@@ -263,7 +263,7 @@ def folder_note(run: Run) -> str:
         return ""
     try:
         note = ctx.scan_folder(Path(run.context_path), ctx.context_roots()).note()
-    except ctx.ContextError:
+    except (ctx.ContextError, OSError):  # a file gone since it was checked, say
         return ""  # the run itself says why, as it starts
     return f"context folder {run.context_path}: {note}" if note else ""
 

@@ -442,8 +442,8 @@ def _usage(spec: ModelSpec, usage: Any) -> tuple[int, int]:
         value = usage.get(key) or 0
         if isinstance(value, float) and value.is_integer():
             value = int(value)
-        elif isinstance(value, str) and value.strip().isdigit():
-            value = int(value)
+        elif isinstance(value, str) and value.strip().isdecimal() and len(value) < 20:
+            value = int(value)  # "²" is a digit that int() refuses; isdecimal() is not one
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOKENS:
             raise ModelError(
                 f"the model endpoint {spec.base_url} reported usage.{key} = {str(value)[:40]}, "

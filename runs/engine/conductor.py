@@ -315,7 +315,8 @@ class Conductor:
         return {
             "files": len(folder.files),
             "left_out": [f"{path}: {why}" for path, why in folder.left_out[:50]],
-            "left_out_count": len(folder.left_out),
+            "left_out_count": folder.left_out_count,
+            "hidden": folder.hidden,
         }
 
     def turns(self, messages: list[dict[str, str]], sandbox: Sandbox, rlm: _Rlm) -> str:

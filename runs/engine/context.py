@@ -163,17 +163,27 @@ class FolderScan:
     holding the answer among them (a review)."""
 
     files: list[Path]
-    left_out: list[tuple[str, str]]
+    left_out: list[tuple[str, str]]  # the first LEFT_OUT_KEPT
+    left_out_count: int = 0
+    hidden: int = 0  # hidden files and folders (".env", ".git"): counted, never named
 
     def note(self, shown: int = 6) -> str:
         """The files left out, in one line a user can act on ("" when none)."""
-        if not self.left_out:
+        if not self.left_out_count and not self.hidden:
             return ""
-        items = ", ".join(f"{path} ({why})" for path, why in self.left_out[:shown])
-        more = len(self.left_out) - shown
-        return f"{len(self.files)} file(s) joined; {len(self.left_out)} left out: {items}" + (
-            f" and {more} more" if more > 0 else ""
-        )
+        parts = []
+        if self.left_out_count:
+            items = ", ".join(f"{path} ({why})" for path, why in self.left_out[:shown])
+            more = self.left_out_count - min(shown, len(self.left_out))
+            parts.append(f"{self.left_out_count} left out: {items}")
+            if more > 0:
+                parts[-1] += f" and {more} more"
+        if self.hidden:
+            parts.append(f"{self.hidden} hidden file(s) or folder(s) left out")
+        return f"{len(self.files)} file(s) joined; " + "; ".join(parts)
+
+
+LEFT_OUT_KEPT = 200  # entries a scan names; a folder of a million others is counted
 
 
 def folder_files(folder: Path, roots: Sequence[Path]) -> list[Path]:
@@ -186,23 +196,30 @@ def scan_folder(folder: Path, roots: Sequence[Path]) -> FolderScan:
     the roots or to the server's own files (a symlink), rather than leaving it out unsaid."""
     found: list[Path] = []
     left_out: list[tuple[str, str]] = []
+    counts = {"out": 0, "hidden": 0}
 
-    def out(path: Path, why: str) -> None:
-        name = str(path.relative_to(folder)).encode("utf-8", "surrogateescape")
-        left_out.append((name.decode("utf-8", "replace"), why))  # a name that is not UTF-8
+    def out(path: Path | str, why: str) -> None:
+        counts["out"] += 1
+        if len(left_out) < LEFT_OUT_KEPT:
+            name = str(Path(path).relative_to(folder)).encode("utf-8", "surrogateescape")
+            left_out.append((name.decode("utf-8", "replace"), why))  # a name not UTF-8
 
-    for root, dirs, files in os.walk(folder):
+    def unreadable(error: OSError) -> None:
+        if error.filename and os.fspath(error.filename) != os.fspath(folder):
+            out(error.filename, "a folder that cannot be read")
+
+    for root, dirs, files in os.walk(folder, onerror=unreadable):
         for name in sorted(dirs):
             path = Path(root) / name
             if name.startswith("."):
-                out(path, "a hidden folder")
+                counts["hidden"] += 1
             elif path.is_symlink():  # os.walk does not follow one
                 out(path, "a link to a folder, not followed")
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in sorted(files):
             path = Path(root) / name
             if name.startswith("."):
-                out(path, "a hidden file")
+                counts["hidden"] += 1
                 continue
             if path.suffix.lower() not in TEXT_SUFFIXES:
                 out(path, f"not a text file's name ({path.suffix or 'no suffix'})")
@@ -218,7 +235,7 @@ def scan_folder(folder: Path, roots: Sequence[Path]) -> FolderScan:
                 out(path, "binary: it holds NUL bytes")
             else:
                 found.append(path)
-    return FolderScan(found, left_out)
+    return FolderScan(found, left_out, counts["out"], counts["hidden"])
 
 
 def materialise(run_id: str, source: Path, roots: Sequence[Path]) -> tuple[Path, FolderScan]:

@@ -60,7 +60,9 @@ class ReplCalls:
             check = objective_check(kwargs.get("validate"), self.slow_checks)
             if name == "llm_query":
                 prompt = self.checked_prompt(kwargs.get("prompt"))
-                return self.subqueries([prompt], depth, parent, tier, check)[0]
+                # One call's timeout is its marker: a merge that timed out falls back on
+                # the partial answers it had (runs/sandbox/patterns.py's combine).
+                return self.subqueries([prompt], depth, parent, tier, check, one=True)[0]
             if name == "llm_query_batched":
                 prompts_ = kwargs.get("prompts")
                 if not isinstance(prompts_, list):
@@ -178,19 +180,22 @@ class ReplCalls:
         parent: str,
         tier: Any = None,
         check: Callable[[str], objective.CheckVerdict] | None = None,
+        *,
+        one: bool = False,
     ) -> list[str]:
         if not prompts_:
             return []
         outcomes = self.fanout.run_batch(
             prompts_, depth=depth, parent=parent, tier=tier, check=check
         )
-        return self.replies(outcomes)
+        return self.replies(outcomes, timeouts_fail=not one)
 
-    def replies(self, outcomes: list[Outcome]) -> list[str]:
+    def replies(self, outcomes: list[Outcome], *, timeouts_fail: bool = True) -> list[str]:
         # No answer at all: the run fails rather than let the program make one up from
         # markers. A batch that all timed out went on, and its run "succeeded" with an
-        # answer from nothing (a review).
-        failed = [o for o in outcomes if o.status in ("error", "timeout")]
+        # answer from nothing (a review); one llm_query's timeout stays its marker.
+        failing = ("error", "timeout") if timeouts_fail else ("error",)
+        failed = [o for o in outcomes if o.status in failing]
         if failed and len(failed) == len(outcomes):
             raise FanoutAbort(
                 f"every sub-query of a batch of {len(outcomes)} failed; first: {failed[0].error}"
@@ -241,7 +246,7 @@ class ReplCalls:
                 reason=f"rlm_query at depth {depth + 1} exceeds policy.max_depth="
                 f"{self.policy.max_depth}; answered as llm_query",
             )
-            return self.subqueries([child.inline(prompt)], depth, parent)[0]
+            return self.subqueries([child.inline(prompt)], depth, parent, one=True)[0]
         self.fanout.check_limits(1, what="rlm_query")
         self.totals.calls += 1
         span = self.emitter.start(

@@ -310,19 +310,19 @@ def test_a_folder_says_what_it_leaves_out_and_keeps_bytes_that_are_not_utf8(
     assert [p.name for p in prepared.folder.files] == ["good.txt", "latin1.txt"]
     assert prepared.folder.left_out == [
         ("linked", "a link to a folder, not followed"),
-        (".hidden.txt", "a hidden file"),
         ("empty.txt", "empty"),
         ("favicon.svg", "not a text file's name (.svg)"),
         ("nul.txt", "binary: it holds NUL bytes"),
     ]
+    assert prepared.folder.hidden == 1  # counted, never named (".env", ".git")
     assert prepared.encoding == {"invalid_bytes": 1, "first_invalid_byte": prepared.encoding[
         "first_invalid_byte"]}  # fmt: skip
     assert b"caf\xe9 au lait" in prepared.path.read_bytes()
     run = create(folder)
     assert folder_note(run) == (
-        f"context folder {folder}: 2 file(s) joined; 5 left out: linked (a link to a folder, "
-        "not followed), .hidden.txt (a hidden file), empty.txt (empty), favicon.svg (not a "
-        "text file's name (.svg)), nul.txt (binary: it holds NUL bytes)"
+        f"context folder {folder}: 2 file(s) joined; 4 left out: linked (a link to a folder, "
+        "not followed), empty.txt (empty), favicon.svg (not a text file's name (.svg)), "
+        "nul.txt (binary: it holds NUL bytes); 1 hidden file(s) or folder(s) left out"
     )
 
 
@@ -340,3 +340,21 @@ def test_the_launcher_refuses_an_upload_holding_nul_bytes_in_the_form(venues) ->
     (error,) = response.context["form"].errors["context_file"]
     assert error == "the file holds NUL bytes, so it is binary, not text; upload a text file"
     assert not Run.objects.exists()
+
+
+def test_a_folder_of_many_files_left_out_names_the_first_and_counts_the_rest(
+    settings, context_root: Path
+) -> None:
+    from runs.engine.context import LEFT_OUT_KEPT, scan_folder
+
+    settings.FRLM_CONTEXT_ROOTS = [context_root]
+    folder = context_root / "pictures"
+    folder.mkdir()
+    (folder / "readme.txt").write_text("Pictures of the launch.\n")
+    for n in range(LEFT_OUT_KEPT + 100):
+        (folder / f"p{n:04d}.png").write_bytes(b"\x89PNG")
+    scan = scan_folder(folder, [context_root])
+    assert (len(scan.left_out), scan.left_out_count) == (LEFT_OUT_KEPT, LEFT_OUT_KEPT + 100)
+    assert scan.note().endswith(
+        f"p0005.png (not a text file's name (.png)) and {LEFT_OUT_KEPT + 94} more"
+    )

@@ -88,10 +88,9 @@ def test_it_times_out_retries_elsewhere_and_marks_the_failure(venues):
             policy={"subquery_timeout_s": 0.5, "max_retries": 1},
         )
     )
-    # No answer at all fails the run, as errors do: the program is not left to make one
-    # up from the marker (it was, and the run "succeeded"; a review).
-    assert run.status == "failed", (run.status, run.answer)
-    assert "every sub-query of a batch of 1 failed; first: no reply within 0.5 s" in run.error
+    # One llm_query's timeout is its marker (a batch's, all timed out, fails the run).
+    assert run.status == "succeeded", run.error
+    assert run.answer.startswith("[frlm:timeout] sub-query 1: no reply within 0.5 s")
     events = trace(run)
     assert len(named(events, "SubQuery.Timeout")) == 2
     (retry,) = named(events, "SubQuery.Retry")
@@ -241,8 +240,26 @@ def test_workers_that_cannot_call_the_runs_endpoint_are_passed_over_not_struck(v
     assert f"no live worker of local calls the model endpoint {url} (" in run.error, run.error
     assert "--backend openai --base-url" in run.error
     assert seen == []  # no worker called it
-    # Each job went out once: a refusal is no try of its own, and the refusing worker got
-    # no second job (there were 16 attempts, each sub-query's retry refused too).
-    assert len(named(trace(run), "SubQuery.Submit", "start")) == 8
+    # A refusal is no try of its own, and the refusing worker got no second job: each
+    # sub-query's retry went to it too, and was refused again.
+    assert named(trace(run), "SubQuery.Retry") == []
     after = finish(launch(task="sniah", tokens=20_000, seed=2, venues=["local"]))
     assert after.status == "succeeded", after.error
+
+
+def test_a_refusal_after_the_job_started_is_a_failure_like_any_other():
+    """A worker could sit on its jobs to their timeout and give them back as 'not my
+    endpoint', with no strike and no try used (a review): only a refusal before its
+    `started` is one."""
+    from runs.engine.fanout.intake import Intake
+    from runs.engine.fanout.state import Flight, Outcome
+    from workers.jobs import UNSERVED_ENDPOINT
+
+    flight = Flight(outcome=Outcome(index=0, attempts=1), prompt="p")
+    refusal = {"status": "error", "error": f"{UNSERVED_ENDPOINT} 'http://x/v1', which is not"}
+    assert Intake._unserved(flight, refusal)
+    assert not Intake._unserved(flight, {"status": "error", "error": "HTTP 500"})
+    flight.started_attempt = 1  # its worker said it started this attempt
+    assert not Intake._unserved(flight, refusal)
+    flight.outcome.attempts = 2  # the next attempt, on another worker, not started yet
+    assert Intake._unserved(flight, refusal)

@@ -112,6 +112,7 @@ def _with_usage(prompt: object, completion_tokens: object) -> bytes:
         (-1_000_000, -500_000, "usage.prompt_tokens = -1000000, not a token count"),
         (7, "many", "usage.completion_tokens = many, not a token count"),
         (7, 2.5, "usage.completion_tokens = 2.5, not a token count"),
+        (7, "\u00b2", "usage.completion_tokens = \u00b2, not a token count"),  # isdigit, not int
     ],
 )
 def test_usage_that_is_no_token_count_is_the_endpoints_error(

@@ -19,6 +19,10 @@ from workers.models import Worker
 from workers.services import worker_strike
 from workers.signing import result_verify
 
+# Refusals of a run's endpoint one job may have for free: each refusing worker leaves the
+# run's routing, but a swarm of fresh worker ids could otherwise pass a job round for good.
+FREE_REFUSALS = 3
+
 RETURNED = (
     "returned it: its link to the web server dropped before it answered, and the server "
     "it is connected to now cannot take that answer"
@@ -99,6 +103,7 @@ class Intake:
         if status == "started":
             flight.worker_id = wid
             flight.started_at = result.get("at") or time.time()
+            flight.started_attempt = flight.outcome.attempts
             if result.get("span"):
                 self.roster.executing.setdefault(wid, {})[flight.sq_id] = Executing(
                     span_id=result["span"],
@@ -125,14 +130,14 @@ class Intake:
             self.totals.add_tokens(*result["counted"], result.get("cost"))
             self.attempts.settle(flight, "ok", result=result)
             self.hedger.drop_twin(flight, wave)
-        elif status == "error" and str(result.get("error", "")).startswith(UNSERVED_ENDPOINT):
+        elif status == "error" and self._unserved(flight, result):
             # The worker cannot call the endpoint the run names: the run's routing sent it
             # a job it must refuse. Counted against it, such refusals used up the jobs'
             # retries and opened a healthy worker's breaker, which then failed other runs
             # on its venue (a review). It gets none of this run's work; the job goes again.
             self.router.unserving.add(wid)
-            if self.scope.policy.routing != "shared":  # a venue's queue may bring it back
-                flight.unserved += 1
+            if self.scope.policy.routing != "shared" and flight.unserved < FREE_REFUSALS:
+                flight.unserved += 1  # a venue's shared queue may bring it back to it
             self.attempts.retry_or_settle(flight, "error", result["error"], wave)
         elif status == "error":
             self.router.observe(flight, False)
@@ -146,6 +151,14 @@ class Intake:
                 flight, "error", "the worker dropped the job as expired or cancelled", wave
             )
         return flight
+
+    @staticmethod
+    def _unserved(flight: Flight, result: Result) -> bool:
+        """A refusal of the endpoint comes as the job opens, before any `started`: one
+        after it is a failure like any other, or a worker could sit on its jobs to their
+        timeout and give them back with no strike (a review)."""
+        refused = str(result.get("error", "")).startswith(UNSERVED_ENDPOINT)
+        return refused and flight.started_attempt != flight.outcome.attempts
 
     def _dropped_unasked(self, flight: Flight) -> bool:
         """A worker said `cancelled` of a job nobody cancelled, well before its deadline

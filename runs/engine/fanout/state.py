@@ -97,6 +97,7 @@ class Flight:
     slot: str = ""  # whose credit it uses: a worker id, or "venue:<name>"
     retry_reason: str = ""
     unserved: int = 0  # attempts refused by a worker that cannot call the run's endpoint
+    started_attempt: int = 0  # the last attempt its worker said it started
     tried: set[str] = field(default_factory=set)  # worker ids and venue names
     replica_of: int = -1  # a copy's: the position in its batch of the sub-query it copies
     venues: frozenset[str] = frozenset()  # where it may run; empty: the run's answer venues

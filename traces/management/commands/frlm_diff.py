@@ -48,9 +48,10 @@ class Command(FrlmCommand):
 
 
 def _money_exact(data: Any) -> Any:
-    """The diff with every `cost` (a node's, or its a/b/delta pair) as an exact Decimal,
-    which print_json writes as a decimal string, as every command's --json writes money;
-    the floats the page draws from printed as 1.71e-05 (a review)."""
+    """The diff with every `cost` (a node's, or its a/b/delta pair) as a Decimal, which
+    print_json writes as a decimal string, as every command's --json writes money: the
+    floats the page draws from printed as 1.71e-05 (a review). They are the diff's float
+    sums, rounded to 8 places (traces/diff/walk.py), not the receipts' exact amounts."""
     if isinstance(data, dict):
         return {
             key: _cost(value) if key == "cost" else _money_exact(value)
