@@ -100,6 +100,9 @@ class Run(models.Model):
     def price_sources(self) -> dict[str, str]:
         """Where its models' prices come from (workers.pricing): FRLM_PRICES, genai-prices,
         or FRLM's table and its date. A worker announcing its own price is paid at that."""
+        recorded = (self.accounts or {}).get("prices")
+        if isinstance(recorded, dict) and recorded:
+            return recorded  # what the conductor priced at (runs/engine/finish.py)
         models = [m.get("model") for m in (self.root_model, self.worker_model)]
         return {m: price_source(m) for m in models if m}
 

@@ -67,7 +67,9 @@ def run_record(
         tokens_in=t.tokens_in,
         tokens_out=t.tokens_out,
         cost=t.cost,
-        accounts=figures,
+        # Where the conductor's prices came from, as it priced: a command reading the row
+        # in another environment (FRLM_PRICES set in its shell only) named its own.
+        accounts={**figures, "prices": run.price_sources},
     )
     return correct, figures
 

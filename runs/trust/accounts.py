@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from frlm_web.money import ZERO, money, money_str
 from runs.engine.policy import Policy, provider_caps
@@ -44,6 +44,7 @@ class RunAccountsFigures(TypedDict):
     budget: budget.BudgetFill
     receipts: ReceiptSummary
     exhausted: str | None
+    prices: NotRequired[dict[str, str]]  # model -> where the conductor's price came from
 
 
 @dataclass(frozen=True)

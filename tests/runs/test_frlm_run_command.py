@@ -11,6 +11,7 @@ from decimal import Decimal
 import pytest
 
 from frlm_web.stack import free_port
+from runs.cli import summarise
 from runs.models import Run
 from tests.helpers import endpoint, forget_reputations, named, trace, wait_until
 from workers.pricing import TABLE_DATE
@@ -287,3 +288,24 @@ def test_a_folder_run_says_which_files_it_leaves_out(venues, subprocess_env, con
     attrs = loaded["attrs"]
     assert (attrs["files"], attrs["left_out_count"]) == (1, 1)
     assert attrs["left_out"] == ["logo.svg: not a text file's name (.svg)"]
+
+
+def test_the_prices_said_are_the_conductors_not_the_readers(venues, monkeypatch):
+    """frlm_run printed where prices come from as its own environment says: with
+    FRLM_PRICES set only in the shell that ran it, "FRLM_PRICES", while the conductor had
+    priced at FRLM's table (a review). The conductor records its sources on the row."""
+    from tests.helpers import finish, launch
+    from workers import pricing
+
+    run = finish(launch(task="sniah", tokens=2_000, seed=1))
+    table = f"FRLM's table of {TABLE_DATE}"
+    assert run.accounts["prices"] == {"frlm-sim-root": table, "frlm-sim-worker": table}
+    monkeypatch.setenv("FRLM_PRICES", '{"frlm-sim-root": ["1", "2"]}')
+    pricing.overrides.cache_clear()
+    try:
+        assert pricing.price_source("frlm-sim-root") == "FRLM_PRICES"  # the reader's own
+        assert Run.objects.get(id=run.id).price_sources["frlm-sim-root"] == table
+        assert summarise(Run.objects.get(id=run.id))["prices"]["frlm-sim-root"] == table
+    finally:
+        monkeypatch.delenv("FRLM_PRICES")
+        pricing.overrides.cache_clear()
