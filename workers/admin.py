@@ -74,10 +74,7 @@ class EnrolmentTokenAdmin(admin.ModelAdmin):
         permissions=["change"],
     )
     def revoke(self, request: HttpRequest, queryset: Any) -> None:
-        # The tokens first: the queryset carries the list's filters ("Revoked: No"), and
-        # run again after the update it would find none of them (a review).
-        tokens = list(queryset.values_list("pk", flat=True))
-        revoked = queryset.update(revoked=True)
+        revoked, tokens = _revoked(queryset)
         staying = _enrolled(tokens).count()
         message = f"{revoked} token(s) revoked: nobody can join or register again with them."
         if staying:
@@ -94,8 +91,7 @@ class EnrolmentTokenAdmin(admin.ModelAdmin):
     def revoke_and_deregister(self, request: HttpRequest, queryset: Any) -> None:
         from workers import services
 
-        tokens = list(queryset.values_list("pk", flat=True))
-        revoked = queryset.update(revoked=True)
+        revoked, tokens = _revoked(queryset)
         workers = list(_enrolled(tokens).select_related("venue"))
         for worker in workers:
             services.worker_deregister(worker)
@@ -104,6 +100,14 @@ class EnrolmentTokenAdmin(admin.ModelAdmin):
             f"{revoked} token(s) revoked and {len(workers)} worker(s) that joined with them "
             "deregistered: each is told at its next heartbeat and gets no more work.",
         )
+
+
+def _revoked(queryset: Any) -> tuple[int, list[int]]:
+    """Revoke the tokens: how many, and their keys, taken first: the queryset carries the
+    list's filters ("Revoked: No"), and run again after the update it found none of them
+    (a review)."""
+    tokens = list(queryset.values_list("pk", flat=True))
+    return queryset.update(revoked=True), tokens
 
 
 def _enrolled(tokens: list[int]) -> Any:
