@@ -141,6 +141,11 @@ class ProgressBar:
 
 
 def summarise(run: Run) -> dict[str, Any]:
+    simulated = [
+        role
+        for role, spec in (("root", run.root_model), ("worker", run.worker_model))
+        if spec.get("kind") == "sim"
+    ]
     return {
         "run_id": run.id,
         "status": run.status,
@@ -165,12 +170,8 @@ def summarise(run: Run) -> dict[str, Any]:
         "venues": run.venues,
         "root_model": run.root_model.get("model"),
         "worker_model": run.worker_model.get("model"),
-        "simulated": run.root_model.get("kind") == "sim" or run.worker_model.get("kind") == "sim",
-        "simulated_roles": [
-            role
-            for role, spec in (("root", run.root_model), ("worker", run.worker_model))
-            if spec.get("kind") == "sim"
-        ],
+        "simulated": bool(simulated),
+        "simulated_roles": simulated,
         "isolation": run.isolation,
         "replay_of": run.replay_of_id,
         "replay_turn": run.replay_turn,

@@ -10,7 +10,7 @@ from typing import Any
 from django import forms
 from django.conf import settings
 
-from runs.engine.context import context_roots
+from runs.engine.context import binary_head, context_roots
 from runs.engine.policy import RANGES, Policy, PolicyError
 from runs.program_templates import PROGRAM_TEMPLATES
 from runs.services import ContextSpec, RunInputError
@@ -281,7 +281,7 @@ class RunForm(forms.Form):
         if source == "path":
             return ContextSpec(path=data.get("context_path") or "")
         raw = data["context_file"].read()
-        if b"\x00" in raw[:8192]:  # what the conductor reads as binary (context.looks_binary)
+        if binary_head(raw):  # what the conductor would refuse as binary
             # Taken, it failed the run at its start, naming the server's copy (a review).
             raise RunInputError(
                 {

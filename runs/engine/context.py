@@ -29,10 +29,18 @@ class ContextError(ValueError):
     """The context cannot be used; the message says why and what to do."""
 
 
+BINARY_PROBE = 8192  # bytes looked at for a NUL: what makes a file binary to FRLM
+
+
+def binary_head(data: bytes) -> bool:
+    """Whether bytes that begin a file make it binary (a NUL in the first BINARY_PROBE):
+    the one rule for a file on disk and an upload (runs/forms.py)."""
+    return b"\x00" in data[:BINARY_PROBE]
+
+
 def looks_binary(path: Path) -> bool:
     with open(path, "rb") as fh:
-        head = fh.read(8192)
-    return b"\x00" in head
+        return binary_head(fh.read(BINARY_PROBE))
 
 
 def context_roots(*, written_here: bool = False) -> list[Path]:
