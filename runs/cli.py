@@ -16,7 +16,7 @@ from frlm_web.money import money, money_str
 from frlm_web.redis_client import OUTAGE_ERRORS, get_redis
 from runs.engine.progress import read_progress
 from runs.lease import leases_reap
-from runs.models import Run
+from runs.models import Run, lost_workers_in
 from runs.orphans import conductor_gone, runs_fail_orphaned
 from runs.services import RunLaunchError, run_cancel, run_launch
 from runs.taskgen import answer_score
@@ -164,6 +164,7 @@ def summarise(run: Run) -> dict[str, Any]:
         "subqueries": run.subqueries,
         "subqueries_failed": run.subqueries_failed,
         "subqueries_cut": run.subqueries_cut,
+        "subqueries_cancelled": run.subqueries_cancelled,
         "tokens_in": run.tokens_in,
         "tokens_out": run.tokens_out,
         "cost_usd": money_str(run.cost),  # exact dollars as a decimal string
@@ -204,6 +205,11 @@ def format_summary(s: dict[str, Any]) -> str:
         f"wall       {s['wall_s']:.2f} s   turns {s['turns']}   sub-queries {s['subqueries']} "
         f"({s['subqueries_failed']} failed"
         + (f", {s['subqueries_cut']} cut off at the quorum" if s.get("subqueries_cut") else "")
+        + (
+            f", {s['subqueries_cancelled']} cancelled with the run"
+            if s.get("subqueries_cancelled")
+            else ""
+        )
         + ")"
     )
     lines.append(
@@ -257,6 +263,7 @@ def _accounts_lines(accounts: dict[str, Any] | None, run_id: str) -> list[str]:
         )
     if accounts.get("hedges"):
         lines.append(f"hedged     {accounts['hedges']} stragglers sent to a second worker")
+    lines.extend(f"lost       {w['text']}" for w in lost_workers_in(accounts))
     r = accounts.get("receipts") or {}
     if r.get("count"):
         verdicts = ", ".join(f"{n} {k}" for k, n in sorted(r.get("verdicts", {}).items()))

@@ -25,7 +25,7 @@ from traces.otlp import model_name
 from traces.otlp_import import from_otlp
 from traces.recorder import HEARTBEAT_KEY
 from traces.rlms_log import from_rlms_log, is_rlms_record
-from traces.schema import Event
+from traces.schema import CUT_CANCEL, CUT_QUORUM, Event
 
 EXPECTED = (
     "expected an OTLP/JSON trace (a JSON object with resourceSpans) or an rlms trajectory "
@@ -293,7 +293,8 @@ def _totals(events: list[Event], said: dict[str, Any]) -> dict[str, Any]:
         ),
         "subqueries": len(submits),
         "subqueries_failed": sum(1 for e in submits if e["status"] != "ok" and not _cut(e)),
-        "subqueries_cut": sum(1 for e in submits if _cut(e)),
+        "subqueries_cut": sum(1 for e in submits if _cut(e) == CUT_QUORUM),
+        "subqueries_cancelled": sum(1 for e in submits if _cut(e) == CUT_CANCEL),
         "tokens_in": sum(e.get("tokens_in") or 0 for e in model_ends),
         "tokens_out": sum(e.get("tokens_out") or 0 for e in model_ends),
         "cost": sum((money(e.get("cost") or 0) for e in model_ends), ZERO),
@@ -313,10 +314,12 @@ def _own_totals(done: Event) -> dict[str, Any]:
     return {key: done.get(key) for key in ("tokens_in", "tokens_out", "cost")}
 
 
-def _cut(submit_end: Event) -> bool:
-    """Cut off at its batch's quorum (the Submit span's end says so in its attrs)."""
+def _cut(submit_end: Event) -> str | None:
+    """Why it was cancelled without counting as failed, as the Submit span's end says in its
+    attrs: its batch's quorum, or the run's cancel (runs/engine/fanout/attempts.py)."""
     attrs = submit_end.get("attrs")
-    return isinstance(attrs, dict) and attrs.get("cut") == "quorum"
+    cut = attrs.get("cut") if isinstance(attrs, dict) else None
+    return cut if cut in (CUT_QUORUM, CUT_CANCEL) else None
 
 
 def _number(value: Any) -> float | None:

@@ -1,11 +1,31 @@
 from __future__ import annotations
 
 import secrets
+from typing import Any
 
 from django.conf import settings
 from django.db import models
 
 from workers.pricing import price_source
+
+
+def lost_workers_in(accounts: object) -> list[dict[str, Any]]:
+    """The workers lost while they held a run's work (runs/engine/fanout/liveness.py), as
+    its conductor recorded them in `accounts`, each with the sentence that says it."""
+    lost = accounts.get("lost") if isinstance(accounts, dict) else None
+    if not isinstance(lost, list):
+        return []
+    return [{**w, "text": _lost_text(w)} for w in lost if isinstance(w, dict)]
+
+
+def _lost_text(lost: dict[str, Any]) -> str:
+    held = lost.get("held")
+    held = held if isinstance(held, int) else 0
+    return (
+        f"worker {lost.get('worker_id')} of venue {lost.get('venue')} left while it held "
+        f"{held} attempt{'s' if held != 1 else ''}; "
+        f"{'each was' if held != 1 else 'it was'} sent again while tries remained"
+    )
 
 
 def new_run_id() -> str:
@@ -75,6 +95,8 @@ class Run(models.Model):
     subqueries_failed = models.IntegerField(default=0)
     # Cancelled once their batch's quorum was met (policy.quorum): by design, not failures.
     subqueries_cut = models.IntegerField(default=0)
+    # Not answered when the run was cancelled (out, or waiting to be sent): not failures.
+    subqueries_cancelled = models.IntegerField(default=0)
     tokens_in = models.BigIntegerField(default=0)
     tokens_out = models.BigIntegerField(default=0)
     # Exact dollars (frlm_web.money); 12 places reach a pico-dollar, finer than any price.
@@ -105,6 +127,12 @@ class Run(models.Model):
             return recorded  # what the conductor priced at (runs/engine/finish.py)
         models = [m.get("model") for m in (self.root_model, self.worker_model)]
         return {m: price_source(m) for m in models if m}
+
+    @property
+    def lost_workers(self) -> list[dict[str, Any]]:
+        """The workers lost while they held its work (runs/engine/fanout/liveness.py), as
+        its conductor recorded them when it ended."""
+        return lost_workers_in(self.accounts)
 
     @property
     def done(self) -> bool:

@@ -6,6 +6,11 @@ import functools
 import re
 from typing import Any, TypedDict
 
+# Why a sub-query was cancelled without counting as failed, as its SubQuery.Submit span's
+# end says (attrs "cut"): its batch's quorum was met without it, or the run was cancelled.
+CUT_QUORUM = "quorum"
+CUT_CANCEL = "cancel"
+
 NAMES = frozenset(
     {
         "Run.Init",

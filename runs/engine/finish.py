@@ -50,7 +50,7 @@ def run_record(
     if status in (Run.Status.SUCCEEDED, Run.Status.PARTIAL) and run.expected_answer:
         correct = answer_correct(run.task, run.expected_answer, answer)
     fanout.close()
-    figures = fanout.accounts.figures(dict(fanout.tally.figures()), fanout.hedged)
+    figures = fanout.figures()
     t = totals
     # Conditional: a run failed as abandoned meanwhile (runs/lease.py) keeps that outcome.
     Run.objects.filter(id=run.id, status=Run.Status.RUNNING).update(
@@ -64,6 +64,7 @@ def run_record(
         subqueries=t.subqueries,
         subqueries_failed=t.subqueries_failed,
         subqueries_cut=t.subqueries_cut,
+        subqueries_cancelled=t.subqueries_cancelled,
         tokens_in=t.tokens_in,
         tokens_out=t.tokens_out,
         cost=t.cost,
@@ -83,7 +84,7 @@ def storable(text: str) -> str:
 def run_record_failed(run: Run, error: str, wall_ms: float, fanout: Fanout) -> RunAccountsFigures:
     """The run's row failed with `error`, when writing its outcome raised: a run never stays
     "running" (its lease is gone by then, so no watcher would fail it)."""
-    figures = fanout.accounts.figures(dict(fanout.tally.figures()), fanout.hedged)
+    figures = fanout.figures()
     Run.objects.filter(id=run.id, status=Run.Status.RUNNING).update(
         status=Run.Status.FAILED, error=error, finished=timezone.now(), wall_ms=wall_ms
     )
@@ -120,6 +121,7 @@ def run_done(
         subqueries=t.subqueries,
         subqueries_failed=t.subqueries_failed,
         subqueries_cut=t.subqueries_cut,
+        subqueries_cancelled=t.subqueries_cancelled,
         tokens_in=t.tokens_in,
         tokens_out=t.tokens_out,
         cost=t.cost,

@@ -30,6 +30,7 @@ def write_progress(client: redis.Redis, run_id: str, *, phase: str, totals: Any)
             "settled": totals.settled,
             "failed": totals.subqueries_failed,
             "cut": totals.subqueries_cut,
+            "cancelled": totals.subqueries_cancelled,
             "tokens": totals.tokens_in + totals.tokens_out,
             "cost": money_str(totals.cost),
         },

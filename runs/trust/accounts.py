@@ -36,11 +36,21 @@ class ReceiptSummary(TypedDict):
     head: str | None
 
 
+class LostWorker(TypedDict):
+    """A worker that left while it held the run's work (its alive line dropped, its presence
+    lapsed, or its gateway connection closed)."""
+
+    worker_id: str
+    venue: str
+    held: int  # attempts it held then: each was tried again elsewhere while tries remained
+
+
 class RunAccountsFigures(TypedDict):
     """What Run.accounts holds when the run ends."""
 
     verification: dict[str, Any]
     hedges: int  # duplicates sent for stragglers (not counted as verification)
+    lost: NotRequired[list[LostWorker]]  # workers lost mid-run (absent from older runs)
     budget: budget.BudgetFill
     receipts: ReceiptSummary
     exhausted: str | None
@@ -276,7 +286,9 @@ class RunAccounts:
             attrs=dict(attrs),
         )
 
-    def figures(self, verification: dict[str, Any], hedges: int) -> RunAccountsFigures:
+    def figures(
+        self, verification: dict[str, Any], hedges: int, lost: list[LostWorker]
+    ) -> RunAccountsFigures:
         with self._lock:
             summary: ReceiptSummary = {
                 **self._receipts,
@@ -285,6 +297,7 @@ class RunAccounts:
         return {
             "verification": verification,
             "hedges": hedges,
+            "lost": lost,
             "budget": self.budget.fill(top=5),
             "receipts": summary,
             "exhausted": self.exhausted,

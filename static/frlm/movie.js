@@ -404,7 +404,12 @@
       const total = D && num(D.subqueries) != null ? num(D.subqueries) : settled;
       const failed = D && num(D.subqueries_failed) != null ? num(D.subqueries_failed) : A.error + A.timeout + A.cancelled;
       const cut = D && num(D.subqueries_cut) != null ? num(D.subqueries_cut) : 0;
-      const notes = [failed ? `${FRLM.fmtCount(failed)} failed` : "", cut ? `${FRLM.fmtCount(cut)} cut off at the quorum` : ""].filter(Boolean);
+      const cancelled = D && num(D.subqueries_cancelled) != null ? num(D.subqueries_cancelled) : 0;
+      const notes = [
+        failed ? `${FRLM.fmtCount(failed)} failed` : "",
+        cut ? `${FRLM.fmtCount(cut)} cut off at the quorum` : "",
+        cancelled ? `${FRLM.fmtCount(cancelled)} cancelled with the run` : "",
+      ].filter(Boolean);
       const key = [A.n, A.status, Math.round(wallMs / 100)].join("|");
       if (key === this.lastHeader) return;
       this.lastHeader = key;

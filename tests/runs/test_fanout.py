@@ -10,6 +10,7 @@ import pytest
 from frlm_web.stack import VenueSpec
 from runs.cli import format_summary, summarise
 from tests.helpers import finish, launch, named, scripted, trace, wait_until
+from traces import store
 from workers.models import Venue
 
 pytestmark = [pytest.mark.stack]
@@ -47,6 +48,37 @@ def test_it_runs_a_batch_in_parallel_across_venues(venues):
     from workers.jobs import results_stream
 
     assert 0 < get_redis().ttl(results_stream(run.id)) <= RESULTS_KEEP_S
+
+
+def test_a_cancelled_runs_unanswered_sub_queries_count_as_cancelled_not_failed(venues):
+    """A user's cancel counted every sub-query not answered yet as failed ("334 (309
+    failed)", a review): out or waiting, they are cancelled with the run, on its row, its
+    Run.Done and the command's summary, and the trace says why of each."""
+    from runs.models import Run
+    from runs.services import run_cancel
+
+    run = launch(
+        question=scripted(batch_program(12)),
+        worker_sim={"latency_ms": 20000},
+        # Four out at once: the other eight wait to be sent when the cancel comes.
+        policy={"max_inflight": 4, "hedge": "off", "subquery_timeout_s": 60},
+    )
+    wait_until(
+        lambda: len(named(store.read_events(run.id), "SubQuery.Execute", "start")) >= 4,
+        timeout=60,
+        what="four sub-queries to run",
+    )
+    run_cancel(run)
+    finish(run, timeout=60)
+    assert run.status == Run.Status.CANCELLED, (run.status, run.error)
+    assert (run.subqueries, run.subqueries_failed, run.subqueries_cancelled) == (12, 0, 12)
+    events = trace(run)
+    (done,) = named(events, "Run.Done")
+    assert (done["attrs"]["subqueries_failed"], done["attrs"]["subqueries_cancelled"]) == (0, 12)
+    submits = named(events, "SubQuery.Submit", "end")
+    assert len(submits) == 12
+    assert all(e["attrs"]["cut"] == "cancel" and e["status"] == "cancelled" for e in submits)
+    assert "(0 failed, 12 cancelled with the run)" in format_summary(summarise(run))
 
 
 def test_it_proceeds_at_quorum_and_cancels_stragglers(venues):

@@ -1,5 +1,6 @@
-"""An imported trace's totals: sub-queries cut off at the quorum count as cut, not failed,
-also where the trace has no Run.Done to say so (a run that failed or was abandoned)."""
+"""An imported trace's totals: sub-queries cut off at the quorum count as cut, and those the
+run's cancel left unanswered as cancelled, not failed, also where the trace has no Run.Done
+to say so (a run that failed or was abandoned)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ def test_the_quorums_cut_is_read_from_the_submit_spans_end():
     events = [
         submit_end("ok"),
         submit_end("cancelled", cut="quorum"),
-        submit_end("cancelled"),  # a deadline's cut, or the run's cancel: a failure
+        submit_end("cancelled", cut="cancel"),
+        submit_end("cancelled", cut="cancel"),
+        submit_end("cancelled"),  # a batch deadline's cut: a failure
+        submit_end("cancelled", cut="<anything else>"),  # a failure too
         submit_end("error"),
     ]
     totals = _totals(events, {})
-    assert (totals["subqueries"], totals["subqueries_failed"], totals["subqueries_cut"]) == (
-        4,
-        2,
-        1,
-    )
+    counts = ("subqueries", "subqueries_failed", "subqueries_cut", "subqueries_cancelled")
+    assert [totals[k] for k in counts] == [7, 3, 1, 2]

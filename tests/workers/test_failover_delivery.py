@@ -23,6 +23,7 @@ from django.conf import settings
 
 from frlm_web import presence
 from frlm_web.stack import VenueSpec
+from runs.cli import format_summary, summarise
 from tests.helpers import wait_until
 from tests.ownstack import open_spans, own_stack
 
@@ -167,3 +168,9 @@ def test_results_a_killed_worker_had_not_delivered_are_run_again_elsewhere(stack
         )
         assert open_spans(events) == []
         assert [e for e in events if e["name"] == "SubQuery.Retry"]
+        # The run's summary and page name the worker it lost, and what it held then.
+        (said,) = run.lost_workers
+        assert (said["worker_id"], said["venue"]) == (victim, "local")
+        assert said["held"] >= len(started_before & abandoned) >= 1
+        assert said["text"].startswith(f"worker {victim} of venue local left while it held ")
+        assert f"lost       {said['text']}" in format_summary(summarise(run))

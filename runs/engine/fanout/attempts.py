@@ -20,6 +20,7 @@ from runs.engine.fanout.state import Flight, Scope, Target, Totals, Wave
 from runs.engine.fanout.transport import Transport
 from runs.trust.budget import BudgetRefused
 from traces.emitter import Emitter, Span
+from traces.schema import CUT_CANCEL, CUT_QUORUM
 from workers.jobs import Job, Result
 
 
@@ -246,9 +247,10 @@ class Attempts:
             return
         self.settle(flight, status, error=reason)
 
-    def cancel_rest(self, wave: Wave, reason: str, *, quorum: bool = False) -> None:
-        """Cancel what is out and settle what waits: a quorum's cut (`quorum`) is counted as
-        cut off, not failed; a deadline's or the run's cancel as failed."""
+    def cancel_rest(self, wave: Wave, reason: str, *, cut: str | None = None) -> None:
+        """Cancel what is out and settle what waits, counted as `cut` says (Attempts.settle):
+        cut off by the batch's quorum ("quorum") or the run's cancel ("cancel"), or failed
+        (a batch deadline's)."""
         gone = list(wave.out.values())
         for flight in gone:
             self.emitter.instant(
@@ -261,15 +263,15 @@ class Attempts:
                 venue=flight.venue,
             )
             if flight.outcome.status == "pending":  # a hedge's twin settles it only once
-                self.settle(flight, "cancelled", error=f"cancelled: {reason}", cut=quorum)
+                self.settle(flight, "cancelled", error=f"cancelled: {reason}", cut=cut)
         self.transport.revoke(gone)
         for flight in gone:
             self.release(flight, wave)
-        self.settle_backlog(
-            wave, "cancelled", f"cancelled before it was sent: {reason}", cut=quorum
-        )
+        self.settle_backlog(wave, "cancelled", f"cancelled before it was sent: {reason}", cut=cut)
 
-    def settle_backlog(self, wave: Wave, status: str, reason: str, *, cut: bool = False) -> None:
+    def settle_backlog(
+        self, wave: Wave, status: str, reason: str, *, cut: str | None = None
+    ) -> None:
         while wave.backlog:
             flight = wave.backlog.popleft()
             if flight.outcome.status == "pending":  # a queued hedge's twin may have settled it
@@ -282,10 +284,12 @@ class Attempts:
         *,
         error: str = "",
         result: Result | None = None,
-        cut: bool = False,
+        cut: str | None = None,
     ) -> None:
-        """The sub-query's outcome, its Return and the end of its Submit span. `cut`: the
-        batch's quorum was met without it, so it counts as cut off, not as failed."""
+        """The sub-query's outcome, its Return and the end of its Submit span. `cut`: not a
+        failure but the batch's quorum, met without it ("quorum", counted as cut off), or the
+        run's cancel ("cancel", counted as cancelled): a user's cancel counted every sub-query
+        not yet answered as failed (a review)."""
         outcome = flight.outcome
         outcome.status = status
         outcome.error = error
@@ -300,8 +304,10 @@ class Attempts:
             outcome.cost = result.get("cost") or ZERO
             outcome.ms = result.get("ms", 0.0)
         self.totals.settled += 1
-        if status != "ok" and cut:
+        if status != "ok" and cut == CUT_QUORUM:
             self.totals.subqueries_cut += 1
+        elif status != "ok" and cut == CUT_CANCEL:
+            self.totals.subqueries_cancelled += 1
         elif status != "ok":
             self.totals.subqueries_failed += 1
         elif result is not None:
@@ -328,5 +334,5 @@ class Attempts:
             worker_id=outcome.worker_id or None,
             attempts=outcome.attempts,
             error=error or None,
-            cut="quorum" if cut else None,
+            cut=cut,
         )

@@ -50,11 +50,13 @@ from runs.engine.policy import Policy
 from runs.trust import accounts, objective, verify
 from runs.trust.budget import BudgetRefused
 from traces.emitter import Emitter
+from traces.schema import CUT_CANCEL, CUT_QUORUM
 from workers.backends import ModelSpec
 from workers.jobs import Job
 
 # How a batch's cut at its quorum begins its reason (a replay reads it back from the book).
 QUORUM_CUT = "quorum of"
+RUN_CANCELLED = "the run was cancelled"
 
 
 class Fanout:
@@ -168,6 +170,13 @@ class Fanout:
     def hedged(self) -> int:
         """Hedges sent in the run: extra work, but not verification."""
         return self.attempts.hedged
+
+    def figures(self) -> accounts.RunAccountsFigures:
+        """The run's accounts as they stand: verification, hedges, workers lost, budget and
+        receipts."""
+        return self.accounts.figures(
+            dict(self.tally.figures()), self.hedged, list(self.liveness.lost.values())
+        )
 
     @property
     def worker_model(self) -> ModelSpec:
@@ -411,8 +420,8 @@ class Fanout:
         last_progress = 0.0
         while wave.out or wave.backlog:
             if self.cancelled():
-                self.attempts.cancel_rest(wave, "the run was cancelled")
-                raise FanoutAbort("the run was cancelled", status="cancelled")
+                self.attempts.cancel_rest(wave, RUN_CANCELLED, cut=CUT_CANCEL)
+                raise FanoutAbort(RUN_CANCELLED, status="cancelled")
             now = time.time()
             wake = min([f.deadline for f in wave.out.values()] + [batch_deadline])
             block_ms = int(max(1, min(200, (wake - now) * 1000)))
@@ -461,7 +470,7 @@ class Fanout:
             cut = None
         if busy and cut is not None:
             # A replay's recorded cut may be a deadline's: only a quorum's is not a failure.
-            self.attempts.cancel_rest(wave, cut, quorum=cut.startswith(QUORUM_CUT))
+            self.attempts.cancel_rest(wave, cut, cut=_counted_as(cut))
         elif busy and time.time() > batch_deadline:
             self.attempts.cancel_rest(
                 wave, f"batch deadline of {self.policy.batch_deadline_s} s passed"
@@ -508,3 +517,11 @@ class Fanout:
                     self.tally.add_cost(flight.kind, flight.outcome.cost)
             self.router.flush()
         state.replied.clear()
+
+
+def _counted_as(reason: str) -> str | None:
+    """How a recorded cut's sub-queries count in a full replay, as they did in the recording:
+    a quorum's as cut off, the run's cancel as cancelled, a deadline's as failed."""
+    if reason.startswith(QUORUM_CUT):
+        return CUT_QUORUM
+    return CUT_CANCEL if reason == RUN_CANCELLED else None

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from runs.engine.fanout.attempts import Attempts
 from runs.engine.fanout.routing import Router
 from runs.engine.fanout.state import Roster, Scope, Wave
+from runs.trust.accounts import LostWorker
 from traces.emitter import Emitter
 from workers.alive import connected
 from workers.reputation import Observation
@@ -33,7 +34,9 @@ class Liveness:
     emitter: Emitter
     router: Router
     attempts: Attempts
-    _lost: set[str] = field(default_factory=set, init=False)  # workers whose loss was reported
+    # The workers lost while they held this run's work, in the order they were noticed, with
+    # their venue and how many attempts they held: the run's summary names them.
+    lost: dict[str, LostWorker] = field(default_factory=dict, init=False)
     _empty_since: float = field(default=0.0, init=False)
     _alive_read: float = field(default=0.0, init=False)
 
@@ -71,6 +74,7 @@ class Liveness:
             live = self.roster.live.get(flight.venue, set()) - self.roster.gone.keys()
             if flight.worker_id and flight.worker_id not in live:
                 self._worker_lost(flight.worker_id, flight.venue)
+                self.lost[flight.worker_id]["held"] += 1
                 reason = f"worker {flight.worker_id} was lost while it held it"
             elif not flight.worker_id and not live:
                 # Queued on a venue whose workers are all gone.
@@ -132,9 +136,9 @@ class Liveness:
 
     def _worker_lost(self, wid: str, venue: str) -> None:
         """Say once per run that a worker holding its work left without a word."""
-        if wid in self._lost:
+        if wid in self.lost:
             return
-        self._lost.add(wid)
+        self.lost[wid] = {"worker_id": wid, "venue": venue, "held": 0}
         self.emitter.instant(
             "Worker.Lost",
             parent=self.scope.parent,

@@ -63,6 +63,7 @@ class Totals:
     subqueries: int = 0
     subqueries_failed: int = 0
     subqueries_cut: int = 0  # cancelled once the batch's quorum was met: by design, not failed
+    subqueries_cancelled: int = 0  # not answered when the run was cancelled: not failed either
     settled: int = 0
     calls: int = 0  # sub-queries and child RLMs, counted against policy.max_subqueries
     tokens_in: int = 0
