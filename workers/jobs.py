@@ -5,7 +5,7 @@ the run; the conductor reads it and never waits on Celery's result backend."""
 from __future__ import annotations
 
 import math
-from decimal import Decimal
+from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any, NotRequired, TypedDict
 
 from frlm_web.money import ZERO, money
@@ -65,6 +65,10 @@ RESULT_FIELDS_FLOAT = ("ms",)
 MAX_TOKENS = 10**9
 MAX_MS = 1e9
 MAX_COST = Decimal(1_000_000)  # dollars for one reply
+# The finest cost a claim is kept to: a price of 12 decimal places per 1,000 tokens, times
+# whole tokens, has at most 15. A claim of "1e-1000000" was written out in full, a million
+# digits, into every Budget.Settle, receipt and run summary that named it (a review).
+COST_STEP = Decimal("1e-15")
 MAX_ERROR_CHARS = 2000
 # How a worker's error result begins when it cannot call the model endpoint a job names
 # (workers/execution.served): the run's routing, not the worker, is at fault; the conductor
@@ -117,7 +121,7 @@ def decode_result(fields: dict[bytes, bytes]) -> Result:
         if cost > MAX_COST:
             problems.append(f"cost must be at most {MAX_COST} dollars")
             cost = ZERO
-        out["cost"] = cost
+        out["cost"] = cost.quantize(COST_STEP, rounding=ROUND_HALF_EVEN).normalize()
     if "error" in out:
         out["error"] = out["error"][:MAX_ERROR_CHARS]
     if problems:

@@ -59,6 +59,40 @@ def test_an_event_the_recorder_would_refuse_is_refused_with_its_result() -> None
             relay.worker_events([{**end, **bad}], job, "edge", "w1")
 
 
+def test_a_worker_cannot_end_or_name_any_span_but_its_execute_spans_end() -> None:
+    """A hostile review sent, with each result, an Env.LoadFragment carrying the Submit
+    span's id and phase "end" (error, 10**9 ms and tokens, a huge cost): the run page, the
+    diff and the export took it as the conductor's Submit span. An instant's ids are the
+    server's now, and its phase an instant's."""
+    job = relay.Held("r1", "1.1", "a" * 16, "b" * 16, 0, "frlm-sim-worker")
+    hijack = {
+        "name": "Env.LoadFragment",
+        "span_id": "a" * 16,  # the Submit span
+        "event_id": "c" * 16,
+        "parent_id": "b" * 16,
+        "phase": "end",
+        "status": "error",
+        "ts": time.time_ns(),
+        "ms": 999999999,
+    }
+    with pytest.raises(relay.ProtocolError, match="is an instant, not a span"):
+        relay.worker_events([hijack], job, "edge", "w1")
+    (sent,) = relay.worker_events([{**hijack, "phase": "instant"}], job, "edge", "w1")
+    assert sent["phase"] == "instant" and sent["parent_id"] == "b" * 16
+    assert sent["span_id"] not in ("a" * 16, "b" * 16) and sent["event_id"] != "c" * 16
+    end = {
+        "name": "SubQuery.Execute",
+        "phase": "end",
+        "span_id": "b" * 16,
+        "parent_id": "a" * 16,
+        "event_id": "c" * 16,
+        "ts": time.time_ns(),
+    }
+    (ended,) = relay.worker_events([end], job, "edge", "w1")
+    assert (ended["span_id"], ended["phase"]) == ("b" * 16, "end")
+    assert ended["event_id"] != "c" * 16  # an event id of its own choosing could name another
+
+
 def test_a_started_item_naming_no_string_ids_changes_nothing() -> None:
     """A list for an id was unhashable and took the worker's socket down (a review)."""
     assert relay.started({"started": True, "run_id": 5, "sq_id": []}, {}) is None

@@ -113,6 +113,15 @@ def test_a_result_with_impossible_figures_is_read_not_raised_and_named_malformed
         assert key in got["malformed"], (bad, got)
         assert got[key] in (0, 0.0, Decimal(0)), (bad, got)
     assert read(cost="1e1000000")["cost"] == 0  # past Decimal's range: nothing, as before
+    # A claim finer than any price makes is kept to 15 places: "1e-1000000" was written out
+    # in full, a million digits, in every settle, receipt and summary that named it.
+    from frlm_web.money import money_str
+
+    assert money_str(read(cost="1e-1000000")["cost"]) == "0"
+    assert read(cost="0.000123456789012645678")["cost"] == Decimal("0.000123456789013")
+    assert read(cost="0.000000000000000123")["cost"] == 0
+    assert read(cost="0.00075")["cost"] == Decimal("0.00075")  # an honest claim, as it was
+    assert money_str(read(cost="1000000")["cost"]) == "1000000"
     assert len(read(status="error", error="E" * 10**6)["error"]) == MAX_ERROR_CHARS
 
 

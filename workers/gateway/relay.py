@@ -167,26 +167,28 @@ def _event(item: Any, job: Held, venue: str, worker_id: str) -> dict[str, Any]:
     if not isinstance(item, dict) or item.get("name") not in WORKER_EVENTS:
         raise ProtocolError("a worker reports only " + ", ".join(sorted(WORKER_EVENTS)))
     # The worker ends the Execute span the server opened, and hangs its instants under
-    # it; nothing else.
+    # it; nothing else. The ids of what it sends are the server's: an instant that named
+    # the Submit span as its own, with phase "end", took that span over in every reader
+    # of the trace (a review), and an event id of its choosing could name another event.
     if item["name"] == "SubQuery.Execute":
         if item.get("span_id") != job.execute_span or item.get("phase") != "end":
             raise ProtocolError("a worker only ends the Execute span it was given")
-        parent = job.submit_span
+        parent, span_id, phase = job.submit_span, job.execute_span, "end"
     else:
-        parent = job.execute_span
+        if item.get("phase", "instant") != "instant":
+            raise ProtocolError(f"a worker's {item['name']} is an instant, not a span")
+        parent, span_id, phase = job.execute_span, secrets.token_hex(8), "instant"
     if item.get("parent_id") != parent:
         raise ProtocolError(f"a {item['name']} event hangs under the wrong span")
     attrs = _attrs(item.get("attrs"), item["name"])
     event = {
         "run_id": job.run_id,
-        "event_id": str(item.get("event_id", ""))[:32] or secrets.token_hex(8),
-        "span_id": str(item.get("span_id", ""))[:32] or secrets.token_hex(8),
+        "event_id": secrets.token_hex(8),
+        "span_id": span_id,
         "parent_id": parent,
         "links": [],
         "name": item["name"],
-        "phase": item.get("phase")
-        if item.get("phase") in ("start", "end", "instant")
-        else "instant",
+        "phase": phase,
         "ts": item["ts"] if isinstance(item.get("ts"), int) else time.time_ns(),
         "status": str(item.get("status", "ok"))[:16],
         "venue": venue,
