@@ -96,7 +96,9 @@ def test_a_queued_job_the_conductor_cancels_is_taken_back_from_the_buffer(web, v
 
 
 # --- what a hostile worker can send ---------------------------------------------------------
-def test_a_worker_must_sign_the_challenge_and_a_failure_is_no_strike(web, venues) -> None:
+def test_a_worker_must_sign_the_challenge_and_a_failure_is_no_strike(
+    web, venues, api_failures_cleared
+) -> None:
     victim, _ = registered_worker("victim")
     _, stranger = registered_worker("stranger")
     with connect(ws_url(web), open_timeout=10) as ws:
@@ -112,7 +114,9 @@ def test_a_worker_must_sign_the_challenge_and_a_failure_is_no_strike(web, venues
     assert challenge["type"] == "challenge" and answer["type"] == "error"
 
 
-def test_json_nested_too_deeply_is_refused_as_a_protocol_error(web, venues) -> None:
+def test_json_nested_too_deeply_is_refused_as_a_protocol_error(
+    web, venues, api_failures_cleared
+) -> None:
     """2 KB of brackets before the hello closed the socket with 1011, an internal error
     (RecursionError in the decoder, found by a review); it is a 4400 with the reason."""
     with connect(ws_url(web), open_timeout=10) as ws:
@@ -123,6 +127,32 @@ def test_json_nested_too_deeply_is_refused_as_a_protocol_error(web, venues) -> N
             ws.recv(timeout=10)
     assert answer["type"] == "error" and "nested too deeply" in answer["error"]
     assert closed.value.rcvd.code == 4400
+
+
+def test_a_stranger_may_send_nothing_bigger_than_a_hello_and_pays_for_what_it_breaks(
+    web, venues, api_failures_cleared
+) -> None:
+    """A 39 MB message before any hello was parsed whole: the web server grew to 1.1 GB and
+    its event loop stood still for 3 s, and a broken message was never counted against its
+    address (a review). Before hello a message is a hello's size, and a broken one counts."""
+    from workers.gateway.handshake import HELLO_MAX_CHARS
+    from workers.services import _fail_key
+
+    big = "[" + ",".join(["{}"] * (HELLO_MAX_CHARS // 3 + 10)) + "]"
+    with connect(ws_url(web), open_timeout=10) as ws:
+        assert json.loads(ws.recv(timeout=10))["type"] == "challenge"
+        ws.send(big)
+        answer = json.loads(ws.recv(timeout=10))
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            ws.recv(timeout=10)
+    assert answer["type"] == "error" and closed.value.rcvd.code == 4400
+    assert f"before hello a message is at most {HELLO_MAX_CHARS:,} characters" in answer["error"]
+    with connect(ws_url(web), open_timeout=10) as ws:
+        assert json.loads(ws.recv(timeout=10))["type"] == "challenge"
+        ws.send("not json")
+        assert json.loads(ws.recv(timeout=10))["type"] == "error"
+    # Both count against the address, as failed signatures do.
+    assert int(get_redis().get(_fail_key("127.0.0.1")) or 0) == 2
 
 
 def test_a_worker_sees_no_prompt_but_those_of_its_own_queues(web, venues) -> None:

@@ -32,6 +32,10 @@ from workers.models import Worker
 log = logging.getLogger(__name__)
 
 HELLO_TIMEOUT_S = 10.0
+# The most a message may be before its sender has proved who it is: a hello is a few hundred
+# bytes. Parsed first, a 39 MB list from a stranger took the web server to 1.1 GB and held
+# its event loop for 3 s (a review).
+HELLO_MAX_CHARS = 4096
 REPLACED_FIX = (
     "nothing, if this worker connected again after its connection dropped: the newer "
     "connection serves it. Otherwise another process holds this worker's key: run one "
@@ -89,14 +93,28 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         )
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if self.link is None:
+            await self._before_hello(text_data)
+            return
         try:
-            message = decode(text_data)
-            if self.link is None:
-                await self._hello(message)
-            else:
-                await self.link.on_message(message)
+            await self.link.on_message(decode(text_data))
         except ProtocolError as exc:
             await self.refuse(4400, str(exc), "follow workers/gateway/protocol.py")
+
+    async def _before_hello(self, text_data: str | None) -> None:
+        """A stranger's message: read only if it is small enough to be a hello, and a broken
+        one counts against its address, as a failed signature does."""
+        fix = "follow workers/gateway/protocol.py: the first message is hello"
+        if text_data is None or len(text_data) > HELLO_MAX_CHARS:
+            size = "a binary message" if text_data is None else f"{len(text_data):,} characters"
+            await self.unauthenticated(
+                4400, f"before hello a message is at most {HELLO_MAX_CHARS:,} characters, "
+                f"not {size}", fix)  # fmt: skip
+            return
+        try:
+            await self._hello(decode(text_data))
+        except ProtocolError as exc:
+            await self.unauthenticated(4400, str(exc), fix)
 
     async def disconnect(self, code: int) -> None:
         self.gone = True
