@@ -403,11 +403,11 @@ def _retire(worker: Worker, why: str) -> None:
     Worker.objects.filter(id=worker.id).update(
         status=Worker.Status.DEREGISTERED, deregistered=timezone.now()
     )
-    _withdraw(worker)
+    presence_withdraw(worker)
     log.info("worker %s (%s) deregistered: %s", worker.id, worker.name, why)
 
 
-def _withdraw(worker: Worker, *, bar_s: float = 0) -> None:
+def presence_withdraw(worker: Worker, *, bar_s: float = 0) -> None:
     try:
         presence.withdraw(get_redis(), presence_group(worker.venue.name), worker.id, bar_s=bar_s)
     except redis.RedisError as exc:
@@ -604,7 +604,7 @@ def worker_deregister(worker: Worker) -> bool:
     )
     # Barred from presence, so its next heartbeat (whichever process takes it) is refused at
     # once: the process serving it holds its row as it was, active, until it writes again.
-    _withdraw(worker, bar_s=DEREGISTERED_BAR_S)
+    presence_withdraw(worker, bar_s=DEREGISTERED_BAR_S)
     queue_bindings_forget(get_redis(), [worker.id])
     if updated:
         worker.status = Worker.Status.DEREGISTERED
@@ -620,7 +620,7 @@ def worker_mark_lost(worker_id: str) -> bool:
     )
     if updated:
         worker = Worker.objects.select_related("venue").get(id=worker_id)
-        _withdraw(worker)
+        presence_withdraw(worker)
         log.warning("worker %s (%s) is lost: it missed its heartbeats", worker.id, worker.name)
     return bool(updated)
 

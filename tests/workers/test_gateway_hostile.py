@@ -22,7 +22,7 @@ from tests.gateway import (
     say_hello,
     signed_answer,
 )
-from tests.helpers import launch, trace
+from tests.helpers import launch, trace, wait_until
 from workers.gateway.agent import ws_url
 from workers.jobs import encode_result, results_stream
 from workers.venues import live_workers
@@ -320,3 +320,46 @@ def test_a_worker_that_connects_again_keeps_one_session(web, venues) -> None:
             live = [w for w in live_workers(get_redis(), venue) if w["worker_id"] == wid]
             assert live and live[0]["connection"] == "gateway", live
             assert json.loads(second.recv(timeout=15))["type"] == "ping"  # served still
+
+
+def test_a_worker_naming_many_slots_holds_only_what_its_answers_earned(web, venues) -> None:
+    """A hostile review registered 1,024 slots on a shared-queue venue, took every job of
+    the queue and every retry of those it sat on, answered none, and the runs "succeeded"
+    with answers made of timeouts. A worker of an untrusted venue holds at most its credit
+    (workers/gateway/credit.py): START jobs at first, one more for each it answers; a
+    session that ends holding work halves it, and the next session starts from there."""
+    from runs.services import run_cancel
+    from tests.helpers import scripted
+    from workers.gateway.credit import START, credit_key
+
+    venue = "hoarding"
+    wid, key = registered_worker("hoarder", venue=venue, concurrency=1024)
+    prompts = "rs = llm_query_batched(['q %d' % i for i in range(120)])\nFINAL(repr(rs))"
+    policy = {"subquery_timeout_s": 120, "hedge": "off", "routing": "shared"}
+    try:
+        with welcomed(web, (wid, key)) as (ws,):
+            tend([ws], 1.5)
+            run = launch(question=scripted(prompts), venues=[venue], policy=policy)
+            got = tend([ws], 6.0)
+            assert len(got) == START, f"it took {len(got)} of 120 jobs, not {START}"
+            # Ten answered: ten more places, filled again at once.
+            ws.send(
+                json.dumps(
+                    {"type": "results", "results": [signed_answer(j, wid, key) for j in got[:10]]}
+                )
+            )
+            more = tend([ws], 4.0)
+            assert len(more) == 20, f"{len(more)} more jobs after ten answers, not 20"
+        # Its session ended holding 42 unanswered jobs: half its credit is left.
+        half = str((START + 10) // 2).encode()
+        wait_until(
+            lambda: get_redis().get(credit_key(wid)) == half,
+            timeout=20,
+            what="the session's end to halve its credit",
+        )
+        with welcomed(web, (wid, key)) as (ws,):
+            again = tend([ws], 6.0)
+            assert len(again) == (START + 10) // 2, f"a new session took {len(again)} jobs"
+    finally:
+        run_cancel(run)
+        get_redis().delete(credit_key(wid))

@@ -458,7 +458,7 @@ def test_a_session_end_that_fails_still_empties_its_hand_and_fails_no_caller(
     def away(*_args: Any) -> None:
         raise redis.ConnectionError("Redis is away")
 
-    monkeypatch.setattr(gateway, "_withdraw", away)
+    monkeypatch.setattr(gateway.services, "presence_withdraw", away)
 
     async def go() -> None:
         one = link(through)

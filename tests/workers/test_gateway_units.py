@@ -147,3 +147,28 @@ def test_a_server_that_refuses_the_host_name_gets_a_hint() -> None:
         with pytest.raises(ControlError) as refused:
             control.register({"name": "n", "venue": "v"})  # type: ignore[typeddict-item]
     assert "add the host of --server (127.0.0.1) to FRLM_ALLOWED_HOSTS" in str(refused.value)
+
+
+def test_a_workers_credit_grows_with_its_answers_and_halves_for_each_job_it_sits_on() -> None:
+    from workers.gateway.credit import START, Credit
+
+    credit = Credit("w1", trusted=False)
+    assert credit.room(1024) == START and credit.room(8) == 8  # its slots, within its credit
+    credit.answered(5, 1024)
+    assert credit.room(1024) == START + 5
+    credit.answered(10_000, 40)
+    assert credit.room(1024) == 40  # never past its slots and buffer
+    now = time.time()
+    late = relay.Held("r1", "1.1", "a" * 16, "b" * 16, 0, "m", deadline=now - 1)
+    due = relay.Held("r1", "2.1", "c" * 16, "d" * 16, 0, "m", deadline=now + 60)
+    credit.overdue([late, due], now)
+    credit.overdue([late, due], now + 1)  # a job counts once
+    assert credit.room(1024) == 20
+    credit.left_holding(3)
+    assert credit.room(1024) == 10  # once, whatever it held
+    credit.left_holding(0)
+    assert credit.room(1024) == 10
+    for _ in range(10):
+        credit.left_holding(1)
+    assert credit.room(1024) == 1  # never none: it may always earn its way back
+    assert Credit("w2", trusted=True).room(1024) == 1024  # a trusted venue's: not rationed

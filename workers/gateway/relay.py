@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import hmac
 import json
+import os
 import secrets
 import time
 from typing import Any
@@ -38,6 +39,8 @@ class Held:
     depth: int
     model: str  # the model the job asks for
     queued: bool = False  # in its work buffer, not started yet: its Execute span not open
+    deadline: float = 0.0  # the job's (epoch seconds): held past it, the worker loses credit
+    overdue: bool = False  # it was held past its deadline (counted once: credit.py)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -255,3 +258,10 @@ def granted_returns(items: Any, worker_id: str, so_far: int) -> tuple[list[tuple
         else:
             forged += 1
     return keys, forged
+
+
+def new_ids(count: int) -> list[str]:
+    """`count` random ids of 16 hex digits, from one read of the system's random source
+    (a system call is dear here: one per id was a tenth of a job's hand-off)."""
+    pool = os.urandom(8 * count).hex()
+    return [pool[i : i + 16] for i in range(0, 16 * count, 16)]

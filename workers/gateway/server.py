@@ -3,7 +3,8 @@
 1. challenge (workers/gateway/handshake.py): the worker proves it holds its registered key
    by signing a fresh nonce (no strike when it cannot: an unauthenticated caller is
    nobody's fault but its own);
-2. pump: while the worker has room (free slots and work buffer), take as many jobs as
+2. pump: while the worker has room (free slots and work buffer, within the credit its answers
+   earned if its venue is untrusted: workers/gateway/credit.py), take as many jobs as
    it has room for from its own queue, then its venue's (the same Redis lists Celery
    workers consume, so the conductor cannot tell the two kinds apart), into the session's
    hand (workers/gateway/pump.py); tell the conductor who holds each and open their
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import secrets
 import time
 from typing import TYPE_CHECKING, Any
@@ -36,11 +36,11 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 
 from frlm_web import presence
-from frlm_web.redis_client import get_redis
 from traces.emitter import APPEND_LUA, append_args
 from workers import fragments, services, wire
 from workers.gateway import pump
 from workers.gateway.aredis import async_redis
+from workers.gateway.credit import Credit
 from workers.gateway.fill import all_filled, check_job
 from workers.gateway.protocol import (
     MAX_RESULTS,
@@ -57,6 +57,7 @@ from workers.gateway.relay import (
     grant_for,
     granted_returns,
     named,
+    new_ids,
     slots_freed,
     started,
 )
@@ -114,6 +115,7 @@ class WorkerLink:
         # session's hand. Its pops run once: not ridden out.
         self.session = secrets.token_hex(8)
         self.hand = pump.Hand(worker.id, self.session, self.queues)
+        self.credit = Credit(worker.id, trusted=worker.venue.trusted)
         self.pop_redis = async_redis(ride_out=False)
         self.pops = pump.Pops(
             self.hand,
@@ -140,6 +142,7 @@ class WorkerLink:
         # between), and the jobs of its own queue they kept for it, go back on its queues
         # before this one pops.
         await pump.recover(self.redis, self.worker.id, self.session, self.queues)
+        await self.credit.load(self.redis)
         if self.closed:
             return
         # In presence at once, not a heartbeat later: the conductor may route to it now.
@@ -219,14 +222,18 @@ class WorkerLink:
             if ends:
                 pipe.eval(APPEND_LUA, 0, *append_args(ends))  # type: ignore[arg-type]
             await pipe.execute()
-        await sync_to_async(_withdraw, thread_sensitive=False)(self.venue, self.worker.id)
+        self.credit.left_holding(len(self.held))
+        await self.credit.save(self.redis)
+        await sync_to_async(services.presence_withdraw, thread_sensitive=False)(self.worker)
         log.warning(
             "gateway: worker %s left: %s; it held %d job(s)", self.worker.id, why, len(self.held)
         )
 
     # --- jobs out -----------------------------------------------------------------------
-    def _free(self) -> int:
-        return 0 if self.draining else max(0, self.slots + self.buffer - len(self.held))
+    def _free(self, answered: int = 0) -> int:
+        """Jobs it may take, `answered` of those it holds about to go (within its credit)."""
+        room = self.credit.room(self.slots + self.buffer) - (len(self.held) - answered)
+        return 0 if self.draining or self.closed else max(0, room)
 
     def _update_room(self) -> None:
         if self._free():
@@ -287,7 +294,7 @@ class WorkerLink:
             hand.release(pipe, popped)
             await self.pops.guard(pipe.execute())
             return []
-        ids = _ids(2 * len(jobs))  # an Execute span and its start event's id for each
+        ids = new_ids(2 * len(jobs))  # an Execute span and its start event's id for each
         helds = []
         # Those beyond its free slots wait in its work buffer (protocol.py, version 3).
         # The worker runs what it holds in the order it got it, so a job waits when as
@@ -303,6 +310,7 @@ class WorkerLink:
                 job["depth"],
                 str(job["model"].get("model", "")),
                 queued=ahead + i >= self.slots,
+                deadline=job["deadline"],
             )
             self.held[held.key] = held
             helds.append(held)
@@ -571,8 +579,11 @@ class WorkerLink:
         waiting = self._ask_cancelled(pipe)
         # Only the slots these results free: the pump fills the others.
         going: list[tuple[Job, Held]] = []
+        self.credit.answered(
+            sum(one.result.get("status") == "ok" for one in relayed), self.slots + self.buffer
+        )
         async with self.popping:
-            freed = 0 if self.draining or self.closed else len(answered)
+            freed = min(len(answered), self._free(len(answered)))
             if freed:
                 pipe.eval(pump.TAKE_LUA, *self.hand.take_args(freed))
             # Guarded: a session that ends meanwhile empties its hand only after it.
@@ -683,14 +694,5 @@ class WorkerLink:
                 return
             await self.consumer.send(encode({"type": "ping", "t": time.monotonic()}))
             await self._check_waiting()
-
-
-def _withdraw(venue: str, worker_id: str) -> None:
-    presence.withdraw(get_redis(), presence_group(venue), worker_id)
-
-
-def _ids(count: int) -> list[str]:
-    """`count` random ids of 16 hex digits, from one read of the system's random source
-    (a system call is dear here: one per id was a tenth of a job's hand-off)."""
-    pool = os.urandom(8 * count).hex()
-    return [pool[i : i + 16] for i in range(0, 16 * count, 16)]
+            self.credit.overdue(self.held.values(), time.time())
+            await self.credit.save(self.redis)
