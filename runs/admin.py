@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.http import HttpRequest
 
 from runs.models import Run
 
@@ -11,3 +12,8 @@ class RunAdmin(admin.ModelAdmin):
     list_filter = ("status", "context_source")
     search_fields = ("id", "question", "answer")
     readonly_fields = [f.name for f in Run._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        # A run is launched (the launcher, frlm_run, the API), never typed in: every field
+        # here is read-only, and "Add run" saved an empty row, a 500 (a review).
+        return False

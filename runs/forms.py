@@ -221,6 +221,11 @@ class RunForm(forms.Form):
         endpoints = [(name, f"{name} ({url})") for name, url in settings.FRLM_ENDPOINTS.items()]
         for role in ("root", "worker"):
             self.fields[f"{role}_endpoint"].choices = endpoints
+        if user is not None and not user.is_staff:
+            # Offered to a user it always refused (a review); a post naming it is still
+            # refused with the reason (clean).
+            source = self.fields["context_source"]
+            source.widget.choices = [c for c in source.choices if c[0] != "path"]
         if user is not None and user.is_staff:
             roots = context_roots()
             allowed = ", ".join(map(str, roots)) or "none"
@@ -254,8 +259,9 @@ class RunForm(forms.Form):
         ):
             self.add_error("context_file", "choose a text file to upload")
         if source == "path" and self.user is not None and not self.user.is_staff:
+            # On the choice itself: the path's field is not shown to whom it is not offered.
             self.add_error(
-                "context_path", "only staff may read files on the server; upload the file"
+                "context_source", "only staff may read files on the server; upload the file"
             )
         for role in ("root", "worker"):
             if data.get(f"{role}_kind") != "openai":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ class ContextError(ValueError):
     """The context cannot be used; the message says why and what to do."""
 
 
+# The product's copy of a run's context in the store (runs.models.new_run_id), being written.
+RUN_COPY = re.compile(r"r[0-9a-f]{12}\.(txt|tmp)")
 BINARY_PROBE = 8192  # bytes looked at for a NUL: what makes a file binary to FRLM
 
 
@@ -43,13 +46,29 @@ def looks_binary(path: Path) -> bool:
         return binary_head(fh.read(BINARY_PROBE))
 
 
+class StoreRoots(list[Path]):
+    """The context store as the one root, for a file the product wrote itself: only these
+    roots may read its copies of runs' contexts (stored_copy)."""
+
+
 def context_roots(*, written_here: bool = False) -> list[Path]:
     """The folders a context may be read from, resolved: FRLM_CONTEXT_ROOTS for a path a
     user gave; the context store for a file the product wrote itself (an upload, a
     generated task), whatever the roots are."""
     if written_here:
-        return [_real(settings.FRLM_CONTEXT_DIR)]
+        return StoreRoots([_real(settings.FRLM_CONTEXT_DIR)])
     return [_real(root) for root in settings.FRLM_CONTEXT_ROOTS]
+
+
+def stored_copy(path: Path) -> bool:
+    """Whether the resolved ``path`` is one of the product's copies of a run's context in the
+    store (`<run id>.txt`, being written `.tmp`) or their offset indexes. The store is the
+    default root too: a staff user's "path on the server" of the store read every user's
+    uploads, and wrote itself a copy of them for the next one to read twice (a review)."""
+    store = _real(settings.FRLM_CONTEXT_DIR)
+    if path.is_relative_to(store / "index"):
+        return True
+    return path.parent == store and RUN_COPY.fullmatch(path.name) is not None
 
 
 def server_files() -> list[Path]:
@@ -75,6 +94,12 @@ def check_place(path: Path, raw: str, roots: Sequence[Path]) -> None:
     """ContextError unless the resolved ``path`` lies under one of ``roots`` and is none of
     the server's own files (checked first: a key under a root is still a key)."""
     where = _roots_text(roots)
+    if stored_copy(path) and not isinstance(roots, StoreRoots):
+        raise ContextError(
+            f"context path {raw!r} is FRLM's own copy of a run's context (or its index), "
+            "which holds what another user gave; give the original file, or replay that run "
+            "(manage.py frlm_replay RUN_ID)"
+        )
     if path.suffix == ".key" or any(
         path == own or path.is_relative_to(own) or own.is_relative_to(path)
         for own in server_files()
@@ -205,6 +230,7 @@ def scan_folder(folder: Path, roots: Sequence[Path]) -> FolderScan:
     found: list[Path] = []
     left_out: list[tuple[str, str]] = []
     counts = {"out": 0, "hidden": 0}
+    skip_copies = not isinstance(roots, StoreRoots)  # a user's folder: not the store's copies
 
     def out(path: Path | str, why: str) -> None:
         counts["out"] += 1
@@ -223,7 +249,13 @@ def scan_folder(folder: Path, roots: Sequence[Path]) -> FolderScan:
                 counts["hidden"] += 1
             elif path.is_symlink():  # os.walk does not follow one
                 out(path, "a link to a folder, not followed")
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            elif skip_copies and stored_copy(_real(path)):
+                out(path, "FRLM's offset indexes of stored contexts")
+        dirs[:] = sorted(
+            d
+            for d in dirs
+            if not d.startswith(".") and not (skip_copies and stored_copy(_real(Path(root) / d)))
+        )
         for name in sorted(files):
             path = Path(root) / name
             if name.startswith("."):
@@ -231,6 +263,9 @@ def scan_folder(folder: Path, roots: Sequence[Path]) -> FolderScan:
                 continue
             if path.suffix.lower() not in TEXT_SUFFIXES:
                 out(path, f"not a text file's name ({path.suffix or 'no suffix'})")
+                continue
+            if skip_copies and stored_copy(_real(path)):
+                out(path, "FRLM's own copy of a run's context")
                 continue
             check_place(_real(path), str(path), roots)
             if not path.is_file():

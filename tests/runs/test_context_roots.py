@@ -358,3 +358,33 @@ def test_a_folder_of_many_files_left_out_names_the_first_and_counts_the_rest(
     assert scan.note().endswith(
         f"p0005.png (not a text file's name (.png)) and {LEFT_OUT_KEPT + 94} more"
     )
+
+
+def test_a_users_path_never_reads_the_stores_copies_of_other_runs_contexts(
+    local, settings, tmp_path: Path
+) -> None:
+    """The context store is the default root: a staff user's "path on the server" of it read
+    every run's stored context, other users' uploads among them, and its run then wrote a
+    copy of all of it there for the next one to read twice (a review). A user's path never
+    reads those copies or their indexes; a run reads its own (an upload, a replay's)."""
+    from runs.engine import context as ctx
+
+    store = tmp_path / "store"
+    settings.FRLM_CONTEXT_DIR = store
+    settings.FRLM_CONTEXT_ROOTS = [store]
+    copy = ctx.write_text("r0123456789ab", "Someone else's upload: the code is 4417.\n")
+    index = ctx.index_file(copy)
+    index.write_text("{}")
+    notes = store / "notes.txt"
+    notes.write_text("The launch window opens on Tuesday.\n")
+    for path in (copy, index):
+        assert "FRLM's own copy of a run's context" in refusal(path), path
+    # The store as a folder: the user's own file only, and what it leaves out is said.
+    run = create(store)
+    scan = ctx.scan_folder(Path(run.context_path), ctx.context_roots())
+    assert scan.files == [notes.resolve()] or scan.files == [notes]
+    assert ("r0123456789ab.txt", "FRLM's own copy of a run's context") in scan.left_out
+    assert ("index", "FRLM's offset indexes of stored contexts") in scan.left_out
+    # The product still reads its own copy, as the run it belongs to does.
+    written = ctx.context_roots(written_here=True)
+    assert check_path(str(copy), written) == copy.resolve()
