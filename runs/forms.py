@@ -17,6 +17,7 @@ from runs.services import ContextSpec, RunInputError
 from runs.taskgen import (
     DEFAULT_SEED,
     DEFAULT_TOKENS,
+    MAX_SEED,
     MAX_TOKENS,
     MIN_TOKENS,
     TASKS,
@@ -139,7 +140,9 @@ class RunForm(forms.Form):
         help_text=f"{MIN_TOKENS:,} to {MAX_TOKENS:,}",
     )
     task_seed = forms.IntegerField(
-        initial=DEFAULT_SEED, label="Seed", widget=forms.NumberInput(attrs={"min": 0})
+        initial=DEFAULT_SEED,
+        label="Seed",
+        widget=forms.NumberInput(attrs={"min": 0, "max": MAX_SEED}),
     )
 
     program = forms.ChoiceField(

@@ -111,6 +111,8 @@ def _totals(request: HttpRequest, period: str) -> dict[str, Any]:
             succeeded=Count("id", filter=Q(status=Run.Status.SUCCEEDED)),
             failed=Count("id", filter=Q(status=Run.Status.FAILED)),
             live=Count("id", filter=Q(status__in=[Run.Status.QUEUED, Run.Status.RUNNING])),
+            # So the four add up to the runs: cancelled, or stopped at a budget (a review).
+            stopped=Count("id", filter=Q(status__in=[Run.Status.CANCELLED, Run.Status.PARTIAL])),
             subqueries=Sum("subqueries"),
             subqueries_failed=Sum("subqueries_failed"),
             tokens_in=Sum("tokens_in"),

@@ -44,7 +44,11 @@ def api_view(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
     @functools.wraps(view)
     def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         if not request.user.is_authenticated:
-            return JsonResponse({"error": "sign in to read traces"}, status=401)
+            # Said of every API view, traces and worker names alike (a review).
+            return JsonResponse(
+                {"error": "sign in first: POST /accounts/login/, then send its session cookie"},
+                status=401,
+            )
         return view(request, *args, **kwargs)
 
     return wrapped

@@ -19,6 +19,9 @@ from typing import Any
 PATTERNS = ("map_reduce", "decompose", "refine", "tree_search")
 FAILED = "[frlm:"
 NONE = "NONE"
+# What map_reduce answers when no fragment's reply helps: a run's FINAL of None said "None"
+# and "succeeded" (a review).
+NOT_FOUND = "No part of the context answers the question."
 DEFAULT_CHUNK = 50_000
 DEFAULT_FANOUT = 64
 
@@ -111,8 +114,9 @@ def _bind(fn: Functions) -> dict[str, Callable[..., Any]]:
         reduce: Callable[[list[str]], Any] | None = None,
     ) -> Any:
         """Ask one sub-query per fragment (all in one batch), then reduce the useful
-        replies: with ``reduce`` (plain Python over the list) or one combining sub-query.
-        ``fragments`` defaults to the context cut into ``chunk_size`` characters."""
+        replies: with ``reduce`` (plain Python over the list) or one combining sub-query;
+        with none useful, NOT_FOUND. ``fragments`` defaults to the context cut into
+        ``chunk_size`` characters."""
         parts = fragments_of(fragments, chunk_size, overlap)
         head = (header or MAP_HEADER).format(question=question)
         replies = fn.llm_query_batched([head + part for part in parts]) if parts else []
@@ -120,7 +124,7 @@ def _bind(fn: Functions) -> dict[str, Callable[..., Any]]:
         if reduce is not None:
             return reduce(found)
         if not found:
-            return None
+            return NOT_FOUND
         if len(set(found)) == 1:
             return found[0]
         return combine(question, found)

@@ -26,6 +26,7 @@ MAX_TOKENS = 50_000_000
 # both make the same task (the launcher's seed was 1, frlm_run's 0).
 DEFAULT_TOKENS = 100_000
 DEFAULT_SEED = 0
+MAX_SEED = 2**63 - 1  # what a command's --seed takes (a signed 64-bit integer)
 
 
 class Task(Protocol):
@@ -86,8 +87,10 @@ def task_problems(tokens: int | None, seed: int | None) -> list[str]:
     problems = []
     if tokens is not None and not MIN_TOKENS <= tokens <= MAX_TOKENS:
         problems.append(f"tokens must be between {MIN_TOKENS:,} and {MAX_TOKENS:,}, not {tokens:,}")
-    if seed is not None and seed < 0:
-        problems.append(f"seed must be 0 or more, not {seed}")
+    if seed is not None and not 0 <= seed <= MAX_SEED:
+        # The launcher took 10**26, which `frlm_run --seed` then refused: a run it could
+        # not make again from the command line (a review).
+        problems.append(f"seed must be from 0 to {MAX_SEED}, not {seed}")
     return problems
 
 

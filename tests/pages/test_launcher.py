@@ -103,7 +103,9 @@ def test_it_shows_every_error_in_one_submission(page, web):
     page.click("#launch")
     page.wait_for_selector(".field-errors")
     assert "tokens must be between 100 and" in page.inner_text("#field-task_tokens .field-errors")
-    assert "seed must be 0 or more, not -1" in page.inner_text("#field-task_seed .field-errors")
+    assert f"seed must be from 0 to {2**63 - 1}, not -1" in page.inner_text(
+        "#field-task_seed .field-errors"
+    )
     for field in ("quorum", "max_turns", "budget_usd"):
         assert f"policy.{field} must be between" in page.inner_text(f"#field-{field} .field-errors")
     assert page.input_value("#id_quorum") == "5"

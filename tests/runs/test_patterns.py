@@ -67,6 +67,15 @@ def test_it_maps_every_fragment_in_one_batch_then_reduces(setup: Any) -> None:
     assert counted == 1
 
 
+def test_map_reduce_with_no_useful_reply_says_so_rather_than_none(setup: Any) -> None:
+    """A run's FINAL(map_reduce(...)) over a context that does not answer said "None", and
+    the run "succeeded" (a review)."""
+    _workers, bound, _context = setup
+    elsewhere = "What is the special magic number for violet-omega mentioned in the text?"
+    assert bound["map_reduce"](elsewhere, chunk_size=20_000) == patterns.NOT_FOUND
+    assert bound["map_reduce"](elsewhere, chunk_size=20_000, reduce=len) == 0
+
+
 def test_it_decomposes_to_the_depth_bound_with_one_batch_per_level(setup: Any) -> None:
     workers, bound, context = setup
     assert bound["decompose"](QUESTION, depth=2, split=4, leaf_chars=20_000) == "4417723"

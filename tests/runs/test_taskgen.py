@@ -100,3 +100,19 @@ def test_it_rejects_an_unknown_task() -> None:
 def test_it_rejects_sizes_out_of_range(tokens: int) -> None:
     with pytest.raises(ValueError, match="tokens must be between"):
         make_task("sniah", tokens, 0)
+
+
+def test_a_seed_past_what_frlm_run_takes_is_refused_where_it_is_given(db) -> None:
+    """The launcher took a seed of 10**26 that `frlm_run --seed` refuses, so its run could
+    not be made again from the command line (a review)."""
+    from runs.forms import RunForm
+    from runs.taskgen import MAX_SEED, task_problems
+
+    assert task_problems(None, MAX_SEED) == []
+    assert task_problems(None, MAX_SEED + 1) == [
+        f"seed must be from 0 to {MAX_SEED}, not {MAX_SEED + 1}"
+    ]
+    form = RunForm({"context_source": "task", "task_name": "sniah", "task_seed": str(10**26)})
+    form.is_valid()
+    form.check_task()  # as the launcher's view does
+    assert f"seed must be from 0 to {MAX_SEED}" in str(form.errors["task_seed"])
