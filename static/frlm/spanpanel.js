@@ -136,6 +136,7 @@
       list.append(...byWorker);
       const facts = table([
         ["sub-queries", count(sum.count)], ["done", count(sum.done)], ["failed", count(sum.failed)],
+        ["cut", sum.cut ? count(sum.cut) : null],
         ["open", count(sum.open)], ["p50", sum.p50 != null ? FRLM.fmtMs(sum.p50) : null],
         ["p95", sum.p95 != null ? FRLM.fmtMs(sum.p95) : null], ["cost", sum.cost ? money(sum.cost) : null],
         ["workers", byWorker.length ? list : null],

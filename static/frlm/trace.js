@@ -10,6 +10,11 @@
     DEPTH: 9, MS: 10, TIN: 11, TOUT: 12, COST: 13, REF: 14, ATTRS: 15, LINKS: 16,
   };
 
+  /** Whether a venue name is a venue: the conductor stamps its own events, a child RLM's
+      Submit and a sub-query it never sent (a budget stop, a cancel) "conductor", which the
+      views drew as a venue holding hundreds of failures (a review). */
+  const placed = (venue) => !!venue && venue !== "conductor";
+
   class Trace {
     constructor() {
       this.events = [];
@@ -55,6 +60,7 @@
       const phase = r[F.PHASE], name = r[F.NAME];
       const wid = r[F.WORKER], venue = r[F.VENUE];
       if (wid && !this.workerIds.has(wid)) { this.workerIds.add(wid); if (FRLM.workers) FRLM.workers.meet(wid); }
+      // "conductor" too: the filter shows the conductor's own spans (root, turns, cells).
       if (venue && !this.venues.has(venue)) this.venues.add(venue);
       if (phase === "progress") return;
       if (phase === "instant") {
@@ -101,7 +107,8 @@
         s.ms = r[F.MS]; s.tin = r[F.TIN]; s.tout = r[F.TOUT]; s.cost = r[F.COST];
         if (r[F.ATTRS]) s.attrs = Object.assign(s.attrs || {}, r[F.ATTRS]);
         const T = this.totals;
-        if (name === "SubQuery.Submit") { T.settled++; if (s.status !== "ok") T.failed++; }
+        // One cut off (the batch's quorum, the run's cancel) is not a failure.
+        if (name === "SubQuery.Submit") { T.settled++; if (s.status !== "ok" && !(s.attrs && s.attrs.cut)) T.failed++; }
       }
     }
 
@@ -215,6 +222,7 @@
   global.FRLM = global.FRLM || {};
   const FRLM = global.FRLM;
   FRLM.F = F;
+  FRLM.placed = placed;
   FRLM.fmtCount = fmtCount;
   FRLM.byText = byText;
   FRLM.Trace = Trace;

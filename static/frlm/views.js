@@ -151,16 +151,23 @@
         const vn = r[F.VENUE] || "?";
         A.submitted++; A.dispatch[b]++;
         A.submitVenue.set(r[F.SPAN], vn);
-        const v = venueOf(A, vn); v.inflight++; v.submitted++;
-        flowTo(A, "conductor", nodeOf(A, "venue:", vn));
+        // One never sent (or a child RLM) is the conductor's: no venue holds it.
+        if (FRLM.placed(vn)) {
+          const v = venueOf(A, vn); v.inflight++; v.submitted++;
+          flowTo(A, "conductor", nodeOf(A, "venue:", vn));
+        }
       } else if (phase === "end") {
         const st = r[F.STATUS];
         const vn = A.submitVenue.get(r[F.SPAN]) || r[F.VENUE] || "?";
-        const v = venueOf(A, vn); v.inflight = Math.max(0, v.inflight - 1);
+        const v = FRLM.placed(vn) ? venueOf(A, vn) : { cancelled: 0, failed: 0, ok: 0 };
+        v.inflight = Math.max(0, (v.inflight || 0) - 1);
         if (st === "ok") { A.ok++; v.ok++; A.done[b]++; }
         else if (st === "cancelled") { A.cancelled++; v.cancelled++; A.failed[b]++; }
         else { if (st === "timeout") A.timeout++; else A.error++; v.failed++; A.failed[b]++; }
-        if (!A.executed.has(r[F.SPAN])) flowTo(A, nodeOf(A, "venue:", vn), "out:not run (" + st + ")");
+        if (!A.executed.has(r[F.SPAN])) {
+          const from = FRLM.placed(vn) ? nodeOf(A, "venue:", vn) : "conductor";
+          flowTo(A, from, "out:not " + (FRLM.placed(vn) ? "run" : "sent") + " (" + st + ")");
+        }
         // What the run paid for the reply (the conductor's fair cost, in the Submit's end
         // columns): the run's own totals add these and its turns, never a worker's claim
         // on its Execute, nor a hedge's loser that ran on.
@@ -169,9 +176,13 @@
       }
     } else if (name === "SubQuery.Retry" && phase === "instant") {
       const attrs = r[F.ATTRS] || {};
-      if (attrs.venue && attrs.from_venue) {
-        const from = venueOf(A, attrs.from_venue), to = venueOf(A, attrs.venue);
-        from.inflight = Math.max(0, from.inflight - 1); to.inflight++;
+      if (FRLM.placed(attrs.venue) && attrs.from_venue) {
+        const to = venueOf(A, attrs.venue);
+        if (FRLM.placed(attrs.from_venue)) {
+          const from = venueOf(A, attrs.from_venue);
+          from.inflight = Math.max(0, from.inflight - 1);
+        }
+        to.inflight++;
         A.submitVenue.set(r[F.PARENT], attrs.venue);
         A.dispatch[b]++;
         flowTo(A, "conductor", nodeOf(A, "venue:", attrs.venue));
@@ -481,7 +492,10 @@
         if (n.h < 9 && nodes.size > 6) continue;  // too thin to label without overlapping
         const room = n.col === 3 ? LABEL_W - 4 : colX[Math.min(3, n.col + 1)] - n.x - NODE_W - 6;
         const chars = Math.max(3, Math.floor(room / 5.6));
-        const text = shown.length > chars ? shown.slice(0, chars - 1) + "…" : shown;
+        // Cut in the middle: names of one swarm differ at their end (edge-edge-1 to -4
+        // all read "edge-edg…", a review).
+        const head = Math.ceil((chars - 1) / 2), tail = chars - 1 - head;
+        const text = shown.length > chars ? shown.slice(0, head) + "…" + (tail ? shown.slice(-tail) : "") : shown;
         group.append(mk("text", { x: (n.x + NODE_W + 3).toFixed(1), y: (n.y + n.h / 2).toFixed(1), "dominant-baseline": "middle", class: "flow-label" }, text));
       }
       div.replaceChildren(svg);

@@ -37,10 +37,11 @@
     return 10 * pow;
   }
 
-  /** A batch's summary in one line: "118 done · 2 failed · 3 open · p50 1.2 s · p95 3.4 s · $0.0123". */
+  /** A batch's summary in one line: "118 done · 2 failed · 5 cut · 3 open · p50 1.2 s · p95 3.4 s · $0.0123". */
   function batchText(sum) {
     const parts = [FRLM.fmtCount(sum.done) + " done"];
     if (sum.failed) parts.push(FRLM.fmtCount(sum.failed) + " failed");
+    if (sum.cut) parts.push(FRLM.fmtCount(sum.cut) + " cut");
     if (sum.open) parts.push(FRLM.fmtCount(sum.open) + " open");
     if (sum.p50 != null) parts.push("p50 " + fmtMs(sum.p50), "p95 " + fmtMs(sum.p95));
     if (sum.cost) parts.push("$" + sum.cost.toFixed(4));

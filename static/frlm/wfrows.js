@@ -132,24 +132,27 @@
     return { rows, pinned: pinnedOf(source), matched: null, total: source.length };
   }
 
-  /** A batch row's figures at event k: count, done (ok), failed, open, p50/p95 of the
-      finished ones, what the run paid for them, and the span of time they cover. */
+  /** A batch row's figures at event k: count, done (ok), failed, cut (cancelled by the
+      batch's quorum or the run's cancel, not failures: the header counts them apart), open,
+      p50/p95 of the finished ones that were sent, what the run paid for them, and the span
+      of time they cover. */
   function batchSummary(b, k) {
-    let done = 0, failed = 0, open = 0, cost = 0, t1 = -Infinity;
+    let done = 0, failed = 0, cut = 0, open = 0, cost = 0, t1 = -Infinity;
     const ms = [];
     for (const s of b.members) {
       if (s.i0 >= k) continue;
       if (!isClosed(s, k)) { open++; continue; }
-      if (s.status === "ok") done++; else failed++;
-      ms.push(duration(s));
+      if (s.status === "ok") done++; else if (s.attrs && s.attrs.cut) cut++; else failed++;
+      // One never sent took no time: its 0 ms made a budget-stopped batch's p50 0 (a review).
+      if (FRLM.placed(s.venue) || s.status === "ok") ms.push(duration(s));
       if (s.t1 > t1) t1 = s.t1;
       // What the run paid for it (its Submit's end), as the header counts: not what its
       // executions claimed, a hedge's loser included.
       cost += s.cost || 0;
     }
     ms.sort((a, x) => a - x);
-    const count = done + failed + open;
-    return { count, done, failed, open, cost, t1: open ? null : t1, p50: quantile(ms, 0.5), p95: quantile(ms, 0.95) };
+    const count = done + failed + cut + open;
+    return { count, done, failed, cut, open, cost, t1: open ? null : t1, p50: quantile(ms, 0.5), p95: quantile(ms, 0.95) };
   }
 
   FRLM.WaterfallRows = { display, batchSummary, p95ByName, filterActive, FAILED };

@@ -7,6 +7,7 @@ checks need, however loaded the machine is."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from frlm_web.redis_client import get_redis
@@ -254,6 +255,74 @@ def test_a_finished_runs_header_counts_what_the_quorum_cut_apart_from_failures(p
         "'6 (1 failed, 2 cut off at the quorum)'",
         what="the run's own counts in the header",
     )
+
+
+def test_a_batch_counts_its_cuts_apart_and_the_views_draw_no_conductor_venue(page, web, staff):
+    """A browser review: a batch of the waterfall said "23 done · 11 failed" where the
+    header said "11 cut off at the quorum"; sub-queries never sent (a budget stop, a
+    cancel), stamped venue "conductor", were drawn as a venue holding them, in Fill, Flow
+    and Topology; and their 0 ms made the batch's p50 0."""
+    run = _live_run(staff, question="cuts and unsent")
+    client = get_redis()
+    conductor = Emitter(client, run.id)  # its events say venue "conductor"
+    worker = Emitter(client, run.id, venue="edge", worker_id="w-state-4")
+    root = conductor.start("Run.Init")
+    for i in range(8):
+        if i < 6:
+            sub = conductor.start("SubQuery.Submit", parent=root.span_id, venue="edge", sq=i)
+            run_ = worker.start("SubQuery.Execute", parent=sub.span_id)
+            time.sleep(0.02)
+        else:  # never sent: the run was cancelled first
+            sub = conductor.start("SubQuery.Submit", parent=root.span_id, sq=i)
+        if i < 3:
+            run_.end(tokens_in=10, tokens_out=1)
+            sub.end(tokens_in=10, tokens_out=1)
+        elif i == 3:
+            run_.end("error")
+            sub.end("error")
+        elif i < 6:
+            run_.end("cancelled")
+            sub.end("cancelled", cut="quorum")
+        else:
+            sub.end("cancelled", cut="cancel")
+    conductor.instant(
+        "Run.Done",
+        parent=root.span_id,
+        run_status="cancelled",
+        subqueries=8,
+        subqueries_failed=1,
+        subqueries_cut=2,
+        subqueries_cancelled=2,
+    )
+    root.end("cancelled")
+    Run.objects.filter(id=run.id).update(
+        status="cancelled",
+        subqueries=8,
+        subqueries_failed=1,
+        subqueries_cut=2,
+        subqueries_cancelled=2,
+    )
+    wait_until(lambda: store.event_count(run.id) >= 30, timeout=30, what="the run stored")
+    page.goto(f"/runs/{run.id}", wait_until="domcontentloaded", timeout=90_000)
+    page.wait_for_selector("#movie[data-ready='1']")
+    wait(page, f"({AGREE})().status === 'cancelled'", what="the end")
+    wait(
+        page,
+        "document.querySelector('[data-metric=subqueries]').textContent.trim() === "
+        "'8 (1 failed, 2 cut off at the quorum, 2 cancelled with the run)'",
+        what="the run's own counts in the header",
+    )
+    summary = page.evaluate(
+        "() => FRLM.WaterfallRows.batchSummary({members: frlmMovie.rows.filter("
+        "s => s.name === 'SubQuery.Submit')}, frlmMovie.trace.events.length)"
+    )
+    assert (summary["done"], summary["failed"], summary["cut"], summary["open"]) == (3, 1, 4, 0)
+    assert summary["p50"] >= 10, summary  # the six sent took 20 ms or more; unsent, none
+    venues = page.evaluate(
+        "() => ({views: [...frlmMovie.A.venues.keys()], filter: [...frlmMovie.trace.venues]})"
+    )
+    # The waterfall's filter keeps "conductor": it shows the conductor's own spans.
+    assert venues == {"views": ["edge"], "filter": ["conductor", "edge"]}, venues
 
 
 def test_it_proposes_runs_of_the_same_question_first_to_compare_with(page, web, staff):
