@@ -150,6 +150,7 @@ def summarise(run: Run) -> dict[str, Any]:
         "run_id": run.id,
         "status": run.status,
         "question": run.question,
+        "program": run.program or None,
         "answer": run.answer,
         "expected_answer": run.expected_answer or None,
         "correct": run.correct,
@@ -221,6 +222,8 @@ def format_summary(s: dict[str, Any]) -> str:
         f"models     root {s['root_model']}, workers {s['worker_model']} "
         f"on {', '.join(s['venues'])}"
     )
+    if s.get("program"):
+        lines.append(f"program    {s['program']} (a program template the root model ran)")
     lines.extend(_accounts_lines(s.get("accounts"), s["run_id"]))
     if s.get("replay_of"):
         turn = s["replay_turn"]

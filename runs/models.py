@@ -6,6 +6,7 @@ from typing import Any
 from django.conf import settings
 from django.db import models
 
+from runs.program_templates import program_question
 from workers.pricing import price_source
 
 
@@ -55,7 +56,11 @@ class Run(models.Model):
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
     )
-    question = models.TextField()
+    question = models.TextField()  # as the user asked it
+    # A program template the root model is asked to run (runs/program_templates.py), kept
+    # apart from the question: attached to it, it was shown on every page as the question,
+    # and the question's length limit was checked before it was added (a review).
+    program = models.CharField(max_length=32, blank=True, default="")
     context_source = models.CharField(max_length=8, choices=Source.choices)
     context_path = models.CharField(
         max_length=1024, help_text="file or folder the context is read from"
@@ -127,6 +132,12 @@ class Run(models.Model):
             return recorded  # what the conductor priced at (runs/engine/finish.py)
         models = [m.get("model") for m in (self.root_model, self.worker_model)]
         return {m: price_source(m) for m in models if m}
+
+    @property
+    def root_question(self) -> str:
+        """What the root model is asked: the question, with its program template's program
+        when it has one."""
+        return program_question(self.program, self.question) if self.program else self.question
 
     @property
     def lost_workers(self) -> list[dict[str, Any]]:

@@ -115,7 +115,8 @@ def run_create(
         errors["question"] = "the question is empty: say what you want to know about the context"
     elif program:
         try:
-            run.question = program_question(program, run.question)
+            program_question(program, run.question)  # a known template
+            run.program = program
         except ValueError as exc:
             errors["program"] = str(exc)
     if errors:
@@ -215,6 +216,7 @@ def run_replay(
 
     run = Run(
         question=source.question,
+        program=source.program,
         context_source=source.context_source,
         context_path=source.context_path,
         context_chars=source.context_chars,

@@ -149,6 +149,7 @@ class Conductor:
         run_span = self.emitter.start(
             "Run.Init",
             question=self.run.question,
+            program=self.run.program or None,
             policy=self.policy.to_dict(),
             root_model=self.root.model.label,
             worker_model=ModelSpec.from_dict(self.run.worker_model).label,
@@ -166,7 +167,7 @@ class Conductor:
         status, answer, error = Run.Status.SUCCEEDED, "", ""
         try:
             context = self.prepare_context()
-            answer = self.rlm(self.run.question, context, depth=0, parent=run_span.span_id)
+            answer = self.rlm(self.run.root_question, context, depth=0, parent=run_span.span_id)
             if self.fanout.accounts.exhausted:
                 status = Run.Status.PARTIAL
                 error = partial_reason(self.totals, self.fanout.accounts, answered=True)

@@ -190,11 +190,29 @@ def test_it_launches_a_program_template_from_the_launcher(venues: list[str], cli
     )
     assert reply.status_code == 302, reply.content.decode()[:2000]
     run = Run.objects.get(id=reply["Location"].rsplit("/", 1)[1])
-    assert "FINAL(tree_search(question" in run.question
+    # The question as asked, the template apart: attached, it was shown on every page as
+    # the question (a review). The root model is asked both.
+    assert (run.program, "Run this program" in run.question) == ("tree_search", False)
+    assert "FINAL(tree_search(question" in run.root_question
+    page = client.get(f"/runs/{run.id}").content.decode()
+    assert 'id="run-program"' in page and "Run this program" not in page
     run = finish(run)
     assert run.status == "succeeded", run.error
     assert run.correct is True, (run.answer, run.expected_answer)
     events = trace(run)
+    (init,) = named(events, "Run.Init", "start")
+    assert init["attrs"]["program"] == "tree_search"
+    # An exact replay asks the root model the same: every reply from the recording.
+    from runs.services import run_launch, run_replay
+
+    replay = run_replay(run)
+    run_launch(replay)
+    replay = finish(replay)
+    assert (replay.status, replay.program, replay.answer) == (
+        "succeeded",
+        "tree_search",
+        run.answer,
+    )
     # Scoring batches, then the leaves: more than one batch, and not the whole context.
     assert len({e["attrs"].get("batch") for e in named(events, "SubQuery.Submit", "start")}) > 1
 
