@@ -174,6 +174,7 @@ def summarise(run: Run) -> dict[str, Any]:
         "worker_model": run.worker_model.get("model"),
         "simulated": bool(simulated),
         "simulated_roles": simulated,
+        "exact_replay": run.exact_replay,  # its tokens and cost are the recording's
         "isolation": run.isolation,
         "replay_of": run.replay_of_id,
         "replay_turn": run.replay_turn,
@@ -215,7 +216,12 @@ def format_summary(s: dict[str, Any]) -> str:
     )
     lines.append(
         f"tokens     {s['tokens_in']} in / {s['tokens_out']} out   "
-        f"cost ${money(s['cost_usd']):.4f}" + _simulated_note(s.get("simulated_roles", []))
+        f"cost ${money(s['cost_usd']):.4f}"
+        + (
+            "  (recorded: this replay called no model and spent nothing)"
+            if s.get("exact_replay")
+            else _simulated_note(s.get("simulated_roles", []))
+        )
     )
     lines.append("prices     " + "; ".join(f"{m}: {src}" for m, src in s["prices"].items()))
     lines.append(

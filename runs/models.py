@@ -134,6 +134,12 @@ class Run(models.Model):
         return {m: price_source(m) for m in models if m}
 
     @property
+    def exact_replay(self) -> bool:
+        """A replay of all of another run from its recording: it called no model and spent
+        nothing; its tokens and cost are the recording's."""
+        return self.replay_of_id is not None and self.replay_turn is None
+
+    @property
     def root_question(self) -> str:
         """What the root model is asked: the question, with its program template's program
         when it has one."""

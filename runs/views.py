@@ -103,6 +103,7 @@ def _run_rows(request: HttpRequest, period: str) -> list[dict[str, Any]]:
 
 def _totals(request: HttpRequest, period: str) -> dict[str, Any]:
     since = timezone.now() - PERIODS[period]
+    spent_nothing = Q(replay_of__isnull=False, replay_turn__isnull=True)  # Run.exact_replay
     totals = (
         visible_runs(request.user)
         .filter(created__gte=since)
@@ -115,9 +116,10 @@ def _totals(request: HttpRequest, period: str) -> dict[str, Any]:
             stopped=Count("id", filter=Q(status__in=[Run.Status.CANCELLED, Run.Status.PARTIAL])),
             subqueries=Sum("subqueries"),
             subqueries_failed=Sum("subqueries_failed"),
-            tokens_in=Sum("tokens_in"),
-            tokens_out=Sum("tokens_out"),
-            cost=Sum("cost"),
+            # What was spent: an exact replay called no model (its figures are recorded).
+            tokens_in=Sum("tokens_in", filter=~spent_nothing),
+            tokens_out=Sum("tokens_out", filter=~spent_nothing),
+            cost=Sum("cost", filter=~spent_nothing),
             wall_ms=Avg("wall_ms"),
         )
     )

@@ -59,3 +59,33 @@ def test_the_dashboards_counts_add_up_to_its_runs(stack):
         shown["live"],
     ) == ("5", "1", "1", "2", "1"), shown
     assert Run.objects.count() == 5
+
+
+@pytest.mark.django_db
+def test_an_exact_replay_says_its_cost_is_recorded_and_the_dashboard_adds_none_of_it(stack):
+    """An exact replay called no model, yet its page showed the recording's cost as its own
+    and the dashboard's cost added it again (a review)."""
+    from decimal import Decimal
+
+    from runs.cli import format_summary, summarise
+    from tests.helpers import bare_run
+
+    owner = make_user("replayer")
+    source = bare_run(owner=owner, status="succeeded", cost=Decimal("1.25"), tokens_in=1000)
+    exact = bare_run(owner=owner, status="succeeded", cost=Decimal("1.25"), tokens_in=1000)
+    exact.replay_of = source
+    exact.save()
+    what_if = bare_run(owner=owner, status="succeeded", cost=Decimal("0.5"), tokens_in=10)
+    what_if.replay_of, what_if.replay_turn = source, 1
+    what_if.save()
+    assert (source.exact_replay, exact.exact_replay, what_if.exact_replay) == (False, True, False)
+    client = Client()
+    client.force_login(owner)
+    dashboard = client.get("/").content.decode()
+    assert '<span class="v">$1.7500</span>' in dashboard
+    page = client.get(f"/runs/{exact.id}").content.decode()
+    assert 'id="cost-recorded"' in page
+    assert 'id="cost-recorded"' not in client.get(f"/runs/{what_if.id}").content.decode()
+    assert "(recorded: this replay called no model and spent nothing)" in format_summary(
+        summarise(exact)
+    )
