@@ -10,7 +10,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from frlm_web.redis_client import get_redis
+from frlm_web.redis_client import OUTAGE_ERRORS, get_redis
 from runs.engine import context as ctx
 from runs.engine.policy import Policy, PolicyError
 from runs.engine.progress import request_cancel
@@ -21,6 +21,7 @@ from runs.taskgen import make_task
 from traces import store
 from workers.backends import ModelSpec, cassette_spec
 from workers.models import Venue
+from workers.venues import live_workers
 
 CONDUCT_TASK = "runs.conduct"  # runs.tasks.run_conduct's registered name
 # A question longer than this is refused: a 2,000,000-character one (a review) was
@@ -268,6 +269,37 @@ def folder_note(run: Run) -> str:
     except (ctx.ContextError, OSError):  # a file gone since it was checked, say
         return ""  # the run itself says why, as it starts
     return f"context folder {run.context_path}: {note}" if note else ""
+
+
+def tier_note(run: Run) -> str:
+    """For a run on the redundant tier whose venues have fewer live workers than an answer
+    needs to agree, that its untrusted workers' answers will stay unresolved ("" else, and
+    when Redis cannot say). A review's run on one worker found out only from its trace."""
+    policy = run.policy or {}
+    if policy.get("tier") != "redundant":
+        return ""
+    agree = int(policy.get("agree") or 2)
+    venues = [*run.venues, *(v for v in str(policy.get("verify_venues") or "").split(",") if v)]
+    try:
+        live = {
+            w["worker_id"]: w for v in dict.fromkeys(venues) for w in live_workers(get_redis(), v)
+        }
+    except OUTAGE_ERRORS:
+        return ""
+    if len(live) >= agree or (live and all(w.get("trusted") for w in live.values())):
+        return ""  # enough to agree, or trusted workers, whose answers stand alone
+    return (
+        f"tier=redundant accepts an answer once {agree} workers give it, and the run's venues "
+        f"({', '.join(dict.fromkeys(venues))}) have {len(live)} live worker(s) now: unless more "
+        "join, an untrusted worker's answers stay unresolved and the run fails; start more "
+        "(manage.py frlm_worker --venue V) or run on tier=best_effort"
+    )
+
+
+def launch_notes(run: Run) -> list[str]:
+    """What to say as a run is launched, beside it: a folder's files left out, a tier its
+    venues cannot serve now."""
+    return [note for note in (folder_note(run), tier_note(run)) if note]
 
 
 def run_cancel(run: Run) -> None:

@@ -31,7 +31,7 @@ from runs.selectors import visible_runs
 from runs.services import (
     RunInputError,
     RunLaunchError,
-    folder_note,
+    launch_notes,
     run_cancel,
     run_create,
     run_launch,
@@ -221,7 +221,7 @@ def run_new(request: HttpRequest) -> HttpResponse:
         except RunLaunchError as exc:  # what was typed is kept: send it again once it is up
             form.add_error(None, str(exc))
         else:
-            if note := folder_note(run):  # files of a folder it leaves out, and why
+            for note in launch_notes(run):  # files a folder leaves out, a tier unserved
                 messages.warning(request, note)
             return redirect("run", run_id=run.id)
     else:

@@ -188,13 +188,15 @@ class ReplCalls:
         outcomes = self.fanout.run_batch(
             prompts_, depth=depth, parent=parent, tier=tier, check=check
         )
-        return self.replies(outcomes, timeouts_fail=not one)
+        return self.replies(outcomes, markers_fail=not one)
 
-    def replies(self, outcomes: list[Outcome], *, timeouts_fail: bool = True) -> list[str]:
+    def replies(self, outcomes: list[Outcome], *, markers_fail: bool = True) -> list[str]:
         # No answer at all: the run fails rather than let the program make one up from
         # markers. A batch that all timed out went on, and its run "succeeded" with an
-        # answer from nothing (a review); one llm_query's timeout stays its marker.
-        failing = ("error", "timeout") if timeouts_fail else ("error",)
+        # answer from nothing (a review); so did one whose answers no check accepted (a
+        # redundant tier with one worker to ask left each unresolved, a review). One
+        # llm_query's timeout or verdict stays its marker: the program may handle it.
+        failing = ("error",) + (("timeout", "rejected", "unresolved") if markers_fail else ())
         failed = [o for o in outcomes if o.status in failing]
         if failed and len(failed) == len(outcomes):
             raise FanoutAbort(
@@ -214,7 +216,8 @@ class ReplCalls:
         )
         return {
             "handle": self.fanout.last_handle,
-            "replies": self.replies(outcomes),
+            # One prompt (an llm_query with validate=f) keeps its marker, as llm_query does.
+            "replies": self.replies(outcomes, markers_fail=len(outcomes) > 1),
             "ok": [pos for pos, o in enumerate(outcomes) if o.status == "ok"],
         }
 
@@ -230,7 +233,7 @@ class ReplCalls:
             pos, passed, reason = item
             verdicts[pos] = objective.CheckVerdict(bool(passed), "function", str(reason)[:500])
         outcomes, again = self.fanout.apply_verdicts(handle, verdicts)
-        return {"replies": self.replies(outcomes), "recheck": again}
+        return {"replies": self.replies(outcomes, markers_fail=len(outcomes) > 1), "recheck": again}
 
     def child_rlm(
         self, prompt: str, value: Any, *, depth: int, parent: str, context: RlmContext

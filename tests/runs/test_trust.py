@@ -324,3 +324,25 @@ def test_it_pays_each_reply_by_its_verdict_and_the_chain_verifies(swarm_factory)
     verdicts = {r["verdict"] for r in receipts_of(trace(best))}
     assert verdicts == {"unverified"}
     assert json.dumps(best.accounts["verification"])  # stored on the run, as JSON
+
+
+def test_a_redundant_run_with_one_worker_to_ask_is_warned_and_fails_rather_than_guess(
+    swarm_factory,
+):
+    """tier=redundant on a venue of one untrusted worker: every answer stayed unresolved
+    ("no other live worker to ask"), the program went on with the markers, and the run
+    "succeeded" with an answer made from nothing (a review). The launch now says the
+    venues cannot serve the tier, and a batch with no answer accepted fails the run."""
+    from runs.services import tier_note
+
+    swarm_factory("solo", 1, latency=20)
+    run = launch(question=program(4), venues=["solo"], policy={"tier": "redundant"})
+    note = tier_note(run)
+    assert "tier=redundant accepts an answer once 2 workers give it" in note
+    assert "(solo) have 1 live worker(s) now" in note
+    run = finish(run)
+    assert run.status == "failed", (run.status, run.answer)
+    assert "every sub-query of a batch of 4 failed" in run.error, run.error
+    assert "no other live worker" in run.error, run.error
+    best = launch(question=program(4), venues=["solo"], policy={"tier": "best_effort"})
+    assert tier_note(best) == ""

@@ -97,7 +97,7 @@ class Command(FrlmCommand):
     def create(self, o: dict[str, Any]) -> Run:
         from runs.cli import launch, refuse_unless_ready
         from runs.engine.policy import PolicyError, parse_assignments
-        from runs.services import ContextSpec, RunInputError, folder_note, run_create
+        from runs.services import ContextSpec, RunInputError, launch_notes, run_create
         from workers.backends import command_models
 
         refuse_unless_ready()
@@ -140,6 +140,6 @@ class Command(FrlmCommand):
         except RunInputError as exc:
             raise CommandError("\n".join(f"--{k}: {v}" for k, v in exc.errors.items())) from exc
         launch(run)
-        if note := folder_note(run):
+        for note in launch_notes(run):
             self.stderr.write(f"note: {note}")  # stdout may be --json's
         return run
