@@ -20,6 +20,9 @@ class Link(TypedDict, total=False):
     connection: str
     address: str
     rtt_ms: float
+    # Less than its registered slots while the gateway holds it to less (its credit,
+    # workers/gateway/credit.py): what routing may send it.
+    concurrency: int
 
 
 class LiveWorker(Link, total=False):

@@ -23,6 +23,7 @@ from tests.gateway import (
     signed_answer,
 )
 from tests.helpers import launch, trace, wait_until
+from traces import store
 from workers.gateway.agent import ws_url
 from workers.jobs import encode_result, results_stream
 from workers.venues import live_workers
@@ -326,8 +327,8 @@ def test_a_worker_naming_many_slots_holds_only_what_its_answers_earned(web, venu
     """A hostile review registered 1,024 slots on a shared-queue venue, took every job of
     the queue and every retry of those it sat on, answered none, and the runs "succeeded"
     with answers made of timeouts. A worker of an untrusted venue holds at most its credit
-    (workers/gateway/credit.py): START jobs at first, one more for each it answers; a
-    session that ends holding work halves it, and the next session starts from there."""
+    (workers/gateway/credit.py): START jobs at first, one more for each it answers, and the
+    next session starts from there, not from START again."""
     from runs.services import run_cancel
     from tests.helpers import scripted
     from workers.gateway.credit import START, credit_key
@@ -336,6 +337,7 @@ def test_a_worker_naming_many_slots_holds_only_what_its_answers_earned(web, venu
     wid, key = registered_worker("hoarder", venue=venue, concurrency=1024)
     prompts = "rs = llm_query_batched(['q %d' % i for i in range(120)])\nFINAL(repr(rs))"
     policy = {"subquery_timeout_s": 120, "hedge": "off", "routing": "shared"}
+    run = None
     try:
         with welcomed(web, (wid, key)) as (ws,):
             tend([ws], 1.5)
@@ -350,16 +352,58 @@ def test_a_worker_naming_many_slots_holds_only_what_its_answers_earned(web, venu
             )
             more = tend([ws], 4.0)
             assert len(more) == 20, f"{len(more)} more jobs after ten answers, not 20"
-        # Its session ended holding 42 unanswered jobs: half its credit is left.
-        half = str((START + 10) // 2).encode()
-        wait_until(
-            lambda: get_redis().get(credit_key(wid)) == half,
-            timeout=20,
-            what="the session's end to halve its credit",
-        )
+            # The conductor is told what it may hold: routing sends it no more.
+            (seen,) = live_workers(get_redis(), venue)
+            assert seen["concurrency"] == START + 10, seen
+        kept = str(START + 10).encode()
+        wait_until(lambda: get_redis().get(credit_key(wid)) == kept, timeout=20, what="credit")
         with welcomed(web, (wid, key)) as (ws,):
             again = tend([ws], 6.0)
-            assert len(again) == (START + 10) // 2, f"a new session took {len(again)} jobs"
+            assert len(again) == START + 10, f"a new session took {len(again)} jobs"
     finally:
-        run_cancel(run)
+        if run is not None:
+            run_cancel(run)
+        get_redis().delete(credit_key(wid))
+
+
+def test_jobs_a_worker_sits_on_far_past_their_timeout_are_taken_back_and_cost_it(
+    web, venues
+) -> None:
+    """Held LATE_TIMES its timeout and more, a job is taken back (its Execute span ended
+    as abandoned: the conductor sent it elsewhere long ago), and the worker's credit is
+    halved for each: a hoarder's 32 places become one."""
+    from runs.services import run_cancel
+    from tests.helpers import scripted
+    from workers.gateway.credit import START, credit_key
+
+    venue = "sitting"
+    wid, key = registered_worker("sitter", venue=venue, concurrency=1024)
+    prompts = "rs = llm_query_batched(['q %d' % i for i in range(60)])\nFINAL(repr(rs))"
+    policy = {"subquery_timeout_s": 0.5, "hedge": "off", "routing": "shared", "max_retries": 0}
+    run = None
+    try:
+        with welcomed(web, (wid, key)) as (ws,):
+            tend([ws], 1.5)
+            run = launch(question=scripted(prompts), venues=[venue], policy=policy)
+            got = tend([ws], 3.0)
+            assert len(got) == START
+            deadline = time.monotonic() + 40
+            while get_redis().get(credit_key(wid)) != b"1":  # present, answering nothing
+                assert time.monotonic() < deadline, get_redis().get(credit_key(wid))
+                got += tend([ws], 1.0)
+            assert len(got) <= START + 1, len(got)
+        trace(run)
+
+        def taken() -> list[dict]:
+            return [
+                e
+                for e in named(store.read_events(run.id), "SubQuery.Execute", "end")
+                if "taken back by the gateway" in str(e["attrs"].get("error"))
+            ]
+
+        back = wait_until(lambda: len(taken()) >= START - 1 and taken(), timeout=30, what="ends")
+        assert all(e["status"] == "abandoned" for e in back)
+    finally:
+        if run is not None:
+            run_cancel(run)
         get_redis().delete(credit_key(wid))

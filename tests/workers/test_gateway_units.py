@@ -150,7 +150,7 @@ def test_a_server_that_refuses_the_host_name_gets_a_hint() -> None:
 
 
 def test_a_workers_credit_grows_with_its_answers_and_halves_for_each_job_it_sits_on() -> None:
-    from workers.gateway.credit import START, Credit
+    from workers.gateway.credit import LATE_GRACE_S, LATE_TIMES, START, Credit
 
     credit = Credit("w1", trusted=False)
     assert credit.room(1024) == START and credit.room(8) == 8  # its slots, within its credit
@@ -158,17 +158,38 @@ def test_a_workers_credit_grows_with_its_answers_and_halves_for_each_job_it_sits
     assert credit.room(1024) == START + 5
     credit.answered(10_000, 40)
     assert credit.room(1024) == 40  # never past its slots and buffer
-    now = time.time()
-    late = relay.Held("r1", "1.1", "a" * 16, "b" * 16, 0, "m", deadline=now - 1)
-    due = relay.Held("r1", "2.1", "c" * 16, "d" * 16, 0, "m", deadline=now + 60)
-    credit.overdue([late, due], now)
-    credit.overdue([late, due], now + 1)  # a job counts once
+    slow = relay.Held("r1", "1.1", "a" * 16, "b" * 16, 0, "m", timeout_s=10.0)
+    sat = relay.Held("r1", "2.1", "c" * 16, "d" * 16, 0, "m", timeout_s=10.0)
+    assert credit.overdue([slow], 100.0) == []  # first seen now
+    assert credit.overdue([slow, sat], 130.0) == []  # an honest call may take twice 10 s
+    late = 100.0 + LATE_TIMES * 10.0 + LATE_GRACE_S + 0.1
+    assert credit.overdue([slow, sat], late) == [slow]  # seen at 130, the other is not late
     assert credit.room(1024) == 20
-    credit.left_holding(3)
-    assert credit.room(1024) == 10  # once, whatever it held
-    credit.left_holding(0)
+    assert credit.overdue([sat], late + 30) == [sat]
     assert credit.room(1024) == 10
     for _ in range(10):
-        credit.left_holding(1)
+        credit.overdue([sat], late + 60)
     assert credit.room(1024) == 1  # never none: it may always earn its way back
     assert Credit("w2", trusted=True).room(1024) == 1024  # a trusted venue's: not rationed
+
+
+def test_a_worker_refused_for_its_addresss_failures_waits_and_tries_again() -> None:
+    """Throttled for failures from its address (another process behind the same NAT), a
+    worker left for good, as for a refusal connecting again cannot mend (a review): it
+    waits what the server says and connects again."""
+    from workers.gateway.agent import GatewayAgent, GatewayRefused, GatewayThrottled
+
+    class Said:
+        def __init__(self, message: dict) -> None:
+            self.message = message
+
+        def recv(self, timeout: float) -> str:
+            return json.dumps(self.message)
+
+    throttled = {"type": "error", "error": "too many requests", "fix": "wait", "retry_after": 7}
+    with pytest.raises(GatewayThrottled) as caught:
+        GatewayAgent._expect(None, Said(throttled), "challenge")  # type: ignore[arg-type]
+    assert caught.value.wait_s == 7
+    for refusal in ({**throttled, "retry_after": None}, {**throttled, "retry_after": 10**9}):
+        with pytest.raises(GatewayRefused):
+            GatewayAgent._expect(None, Said(refusal), "challenge")  # type: ignore[arg-type]

@@ -73,6 +73,16 @@ class GatewayRefused(Exception):
     not help."""
 
 
+class GatewayThrottled(Exception):
+    """The server refused its address for a while (too many failures from it: another
+    process behind the same address, say): connecting again after `wait_s` may help. The
+    worker left for good on it, and every worker behind that address with it (a review)."""
+
+    def __init__(self, message: str, wait_s: float) -> None:
+        super().__init__(message)
+        self.wait_s = wait_s
+
+
 class Relay(Emitter):
     """An emitter whose events go over the gateway with the next message, not to Redis."""
 
@@ -202,6 +212,9 @@ class GatewayAgent:
                     attempt = 0
                     if self.draining:
                         break
+                except GatewayThrottled as exc:
+                    log.warning("%s; connecting again in %g s", exc, exc.wait_s)
+                    self._back_off(exc.wait_s)
                 except GatewayRefused:
                     self.stopped.set()
                     raise
@@ -353,6 +366,9 @@ class GatewayAgent:
 
     def _expect(self, ws: ClientConnection, kind: str) -> dict[str, Any]:
         message = decode(ws.recv(timeout=10))
+        retry = message.get("retry_after")
+        if message["type"] == "error" and isinstance(retry, int | float) and 0 < retry <= 3600:
+            raise GatewayThrottled(f"the server refused for now: {message.get('error')}", retry)
         if message["type"] == "error":
             raise GatewayRefused(f"{message.get('error')}. What to do: {message.get('fix')}")
         if message["type"] != kind:

@@ -7,13 +7,16 @@ queue had (and the retries of those it sat on), answered none, and its runs "suc
 with answers made of timeouts. So a worker of an untrusted venue holds at most its credit:
 - START jobs at first, whatever slots it names (enough for an honest worker's slots and
   buffer as `make up` and the benches run them);
-- one more for each job it answers with a reply, up to its slots and buffer;
-- half as many for each job it holds past its deadline, and once when its session ends
-  holding jobs unanswered (at least one);
+- one more for each job it answers with a reply (status ok), up to its slots and buffer;
+- half as many for each job it still holds LATE_TIMES its timeout (and LATE_GRACE_S)
+  after the session's watch first saw it: an honest worker's call ends within twice its
+  timeout (one retry), and a job waiting in its buffer within one more call. Such a job is
+  taken back (the conductor has long sent it elsewhere), so it holds no place any longer;
 - kept in Redis for KEEP_S after its last change, so a new session starts where the last
-  one left off, not at START again.
-Jobs it holds and never answers stay held: a worker that sits on them takes no more.
-A trusted venue's workers (this machine's, a datacenter pod of one's own) are not rationed."""
+  one left off, not at START again. A session that ends is not held against it: the runs
+  are told at once and send its jobs elsewhere, and a server's restart ends every session.
+The conductor is told the credit as the worker's concurrency in presence, so routing sends
+it no more than it may hold. A trusted venue's workers are not rationed."""
 
 from __future__ import annotations
 
@@ -29,6 +32,8 @@ log = logging.getLogger(__name__)
 
 START = 32
 KEEP_S = 3600
+LATE_TIMES = 4
+LATE_GRACE_S = 5.0
 
 
 def credit_key(worker_id: str) -> str:
@@ -52,17 +57,17 @@ class Credit:
             self.value = min(cap, self.value + replies)
             self._changed = True
 
-    def overdue(self, held: Iterable[Held], now: float) -> None:
-        """Halve it for each job held past its deadline, once a job."""
+    def overdue(self, held: Iterable[Held], now: float) -> list[Held]:
+        """The jobs held too long (see above; `now` from time.monotonic), its credit halved
+        for each; the watch takes them back."""
+        late = []
         for job in held:
-            if not job.overdue and 0 < job.deadline < now:
-                job.overdue = True
+            if not job.seen:
+                job.seen = now
+            elif now - job.seen > LATE_TIMES * job.timeout_s + LATE_GRACE_S:
+                late.append(job)
                 self._halve()
-
-    def left_holding(self, jobs: int) -> None:
-        """Its session ended with `jobs` unanswered: halved, once."""
-        if jobs:
-            self._halve()
+        return late
 
     def _halve(self) -> None:
         self.value = max(1, self.value // 2)

@@ -84,7 +84,10 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         retry = await sync_to_async(services.auth_throttle, thread_sensitive=False)(self.address)
         if retry is not None:
             await self.refuse(
-                4429, services.throttled_error(self.address), services.throttled_fix(retry)
+                4429,
+                services.throttled_error(self.address),
+                services.throttled_fix(retry),
+                retry_after=retry,  # a worker waits it out and connects again
             )
             return
         await self.send(encode({"type": "challenge", "nonce": self.nonce, "version": VERSION}))
@@ -143,9 +146,9 @@ class GatewayConsumer(AsyncWebsocketConsumer):
                 log.info("gateway: %s was gone before it could be told it was replaced",
                          self.address)  # fmt: skip
 
-    async def refuse(self, code: int, error: str, fix: str) -> None:
+    async def refuse(self, code: int, error: str, fix: str, **extra: Any) -> None:
         log.warning("gateway: refused %s (%s): %s", self.address, self._who(), error)
-        await self.send(encode({"type": "error", "error": error, "fix": fix}))
+        await self.send(encode({"type": "error", "error": error, "fix": fix, **extra}))
         await self.close(code=code)
 
     async def unauthenticated(self, code: int, error: str, fix: str) -> None:

@@ -4,7 +4,8 @@ server -> worker: challenge {nonce, version}, welcome {worker_id, venue, heartbe
     buffer (version 3)}, job {job, with the fragments' text and the id of the Execute span
     the server opened}, jobs {jobs: [job, ...]} (version 2), refused {results: [{sq_id,
     error}], fix} (version 2), cancel {jobs: [{run_id, sq_id}]} (version 3), ping {t},
-    error {error, fix} (then the server closes).
+    error {error, fix, retry_after (seconds, when waiting and connecting again may help:
+    its address is throttled)} (then the server closes).
 worker -> server: hello {worker_id, nonce, sig, slots, version}, done {sq_id, result,
     events: the Execute span's end and Env.LoadFragment instants}, results {results:
     [{sq_id, result, events} or {sq_id, run_id, started: true} (version 3), ...]}

@@ -39,8 +39,8 @@ class Held:
     depth: int
     model: str  # the model the job asks for
     queued: bool = False  # in its work buffer, not started yet: its Execute span not open
-    deadline: float = 0.0  # the job's (epoch seconds): held past it, the worker loses credit
-    overdue: bool = False  # it was held past its deadline (counted once: credit.py)
+    timeout_s: float = 0.0  # the job's: held far past it, it is taken back (credit.py)
+    seen: float = 0.0  # when the session's watch first saw it held (time.monotonic)
 
     @property
     def key(self) -> tuple[str, str]:

@@ -209,25 +209,23 @@ class WorkerLink:
         # The runs are told, and the spans ended, before the worker leaves presence: a
         # conductor that saw it gone first ended those spans itself, with its own reason,
         # and the trace had each twice (seen in CI).
-        if self.held:
-            pipe = self.redis.pipeline(transaction=False)
-            ends = []
-            for held in self.held.values():
-                hint = {"run_id": held.run_id, "sq_id": held.sq_id, "status": "lost"}
-                pipe.xadd(results_stream(held.run_id), {**hint, "worker_id": self.worker.id})
-                if not held.queued:
-                    ends.append(
-                        self._execute_event(held, "end", "abandoned", error=f"worker lost: {why}")
-                    )
-            if ends:
-                pipe.eval(APPEND_LUA, 0, *append_args(ends))  # type: ignore[arg-type]
-            await pipe.execute()
-        self.credit.left_holding(len(self.held))
+        held = list(self.held.values())
+        await self._let_go(held, f"worker lost: {why}")
         await self.credit.save(self.redis)
         await sync_to_async(services.presence_withdraw, thread_sensitive=False)(self.worker)
-        log.warning(
-            "gateway: worker %s left: %s; it held %d job(s)", self.worker.id, why, len(self.held)
-        )
+        log.warning("gateway: worker %s left: %s; it held %d jobs", self.worker.id, why, len(held))
+
+    async def _let_go(self, jobs: list[Held], why: str) -> None:
+        """Jobs it will not answer: each run told (`lost`), their Execute spans ended."""
+        pipe = self.redis.pipeline(transaction=False)
+        for held in jobs:
+            self.held.pop(held.key, None)
+            hint = {"run_id": held.run_id, "sq_id": held.sq_id, "status": "lost"}
+            pipe.xadd(results_stream(held.run_id), {**hint, "worker_id": self.worker.id})
+        ends = [self._execute_event(h, "end", "abandoned", error=why) for h in jobs if not h.queued]
+        if ends:
+            pipe.eval(APPEND_LUA, 0, *append_args(ends))  # type: ignore[arg-type]
+        await pipe.execute()
 
     # --- jobs out -----------------------------------------------------------------------
     def _free(self, answered: int = 0) -> int:
@@ -310,7 +308,7 @@ class WorkerLink:
                 job["depth"],
                 str(job["model"].get("model", "")),
                 queued=ahead + i >= self.slots,
-                deadline=job["deadline"],
+                timeout_s=float(job["timeout_s"]),
             )
             self.held[held.key] = held
             helds.append(held)
@@ -654,6 +652,7 @@ class WorkerLink:
 
     async def _announce(self, figures: Any) -> None:
         link: Link = {"connection": "gateway", "address": self.consumer.address}
+        link["concurrency"] = max(1, min(self.slots, self.credit.room(self.slots)))
         if self.rtt_ms is not None:
             link["rtt_ms"] = self.rtt_ms
         try:
@@ -694,5 +693,7 @@ class WorkerLink:
                 return
             await self.consumer.send(encode({"type": "ping", "t": time.monotonic()}))
             await self._check_waiting()
-            self.credit.overdue(self.held.values(), time.time())
+            late = self.credit.overdue(self.held.values(), time.monotonic())
+            await self._let_go(late, "held far past its timeout: taken back by the gateway")
             await self.credit.save(self.redis)
+            self._update_room()
