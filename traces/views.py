@@ -46,7 +46,11 @@ def api_view(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
         if not request.user.is_authenticated:
             # Said of every API view, traces and worker names alike (a review).
             return JsonResponse(
-                {"error": "sign in first: POST /accounts/login/, then send its session cookie"},
+                {
+                    "error": "sign in first: GET /accounts/login/ for its csrftoken cookie, "
+                    "POST username, password and csrfmiddlewaretoken to it, then send the "
+                    "sessionid cookie it sets"
+                },
                 status=401,
             )
         return view(request, *args, **kwargs)

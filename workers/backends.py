@@ -317,8 +317,8 @@ class _Call:
                 "start it with `python manage.py frlm_simserver`"
                 if spec.kind == "sim"
                 # Said on the run page too, where there is no --base-url (a review).
-                else "check the endpoint's URL (frlm_run's --base-url, or FRLM_ENDPOINTS for "
-                "the launcher) and that its server is up"
+                else "check the endpoint's URL (frlm_run's --base-url, FRLM_ENDPOINTS for the "
+                "launcher, a worker's own frlm_worker --backend) and that its server is up"
             )
             return ModelError(f"cannot reach the model endpoint {spec.base_url} ({exc}); {hint}")
         if isinstance(exc, openai.APIStatusError):

@@ -22,6 +22,8 @@ NONE = "NONE"
 # What map_reduce answers when no fragment's reply helps: a run's FINAL of None said "None"
 # and "succeeded" (a review).
 NOT_FOUND = "No part of the context answers the question."
+# ... and when no sub-query answered at all (a budget stop, say): not the same thing.
+NO_ANSWER = "No answer: no sub-query answered"
 DEFAULT_CHUNK = 50_000
 DEFAULT_FANOUT = 64
 
@@ -52,6 +54,11 @@ class Functions:
     llm_query_batched: Callable[..., Any]
     rlm_query: Callable[..., Any]
     context: Any
+
+
+def _nothing(answer: Any) -> bool:
+    """Whether map_reduce found nothing to answer with."""
+    return answer is None or answer == NOT_FOUND or str(answer).startswith(NO_ANSWER)
 
 
 def useful(replies: Sequence[Any]) -> list[str]:
@@ -115,8 +122,8 @@ def _bind(fn: Functions) -> dict[str, Callable[..., Any]]:
     ) -> Any:
         """Ask one sub-query per fragment (all in one batch), then reduce the useful
         replies: with ``reduce`` (plain Python over the list) or one combining sub-query;
-        with none useful, NOT_FOUND. ``fragments`` defaults to the context cut into
-        ``chunk_size`` characters."""
+        with none useful, NOT_FOUND (NO_ANSWER, with the first failure, when every reply
+        failed). ``fragments`` defaults to the context cut into ``chunk_size`` characters."""
         parts = fragments_of(fragments, chunk_size, overlap)
         head = (header or MAP_HEADER).format(question=question)
         replies = fn.llm_query_batched([head + part for part in parts]) if parts else []
@@ -124,7 +131,10 @@ def _bind(fn: Functions) -> dict[str, Callable[..., Any]]:
         if reduce is not None:
             return reduce(found)
         if not found:
-            return NOT_FOUND
+            failed = [str(r) for r in replies if str(r).startswith(FAILED)]
+            if not failed:
+                return NOT_FOUND
+            return f"{NO_ANSWER} ({len(failed)} of {len(replies)} failed; first: {failed[0][:300]})"
         if len(set(found)) == 1:
             return found[0]
         return combine(question, found)
@@ -205,8 +215,8 @@ def _bind(fn: Functions) -> dict[str, Callable[..., Any]]:
         parts = fragments_of(fragments, chunk_size, 0)
         current = draft if draft is not None else map_reduce(question, parts)
         for _round in range(rounds):
-            if current is None or (accept is not None and accept(str(current))):
-                break
+            if _nothing(current) or (accept is not None and accept(str(current))):
+                break  # nothing to improve (a review: NOT_FOUND was "improved" into a guess)
             head = REFINE_HEADER.format(question=question, draft=" ".join(str(current).split()))
             changes = [
                 r for r in useful(fn.llm_query_batched([head + p for p in parts]))

@@ -165,7 +165,7 @@ def test_it_fails_the_run_when_the_model_endpoint_is_down(venues, subprocess_env
     assert result["status"] == "failed"
     assert f"cannot reach the model endpoint {url}" in result["error"]
     # Said on the run page too, where there is no --base-url: both ways named.
-    assert "frlm_run's --base-url, or FRLM_ENDPOINTS for the launcher" in result["error"]
+    assert "frlm_run's --base-url, FRLM_ENDPOINTS for the launcher" in result["error"]
     events = trace(Run.objects.get(id=result["run_id"]))
     assert named(events, "Run.Decode", "end")[0]["status"] == "error"
 

@@ -70,10 +70,35 @@ def test_it_maps_every_fragment_in_one_batch_then_reduces(setup: Any) -> None:
 def test_map_reduce_with_no_useful_reply_says_so_rather_than_none(setup: Any) -> None:
     """A run's FINAL(map_reduce(...)) over a context that does not answer said "None", and
     the run "succeeded" (a review)."""
-    _workers, bound, _context = setup
+    workers, bound, _context = setup
     elsewhere = "What is the special magic number for violet-omega mentioned in the text?"
     assert bound["map_reduce"](elsewhere, chunk_size=20_000) == patterns.NOT_FOUND
     assert bound["map_reduce"](elsewhere, chunk_size=20_000, reduce=len) == 0
+    # refine has nothing to improve: it stops (it "improved" NOT_FOUND into a guess).
+    workers.batches.clear()
+    assert bound["refine"](elsewhere, chunk_size=20_000) == patterns.NOT_FOUND
+    assert len(workers.batches) == 1  # the map only, no rounds
+
+
+def test_map_reduce_whose_every_sub_query_failed_says_so_not_that_nothing_answers(
+    setup: Any,
+) -> None:
+    """A budget stop's markers read as "No part of the context answers the question.", a
+    claim about the context that no sub-query made (a review)."""
+    workers, bound, _context = setup
+    workers.llm_query_batched = lambda prompts, tier=None: [  # type: ignore[method-assign]
+        f"[frlm:budget] sub-query {i}: run budget reached" for i, _ in enumerate(prompts)
+    ]
+    functions = patterns.Functions(
+        llm_query=workers.llm_query,
+        llm_query_batched=workers.llm_query_batched,
+        rlm_query=workers.rlm_query,
+        context=_context,
+    )
+    said = patterns.bind(functions)["map_reduce"](QUESTION, chunk_size=20_000)
+    assert said.startswith(patterns.NO_ANSWER + " (")
+    assert "failed; first: [frlm:budget] sub-query 0: run budget reached" in said
+    assert patterns.bind(functions)["refine"](QUESTION, chunk_size=20_000) == said
 
 
 def test_it_decomposes_to_the_depth_bound_with_one_batch_per_level(setup: Any) -> None:

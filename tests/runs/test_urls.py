@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from tests.pages.helpers import make_user
+from tests.pages.helpers import PASSWORD, make_user
 
 
 @pytest.mark.django_db
@@ -24,12 +24,23 @@ def test_runs_slash_asks_an_anonymous_visitor_to_sign_in():
 
 
 @pytest.mark.django_db
-def test_the_apis_ask_a_script_signed_out_to_sign_in_whatever_it_asked():
+def test_the_apis_ask_a_script_signed_out_to_sign_in_whatever_it_asked(stack):
     """Signed out, /api/worker-names answered "sign in to read traces" (a review)."""
     for url in ("/api/worker-names", "/api/runs/rnothere/events"):
         answer = Client().get(url)
         assert answer.status_code == 401, url
-        assert answer.json()["error"].startswith("sign in first: POST /accounts/login/"), url
+        assert answer.json()["error"].startswith("sign in first: GET /accounts/login/"), url
+    # What it says works, CSRF checked as in production.
+    make_user("scripted")
+    script = Client(enforce_csrf_checks=True)
+    script.get("/accounts/login/")
+    token = script.cookies["csrftoken"].value
+    signed = script.post(
+        "/accounts/login/",
+        {"username": "scripted", "password": PASSWORD, "csrfmiddlewaretoken": token},
+    )
+    assert signed.status_code == 302 and "sessionid" in script.cookies
+    assert script.get("/api/worker-names").status_code == 200
 
 
 @pytest.mark.django_db
