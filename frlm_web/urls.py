@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.shortcuts import redirect
+from django.templatetags.static import static
 from django.urls import include, path
 
 from frlm_web import accounts, vendor
@@ -38,6 +40,9 @@ urlpatterns = [
         name="password_change_done",
     ),
     path("", include("runs.urls")),
+    # What a browser asks for by itself on a page that names no icon (the admin's): a 404
+    # on every admin page's console (a review).
+    path("favicon.ico", lambda _request: redirect(static("favicon.svg"), permanent=True)),
     path("venues", worker_views.venues_page, run_reads, name="venues"),
     path("venues/panel", worker_views.venues_panel, run_reads, name="venues-panel"),
     path("venues/history", worker_views.venues_history, run_reads, name="venues-history"),

@@ -100,3 +100,9 @@ def test_an_exact_replay_says_its_cost_is_recorded_and_the_dashboard_adds_none_o
     assert "(recorded: this replay called no model and spent nothing)" in format_summary(
         summarise(exact)
     )
+
+
+def test_a_browser_asking_for_favicon_ico_is_sent_to_the_icon():
+    """Every admin page logged a 404 for /favicon.ico (a review)."""
+    answer = Client().get("/favicon.ico")
+    assert answer.status_code == 301 and answer["Location"].endswith("favicon.svg")
