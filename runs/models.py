@@ -25,7 +25,7 @@ def _lost_text(lost: dict[str, Any]) -> str:
     return (
         f"worker {lost.get('worker_id')} of venue {lost.get('venue')} left while it held "
         f"{held} attempt{'s' if held != 1 else ''}; "
-        f"{'each was' if held != 1 else 'it was'} sent again while tries remained"
+        f"{'each was' if held != 1 else 'it was'} tried again while tries and workers remained"
     )
 
 

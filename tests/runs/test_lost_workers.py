@@ -33,11 +33,11 @@ def test_the_page_and_the_summary_name_the_workers_a_run_lost():
     # A worker names itself: what it wrote is escaped.
     assert "w-&lt;b&gt;1&lt;/b&gt; of venue edge left while it held 3 attempts" in page
     assert "<b>1</b>" not in page
-    assert "worker w-2 of venue local left while it held 1 attempt; it was sent again" in page
+    assert "worker w-2 of venue local left while it held 1 attempt; it was tried again" in page
     printed = format_summary(summarise(run))
     assert (
         "lost       worker w-<b>1</b> of venue edge left while it held 3 attempts; each was "
-        "sent again while tries remained"
+        "tried again while tries and workers remained"
     ) in printed
     assert summarise(run)["accounts"]["lost"] == lost
 

@@ -2,8 +2,8 @@
 a venue whose workers all left), is given up and tried again elsewhere while attempts remain.
 A broker worker has left the moment its alive line drops (workers/alive.py, read every
 ALIVE_EVERY_S), any worker when its presence lapses or the gateway says its connection
-dropped. When no venue has a live worker at all, the batch waits a while for one to come back:
-devices of a swarm come and go."""
+dropped. When no venue has a live worker at all, the batch waits for one to come back as long
+as one attempt may take (policy.subquery_timeout_s): devices of a swarm come and go."""
 
 from __future__ import annotations
 
@@ -20,8 +20,6 @@ from workers.reputation import Observation
 from workers.services import worker_mark_lost
 
 NO_VENUE = "no live worker on any of the run's venues"
-# How long a batch waits for a worker to come back when every one has left.
-NO_WORKER_GRACE_S = 15.0
 # How often the alive lines of the workers holding this batch's work are read: one PUBSUB
 # NUMSUB round trip for all of them.
 ALIVE_EVERY_S = 0.1
@@ -41,7 +39,11 @@ class Liveness:
     _alive_read: float = field(default=0.0, init=False)
 
     def __post_init__(self) -> None:
-        self._grace_s = min(NO_WORKER_GRACE_S, self.scope.policy.subquery_timeout_s)
+        # How long a batch waits for a worker to come back when every one has left: as long
+        # as one attempt may take. 15 s failed a run whose one remote worker's link was down
+        # for 20 s, most of its batch "no live worker", and the run "succeeded" on the rest
+        # (a review).
+        self._grace_s = self.scope.policy.subquery_timeout_s
 
     def check_deadlines(self, wave: Wave) -> None:
         now = time.time()
