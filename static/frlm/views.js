@@ -373,8 +373,9 @@
         bar("ok", ok, C.ok), bar("failed", failed, C.err), bar("cancelled", cancelled, C.cancelled),
         bar("running", run, C.blue), bar("queued", queued, C.purple),
       ];
-      // Two short lines above the strip (a view is a third of the page wide): amounts,
-      // then the cap and what went wrong.
+      // Short lines above the strip (a view is a third of the page wide): amounts, the
+      // cap, then what went wrong on a line of its own (on the cap's line it ran off the
+      // panel, a review).
       let budgetText;
       if (!B.events) budgetText = "no budget cap";
       else {
@@ -384,8 +385,10 @@
           data.push(money("left of the cap", Math.max(0, B.cap - settled - reserved), C.idle));
           budgetText += `of $${fmt$(B.cap)} cap (${Math.round((100 * (settled + reserved)) / Math.max(B.cap, 1e-12))}%)`;
         } else budgetText += "no budget cap";
-        if (B.refused) budgetText += ` · ${B.refused} refused`;
-        if (B.alerts.length) budgetText += " · alert: " + B.alerts.map((a) => `${esc(a.scope || "?")} at ${Math.round(100 * (num(a.fraction) || 0))}%`).join(", ");
+        const wrong = [];
+        if (B.refused) wrong.push(`${B.refused} refused`);
+        if (B.alerts.length) wrong.push("alert: " + B.alerts.map((a) => `${esc(a.scope || "?")} at ${Math.round(100 * (num(a.fraction) || 0))}%`).join(", "));
+        if (wrong.length) budgetText += "<br>" + wrong.join(" · ");
       }
       this._draw("fill", data, layout({
         barmode: "stack", margin: { l: 48, r: 10, t: 4, b: 22 },
@@ -395,16 +398,17 @@
             font: { size: 10, color: B.alerts.length || B.refused ? C.err : B.events ? C.gold : C.muted },
           },
           {
-            text: `${A.ok + A.error + A.timeout + A.cancelled}/${A.submitted} settled · tokens ${FRLM.fmtCount(A.tin + A.tout)} · cost $${A.cost.toFixed(4)}`
+            // Top right: below the budget text it sat on the budget's axis (a review).
+            text: `${A.ok + A.error + A.timeout + A.cancelled}/${A.submitted} settled<br>tokens ${FRLM.fmtCount(A.tin + A.tout)} · cost $${A.cost.toFixed(4)}`
               + (A.cache.hits + A.cache.misses ? `<br>cache ${A.cache.hits} hit${A.cache.hits === 1 ? "" : "s"}, ${A.cache.misses} miss${A.cache.misses === 1 ? "" : "es"}` : ""),
-            xref: "paper", yref: "paper", x: 1, y: 0.57, xanchor: "right", yanchor: "bottom", showarrow: false,
+            xref: "paper", yref: "paper", x: 1, y: 1, xanchor: "right", yanchor: "top", align: "right", showarrow: false,
             font: { size: 10, color: C.fg },
           },
         ],
         xaxis: Object.assign({}, AXIS, { rangemode: "tozero" }),
-        yaxis: Object.assign({}, AXIS, { autorange: "reversed", domain: [0, 0.55] }),
+        yaxis: Object.assign({}, AXIS, { autorange: "reversed", domain: [0, 0.5] }),
         xaxis2: Object.assign({}, AXIS, { anchor: "y2", rangemode: "tozero", tickprefix: "$", visible: B.events > 0, range: B.cap > 0 ? [0, B.cap] : undefined }),
-        yaxis2: Object.assign({}, AXIS, { domain: [0.7, 0.8], visible: B.events > 0 }),
+        yaxis2: Object.assign({}, AXIS, { domain: [0.62, 0.68], visible: B.events > 0 }),
       }));
     }
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import secrets
 import signal
 import subprocess
@@ -78,7 +79,7 @@ class Command(FrlmCommand):
         else:
             self.start_supervisor(state, web_port)
             self.stdout.write(
-                f"up: web console on http://127.0.0.1:{web_port}/ (sign in as demo), "
+                f"up: web console on http://{console_host()}:{web_port}/ (sign in as demo), "
                 f"simulated model at {settings.FRLM_SIM_URL}, logs in {state / 'logs'}; "
                 "`python manage.py frlm_status` shows what runs and what was restarted"
             )
@@ -187,3 +188,10 @@ class Command(FrlmCommand):
             )
         )
         self.stdout.write(f"demo user: demo / {password}  (set FRLM_DEMO_PASSWORD to choose it)")
+
+
+def console_host() -> str:
+    """Where the web server listens, as a browser on this machine reaches it: it said
+    127.0.0.1 with FRLM_WEB_HOST=10.77.0.1, which refused (a review)."""
+    host = os.environ.get("FRLM_WEB_HOST") or "127.0.0.1"
+    return "127.0.0.1" if host in ("0.0.0.0", "::") else host  # noqa: S104 - read, not bound

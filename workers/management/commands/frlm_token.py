@@ -31,8 +31,9 @@ class Command(FrlmCommand):
         parser.add_argument(
             "--trusted",
             action="store_true",
-            help="trust the venue this creates: its workers may consume the broker and its "
-            "answers are not checked (default: untrusted, whatever its name or kind)",
+            help="trust the venue this creates: its workers may consume the broker, and its "
+            "answers stand alone where a tier checks answers (default: untrusted, whatever "
+            "its name or kind)",
         )
         parser.add_argument(
             "--ttl-hours",
@@ -95,8 +96,12 @@ class Command(FrlmCommand):
             trust = (
                 "trusted"
                 if row.trusted
-                else "untrusted: its workers take jobs through the gateway and their answers "
-                "are checked; --trusted when it creates a venue trusts it"
+                # "Checked" it said, while the default tier takes every answer as it comes
+                # (a review).
+                else "untrusted: its workers take jobs through the gateway, and their answers "
+                "are checked by runs on tier=redundant or high_trust (the default, "
+                "best_effort, takes them as they come); --trusted when it creates a venue "
+                "trusts it"
             )
             self.stderr.write(f"created venue {venue!r} (kind {row.kind}, {trust})")
         expires = f"expires {token.expires:%Y-%m-%d %H:%M} UTC" if token.expires else "no expiry"

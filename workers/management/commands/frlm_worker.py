@@ -52,8 +52,11 @@ class Command(FrlmCommand):
         )
         parser.add_argument(
             "--token",
-            default=None,
-            help="the venue's enrolment token (`manage.py frlm_token`); required with --server",
+            # From the environment too: on the command line every user of the machine sees
+            # it in `ps` (a review).
+            default=os.environ.get("FRLM_ENROLMENT_TOKEN") or None,
+            help="the venue's enrolment token (`manage.py frlm_token`); required with --server "
+            "(default: FRLM_ENROLMENT_TOKEN, which keeps it out of `ps`)",
         )
         parser.add_argument(
             "--connect",
@@ -265,8 +268,8 @@ class Command(FrlmCommand):
         if options["server"]:
             if not options["token"]:
                 raise CommandError(
-                    "--server needs --token: an enrolment token of the venue "
-                    "(`python manage.py frlm_token --venue VENUE` on the server)"
+                    "--server needs --token (or FRLM_ENROLMENT_TOKEN): an enrolment token of "
+                    "the venue (`python manage.py frlm_token --venue VENUE` on the server)"
                 )
             return HttpControl(options["server"], options["token"], key)
         # On the database's machine the worker may create its venue, like the demo needs.
