@@ -178,6 +178,53 @@ def strikes_key(worker_id: str) -> str:
     return f"frlm:worker:{worker_id}:strikes"
 
 
+def credit_key(worker_id: str) -> str:
+    """What the gateway lets the worker hold (workers/gateway/credit.py)."""
+    return f"frlm:worker:{worker_id}:credit"
+
+
+def heir_key(worker_id: str) -> str:
+    """The earlier registration of the same key whose reputation this worker takes on."""
+    return f"frlm:worker:{worker_id}:heir_of"
+
+
+# --- a worker registered again takes on its record --------------------------------------
+# A restart registers a new worker (a new id: the conductor must see the old process gone),
+# and every record was the id's: a liar caught at reputation 0 came back with none and got
+# work again (a federation review). So a registration with the key of an earlier one of the
+# venue takes on its record: its strikes and its gateway credit at once (the web server that
+# registers may write them), its reputation when a conductor first meets it (only they may
+# write reputations): `heir_key` names the earlier id until then.
+HEIR_KEEP_S = 30 * 86400
+_INHERIT = """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  local h = redis.call('HGETALL', KEYS[2])
+  if #h > 0 then redis.call('HSET', KEYS[1], unpack(h)) end
+end
+redis.call('DEL', KEYS[3])
+return 1
+"""
+_INHERIT_SCRIPT = LuaScript(_INHERIT)
+
+
+def record_bequeath(client: redis.Redis, earlier: str, worker_id: str) -> None:
+    """`worker_id` takes on `earlier`'s record: strikes and credit now (as they stand, with
+    the time they had left), its reputation at a conductor's next look (Reputations)."""
+    keys = (strikes_key, credit_key)
+    pipe = client.pipeline(transaction=False)
+    for key_of in keys:
+        pipe.get(key_of(earlier))
+        pipe.pttl(key_of(earlier))
+    replies = pipe.execute()
+    pipe = client.pipeline(transaction=False)
+    for i, key_of in enumerate(keys):
+        value, ttl = replies[2 * i], replies[2 * i + 1]
+        if value is not None:
+            pipe.set(key_of(worker_id), value, px=ttl if ttl > 0 else None)
+    pipe.set(heir_key(worker_id), earlier, ex=HEIR_KEEP_S)
+    pipe.execute()
+
+
 # A worker's strikes are kept as "<count>@<epoch seconds>": the count as it stood then.
 # Reading decays it to now; a strike decays it and adds one, so a worker that forged once
 # long ago is not halved for ever (the other terms forget too). The key expires once what
@@ -267,13 +314,34 @@ class Reputations:
         self.lie_penalty = lie_penalty  # the weight of one failed agreement or validation
         self._pending: list[Observation] = []
         self.known: dict[str, Reputation] = {}
+        self._met: set[str] = set()  # workers whose inheritance was looked for
 
     def observe(self, observation: Observation) -> None:
         self._pending.append(observation)
 
     def refresh(self, worker_ids: list[str]) -> None:
         self.flush()
+        self._inherit(worker_ids)
         self.known.update(load(self.client, worker_ids))
+
+    def _inherit(self, worker_ids: list[str]) -> None:
+        """Workers met for the first time take on the reputation of the earlier registration
+        their key had (record_bequeath), unless they have one of their own already."""
+        new = [wid for wid in worker_ids if wid not in self._met]
+        if not new:
+            return
+        self._met.update(new)
+        pipe = self.client.pipeline(transaction=False)
+        for wid in new:
+            pipe.get(heir_key(wid))
+        heirs = pipe.execute()
+        pipe = self.client.pipeline(transaction=False)
+        for wid, earlier in zip(new, heirs, strict=True):
+            if earlier:
+                old = earlier.decode() if isinstance(earlier, bytes) else earlier
+                keys = [rep_key(wid), rep_key(old), heir_key(wid)]
+                _INHERIT_SCRIPT(keys=keys, args=[], client=pipe)
+        pipe.execute()
 
     def flush(self) -> list[Reputation]:
         """Apply the observations since the last flush: one script call per worker, its

@@ -25,7 +25,7 @@ from frlm_web.money import ZERO, money, money_str
 from frlm_web.redis_client import get_redis
 from workers import keys
 from workers.models import WORKER_ID, EnrolmentToken, Venue, Worker, token_digest, worker_queue
-from workers.reputation import strike_add, strikes_at, strikes_key
+from workers.reputation import record_bequeath, strike_add, strikes_at, strikes_key
 from workers.venues import Link, LiveWorker, presence_group
 
 log = logging.getLogger(__name__)
@@ -322,8 +322,20 @@ def worker_register(plaintext_token: str, data: Any, *, in_process: bool = False
             "choose another name, or wait for the other worker to leave",
             {"name": ["taken in this venue"]},
         ) from exc
+    _take_on_record(worker)
     log.info("worker %s registered as %s in venue %s", worker.id, worker.name, worker.venue)
     return worker
+
+
+def _take_on_record(worker: Worker) -> None:
+    """The record of the venue's last registration of the same key, if any (record_bequeath)."""
+    same_key = Worker.objects.filter(venue=worker.venue, public_key=worker.public_key)
+    earlier = same_key.exclude(id=worker.id).order_by("-registered").values_list("id", flat=True)
+    if earlier:
+        try:
+            record_bequeath(get_redis(), earlier[0], worker.id)
+        except redis.RedisError as exc:
+            log.warning("worker %s starts with no record of %s: %s", worker.id, earlier[0], exc)
 
 
 # --- taking a name back: proof of holding its key ----------------------------------------

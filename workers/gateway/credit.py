@@ -27,6 +27,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from workers.gateway.relay import Held
+from workers.reputation import credit_key
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +35,6 @@ START = 32
 KEEP_S = 3600
 LATE_TIMES = 4
 LATE_GRACE_S = 5.0
-
-
-def credit_key(worker_id: str) -> str:
-    return f"frlm:worker:{worker_id}:credit"
 
 
 class Credit:
