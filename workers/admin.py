@@ -75,12 +75,17 @@ class EnrolmentTokenAdmin(admin.ModelAdmin):
     )
     def revoke(self, request: HttpRequest, queryset: Any) -> None:
         revoked, tokens = _revoked(queryset)
-        staying = _enrolled(tokens).count()
+        staying = _enrolled(tokens)
+        online = staying.filter(status=Worker.Status.ACTIVE).count()
+        lost = staying.count() - online
         message = f"{revoked} token(s) revoked: nobody can join or register again with them."
-        if staying:
+        if online or lost:
+            # Said apart: lost ones were counted as working (a review).
             message += (
-                f" {staying} worker(s) that joined with them still work; to cut them off "
-                "too, use 'Revoke the selected tokens and deregister the workers they let in'."
+                f" {online} worker(s) that joined with them still work"
+                + (f" and {lost} lost one(s) may come back" if lost else "")
+                + "; to cut them off too, use 'Revoke the selected tokens and deregister the "
+                "workers they let in'."
             )
         messages.success(request, message)
 

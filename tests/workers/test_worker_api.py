@@ -459,17 +459,19 @@ def test_revoking_a_token_in_the_admin_says_who_stays_and_can_cut_them_off(clien
 
     # From the list filtered to tokens not revoked, as an admin looking for live ones sees
     # it: the action's queryset carries the filter (it found nobody once it had revoked).
+    lost = joined(token, keys.generate(), name="gpu-lost")
+    Worker.objects.filter(id=lost.id).update(status=Worker.Status.LOST)
     assert act("revoke", "?revoked__exact=0") == [
         "1 token(s) revoked: nobody can join or register again with them. 1 worker(s) that "
-        "joined with them still work; to cut them off too, use 'Revoke the selected tokens "
-        "and deregister the workers they let in'."
+        "joined with them still work and 1 lost one(s) may come back; to cut them off too, use "
+        "'Revoke the selected tokens and deregister the workers they let in'."
     ]
     beat = f"/api/workers/{worker.id}/heartbeat"
     assert signed_post(client, beat, {"inflight": 0}, key).status_code == 200
     assert register(client, token, registration(other_key, name="gpu-2")).status_code == 401
     EnrolmentToken.objects.filter(pk=row.pk).update(revoked=False)
     assert act("revoke_and_deregister", "?revoked__exact=0") == [
-        "1 token(s) revoked and 1 worker(s) that joined with them deregistered: each is told "
+        "1 token(s) revoked and 2 worker(s) that joined with them deregistered: each is told "
         "at its next heartbeat and gets no more work."
     ]
     assert Worker.objects.get(id=worker.id).status == "deregistered"
