@@ -3,6 +3,7 @@ retries, a worker killed mid-run, a venue with no live worker."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -295,3 +296,19 @@ def test_a_refusal_after_the_job_started_is_a_failure_like_any_other():
     assert not Intake._unserved(flight, refusal)
     flight.outcome.attempts = 2  # the next attempt, on another worker, not started yet
     assert Intake._unserved(flight, refusal)
+
+
+def test_a_workers_error_names_the_worker_that_said_it(venues):
+    """ "the model endpoint http://127.0.0.1:33853/v1 answered HTTP 500" was a remote
+    worker's own endpoint, and nothing said whose (a federation review)."""
+    run = finish(
+        launch(
+            question=scripted(batch_program(3)),
+            worker_sim={"failure_rate": 1.0},
+            policy={"max_retries": 0, "hedge": "off"},
+        )
+    )
+    assert run.status == "failed", (run.status, run.answer)
+    assert re.search(r"first: worker w\w+ of (local|edge): ", run.error), run.error
+    ends = named(trace(run), "SubQuery.Submit", "end")
+    assert ends and all(e["attrs"]["error"].startswith("worker w") for e in ends), ends[0]

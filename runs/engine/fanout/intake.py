@@ -141,7 +141,10 @@ class Intake:
             self.attempts.retry_or_settle(flight, "error", result["error"], wave)
         elif status == "error":
             self.router.observe(flight, False)
-            self.attempts.retry_or_settle(flight, "error", result.get("error", "failed"), wave)
+            # Which worker said it: "the model endpoint http://127.0.0.1:33853/v1 answered
+            # HTTP 500" was a remote worker's own endpoint, and nothing said whose (a review).
+            said = f"worker {wid} of {flight.venue}: {result.get('error', 'failed')}"
+            self.attempts.retry_or_settle(flight, "error", said, wave)
         else:
             if self._dropped_unasked(flight):
                 # A failure, as an error is: a worker that dropped every job it took so kept
