@@ -562,7 +562,7 @@ def test_it_records_the_chain_hash_of_the_last_receipt_issued_whatever_emits_las
     receipt(2)
     second_done.set()
     slow.join(10)
-    summary = accounts.figures({}, 0)["receipts"]
+    summary = accounts.figures({}, 0, [])["receipts"]
     assert (summary["count"], summary["head"]) == (2, accounts.chain.head)
 
 
