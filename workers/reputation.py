@@ -215,13 +215,18 @@ def record_bequeath(client: redis.Redis, earlier: str, worker_id: str) -> None:
     for key_of in keys:
         pipe.get(key_of(earlier))
         pipe.pttl(key_of(earlier))
+    pipe.get(heir_key(earlier))
     replies = pipe.execute()
+    # One no conductor met yet holds no reputation of its own, only its heir_of: the record
+    # is that one's (a review laundered a liar's record through a name never connected).
+    pending = replies[-1]
+    source = (pending.decode() if isinstance(pending, bytes) else pending) or earlier
     pipe = client.pipeline(transaction=False)
     for i, key_of in enumerate(keys):
         value, ttl = replies[2 * i], replies[2 * i + 1]
         if value is not None:
             pipe.set(key_of(worker_id), value, px=ttl if ttl > 0 else None)
-    pipe.set(heir_key(worker_id), earlier, ex=HEIR_KEEP_S)
+    pipe.set(heir_key(worker_id), source, ex=HEIR_KEEP_S)
     pipe.execute()
 
 

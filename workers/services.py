@@ -273,15 +273,13 @@ def registration_clean(data: Any, venue: Venue) -> Registration:
 
 
 def worker_register(plaintext_token: str, data: Any, *, in_process: bool = False) -> Worker:
-    """1. check the token, 2. check every field, 3. if the name is held by a live
-    registration, take it back only for the same key and only with proof of holding that
-    key: its signature over a fresh challenge (ChallengeRequired hands one out; a restart
-    answers it); the previous registration is retired, so its id leaves presence and the
-    conductor re-dispatches what the old process held, 4. create the worker. It joins
-    presence with its first heartbeat, once it consumes its queues.
-
-    `in_process`: the caller runs with the database's rights (LocalControl), which prove
-    more than a signature would; the HTTP API never sets it."""
+    """1. check the token, 2. every field, 3. if the name is held by a live registration,
+    or the key is one the venue knows, proof of holding that key: its signature over a fresh
+    challenge (ChallengeRequired hands one out; a restart answers it); a previous one of the
+    name is retired, its id leaves presence and the conductor re-dispatches what it held,
+    4. create the worker, 5. its key's record (_take_on_record). It joins presence with its
+    first heartbeat. `in_process`: the caller has the database's rights (LocalControl),
+    which prove more than a signature; the HTTP API never sets it."""
     token = token_check(plaintext_token)
     reg = registration_clean(data, token.venue)
     try:
@@ -300,7 +298,8 @@ def worker_register(plaintext_token: str, data: Any, *, in_process: bool = False
                         "or have the operator deregister it in the admin",
                         {"name": ["taken in this venue by a worker with another key"]},
                     )
-            if previous and not in_process:
+            known = Worker.objects.filter(venue=token.venue, public_key=reg["public_key"])
+            if (previous or known.exists()) and not in_process:
                 _possession_check(token.venue, reg, data)
             for old in previous:
                 _retire(old, "registered again")
@@ -322,20 +321,20 @@ def worker_register(plaintext_token: str, data: Any, *, in_process: bool = False
             "choose another name, or wait for the other worker to leave",
             {"name": ["taken in this venue"]},
         ) from exc
-    _take_on_record(worker)
+    _take_on_record(worker, known)
     log.info("worker %s registered as %s in venue %s", worker.id, worker.name, worker.venue)
     return worker
 
 
-def _take_on_record(worker: Worker) -> None:
-    """The record of the venue's last registration of the same key, if any (record_bequeath)."""
-    same_key = Worker.objects.filter(venue=worker.venue, public_key=worker.public_key)
-    earlier = same_key.exclude(id=worker.id).order_by("-registered").values_list("id", flat=True)
-    if earlier:
-        try:
-            record_bequeath(get_redis(), earlier[0], worker.id)
-        except redis.RedisError as exc:
-            log.warning("worker %s starts with no record of %s: %s", worker.id, earlier[0], exc)
+def _take_on_record(worker: Worker, same_key: Any) -> None:
+    """The record of the venue's last registration of its key (record_bequeath); none where
+    this process may not write records (in-process, as the broker's `worker` role)."""
+    earlier = same_key.exclude(id=worker.id).order_by("-registered").first()
+    try:
+        if earlier is not None:
+            record_bequeath(get_redis(), earlier.id, worker.id)
+    except redis.RedisError as exc:
+        log.info("worker %s starts with no record of %s: %s", worker.id, earlier, exc)
 
 
 # --- taking a name back: proof of holding its key ----------------------------------------
@@ -391,7 +390,7 @@ def _possession_check(venue: Venue, reg: Registration, data: dict[str, Any]) -> 
     name = reg["name"]
     if "challenge" not in data:
         raise ChallengeRequired(
-            f"venue {venue.name!r} has a live worker named {name!r} with this key",
+            f"venue {venue.name!r} has a worker named {name!r} or with this key",
             fix,
             worker_challenge(venue, name, reg["public_key"]),
         )
@@ -520,20 +519,21 @@ def live_entry(worker: Worker, figures: Figures, link: Link | None = None) -> Li
     """The presence entry of `worker` with this heartbeat's figures and how it is
     connected (a broker worker, unless the gateway says otherwise)."""
     inflight = int(figures.get("inflight", 0))
+    slots = int((link or {}).get("concurrency") or worker.concurrency)  # the gateway's credit
     entry: LiveWorker = {
         "worker_id": worker.id,
         "name": worker.id,
         "label": worker.name,
         "venue": worker.venue.name,
         "queue": worker.queue,
-        "concurrency": worker.concurrency,
+        "concurrency": slots,
         "models": list(worker.models_served),
         "context_tokens": worker.context_tokens,
         "price_in": money_str(worker.price_in),
         "price_out": money_str(worker.price_out),
         "trusted": worker.venue.trusted,
         "inflight": inflight,
-        "load": inflight / max(1, worker.concurrency),
+        "load": inflight / max(1, slots),
         "memory_mb": float(figures.get("memory_mb") or 0.0),
         "latency_ms": figures.get("latency_ms"),  # type: ignore[typeddict-item]
         "draining": bool(figures.get("draining")),

@@ -188,7 +188,9 @@ class ReplCalls:
         outcomes = self.fanout.run_batch(
             prompts_, depth=depth, parent=parent, tier=tier, check=check
         )
-        return self.replies(outcomes, markers_fail=not one)
+        # One prompt keeps its marker, whether asked by llm_query or as a batch of one, as
+        # with validate=f below (a review found the two disagreeing).
+        return self.replies(outcomes, markers_fail=not one and len(outcomes) > 1)
 
     def replies(self, outcomes: list[Outcome], *, markers_fail: bool = True) -> list[str]:
         # No answer at all: the run fails rather than let the program make one up from
@@ -199,8 +201,10 @@ class ReplCalls:
         failing = ("error",) + (("timeout", "rejected", "unresolved") if markers_fail else ())
         failed = [o for o in outcomes if o.status in failing]
         if failed and len(failed) == len(outcomes):
+            first = failed[0]
+            who = f"worker {first.said_by} of {first.venue}: " if first.said_by else ""
             raise FanoutAbort(
-                f"every sub-query of a batch of {len(outcomes)} failed; first: {failed[0].error}"
+                f"every sub-query of a batch of {len(outcomes)} failed; first: {who}{first.error}"
             )
         return [o.reply() for o in outcomes]
 

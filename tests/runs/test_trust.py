@@ -346,3 +346,36 @@ def test_a_redundant_run_with_one_worker_to_ask_is_warned_and_fails_rather_than_
     assert "no other live worker" in run.error, run.error
     best = launch(question=program(4), venues=["solo"], policy={"tier": "best_effort"})
     assert tier_note(best) == ""
+
+
+def test_a_batch_after_the_venues_workers_left_waits_for_them_to_come_back(swarm_factory):
+    """The link of a run's one remote worker dropped between two batches: the next batch
+    failed the run at once ("no live worker on the run's venues"), where the same outage a
+    moment later, inside a batch, was ridden out (a review). Only the run's first batch
+    fails at once; a later one waits as long as an attempt may take."""
+    import time
+
+    from runs.models import Run
+    from tests.helpers import wait_until
+    from traces import store
+
+    swarm = swarm_factory("comeback", 2, latency=20)
+    cells = [
+        "a = llm_query_batched(['first %d' % i for i in range(4)])\nprint(len(a))",
+        "import time\ntime.sleep(4)\nb = llm_query_batched(['second %d' % i for i in range(4)])"
+        "\nFINAL(str(len(a) + len(b)))",
+    ]
+    run = launch(question=scripted(*cells), venues=["comeback"], policy={"hedge": "off"})
+
+    def first_cell_done() -> bool:
+        ends = named(store.read_events(run.id), "Repl.Exec", "end")
+        return bool(ends)
+
+    wait_until(first_cell_done, timeout=60, what="the first cell")
+    swarm.stop()  # gone before the second batch asks
+    wait_until(lambda: not live_workers(get_redis(), "comeback"), timeout=30, what="none live")
+    time.sleep(4)
+    swarm_factory("comeback", 2, latency=20)
+    run = finish(run, timeout=120)
+    assert run.status == Run.Status.SUCCEEDED, run.error
+    assert run.answer == "8"

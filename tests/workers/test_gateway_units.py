@@ -190,6 +190,23 @@ def test_a_worker_refused_for_its_addresss_failures_waits_and_tries_again() -> N
     with pytest.raises(GatewayThrottled) as caught:
         GatewayAgent._expect(None, Said(throttled), "challenge")  # type: ignore[arg-type]
     assert caught.value.wait_s == 7
-    for refusal in ({**throttled, "retry_after": None}, {**throttled, "retry_after": 10**9}):
-        with pytest.raises(GatewayRefused):
-            GatewayAgent._expect(None, Said(refusal), "challenge")  # type: ignore[arg-type]
+    with pytest.raises(GatewayThrottled) as caught:
+        GatewayAgent._expect(None, Said({**throttled, "retry_after": 10**9}), "challenge")  # type: ignore[arg-type]
+    assert caught.value.wait_s == 3600  # a long window still ends: it tries again then
+    with pytest.raises(GatewayRefused):
+        GatewayAgent._expect(None, Said({**throttled, "retry_after": None}), "challenge")  # type: ignore[arg-type]
+
+
+def test_a_session_that_ends_holding_jobs_past_their_timeout_costs_the_worker() -> None:
+    """A hoarder dropped its socket just before its jobs went late, for free, and took as
+    many again on its next session, for ever (a review)."""
+    from workers.gateway.credit import START, Credit
+
+    credit = Credit("w1", trusted=False)
+    fresh = relay.Held("r1", "1.1", "a" * 16, "b" * 16, 0, "m", timeout_s=10.0, seen=195.0)
+    stale = relay.Held("r1", "2.1", "c" * 16, "d" * 16, 0, "m", timeout_s=10.0, seen=150.0)
+    unseen = relay.Held("r1", "3.1", "e" * 16, "f" * 16, 0, "m", timeout_s=10.0)
+    credit.left_holding([fresh, unseen], 200.0)
+    assert credit.room(1024) == START  # an honest restart: nothing held that long
+    credit.left_holding([fresh, stale, stale], 200.0)
+    assert credit.room(1024) == START // 4

@@ -62,3 +62,38 @@ def test_a_worker_registered_again_with_its_key_takes_on_its_record(stack):
     fresh = register("gpu-new", keys.generate())
     Reputations(client).refresh([fresh])
     assert not load(client, [fresh])[fresh].suspect
+
+
+@pytest.mark.django_db
+def test_a_record_is_not_laundered_through_a_name_no_conductor_met(stack):
+    """A review registered a throwaway name with a caught liar's key (never connected, so
+    no conductor took the record on), then the real name again: it came back clean."""
+    client = get_redis()
+    key = keys.generate()
+    liar = register("laundry", key)
+    caught = Reputations(client)
+    for _ in range(6):
+        caught.observe(Observation(liar, completion=True, agreement=False))
+    caught.flush()
+    throwaway = register("never-connected", key)
+    back = register("laundry", key)
+    assert client.get(heir_key(back)) == liar.encode(), throwaway  # the record's, not its
+    Reputations(client).refresh([back])
+    assert load(client, [back])[back].suspect
+
+
+@pytest.mark.django_db
+def test_a_known_key_registers_under_a_new_name_only_with_proof_of_holding_it(stack, client):
+    """The possession check ran only for a name already taken: anyone with a token could
+    register a victim's public key (in every receipt) under a new name, and leave the
+    victim's next start that worker's record."""
+    victim_key = keys.generate()
+    register("victim", victim_key, venue="keyed")
+    data = {
+        "name": "impostor",
+        "venue": "keyed",
+        "concurrency": 2,
+        "public_key": keys.public_b64(victim_key),
+    }
+    with pytest.raises(services.ChallengeRequired):
+        services.worker_register(enrolment_token("keyed"), data)

@@ -367,8 +367,9 @@ class GatewayAgent:
     def _expect(self, ws: ClientConnection, kind: str) -> dict[str, Any]:
         message = decode(ws.recv(timeout=10))
         retry = message.get("retry_after")
-        if message["type"] == "error" and isinstance(retry, int | float) and 0 < retry <= 3600:
-            raise GatewayThrottled(f"the server refused for now: {message.get('error')}", retry)
+        if message["type"] == "error" and isinstance(retry, int | float) and retry > 0:
+            wait_s = min(float(retry), 3600.0)  # a long window still ends: it tries again
+            raise GatewayThrottled(f"the server refused for now: {message.get('error')}", wait_s)
         if message["type"] == "error":
             raise GatewayRefused(f"{message.get('error')}. What to do: {message.get('fix')}")
         if message["type"] != kind:

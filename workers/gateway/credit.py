@@ -13,8 +13,8 @@ with answers made of timeouts. So a worker of an untrusted venue holds at most i
   timeout (one retry), and a job waiting in its buffer within one more call. Such a job is
   taken back (the conductor has long sent it elsewhere), so it holds no place any longer;
 - kept in Redis for KEEP_S after its last change, so a new session starts where the last
-  one left off, not at START again. A session that ends is not held against it: the runs
-  are told at once and send its jobs elsewhere, and a server's restart ends every session.
+  one left off, not at START again; a session that ends holding jobs past their timeout is
+  halved for each (its runs are told at once, and send them elsewhere).
 The conductor is told the credit as the worker's concurrency in presence, so routing sends
 it no more than it may hold. A trusted venue's workers are not rationed."""
 
@@ -65,6 +65,14 @@ class Credit:
                 late.append(job)
                 self._halve()
         return late
+
+    def left_holding(self, held: Iterable[Held], now: float) -> None:
+        """Its session ended: halved for each job it held past that job's timeout. Free, a
+        hoarder dropped its socket just before its jobs went late, and took as many again
+        on its next session, for ever (a review); an honest restart rarely holds any so old."""
+        for job in held:
+            if job.seen and now - job.seen > job.timeout_s:
+                self._halve()
 
     def _halve(self) -> None:
         self.value = max(1, self.value // 2)

@@ -210,6 +210,7 @@ class WorkerLink:
         # conductor that saw it gone first ended those spans itself, with its own reason,
         # and the trace had each twice (seen in CI).
         held = list(self.held.values())
+        self.credit.left_holding(held, time.monotonic())
         await self._let_go(held, f"worker lost: {why}")
         await self.credit.save(self.redis)
         await sync_to_async(services.presence_withdraw, thread_sensitive=False)(self.worker)
@@ -221,15 +222,16 @@ class WorkerLink:
         for held in jobs:
             self.held.pop(held.key, None)
             hint = {"run_id": held.run_id, "sq_id": held.sq_id, "status": "lost"}
-            pipe.xadd(results_stream(held.run_id), {**hint, "worker_id": self.worker.id})
+            # nomkstream: one taken back late may have outlived its stream (RESULTS_KEEP_S).
+            hint["worker_id"] = self.worker.id
+            pipe.xadd(results_stream(held.run_id), hint, nomkstream=True)
         ends = [self._execute_event(h, "end", "abandoned", error=why) for h in jobs if not h.queued]
         if ends:
             pipe.eval(APPEND_LUA, 0, *append_args(ends))  # type: ignore[arg-type]
         await pipe.execute()
 
     # --- jobs out -----------------------------------------------------------------------
-    def _free(self, answered: int = 0) -> int:
-        """Jobs it may take, `answered` of those it holds about to go (within its credit)."""
+    def _free(self, answered: int = 0) -> int:  # `answered` of those it holds about to go
         room = self.credit.room(self.slots + self.buffer) - (len(self.held) - answered)
         return 0 if self.draining or self.closed else max(0, room)
 
@@ -623,18 +625,16 @@ class WorkerLink:
         return gone
 
     async def _cancel(self, gone: list[Held]) -> None:
-        if gone:
+        if gone and self.buffer:  # a worker of version 3 and up skips them
             jobs = [{"run_id": held.run_id, "sq_id": held.sq_id} for held in gone]
             await self.consumer.send(encode({"type": "cancel", "jobs": jobs}))
 
     async def _check_waiting(self) -> None:
         """Each heartbeat: whether any job waiting in its buffer was cancelled."""
         pipe = self.redis.pipeline(transaction=False)
-        waiting = self._ask_cancelled(pipe)
-        if not waiting:
-            return
-        await self._cancel(self._take_back(waiting, await pipe.execute()))
-        self._update_room()
+        if waiting := self._ask_cancelled(pipe):
+            await self._cancel(self._take_back(waiting, await pipe.execute()))
+            self._update_room()
 
     async def _append(self, events: list[dict[str, Any]]) -> None:
         if events:
@@ -695,5 +695,6 @@ class WorkerLink:
             await self._check_waiting()
             late = self.credit.overdue(self.held.values(), time.monotonic())
             await self._let_go(late, "held far past its timeout: taken back by the gateway")
+            await self._cancel(late)  # else the worker's next jobs wait behind them
             await self.credit.save(self.redis)
             self._update_room()

@@ -331,7 +331,7 @@ class Attempts:
             tokens_out=outcome.tokens_out or None,
             cost=outcome.cost or None,
             venue=flight.venue or None,
-            worker_id=outcome.worker_id or None,
+            worker_id=outcome.worker_id or outcome.said_by or None,
             attempts=outcome.attempts,
             error=error or None,
             cut=cut,

@@ -220,7 +220,11 @@ class Fanout:
         tier = self._call_tier(tier, check, defer_check)
         self.check_limits(len(prompts))
         self.totals.calls += len(prompts)
-        self.router.refresh(force=True)
+        # No worker at all fails the run's first batch at once (a venue never up); a later
+        # one waits for a worker to come back, as a batch under way does (Liveness): the
+        # link of a run's one remote worker dropped between batches, and the run failed at
+        # once where the same outage a moment later was ridden out (a review).
+        self.router.refresh(force=True, fail_fast=self.scope.batches == 0)
         if tier == "high_trust":
             self.judge.validator_venues()  # refuses the call when no validator is live
         self.scope.parent, self.scope.depth = parent, depth

@@ -143,8 +143,10 @@ class Intake:
             self.router.observe(flight, False)
             # Which worker said it: "the model endpoint http://127.0.0.1:33853/v1 answered
             # HTTP 500" was a remote worker's own endpoint, and nothing said whose (a review).
-            said = f"worker {wid} of {flight.venue}: {result.get('error', 'failed')}"
-            self.attempts.retry_or_settle(flight, "error", said, wave)
+            # Beside the error, not in it: the program reads the error in its marker, and a
+            # replay's worker is another than the recording's.
+            flight.outcome.said_by = wid
+            self.attempts.retry_or_settle(flight, "error", result.get("error", "failed"), wave)
         else:
             if self._dropped_unasked(flight):
                 # A failure, as an error is: a worker that dropped every job it took so kept

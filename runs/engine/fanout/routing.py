@@ -98,7 +98,7 @@ class Router:
         # none of its work (intake.Intake.on_result), and no strike for it.
         self.unserving: set[str] = set()
 
-    def refresh(self, *, force: bool = False) -> None:
+    def refresh(self, *, force: bool = False, fail_fast: bool = True) -> None:
         """Who is live on the run's venues, their reputations and their breakers: read at
         most every LIVENESS_EVERY_S, three round trips in all."""
         now = time.monotonic()
@@ -121,7 +121,7 @@ class Router:
         self.reputations.refresh(list(workers))
         scopes = [f"worker:{wid}" for wid in workers] + [f"venue:{v}" for v in names]
         self._on_transitions(self.breakers.check(scopes, time.time()))
-        if force and not self.any_credit():
+        if force and fail_fast and not self.any_credit():
             raise FanoutAbort(
                 f"no live worker on the run's venues ({', '.join(names)}); start one "
                 f"with `python manage.py frlm_worker --venue {names[0]}` or `make up`"

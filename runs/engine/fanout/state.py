@@ -44,6 +44,7 @@ class Outcome:
     error: str = ""
     venue: str = ""
     worker_id: str = ""
+    said_by: str = ""  # the worker whose error it is (a failed attempt's)
     attempts: int = 0
     tokens_in: int = 0
     tokens_out: int = 0
