@@ -26,15 +26,21 @@ def register(name: str, key, venue: str = "carried") -> str:
     return services.worker_register(enrolment_token(venue), data, in_process=True).id
 
 
-@pytest.mark.django_db
-def test_a_worker_registered_again_with_its_key_takes_on_its_record(stack):
-    client = get_redis()
-    key = keys.generate()
-    liar = register("gpu-liar", key)
+def caught_lying(client, name: str, key) -> str:
+    """A worker registered, then caught lying six times: its record says so."""
+    liar = register(name, key)
     caught = Reputations(client)
     for _ in range(6):
         caught.observe(Observation(liar, completion=True, agreement=False))
     caught.flush()
+    return liar
+
+
+@pytest.mark.django_db
+def test_a_worker_registered_again_with_its_key_takes_on_its_record(stack):
+    client = get_redis()
+    key = keys.generate()
+    liar = caught_lying(client, "gpu-liar", key)
     strike_add(client, liar)
     client.set(credit_key(liar), 3, ex=3600)
     before = load(client, [liar])[liar]
@@ -70,11 +76,7 @@ def test_a_record_is_not_laundered_through_a_name_no_conductor_met(stack):
     no conductor took the record on), then the real name again: it came back clean."""
     client = get_redis()
     key = keys.generate()
-    liar = register("laundry", key)
-    caught = Reputations(client)
-    for _ in range(6):
-        caught.observe(Observation(liar, completion=True, agreement=False))
-    caught.flush()
+    liar = caught_lying(client, "laundry", key)
     throwaway = register("never-connected", key)
     back = register("laundry", key)
     assert client.get(heir_key(back)) == liar.encode(), throwaway  # the record's, not its
