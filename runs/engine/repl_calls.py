@@ -188,16 +188,16 @@ class ReplCalls:
         outcomes = self.fanout.run_batch(
             prompts_, depth=depth, parent=parent, tier=tier, check=check
         )
-        # One prompt keeps its marker, whether asked by llm_query or as a batch of one, as
-        # with validate=f below (a review found the two disagreeing).
-        return self.replies(outcomes, markers_fail=not one and len(outcomes) > 1)
+        return self.replies(outcomes, markers_fail=not one)
 
     def replies(self, outcomes: list[Outcome], *, markers_fail: bool = True) -> list[str]:
         # No answer at all: the run fails rather than let the program make one up from
         # markers. A batch that all timed out went on, and its run "succeeded" with an
         # answer from nothing (a review); so did one whose answers no check accepted (a
         # redundant tier with one worker to ask left each unresolved, a review). One
-        # llm_query's timeout or verdict stays its marker: the program may handle it.
+        # llm_query's timeout or verdict stays its marker: the program may handle it, and so
+        # does a batch of one, with validate=f or not (a review found the two disagreeing).
+        markers_fail = markers_fail and len(outcomes) > 1
         failing = ("error",) + (("timeout", "rejected", "unresolved") if markers_fail else ())
         failed = [o for o in outcomes if o.status in failing]
         if failed and len(failed) == len(outcomes):
@@ -220,8 +220,7 @@ class ReplCalls:
         )
         return {
             "handle": self.fanout.last_handle,
-            # One prompt (an llm_query with validate=f) keeps its marker, as llm_query does.
-            "replies": self.replies(outcomes, markers_fail=len(outcomes) > 1),
+            "replies": self.replies(outcomes),
             "ok": [pos for pos, o in enumerate(outcomes) if o.status == "ok"],
         }
 
@@ -237,7 +236,7 @@ class ReplCalls:
             pos, passed, reason = item
             verdicts[pos] = objective.CheckVerdict(bool(passed), "function", str(reason)[:500])
         outcomes, again = self.fanout.apply_verdicts(handle, verdicts)
-        return {"replies": self.replies(outcomes, markers_fail=len(outcomes) > 1), "recheck": again}
+        return {"replies": self.replies(outcomes), "recheck": again}
 
     def child_rlm(
         self, prompt: str, value: Any, *, depth: int, parent: str, context: RlmContext

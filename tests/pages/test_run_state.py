@@ -69,6 +69,20 @@ def _live_run(owner: Any, question: str = "a fanout watched live") -> Run:
     )
 
 
+def _ended_with_counts(page: Any, run: Run, events: int, status: str, counts: str) -> None:
+    """Once the run's `events` are stored, its page at the end: `status`, and the run's own
+    sub-query counts in the header."""
+    wait_until(lambda: store.event_count(run.id) >= events, timeout=30, what="the run stored")
+    page.goto(f"/runs/{run.id}", wait_until="domcontentloaded", timeout=90_000)
+    page.wait_for_selector("#movie[data-ready='1']")
+    wait(page, f"({AGREE})().status === '{status}'", what="the end")
+    wait(
+        page,
+        f"document.querySelector('[data-metric=subqueries]').textContent.trim() === '{counts}'",
+        what="the run's own counts in the header",
+    )
+
+
 def _agree(page: Any, settled: int, sent: int) -> dict[str, Any]:
     """Wait until the page holds `sent` sub-queries of which `settled` ended, then check
     that the header says what the waterfall shows, at the same event index."""
@@ -245,16 +259,7 @@ def test_a_finished_runs_header_counts_what_the_quorum_cut_apart_from_failures(p
         subqueries_cut=2,
     )
     root.end()
-    wait_until(lambda: store.event_count(run.id) >= 20, timeout=30, what="the run stored")
-    page.goto(f"/runs/{run.id}", wait_until="domcontentloaded", timeout=90_000)
-    page.wait_for_selector("#movie[data-ready='1']")
-    wait(page, f"({AGREE})().status === 'succeeded'", what="the end")
-    wait(
-        page,
-        "document.querySelector('[data-metric=subqueries]').textContent.trim() === "
-        "'6 (1 failed, 2 cut off at the quorum)'",
-        what="the run's own counts in the header",
-    )
+    _ended_with_counts(page, run, 20, "succeeded", "6 (1 failed, 2 cut off at the quorum)")
 
 
 def test_a_batch_counts_its_cuts_apart_and_the_views_draw_no_conductor_venue(page, web, staff):
@@ -302,16 +307,8 @@ def test_a_batch_counts_its_cuts_apart_and_the_views_draw_no_conductor_venue(pag
         subqueries_cut=2,
         subqueries_cancelled=2,
     )
-    wait_until(lambda: store.event_count(run.id) >= 30, timeout=30, what="the run stored")
-    page.goto(f"/runs/{run.id}", wait_until="domcontentloaded", timeout=90_000)
-    page.wait_for_selector("#movie[data-ready='1']")
-    wait(page, f"({AGREE})().status === 'cancelled'", what="the end")
-    wait(
-        page,
-        "document.querySelector('[data-metric=subqueries]').textContent.trim() === "
-        "'8 (1 failed, 2 cut off at the quorum, 2 cancelled with the run)'",
-        what="the run's own counts in the header",
-    )
+    counts = "8 (1 failed, 2 cut off at the quorum, 2 cancelled with the run)"
+    _ended_with_counts(page, run, 30, "cancelled", counts)
     summary = page.evaluate(
         "() => FRLM.WaterfallRows.batchSummary({members: frlmMovie.rows.filter("
         "s => s.name === 'SubQuery.Submit')}, frlmMovie.trace.events.length)"

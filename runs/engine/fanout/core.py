@@ -26,6 +26,7 @@ from typing import Any
 import redis
 
 from runs.engine.fanout.attempts import Attempts
+from runs.engine.fanout.book import RUN_CANCELLED
 from runs.engine.fanout.hedging import Hedger, LatencyWindows
 from runs.engine.fanout.intake import Intake
 from runs.engine.fanout.judging import Judge
@@ -56,7 +57,6 @@ from workers.jobs import Job
 
 # How a batch's cut at its quorum begins its reason (a replay reads it back from the book).
 QUORUM_CUT = "quorum of"
-RUN_CANCELLED = "the run was cancelled"
 
 
 class Fanout:
@@ -474,7 +474,9 @@ class Fanout:
             cut = None
         if busy and cut is not None:
             # A replay's recorded cut may be a deadline's: only a quorum's is not a failure.
-            self.attempts.cancel_rest(wave, cut, cut=_counted_as(cut))
+            self.attempts.cancel_rest(
+                wave, cut, cut=CUT_QUORUM if cut.startswith(QUORUM_CUT) else None
+            )
         elif busy and time.time() > batch_deadline:
             self.attempts.cancel_rest(
                 wave, f"batch deadline of {self.policy.batch_deadline_s} s passed"
@@ -521,11 +523,3 @@ class Fanout:
                     self.tally.add_cost(flight.kind, flight.outcome.cost)
             self.router.flush()
         state.replied.clear()
-
-
-def _counted_as(reason: str) -> str | None:
-    """How a recorded cut's sub-queries count in a full replay, as they did in the recording:
-    a quorum's as cut off, the run's cancel as cancelled, a deadline's as failed."""
-    if reason.startswith(QUORUM_CUT):
-        return CUT_QUORUM
-    return CUT_CANCEL if reason == RUN_CANCELLED else None
